@@ -1,0 +1,408 @@
+"""Reliability and serving metrics of one run.
+
+Every metric is a pure function of record tables (pandas DataFrames with the
+columns of ``testbed.records``) and its parameters; the docstrings hold the
+exact definitions (the README's "Metrics" section repeats them word for word).
+Only :func:`load_run` and :func:`run_metrics` touch the file system.
+
+Conventions: times are seconds since run start; a request *failed* when its
+``outcome`` is not ``"ok"``; a metric that has nothing to measure is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.spec import MetricsSpec, parse_metrics_spec
+from testbed.records import STAGES, read_meta, read_table
+
+NAN = math.nan
+ORACLE = "OracleAvoidance"
+# Tables the metrics read; health labels are not needed for any metric.
+RUN_TABLES = ("requests", "decisions", "faults", "prices")
+REQUIRED_META = ("world", "scenario", "policy", "seed")
+
+
+def _ok(requests: pd.DataFrame) -> np.ndarray:
+    return requests["outcome"].eq("ok").to_numpy(dtype=bool, na_value=False)
+
+
+def _arrivals(requests: pd.DataFrame) -> np.ndarray:
+    return requests["arrival_s"].to_numpy(dtype=float)
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def failure_rate(requests: pd.DataFrame) -> float:
+    """failure rate = failed requests / all requests (failed: outcome != "ok"); NaN with no requests."""
+    n = len(requests)
+    return float((~_ok(requests)).sum() / n) if n else NAN
+
+
+def timeout_share(requests: pd.DataFrame) -> float:
+    """timeout share = requests with outcome "timeout" / failed requests; NaN with no failures."""
+    failed = int((~_ok(requests)).sum())
+    if failed == 0:
+        return NAN
+    return float(requests["outcome"].eq("timeout").to_numpy(dtype=bool, na_value=False).sum() / failed)
+
+
+def failure_composition(requests: pd.DataFrame) -> dict[str, float]:
+    """failure composition = for each stage (queue, prefill, kv_transfer, decode), failed requests whose
+    failed_stage is that stage / failed requests; failures with no or an unknown stage count as "unknown",
+    so the shares sum to 1. All NaN with no failures."""
+    failed = ~_ok(requests)
+    n = int(failed.sum())
+    stage = requests["failed_stage"].to_numpy(dtype=object)[failed]
+    out: dict[str, float] = {}
+    known = np.zeros(n, dtype=bool)
+    for s in STAGES:
+        hit = stage == s
+        known |= hit
+        out[s] = float(hit.sum() / n) if n else NAN
+    out["unknown"] = float((~known).sum() / n) if n else NAN
+    return out
+
+
+# --------------------------------------------------------------------------- time series
+
+
+def success_series(requests: pd.DataFrame, bin_s: float) -> pd.DataFrame:
+    """Success-ratio time series: requests binned by arrival_s into bins [k*bin_s, (k+1)*bin_s),
+    k = 0 .. last arrival's bin; per bin success_ratio = ok requests / all requests, NaN for bins with no
+    requests. Columns: bin_start_s, n, n_ok, success_ratio."""
+    arr = _arrivals(requests)
+    if arr.size == 0:
+        return pd.DataFrame({"bin_start_s": [], "n": [], "n_ok": [], "success_ratio": []}).astype(
+            {"n": np.int64, "n_ok": np.int64}
+        )
+    idx = np.maximum(np.floor(arr / bin_s).astype(np.int64), 0)
+    nb = int(idx.max()) + 1
+    n = np.bincount(idx, minlength=nb)
+    n_ok = np.bincount(idx, weights=_ok(requests), minlength=nb).round().astype(np.int64)
+    ratio = np.full(nb, NAN)
+    np.divide(n_ok, n, out=ratio, where=n > 0)
+    return pd.DataFrame({"bin_start_s": np.arange(nb) * bin_s, "n": n, "n_ok": n_ok, "success_ratio": ratio})
+
+
+@dataclass(frozen=True, slots=True)
+class FaultWindow:
+    """When faults were active and which pods they hit."""
+
+    onset_s: float  # first "apply"
+    end_s: float  # last "clear"; the last request's arrival if some fault was never cleared
+    cleared: bool  # every applied fault was cleared
+    pods: tuple[int, ...]  # degraded pods: the pod values of the fault rows
+
+
+def fault_window(faults: pd.DataFrame, requests: pd.DataFrame) -> FaultWindow | None:
+    """Fault window = [first "apply" time, last "clear" time) of the faults table; if a fault (fault_id) was
+    applied but never cleared, the window ends at the last request's arrival. Degraded pods = the pod values
+    of the fault rows (ids < 0 ignored). None when no fault was applied."""
+    ev = faults["event"].to_numpy(dtype=object)
+    t = faults["time_s"].to_numpy(dtype=float)
+    applied = ev == "apply"
+    if not applied.any():
+        return None
+    cleared_ids = set(faults["fault_id"].to_numpy()[ev == "clear"].tolist())
+    applied_ids = set(faults["fault_id"].to_numpy()[applied].tolist())
+    onset = float(t[applied].min())
+    cleared = applied_ids <= cleared_ids
+    if cleared:
+        end = float(t[ev == "clear"].max())
+    else:
+        arr = _arrivals(requests)
+        end = float(arr.max()) if arr.size else onset
+    pods = tuple(sorted({int(p) for p in faults["pod"].to_numpy() if p >= 0}))
+    return FaultWindow(onset, end, cleared, pods)
+
+
+def degraded_availability(requests: pd.DataFrame, window: FaultWindow | None, bin_s: float, target: float) -> float:
+    """degraded availability = among the bins of the success-ratio series whose start lies inside the fault
+    window [onset, end) and that hold at least one request, the fraction whose success ratio >= target
+    (availability_target). NaN without a fault or without such bins."""
+    if window is None:
+        return NAN
+    s = success_series(requests, bin_s)
+    start = s["bin_start_s"].to_numpy()
+    sel = (start >= window.onset_s) & (start < window.end_s) & (s["n"].to_numpy() > 0)
+    if not sel.any():
+        return NAN
+    return float((s["success_ratio"].to_numpy()[sel] >= target).mean())
+
+
+def resilience_index(
+    requests: pd.DataFrame, window: FaultWindow | None, bin_s: float, recovery_horizon_s: float
+) -> float:
+    """resilience index = mean of min(S_b / S_0, 1) over the non-empty bins whose start lies in
+    [fault onset, fault window end + recovery_horizon_s), where S_b is the bin's success ratio and S_0 the
+    success ratio of all requests arriving before onset. 1.0 = no dip. NaN without a fault, without requests
+    before onset, with S_0 = 0, or without such bins."""
+    if window is None:
+        return NAN
+    arr = _arrivals(requests)
+    pre = arr < window.onset_s
+    if not pre.any():
+        return NAN
+    s0 = float(_ok(requests)[pre].mean())
+    if s0 == 0.0:
+        return NAN
+    s = success_series(requests, bin_s)
+    start = s["bin_start_s"].to_numpy()
+    sel = (start >= window.onset_s) & (start < window.end_s + recovery_horizon_s) & (s["n"].to_numpy() > 0)
+    if not sel.any():
+        return NAN
+    return float(np.minimum(s["success_ratio"].to_numpy()[sel] / s0, 1.0).mean())
+
+
+def degraded_pod_shares(requests: pd.DataFrame, window: FaultWindow | None) -> tuple[float, float]:
+    """(s_pre, s_during): among routed requests (prefill_pod or decode_pod >= 0) arriving before onset, resp.
+    inside the fault window [onset, end), the share whose prefill_pod or decode_pod is a degraded pod.
+    Requests never routed (rejected before a choice) are left out: they went nowhere. NaN where a group
+    is empty or there is no fault."""
+    if window is None:
+        return NAN, NAN
+    pp = requests["prefill_pod"].to_numpy()
+    dp = requests["decode_pod"].to_numpy()
+    routed = (pp >= 0) | (dp >= 0)
+    pods = np.asarray(window.pods, dtype=np.int64)
+    touched = np.isin(pp, pods) | np.isin(dp, pods)
+    arr = _arrivals(requests)
+    pre = routed & (arr < window.onset_s)
+    during = routed & (arr >= window.onset_s) & (arr < window.end_s)
+    s_pre = float(touched[pre].mean()) if pre.any() else NAN
+    s_during = float(touched[during].mean()) if during.any() else NAN
+    return s_pre, s_during
+
+
+def traffic_deflection_ratio(requests: pd.DataFrame, window: FaultWindow | None) -> float:
+    """traffic deflection ratio = (s_pre - s_during) / s_pre, with s_pre and s_during the shares of routed
+    requests touching a degraded pod (as prefill or decode pod) before onset and inside the fault window.
+    1 = all such traffic moved away, 0 = none moved, negative = more traffic went there; NaN if s_pre = 0."""
+    s_pre, s_during = degraded_pod_shares(requests, window)
+    if not s_pre > 0:  # also catches NaN
+        return NAN
+    return float((s_pre - s_during) / s_pre)
+
+
+# --------------------------------------------------------------------------- overhead, serving
+
+
+def _latency_us(latency_s: np.ndarray, percentiles: Sequence[float]) -> dict[str, Any]:
+    x = latency_s[~np.isnan(latency_s)] * 1e6
+    r: dict[str, Any] = {"n_decisions": int(x.size)}
+    for q in percentiles:
+        r[f"latency_{_pname(q)}_us"] = float(np.percentile(x, q)) if x.size else NAN
+    return r
+
+
+def decision_latency(decisions: pd.DataFrame, percentiles: Sequence[float] = (50, 99)) -> pd.DataFrame:
+    """Scheduler overhead: percentiles (numpy linear interpolation) of decision latency_s, reported in
+    microseconds, over all decisions (n_candidates = <NA>) and per n_candidates. Columns: n_candidates,
+    n_decisions, latency_p<q>_us for each q."""
+    lat = decisions["latency_s"].to_numpy(dtype=float)
+    cand = decisions["n_candidates"].to_numpy()
+    rows = [_latency_us(lat, percentiles)]
+    keys: list[Any] = [pd.NA]
+    for c in np.unique(cand):
+        rows.append(_latency_us(lat[cand == c], percentiles))
+        keys.append(int(c))
+    out = pd.DataFrame(rows)
+    out.insert(0, "n_candidates", pd.array(keys, dtype="Int64"))
+    return out
+
+
+def serving_latencies(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per ok request: ttft_s = first_token_s - arrival_s; tpot_s = (end_s - first_token_s) /
+    (output_tokens - 1), NaN unless output_tokens > 1; e2e_s = end_s - arrival_s."""
+    ok = requests.loc[_ok(requests)]
+    arr = ok["arrival_s"].to_numpy(dtype=float)
+    ft = ok["first_token_s"].to_numpy(dtype=float)
+    end = ok["end_s"].to_numpy(dtype=float)
+    out_tok = ok["output_tokens"].to_numpy(dtype=float)
+    tpot = np.full(len(ok), NAN)
+    multi = out_tok > 1
+    tpot[multi] = (end[multi] - ft[multi]) / (out_tok[multi] - 1)
+    return pd.DataFrame(
+        {"request_id": ok["request_id"].to_numpy(), "ttft_s": ft - arr, "tpot_s": tpot, "e2e_s": end - arr}
+    )
+
+
+def latency_percentiles(requests: pd.DataFrame, percentiles: Sequence[float]) -> dict[str, float]:
+    """TTFT, TPOT and E2E percentiles over ok requests (numpy linear interpolation; missing values left out):
+    keys ttft_p<q>_s, tpot_p<q>_s, e2e_p<q>_s (q = 99.9 gives p99_9)."""
+    lat = serving_latencies(requests)
+    out: dict[str, float] = {}
+    for col in ("ttft", "tpot", "e2e"):
+        x = lat[f"{col}_s"].to_numpy(dtype=float)
+        x = x[~np.isnan(x)]
+        for q in percentiles:
+            out[f"{col}_{_pname(q)}_s"] = float(np.percentile(x, q)) if x.size else NAN
+    return out
+
+
+def goodput_rps(requests: pd.DataFrame, ttft_slo_s: float, tpot_slo_s: float) -> float:
+    """goodput = number of ok requests with TTFT <= ttft_slo_s and TPOT <= tpot_slo_s (a request with
+    output_tokens <= 1 has no TPOT and meets that part) / arrival span (last arrival - first arrival over all
+    requests), in requests per second; NaN if the span is 0."""
+    arr = _arrivals(requests)
+    if arr.size < 2 or not arr.max() > arr.min():
+        return NAN
+    lat = serving_latencies(requests)
+    ttft = lat["ttft_s"].to_numpy()
+    tpot = lat["tpot_s"].to_numpy()
+    good = (ttft <= ttft_slo_s) & (np.isnan(tpot) | (tpot <= tpot_slo_s))
+    return float(good.sum() / (arr.max() - arr.min()))
+
+
+def price_contrast(prices: pd.DataFrame, pods: Sequence[int], bin_s: float) -> pd.DataFrame:
+    """Risk price over time, binned by time_s like the success series: per bin the mean price of the
+    degraded pods' rows and the mean price of all other pods' rows. Columns: bin_start_s, degraded_price,
+    other_price (NaN where a group has no rows)."""
+    t = prices["time_s"].to_numpy(dtype=float)
+    if t.size == 0:
+        return pd.DataFrame({"bin_start_s": [], "degraded_price": [], "other_price": []})
+    idx = np.maximum(np.floor(t / bin_s).astype(np.int64), 0)
+    nb = int(idx.max()) + 1
+    price = prices["price"].to_numpy(dtype=float)
+    bad = np.isin(prices["pod"].to_numpy(), np.asarray(pods, dtype=np.int64))
+    cols = {}
+    for name, sel in (("degraded_price", bad), ("other_price", ~bad)):
+        sel = sel & ~np.isnan(price)
+        n = np.bincount(idx[sel], minlength=nb)
+        s = np.bincount(idx[sel], weights=price[sel], minlength=nb)
+        m = np.full(nb, NAN)
+        np.divide(s, n, out=m, where=n > 0)
+        cols[name] = m
+    return pd.DataFrame({"bin_start_s": np.arange(nb) * bin_s, **cols})
+
+
+# --------------------------------------------------------------------------- across runs
+
+
+def gap_to_oracle(runs: pd.DataFrame, metrics: Sequence[str], oracle: str = ORACLE) -> pd.DataFrame:
+    """gap to oracle = metric(policy) - metric(OracleAvoidance) on the same world, scenario and seed.
+    Returns a copy of ``runs`` (one row per run: world, scenario, policy, seed, metrics) with a column
+    gap_<metric> per metric; NaN where that oracle run is missing (0 for the oracle itself)."""
+    out = runs.copy()
+    key = ["world", "scenario", "seed"]
+    ref = runs.loc[runs["policy"] == oracle, key + list(metrics)]
+    dup = ref.duplicated(key, keep=False)
+    if dup.any():
+        r = ref.loc[dup].iloc[0]
+        raise ValueError(
+            f"two {oracle} runs for world={r['world']} scenario={r['scenario']} seed={r['seed']}: "
+            "cannot pair policies with the oracle"
+        )
+    merged = out[key].merge(ref, on=key, how="left")
+    for m in metrics:
+        out[f"gap_{m}"] = out[m].to_numpy(dtype=float) - merged[m].to_numpy(dtype=float)
+    return out
+
+
+# --------------------------------------------------------------------------- one run from disk
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run directory read into memory (the tables the metrics need)."""
+
+    path: Path
+    meta: dict[str, Any]
+    spec: MetricsSpec
+    requests: pd.DataFrame
+    decisions: pd.DataFrame
+    faults: pd.DataFrame
+    prices: pd.DataFrame
+
+    @property
+    def scenario(self) -> str:
+        return str(self.meta["scenario"])
+
+    @property
+    def policy(self) -> str:
+        return str(self.meta["policy"])
+
+    @property
+    def world(self) -> str:
+        return str(self.meta["world"])
+
+    @property
+    def seed(self) -> int:
+        return int(self.meta["seed"])
+
+
+def load_run(run_dir: Path | str) -> RunData:
+    """Read run.json and the tables of one run directory; a bad run.json raises a one-line ValueError."""
+    path = Path(run_dir)
+    meta = read_meta(path)
+    where = path / "run.json"
+    for k in REQUIRED_META:
+        if k not in meta:
+            raise ValueError(f"{where}: missing key {k!r}")
+    if isinstance(meta["seed"], bool) or not isinstance(meta["seed"], int):
+        raise ValueError(f"{where}: seed must be an integer, got {meta['seed']!r}")
+    spec_raw = meta.get("spec") or {}
+    if not isinstance(spec_raw, dict):
+        raise ValueError(f"{where}: spec must be a mapping, got {type(spec_raw).__name__}")
+    spec = parse_metrics_spec(spec_raw.get("metrics"), f"{where}: spec")
+    tables = {t: read_table(path, t) for t in RUN_TABLES}
+    return RunData(path=path, meta=meta, spec=spec, **tables)
+
+
+def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
+    """All scalar metrics of one run, keyed by column name, plus its world, scenario, policy, seed, status.
+
+    Latency percentiles are the spec's plus 50 and 99; decision latency is reported as p50/p99 in
+    microseconds over all decisions (the per-candidate-count table is :func:`decision_latency`).
+    """
+    if not isinstance(run, RunData):
+        run = load_run(run)
+    req, spec = run.requests, run.spec
+    window = fault_window(run.faults, req)
+    s_pre, s_during = degraded_pod_shares(req, window)
+    out: dict[str, Any] = {
+        "world": run.world,
+        "scenario": run.scenario,
+        "policy": run.policy,
+        "seed": run.seed,
+        "status": str(run.meta.get("status", "unknown")),
+        "run_dir": str(run.path),
+        "n_requests": len(req),
+        "n_failed": int((~_ok(req)).sum()),
+        "failure_rate": failure_rate(req),
+        "timeout_share": timeout_share(req),
+    }
+    out.update({f"fail_share_{k}": v for k, v in failure_composition(req).items()})
+    out.update(
+        {
+            "fault_onset_s": window.onset_s if window else NAN,
+            "fault_end_s": window.end_s if window else NAN,
+            "n_degraded_pods": len(window.pods) if window else 0,
+            "degraded_availability": degraded_availability(req, window, spec.bin_s, spec.availability_target),
+            "resilience_index": resilience_index(req, window, spec.bin_s, spec.recovery_horizon_s),
+            "degraded_share_pre": s_pre,
+            "degraded_share_during": s_during,
+            "traffic_deflection_ratio": traffic_deflection_ratio(req, window),
+        }
+    )
+    out.update(latency_percentiles(req, sorted(set(spec.percentiles) | {50.0, 99.0})))
+    out["goodput_rps"] = goodput_rps(req, spec.ttft_slo_s, spec.tpot_slo_s)
+    dl = _latency_us(run.decisions["latency_s"].to_numpy(dtype=float), (50, 99))
+    out["n_decisions"] = dl["n_decisions"]
+    out["decision_latency_p50_us"] = dl["latency_p50_us"]
+    out["decision_latency_p99_us"] = dl["latency_p99_us"]
+    return out
+
+
+def _pname(q: float) -> str:
+    """Column-safe percentile name: 50 -> p50, 99.9 -> p99_9."""
+    return "p" + f"{float(q):g}".replace(".", "_")

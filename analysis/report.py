@@ -1,0 +1,99 @@
+"""`testbed report RUN_DIR...`: metrics of many runs -> console table, CSV files, plots."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from analysis.metrics import decision_latency, load_run, run_metrics
+from analysis.plots import RunCurves, run_curves, write_plots
+from analysis.summary import discover_runs, runs_frame, summarize
+
+# (summary metric, column header) of the console table, in order.
+KEY_METRICS = (
+    ("failure_rate", "failure rate"),
+    ("timeout_share", "timeout share"),
+    ("degraded_availability", "degraded avail."),
+    ("resilience_index", "resilience"),
+    ("traffic_deflection_ratio", "deflection"),
+    ("gap_failure_rate", "gap to oracle (fail.)"),
+    ("ttft_p50_s", "TTFT p50 (s)"),
+    ("ttft_p99_s", "TTFT p99 (s)"),
+    ("goodput_rps", "goodput (req/s)"),
+    ("decision_latency_p50_us", "decision p50 (µs)"),
+)
+
+
+def _fmt(mean: float, half: float) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    s = f"{mean:.3g}"
+    if half is not None and abs(half) < 1e-12 * max(abs(mean), 1.0):
+        half = 0.0  # rounding noise of identical values
+    return s if half is None or math.isnan(half) else f"{s} ± {half:.2g}"
+
+
+def _table(summary: pd.DataFrame, scenario: str, world: str) -> Table:
+    t = Table(title=escape(f"{scenario} [{world}]  (mean ± 95% CI half-width over seeds)"))
+    t.add_column("policy", style="bold")
+    t.add_column("runs", justify="right")
+    for _, header in KEY_METRICS:
+        t.add_column(header, justify="right")
+    for _, r in summary.iterrows():
+        cells = [
+            _fmt(r.get(f"{m}_mean", math.nan), r.get(f"{m}_ci", math.nan)) for m, _ in KEY_METRICS
+        ]
+        t.add_row(escape(str(r["policy"])), str(r["n_runs"]), *cells)
+    return t
+
+
+def report(
+    paths: Sequence[Path | str], out_dir: Path | None = None, console: Console | None = None
+) -> pd.DataFrame:
+    """Analyse every run found in or below ``paths``; print a table of key metrics per policy (one per
+    scenario and world), write runs.csv (one row per run), summary.csv (per scenario, world, policy: mean
+    and CI half-width of every metric), decision_latency.csv (per run and candidate count) and the PNG plots
+    into ``out_dir`` (default: a ``report`` folder next to the first path). Returns the summary."""
+    if not paths:
+        raise ValueError("report: no run directories given")
+    console = console or Console()
+    run_dirs = discover_runs(paths)
+    out = Path(out_dir) if out_dir is not None else Path(paths[0]).resolve().parent / "report"
+    out.mkdir(parents=True, exist_ok=True)
+
+    rows: list[dict] = []
+    curves: list[RunCurves] = []
+    latency: list[pd.DataFrame] = []
+    for d in run_dirs:
+        # One run at a time in memory: sim runs can hold millions of requests.
+        run = load_run(d)
+        rows.append(run_metrics(run))
+        curves.append(run_curves(run))
+        lat = decision_latency(run.decisions, (50, 99))
+        latency.append(lat.assign(world=run.world, scenario=run.scenario, policy=run.policy, seed=run.seed))
+    runs = runs_frame(rows)
+    summary = summarize(runs)
+
+    runs.to_csv(out / "runs.csv", index=False)
+    summary.to_csv(out / "summary.csv", index=False)
+    lat_df = pd.concat(latency, ignore_index=True)
+    lead = ["world", "scenario", "policy", "seed"]
+    lat_df[lead + [c for c in lat_df.columns if c not in lead]].to_csv(out / "decision_latency.csv", index=False)
+    plots = write_plots(curves, runs, out)
+
+    unfinished = runs.loc[runs["status"] != "finished", ["run_dir", "status"]]
+    for (scenario, world), g in summary.groupby(["scenario", "world"], sort=True):
+        console.print(_table(g, scenario, world))
+    if len(unfinished):
+        listed = escape(", ".join(f"{r.run_dir} ({r.status})" for r in unfinished.itertuples()))
+        console.print(f"[yellow]note:[/] {len(unfinished)} run(s) did not finish; their rows up to the stop are "
+                      f"included: {listed}")
+    console.print(f"{len(runs)} run(s); wrote runs.csv, summary.csv, decision_latency.csv and {len(plots)} "
+                  f"plot(s) to {escape(str(out))}")
+    return summary

@@ -1,0 +1,57 @@
+"""Metric parameters, as they appear under ``metrics:`` in an experiment spec.
+
+SLO defaults follow the chatbot SLOs used in DistServe (Zhong et al., OSDI
+2024, Fig. 8 and its artifact, ShareGPT workload): TPOT 0.1 s for OPT-13B and
+OPT-66B (0.2 s for OPT-175B), i.e. about 10 tokens/s, faster than people read;
+TTFT from 0.25 s (OPT-13B) to 4 s (OPT-175B). We take TPOT 0.1 s and a TTFT of
+2 s, inside that range and loose enough for a CPU-served model, so the SLO
+separates "served well" from "served late" rather than measuring raw speed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Percentile = Annotated[float, Field(gt=0.0, le=100.0)]
+
+
+class MetricsSpec(BaseModel):
+    """Parameters of the reliability and serving metrics (see analysis/metrics.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bin_s: float = Field(5.0, gt=0.0, description="width of the success-ratio time bins, seconds")
+    availability_target: float = Field(
+        0.99, gt=0.0, le=1.0, description="a bin is 'available' when its success ratio is at least this"
+    )
+    recovery_horizon_s: float = Field(
+        60.0, ge=0.0, description="how long after the last fault clears the resilience index keeps looking"
+    )
+    ttft_slo_s: float = Field(2.0, gt=0.0, description="time-to-first-token SLO for goodput, seconds")
+    tpot_slo_s: float = Field(0.1, gt=0.0, description="time-per-output-token SLO for goodput, seconds")
+    percentiles: tuple[Percentile, ...] = Field(
+        (50.0, 90.0, 99.0), min_length=1, description="latency percentiles to report (50 and 99 are always added)"
+    )
+
+    @field_validator("percentiles")
+    @classmethod
+    def _sorted_unique(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        return tuple(sorted(set(v)))
+
+
+def parse_metrics_spec(raw: Any, where: str) -> MetricsSpec:
+    """Validate a ``metrics`` mapping (None = defaults); a bad one raises a one-line ValueError naming ``where``."""
+    if raw is None:
+        return MetricsSpec()
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: metrics must be a mapping, got {type(raw).__name__} {raw!r}")
+    try:
+        return MetricsSpec(**raw)
+    except ValidationError as exc:
+        errs = exc.errors()
+        e = errs[0]
+        loc = ".".join(str(p) for p in e["loc"])
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        raise ValueError(f"{where}: metrics.{loc}: {e['msg']} (got {e.get('input')!r}){more}") from None

@@ -1,0 +1,62 @@
+"""Simulator speed and peak memory at 1024 workers (not a test: prints figures).
+
+    python benchmarks/bench_sim.py [--requests 100000] [--policy FaultAwareOTF-R]
+
+Runs experiments/core_link_degradation.yaml (32 pods x 32 workers, faults on)
+for a fixed number of requests in a fresh process, and reports simulated
+requests per wall-clock second and the process's peak resident memory.
+Targets: >= 20,000 requests/s per core; < 2 GiB for 100,000 requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _child(requests: int, policy: str, out: str) -> None:
+    from simulator.run import run_sim
+    from testbed.spec import load_spec, parse_spec
+
+    data = load_spec(REPO / "experiments" / "core_link_degradation.yaml").model_dump(mode="json")
+    data["workload"]["max_requests"] = requests
+    data["workload"]["duration_s"] = None
+    spec = parse_spec(data)
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    run_sim(spec, policy, 0, Path(out))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"requests": requests, "wall_s": wall, "cpu_s": cpu, "peak_bytes": peak}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--policy", default="FaultAwareOTF-R")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child(args.requests, args.policy, args.out)
+        return
+    with tempfile.TemporaryDirectory() as out:
+        res = subprocess.run([sys.executable, __file__, "--child", "--requests", str(args.requests),
+                              "--policy", args.policy, "--out", out], capture_output=True, text=True, check=True)
+    r = json.loads(res.stdout.strip().splitlines()[-1])
+    print(f"policy {args.policy}, 1024 workers, {r['requests']} requests")
+    print(f"  wall {r['wall_s']:.1f} s, cpu {r['cpu_s']:.1f} s")
+    print(f"  speed {r['requests'] / r['cpu_s']:,.0f} simulated requests per CPU second (target >= 20,000)")
+    print(f"  peak memory {r['peak_bytes'] / 2**30:.2f} GiB (target < 2 GiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The ground-truth fault timeline: which pod is degraded how, at any time.
+
+A fault is active on its pods over the half-open interval
+``[start_s, start_s + duration_s)``. Overlapping faults on one pod compose:
+the smallest residual bandwidth factor and the largest slowdown win.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+
+from faults.spec import ComputeFault, FaultSpec, HealthSpec, LinkFault
+
+_DEFAULT_HEALTH = HealthSpec()
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledEvent:
+    """One apply or clear of one fault on one pod (FaultEvent minus target/measured)."""
+
+    time_s: float
+    fault_id: int  # index of the fault in the spec list
+    event: Literal["apply", "clear"]
+    kind: Literal["link", "compute"]
+    pod: int
+    severity: float  # link: residual bandwidth factor r; compute: slowdown factor
+
+
+class FaultSchedule:
+    """Vectorised view of a fault list over ``n_pods`` pods (one row per fault x pod)."""
+
+    def __init__(self, faults: Sequence[FaultSpec], n_pods: int) -> None:
+        if int(n_pods) != n_pods or n_pods < 1:
+            raise ValueError(f"n_pods must be a positive integer, got {n_pods!r}")
+        self.n_pods = int(n_pods)
+        self.faults: tuple[FaultSpec, ...] = tuple(faults)
+        fault_id, pod, start, end, sev, is_link = [], [], [], [], [], []
+        for i, f in enumerate(self.faults):
+            if not isinstance(f, (LinkFault, ComputeFault)):
+                raise TypeError(f"fault {i}: expected LinkFault or ComputeFault, got {type(f).__name__}")
+            for p in f.pods:
+                if not 0 <= p < self.n_pods:
+                    raise ValueError(f"fault {i} ({f.kind}): pod {p} out of range 0..{self.n_pods - 1}")
+                fault_id.append(i)
+                pod.append(p)
+                start.append(f.start_s)
+                end.append(f.end_s)
+                sev.append(f.severity)
+                is_link.append(f.kind == "link")
+        self._fault_id = np.asarray(fault_id, dtype=np.int64)
+        self._pod = np.asarray(pod, dtype=np.int64)
+        self._start = np.asarray(start, dtype=np.float64)
+        self._end = np.asarray(end, dtype=np.float64)
+        self._sev = np.asarray(sev, dtype=np.float64)
+        self._is_link = np.asarray(is_link, dtype=bool)
+
+    def _active(self, now: float) -> np.ndarray:
+        return (self._start <= now) & (now < self._end)
+
+    def bw_factor_at(self, now: float) -> np.ndarray:
+        """Residual bandwidth factor per pod: min r of active link faults, 1.0 if none."""
+        bw = np.ones(self.n_pods)
+        m = self._active(now) & self._is_link
+        np.minimum.at(bw, self._pod[m], self._sev[m])
+        return bw
+
+    def slowdown_at(self, now: float) -> np.ndarray:
+        """Compute slowdown per pod: max of active compute faults, 1.0 if none."""
+        slow = np.ones(self.n_pods)
+        m = self._active(now) & ~self._is_link
+        np.maximum.at(slow, self._pod[m], self._sev[m])
+        return slow
+
+    def degraded_at(self, now: float, health: HealthSpec | None = None) -> np.ndarray:
+        """Ground truth per pod: a link below ``min_residual_bw`` or a slowdown above ``min_slowdown``."""
+        h = health or _DEFAULT_HEALTH
+        # min r < threshold <=> some active r < threshold (same for max slowdown), so
+        # the composed factors give the same answer as checking fault by fault.
+        return (self.bw_factor_at(now) < h.min_residual_bw) | (self.slowdown_at(now) > h.min_slowdown)
+
+    def events(self) -> list[ScheduledEvent]:
+        """Every apply and clear, sorted by time; at equal times clears come before
+        applies (intervals are half-open), then by fault id and pod."""
+        rows = [
+            (float(t), ev_order, int(fid), int(p), ev, "link" if lk else "compute", float(s))
+            for t0, t1, fid, p, s, lk in zip(self._start, self._end, self._fault_id, self._pod, self._sev, self._is_link)
+            for t, ev_order, ev in ((t0, 1, "apply"), (t1, 0, "clear"))
+        ]
+        rows.sort(key=lambda r: r[:4])
+        return [ScheduledEvent(t, fid, ev, kind, p, s) for t, _, fid, p, ev, kind, s in rows]
+
+    def change_times(self) -> np.ndarray:
+        """Sorted unique times at which the truth may change (every apply and clear)."""
+        return np.unique(np.concatenate([self._start, self._end]))
+
+    def window(self) -> tuple[float, float] | None:
+        """(first apply, last clear), or None without faults."""
+        if self._start.size == 0:
+            return None
+        return float(self._start.min()), float(self._end.max())
+
+    def fault_pods(self) -> list[int]:
+        """Pods named by any fault, sorted."""
+        return [int(p) for p in np.unique(self._pod)]
+
+    def __len__(self) -> int:
+        return len(self.faults)

@@ -1,0 +1,81 @@
+"""Bandwidth telemetry: what the risk price's bandwidth term gets to see.
+
+The true bandwidth per pod is piecewise constant: each :meth:`observe` sets it
+from that time on. ``direct`` shows the latest value, ``delayed`` the value in
+force ``lag_s`` ago (``bw0`` before the first observation), ``none`` nothing
+(:meth:`view` returns None and the price drops its bandwidth term).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import numpy as np
+
+from faults.spec import TelemetrySpec
+
+# Same reason as in faults.health: summed float clocks drift by ulps.
+_EPS = 1e-9
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=np.float64)  # a copy: the caller may reuse its buffer
+    a.flags.writeable = False
+    return a
+
+
+class BandwidthTelemetry:
+    """Per-pod bandwidth as seen through ``spec.mode``; history bounded to ``lag_s``."""
+
+    def __init__(self, spec: TelemetrySpec, bw0: np.ndarray) -> None:
+        bw0 = _frozen(bw0)
+        if bw0.ndim != 1 or bw0.size == 0 or not np.all(np.isfinite(bw0) & (bw0 > 0)):
+            raise ValueError(f"bw0 must be a non-empty 1-D array of positive finite bandwidths, got shape {bw0.shape}")
+        self.spec = spec
+        self.bw0 = bw0
+        self._times: list[float] = []
+        self._values: list[np.ndarray] = []
+        # Earliest time whose value is still known; older entries were dropped.
+        self._floor = -np.inf
+
+    @property
+    def history_len(self) -> int:
+        return len(self._times)
+
+    def observe(self, now: float, bw: np.ndarray) -> None:
+        """Record the true bandwidth per pod from ``now`` on (times non-decreasing)."""
+        bw = _frozen(bw)
+        if bw.shape != self.bw0.shape:
+            raise ValueError(f"bw has shape {bw.shape}, expected {self.bw0.shape}")
+        now = float(now)
+        if self._times and now < self._times[-1]:
+            raise ValueError(f"observation at {now} s is before the previous one at {self._times[-1]} s")
+        if self.spec.mode != "delayed":
+            self._times, self._values = [now], [bw]  # only the latest value is ever read
+            return
+        if self._values and np.array_equal(bw, self._values[-1]):
+            return  # no change: the value in force already covers it
+        if self._times and now == self._times[-1]:
+            self._values[-1] = bw
+        else:
+            self._times.append(now)
+            self._values.append(bw)
+        # Future views are at >= now, so they read at >= now - lag: keep the entry
+        # in force then and everything after it.
+        k = bisect_right(self._times, now - self.spec.lag_s + _EPS) - 1
+        if k > 0:
+            del self._times[:k], self._values[:k]
+            self._floor = self._times[0]
+
+    def view(self, now: float) -> np.ndarray | None:
+        """The bandwidth per pod the price may use at ``now`` (read-only), or None with mode ``none``."""
+        mode = self.spec.mode
+        if mode == "none":
+            return None
+        if mode == "direct":
+            return self._values[-1] if self._values else self.bw0
+        at = float(now) - self.spec.lag_s + _EPS
+        if at < self._floor:
+            raise ValueError(f"view at {now} s needs the bandwidth at {now - self.spec.lag_s} s, already dropped (history starts at {self._floor} s)")
+        k = bisect_right(self._times, at) - 1
+        return self._values[k] if k >= 0 else self.bw0

@@ -1,0 +1,1 @@
+"""SimPy model of a PD-disaggregated LLM serving cluster (fat-tree network, workers, faults)."""

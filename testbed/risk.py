@@ -1,0 +1,86 @@
+"""The slow loop's pod-level risk price.
+
+    pi_j(t) = alpha * util_j(t) + beta * (1 - bw_j(t) / bw0_j) + gamma * timeout_rate_j(t) + eta * failure_rate_j(t)
+
+Timeout and failure rates are over a sliding window of finished requests
+(time buckets in a ring, so an observation is O(1) and an update O(window)).
+A request is charged to every pod it touched in the stage it failed in: its
+prefill pod for queue/prefill, its decode pod for decode, both for a KV
+transfer (either end's core link may be the cause).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import math
+
+import numpy as np
+
+from .policies.weights import Weights
+
+
+@dataclass(frozen=True)
+class PriceComponents:
+    price: np.ndarray
+    util: np.ndarray
+    bw_term: np.ndarray  # NaN where telemetry gives no bandwidth
+    timeout_rate: np.ndarray
+    failure_rate: np.ndarray
+
+
+class RiskPriceEstimator:
+    def __init__(self, n_pods: int, weights: Weights, window_s: float, bucket_s: float) -> None:
+        if window_s <= 0 or bucket_s <= 0:
+            raise ValueError("risk price: window_s and bucket_s must be positive")
+        self.w = weights
+        self.bucket_s = bucket_s
+        self.n_buckets = max(1, math.ceil(window_s / bucket_s))
+        self._ids = np.full(self.n_buckets, -1, dtype=np.int64)  # absolute bucket held by each ring slot
+        self._total = np.zeros((self.n_buckets, n_pods))
+        self._timeouts = np.zeros((self.n_buckets, n_pods))
+        self._failures = np.zeros((self.n_buckets, n_pods))
+
+    def _slot(self, now: float) -> int:
+        b = int(now // self.bucket_s)
+        s = b % self.n_buckets
+        if self._ids[s] != b:  # the slot held an older bucket: it left the window
+            self._ids[s] = b
+            self._total[s] = 0.0
+            self._timeouts[s] = 0.0
+            self._failures[s] = 0.0
+        return s
+
+    def observe(self, now: float, prefill_pod: int, decode_pod: int, outcome: str, stage: str | None) -> None:
+        """Count one finished request (any outcome) against the pods it touched."""
+        s = self._slot(now)
+        pods = {prefill_pod, decode_pod} - {-1}
+        for p in pods:
+            self._total[s, p] += 1.0
+        if outcome == "ok":
+            return
+        if stage in ("queue", "prefill"):
+            blamed = {prefill_pod}
+        elif stage == "decode":
+            blamed = {decode_pod}
+        else:
+            blamed = pods
+        arr = self._timeouts if outcome == "timeout" else self._failures
+        for p in blamed - {-1}:
+            arr[s, p] += 1.0
+
+    def update(self, now: float, util: np.ndarray, bw: np.ndarray | None, bw0: np.ndarray) -> PriceComponents:
+        """Prices at ``now`` from utilisation and telemetry (``bw`` None: no bandwidth term)."""
+        cur = int(now // self.bucket_s)
+        live = (self._ids > cur - self.n_buckets) & (self._ids <= cur)
+        total = self._total[live].sum(axis=0)
+        denom = np.maximum(total, 1.0)
+        timeout_rate = self._timeouts[live].sum(axis=0) / denom
+        failure_rate = self._failures[live].sum(axis=0) / denom
+        w = self.w
+        price = w.alpha * util + w.gamma * timeout_rate + w.eta * failure_rate
+        if bw is None:
+            bw_term = np.full_like(util, np.nan)
+        else:
+            bw_term = np.clip(1.0 - bw / bw0, 0.0, 1.0)
+            price = price + w.beta * bw_term
+        return PriceComponents(price, util, bw_term, timeout_rate, failure_rate)

@@ -1,0 +1,120 @@
+"""The router's logic, world-independent: the simulator and the Ray router actor
+both drive this object, passing ``now`` from their own clock.
+
+* fast loop: :meth:`Router.route` scores candidates with the policy and
+  charges the chosen workers' in-flight counters;
+* slow loop: :meth:`Router.slow_tick` turns utilisation, bandwidth telemetry and
+  outcome history into pod prices;
+* :meth:`Router.health_tick` turns ground truth into labels for the mask.
+
+Every decision, label change and price is handed to ``sink`` as a record.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from faults.health import HealthLabelModel
+from faults.telemetry import BandwidthTelemetry
+
+from .policies import Policy
+from .records import DecisionRecord, HealthRecord, PriceRecord
+from .risk import RiskPriceEstimator
+from .topology import Topology
+from .view import Capacity, ClusterView, Loads, PodState
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    request_id: int
+    p_idx: int  # index among prefill workers
+    d_idx: int  # index among decode workers
+    prefill_worker: int  # global worker id
+    decode_worker: int
+    prefill_pod: int
+    decode_pod: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+class Router:
+    def __init__(
+        self,
+        topo: Topology,
+        capacity: Capacity,
+        policy: Policy,
+        estimator: RiskPriceEstimator,
+        health: HealthLabelModel,
+        telemetry: BandwidthTelemetry,
+        bw0: np.ndarray,
+        sink: Callable[[Any], None],
+    ) -> None:
+        self.topo = topo
+        self.policy = policy
+        self.estimator = estimator
+        self.health = health
+        self.telemetry = telemetry
+        self.bw0 = np.asarray(bw0, float)
+        self.sink = sink
+        self.view = ClusterView(topo, capacity, Loads.zeros(topo), PodState.initial(topo.n_pods))
+        self._truth = np.zeros(topo.n_pods, bool)
+
+    # --- fast loop --------------------------------------------------------
+    def route(self, now: float, request_id: int, prompt_tokens: int, output_tokens: int) -> Route:
+        t0 = time.perf_counter()
+        c = self.policy.choose(self.view)
+        latency = time.perf_counter() - t0
+        topo, loads = self.topo, self.view.loads
+        pw, dw = int(topo.prefill_ids[c.prefill]), int(topo.decode_ids[c.decode])
+        r = Route(request_id, c.prefill, c.decode, pw, dw, int(topo.worker_pod[pw]), int(topo.worker_pod[dw]),
+                  prompt_tokens, output_tokens)
+        loads.prefill_outstanding[c.prefill] += 1
+        loads.prefill_tokens[c.prefill] += prompt_tokens
+        loads.decode_outstanding[c.decode] += 1
+        loads.decode_kv_tokens[c.decode] += prompt_tokens + output_tokens
+        self.sink(DecisionRecord(now, request_id, self.policy.name, c.n_candidates, c.n_filtered, latency,
+                                 pw, dw, r.prefill_pod, r.decode_pod, c.score))
+        return r
+
+    def prefill_done(self, r: Route) -> None:
+        """The request left its prefill worker (finished prefill, or failed there)."""
+        loads = self.view.loads
+        loads.prefill_outstanding[r.p_idx] -= 1
+        loads.prefill_tokens[r.p_idx] -= r.prompt_tokens
+
+    def finished(self, now: float, r: Route, outcome: str, stage: str | None, prefill_released: bool) -> None:
+        """The request ended; ``prefill_released`` says whether prefill_done was already called."""
+        if not prefill_released:
+            self.prefill_done(r)
+        loads = self.view.loads
+        loads.decode_outstanding[r.d_idx] -= 1
+        loads.decode_kv_tokens[r.d_idx] -= r.prompt_tokens + r.output_tokens
+        self.estimator.observe(now, r.prefill_pod, r.decode_pod, outcome, stage)
+
+    # --- ground truth, labels, telemetry ----------------------------------
+    def set_truth(self, degraded: np.ndarray) -> None:
+        """Ground truth (only OracleAvoidance's filter reads it)."""
+        self._truth = np.asarray(degraded, bool).copy()
+        self.view.pods = self.view.pods.replace(degraded=self._truth)
+
+    def observe_bandwidth(self, now: float, bw: np.ndarray) -> None:
+        self.telemetry.observe(now, np.asarray(bw, float))
+
+    def health_tick(self, now: float) -> None:
+        changes = self.health.update(now, self._truth)
+        if changes:
+            for ch in changes:
+                self.sink(HealthRecord(ch.time_s, ch.pod, ch.unhealthy, ch.truth_degraded))
+            self.view.pods = self.view.pods.replace(unhealthy=self.health.labels.copy())
+
+    # --- slow loop --------------------------------------------------------
+    def slow_tick(self, now: float) -> None:
+        comp = self.estimator.update(now, self.view.pod_util(), self.telemetry.view(now), self.bw0)
+        self.view.pods = self.view.pods.replace(price=comp.price)
+        for p in range(self.topo.n_pods):
+            self.sink(PriceRecord(now, p, float(comp.price[p]), float(comp.util[p]), float(comp.bw_term[p]),
+                                  float(comp.timeout_rate[p]), float(comp.failure_rate[p])))

@@ -1,0 +1,159 @@
+"""The experiment spec: one YAML file drives the simulator and the testbed.
+
+Validated with pydantic at the file boundary; every error is reported as one
+line naming the file and the field (``load_spec``).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from analysis.spec import MetricsSpec
+from faults.spec import FaultSpec, HealthSpec, TelemetrySpec
+from workloads.spec import WorkloadSpec
+
+from .policies import Weights, check_policy_name
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TopologySpec(_Spec):
+    pods: int = Field(32, ge=1)
+    workers_per_pod: int = Field(32, ge=2)
+    prefill_fraction: float = Field(0.5, gt=0, lt=1)
+    placement: Literal["within_pod", "by_pod"] = "within_pod"
+    # ConnectX-7 class NICs: one 400 Gbit/s NIC per GPU is the norm in current H100/H200 clusters.
+    nic_gbps: float = Field(400.0, gt=0)
+    # A pod's core links; None = non-blocking (sum of its NICs), as in a full-bisection fat-tree.
+    uplink_gbps: float | None = Field(None, gt=0)
+    # Llama-3.1-8B: 32 layers x 8 KV heads x 128 head_dim x 2 (K and V) x 2 bytes (bf16) = 128 KiB.
+    kv_bytes_per_token: int = Field(131072, ge=1)
+
+
+class EngineSpec(_Spec):
+    """Performance model of one worker (defaults: Llama-3.1-8B on one H100 SXM)."""
+
+    # 2 x 8e9 FLOP per prompt token at ~25% of the H100's 989 dense bf16 TFLOP/s
+    # (attention, padding and scheduling overheads included) ~ 15k tokens/s.
+    prefill_tokens_per_s: float = Field(15000.0, gt=0)
+    prefill_overhead_s: float = Field(0.005, ge=0)
+    # vLLM's default max_num_batched_tokens for online serving.
+    prefill_batch_tokens: int = Field(8192, ge=1)
+    # Outstanding requests at which a prefill worker counts as fully utilised (load and util scale).
+    prefill_slots: int = Field(16, ge=1)
+    # Decode is memory bound: 16 GB of weights over 3.35 TB/s ~ 4.8 ms per step, plus
+    # reading each sequence's KV (128 KiB per token / 3.35 TB/s ~ 39 ns per token).
+    decode_step_base_s: float = Field(0.006, gt=0)
+    decode_step_per_seq_s: float = Field(2e-5, ge=0)
+    decode_step_per_kv_token_s: float = Field(3.9e-8, ge=0)
+    # vLLM's default max_num_seqs.
+    decode_max_batch: int = Field(256, ge=1)
+    # (80 GB - 16 GB weights - activations) x 0.9 gpu_memory_utilization ~ 52 GB / 128 KiB.
+    decode_kv_tokens: int = Field(400_000, ge=1)
+
+
+class RouterSpec(_Spec):
+    slow_loop_s: float = Field(1.0, gt=0, description="T_slow: period of the risk-price update")
+    history_window_s: float = Field(30.0, gt=0, description="window of the timeout and failure rates")
+    history_bucket_s: float = Field(1.0, gt=0)
+
+
+class PolicyEntry(_Spec):
+    name: str
+    weights: Weights | None = None  # overrides the spec-wide weights for this policy
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return check_policy_name(v)
+
+
+class ExperimentSpec(_Spec):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    topology: TopologySpec = TopologySpec()
+    engine: EngineSpec = EngineSpec()
+    workload: WorkloadSpec
+    faults: list[FaultSpec] = Field(default_factory=list)
+    health: HealthSpec = HealthSpec()
+    telemetry: TelemetrySpec = TelemetrySpec()
+    router: RouterSpec = RouterSpec()
+    weights: Weights = Weights()
+    policies: list[PolicyEntry] = Field(min_length=1)
+    # Request deadline: nginx's and most gateways' default upstream read timeout is 60 s;
+    # a request still running then is abandoned by the client anyway.
+    deadline_s: float = Field(60.0, gt=0)
+    metrics: MetricsSpec = MetricsSpec()
+
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _names_as_entries(cls, v: Any) -> Any:
+        # `policies: [LC, OTF-R]` is the common case; a mapping adds per-policy weights.
+        return [{"name": p} if isinstance(p, str) else p for p in v] if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _pods_exist(self) -> "ExperimentSpec":
+        for i, f in enumerate(self.faults):
+            bad = [p for p in f.pods if not 0 <= p < self.topology.pods]
+            if bad:
+                raise ValueError(f"faults[{i}] targets pod {bad[0]}, but the topology has pods 0..{self.topology.pods - 1}")
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"policies lists a name twice: {names}")
+        return self
+
+    def weights_for(self, policy: str) -> Weights:
+        for p in self.policies:
+            if p.name == policy and p.weights is not None:
+                return p.weights
+        return self.weights
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message is one line naming the file and field."""
+
+
+def _one_line(e: ValidationError, source: str) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith("function-"))
+    msg = err["msg"].removeprefix("Value error, ")
+    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    where = f" at {loc}" if loc else ""
+    got = f" (got {err['input']!r})" if err["type"] not in ("missing", "value_error") and not isinstance(err["input"], dict) else ""
+    return f"{source}: invalid spec{where}: {msg}{got}{more}".replace("\n", " ")
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a spec must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_one_line(e, source)) from None
+
+
+def load_spec(path: str | Path | None = None) -> ExperimentSpec:
+    """Load and validate a spec file; ``None`` loads the embedded default."""
+    if path is None:
+        text = resources.files("testbed.defaults").joinpath("default.yaml").read_text()
+        source = "embedded default spec"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise SpecError(f"{p}: spec file not found")
+        text, source = p.read_text(), str(p)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{source}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    return parse_spec(data, source)

@@ -1,0 +1,79 @@
+"""What a policy sees of the cluster at decision time.
+
+Two parts with different lifetimes, so the hot path does no needless work:
+
+* ``Loads``: per-worker counters the router updates in place on every
+  dispatch and completion (the fast loop reads them each decision);
+* ``PodState``: per-pod arrays (health labels, ground truth, risk price),
+  replaced as a whole when the slow loop or the label model changes them.
+  Policies cache whatever they derive from it, keyed on its identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .topology import Topology
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Per-worker scales that turn counters into utilisations in [0, 1]."""
+
+    prefill_slots: float  # outstanding requests at which a prefill worker counts as full
+    prefill_token_budget: float  # tokens per prefill batch
+    decode_slots: float  # max decode batch (sequences)
+    decode_kv_tokens: float  # KV capacity in tokens
+
+
+@dataclass(frozen=True)
+class Loads:
+    """In-flight counters per worker, mutated in place by the router."""
+
+    prefill_outstanding: np.ndarray  # requests routed and not yet through prefill
+    prefill_tokens: np.ndarray  # their prompt tokens
+    decode_outstanding: np.ndarray  # requests routed and not yet finished
+    decode_kv_tokens: np.ndarray  # KV tokens they will hold (prompt + output)
+
+    @classmethod
+    def zeros(cls, topo: Topology) -> "Loads":
+        n_p, n_d = topo.prefill_ids.size, topo.decode_ids.size
+        return cls(np.zeros(n_p), np.zeros(n_p), np.zeros(n_d), np.zeros(n_d))
+
+
+@dataclass(frozen=True)
+class PodState:
+    unhealthy: np.ndarray  # (P,) bool: health labels as emitted (True = masked)
+    degraded: np.ndarray  # (P,) bool: ground truth, only OracleAvoidance may look
+    price: np.ndarray  # (P,) risk price pi_j
+
+    @classmethod
+    def initial(cls, n_pods: int) -> "PodState":
+        return cls(np.zeros(n_pods, bool), np.zeros(n_pods, bool), np.zeros(n_pods))
+
+    def replace(self, **kw: np.ndarray) -> "PodState":
+        return PodState(**{**self.__dict__, **kw})
+
+
+@dataclass
+class ClusterView:
+    topo: Topology
+    capacity: Capacity
+    loads: Loads
+    pods: PodState
+    path_cost: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.path_cost = self.topo.path_cost()
+
+    def pod_util(self) -> np.ndarray:
+        """Utilisation per pod: mean over its workers of min(outstanding / slots, 1)."""
+        t, c, ld = self.topo, self.capacity, self.loads
+        u = np.zeros(t.n_pods)
+        n = np.zeros(t.n_pods)
+        np.add.at(u, t.prefill_pod, np.minimum(ld.prefill_outstanding / c.prefill_slots, 1.0))
+        np.add.at(u, t.decode_pod, np.minimum(ld.decode_outstanding / c.decode_slots, 1.0))
+        np.add.at(n, t.worker_pod, 1.0)
+        return u / np.maximum(n, 1.0)
