@@ -5,58 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import simpy
 
-from faults.health import HealthLabelModel
 from faults.schedule import FaultSchedule
-from faults.telemetry import BandwidthTelemetry
-from testbed.policies import make_policy
+from testbed.experiment import build_topology, make_router, run_dir_for, seed_streams
 from testbed.records import RunWriter
-from testbed.risk import RiskPriceEstimator
-from testbed.routing import Router
 from testbed.spec import ExperimentSpec
-from testbed.topology import Topology
-from testbed.view import Capacity
 from workloads.generate import Workload, generate
 
 from .cluster import ClusterSim
-
-
-def build_topology(spec: ExperimentSpec) -> Topology:
-    t = spec.topology
-    return Topology.build(t.pods, t.workers_per_pod, t.prefill_fraction, t.placement, t.nic_gbps, t.uplink_gbps)
-
-
-def capacity_of(spec: ExperimentSpec) -> Capacity:
-    e = spec.engine
-    return Capacity(e.prefill_slots, e.prefill_batch_tokens, e.decode_max_batch, e.decode_kv_tokens)
-
-
-def seed_streams(seed: int) -> dict[str, np.random.Generator]:
-    """Independent generators per concern, so a policy's coin flips never shift the
-    workload or the health labels: every policy sees the same scenario for a seed."""
-    names = ("workload", "policy", "health")
-    return dict(zip(names, (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(names)))))
-
-
-def run_dir_for(out: Path, spec: ExperimentSpec, policy: str, seed: int) -> Path:
-    return Path(out) / spec.name / policy / f"seed-{seed}"
-
-
-def make_router(spec: ExperimentSpec, topo: Topology, policy: str, rngs: dict[str, np.random.Generator], sink) -> Router:
-    weights = spec.weights_for(policy)
-    bw0 = np.full(topo.n_pods, topo.uplink_Bps)
-    return Router(
-        topo,
-        capacity_of(spec),
-        make_policy(policy, weights, rngs["policy"]),
-        RiskPriceEstimator(topo.n_pods, weights, spec.router.history_window_s, spec.router.history_bucket_s),
-        HealthLabelModel(spec.health, topo.n_pods, rngs["health"]),
-        BandwidthTelemetry(spec.telemetry, bw0),
-        bw0,
-        sink,
-    )
 
 
 def run_sim(

@@ -1,6 +1,8 @@
 """The ``testbed`` command line.
 
+    testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
     testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
+    testbed cluster up|down|status
     testbed report PATH... [--out DIR]
     testbed policies
 
@@ -26,17 +28,61 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _selection(args: argparse.Namespace, spec) -> tuple[list[str], list[int]]:
+    """The spec's policies and seeds, or the subsets asked for on the command line."""
+    policies = [check_policy_name(p) for p in _csv(args.policies)] if args.policies else [p.name for p in spec.policies]
+    try:
+        seeds = [int(s) for s in _csv(args.seeds)] if args.seeds else spec.seeds
+    except ValueError:
+        raise ValueError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
+    return policies, seeds
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .runtime.launch import run_testbed
+    from .spec import load_spec
+
+    spec = load_spec(args.spec, default="testbed.yaml")
+    policies, seeds = _selection(args, spec)
+    run_testbed(spec, Path(args.out), policies, seeds)
+    console.print(f"report: testbed report {Path(args.out) / spec.name}")
+    return 0
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from .runtime import emulated
+
+    if args.action == "up":
+        c = emulated.EmulatedCluster(args.pods, mode=args.mode)
+        info = c.up()
+        print(f"run {info.run_id} ({info.mode}): head {c.address}; "
+              + ", ".join(f"{n.name}={n.address}" for n in info.nodes))
+        print(f"drivers: ip netns exec {c.fabric.head.netns} python ... (RAY_ADDRESS={c.address})"
+              if c.mode == "netns" else f"drivers: RAY_ADDRESS={c.address} python ...")
+        print(f"stop: testbed cluster down {info.run_id}")
+    elif args.action == "down":
+        done = [emulated.EmulatedCluster.attach(None, r).down() or r for r in args.run_ids] if args.run_ids \
+            else emulated.down_all()
+        print(f"down: {', '.join(done) if done else 'nothing was up'}")
+    else:
+        state_dir = emulated.default_state_dir()
+        runs = sorted(p.stem for p in state_dir.glob("*.json")) if state_dir.exists() else []
+        if not runs:
+            print("no emulated cluster recorded")
+        for r in runs:
+            st = emulated.EmulatedCluster.attach(None, r).status()
+            print(f"run {r} ({st.mode}): {'up' if st.up else 'DOWN/partial'}, {len(st.pids)} processes, "
+                  f"{len(st.namespaces)} namespaces, {st.pss_bytes / 2**30:.2f} GiB")
+    return 0
+
+
 def _cmd_sim(args: argparse.Namespace) -> int:
     from simulator.run import run_sim
 
     from .spec import load_spec
 
     spec = load_spec(args.spec)
-    policies = [check_policy_name(p) for p in _csv(args.policies)] if args.policies else [p.name for p in spec.policies]
-    try:
-        seeds = [int(s) for s in _csv(args.seeds)] if args.seeds else spec.seeds
-    except ValueError:
-        raise ValueError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
+    policies, seeds = _selection(args, spec)
     base_dir = Path(args.spec).resolve().parent if args.spec else None
     out = Path(args.out)
     runs = [(p, s) for p in policies for s in seeds]
@@ -73,6 +119,18 @@ def _cmd_policies(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed", description="Reliability-aware routing for PD-disaggregated LLM serving")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("run", help="run an experiment spec on the real testbed (Ray + vLLM engines)")
+    t.add_argument("spec", nargs="?", help="experiment YAML (default: the embedded testbed scenario)")
+    t.add_argument("--out", default="runs", help="parent folder of the run directories (default: runs)")
+    t.add_argument("--policies", help="comma-separated subset of the spec's policies")
+    t.add_argument("--seeds", help="comma-separated seeds (default: the spec's)")
+    t.set_defaults(fn=_cmd_run)
+    c = sub.add_parser("cluster", help="bring an emulated cluster up or down, or show what is up")
+    c.add_argument("action", choices=["up", "down", "status"])
+    c.add_argument("run_ids", nargs="*", help="down: these runs (default: every recorded run)")
+    c.add_argument("--pods", type=int, default=2)
+    c.add_argument("--mode", choices=["auto", "netns", "local"], default="auto")
+    c.set_defaults(fn=_cmd_cluster)
     s = sub.add_parser("sim", help="run an experiment spec in the simulator")
     s.add_argument("spec", nargs="?", help="experiment YAML (default: the embedded default scenario)")
     s.add_argument("--out", default="runs", help="parent folder of the run directories (default: runs)")
@@ -95,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted: rows recorded so far are kept; run directories are marked interrupted")
         return 130
-    except (ValueError, FileNotFoundError, OSError) as e:
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"testbed: error: {msg}", file=sys.stderr)
         return 2

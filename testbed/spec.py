@@ -65,6 +65,29 @@ class RouterSpec(_Spec):
     history_bucket_s: float = Field(1.0, gt=0)
 
 
+class TestbedSpec(_Spec):
+    """The real cluster: pods of one prefill and one decode vLLM engine each.
+
+    On a machine without a GPU each pod is a network namespace holding a Ray node
+    (``mode: netns``, needs root) or all pods share one local Ray node (``local``);
+    ``auto`` picks netns when it can.
+    """
+
+    pods: int = Field(2, ge=1)
+    mode: Literal["auto", "netns", "local"] = "auto"
+    # None: build (once, cached) the tiny random-weight model; else a local model directory.
+    model: str | None = None
+    max_model_len: int = Field(4096, ge=256)
+    # 256 MiB of KV per engine: four engines fit the 12 GiB of NUMA node 0 on the CI machine.
+    kv_cache_bytes: int = Field(256 * 2**20, ge=16 * 2**20)
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int = Field(4096, ge=128)
+    # Baseline rate of a pod's link: what the risk price's bandwidth term is relative to.
+    link_gbps: float = Field(10.0, gt=0)
+    engine_start_timeout_s: float = Field(600.0, gt=0)
+    subnet: str = "10.77.0.0/24"
+
+
 class PolicyEntry(_Spec):
     name: str
     weights: Weights | None = None  # overrides the spec-wide weights for this policy
@@ -92,6 +115,7 @@ class ExperimentSpec(_Spec):
     # a request still running then is abandoned by the client anyway.
     deadline_s: float = Field(60.0, gt=0)
     metrics: MetricsSpec = MetricsSpec()
+    testbed: TestbedSpec = TestbedSpec()
 
     @field_validator("policies", mode="before")
     @classmethod
@@ -140,11 +164,11 @@ def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
         raise SpecError(_one_line(e, source)) from None
 
 
-def load_spec(path: str | Path | None = None) -> ExperimentSpec:
-    """Load and validate a spec file; ``None`` loads the embedded default."""
+def load_spec(path: str | Path | None = None, default: str = "default.yaml") -> ExperimentSpec:
+    """Load and validate a spec file; ``None`` loads the embedded ``default``."""
     if path is None:
-        text = resources.files("testbed.defaults").joinpath("default.yaml").read_text()
-        source = "embedded default spec"
+        text = resources.files("testbed.defaults").joinpath(default).read_text()
+        source = f"embedded spec {default}"
     else:
         p = Path(path)
         if not p.is_file():

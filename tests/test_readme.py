@@ -28,11 +28,11 @@ def test_setup_has_exactly_two_commands_and_ci_runs_the_second():
     (block,) = re.findall(r"```bash\n(.*?)```", _section("Set up"), flags=re.S)
     lines = [ln for ln in block.splitlines() if ln.strip()]
     assert len(lines) == 2
-    assert "testbed sim" in lines[0] and lines[0].startswith("pip install")
-    assert "pytest" in lines[1] and lines[1].startswith("pip install")
+    assert lines[0].startswith("./install.sh && testbed run")
+    assert lines[1] == "./install.sh && python -m pytest -q"
     ci = (REPO / ".ci" / "run").read_text()
-    assert "grep -m1 \"^pip install -e '.\\[test\\]'\" README.md" in ci
-    assert re.match(r"^pip install -e '.\[test\]'", lines[1])
+    assert "grep -m1 '^./install.sh && python -m pytest' README.md" in ci
+    assert (REPO / "install.sh").stat().st_mode & 0o111
 
 
 def test_every_testbed_command_in_the_readme_parses_and_its_files_exist():

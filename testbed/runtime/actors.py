@@ -1,0 +1,123 @@
+"""Ray actors of the testbed: thin adapters around plain objects.
+
+* :class:`EngineActor` holds one :class:`testbed.runtime.engine.Engine` and is
+  pinned to its pod through the pod's node resource;
+* :class:`RouterActor` holds the run: the shared :class:`testbed.routing.Router`
+  (the simulator's policy objects on the wall clock), :class:`RequestFlow`, the
+  slow loop, the health-label loop, the open-loop replay of the workload, and
+  the run directory's writer. It lives on the head node.
+
+Both are async actors, so an abort reaches an engine while its decode call is
+still awaiting, and nothing blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from ..experiment import make_router, seed_streams
+from ..records import RunWriter
+from ..spec import ExperimentSpec
+from ..topology import Topology
+from ..view import Capacity
+from .serve import RayEngine, RequestFlow
+
+
+@ray.remote(num_cpus=0)
+class EngineActor:
+    def __init__(self, config: dict[str, Any], net_device: str | None) -> None:
+        from ray.util import get_node_ip_address
+
+        from .engine import Engine, EngineConfig
+
+        # The pod's own address: NIXL's side channel and UCX must use the pod's link.
+        self.engine = Engine(EngineConfig(**config, host_ip=get_node_ip_address(), net_device=net_device))
+
+    async def start(self) -> dict[str, Any]:
+        seconds = await self.engine.start()
+        return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds}
+
+    async def prefill(self, request_id: str, prompt_token_ids: list[int]) -> Any:
+        return await self.engine.prefill(request_id, prompt_token_ids)
+
+    async def decode(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
+                     kv_transfer_params: Any = None, logprobs: int | None = None) -> Any:
+        return await self.engine.decode(request_id, prompt_token_ids, max_tokens, kv_transfer_params, logprobs=logprobs)
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    async def load(self) -> dict[str, Any]:
+        return await self.engine.load()
+
+    async def metrics(self) -> dict[str, Any]:
+        return await self.engine.metrics()
+
+    async def reset_prefix_cache(self) -> bool:
+        """Between runs: a later policy must not find the earlier one's prompts cached."""
+        return await self.engine.reset_prefix_cache()
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class RouterActor:
+    def __init__(self, spec_json: dict[str, Any], policy: str, seed: int, run_dir: str, meta: dict[str, Any],
+                 prefill: list[Any], decode: list[Any], topo: Topology, capacity: Capacity, vocab: int,
+                 kv_bytes_per_token: int) -> None:
+        spec = ExperimentSpec.model_validate(spec_json)
+        self.spec = spec
+        self.writer = RunWriter(Path(run_dir), meta, flush_s=1.0)
+        self.t0 = time.monotonic()
+        rngs = seed_streams(seed)
+        self.router = make_router(spec, topo, policy, rngs, self.writer.write, capacity)
+        self.router.observe_bandwidth(0.0, np.full(topo.n_pods, topo.uplink_Bps))
+        self.flow = RequestFlow(self.router, [RayEngine(h) for h in prefill], [RayEngine(h) for h in decode],
+                                spec.deadline_s, self.now, self.writer.write, vocab, kv_bytes_per_token, salt=seed)
+        self.sent = 0
+        self.total = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._loops: list[asyncio.Task] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def _every(self, period: float, fn: Any) -> None:
+        while True:
+            fn(self.now())
+            await asyncio.sleep(period)
+
+    async def run(self, arrival_s: list[float], prompt_tokens: list[int], output_tokens: list[int]) -> dict[str, int]:
+        """Replay the workload open loop at wall-clock time; returns outcome counts."""
+        self.total = len(arrival_s)
+        self.t0 = time.monotonic()  # the run starts now: arrival times are relative to this
+        self._loops = [asyncio.ensure_future(self._every(self.spec.router.slow_loop_s, self.router.slow_tick)),
+                       asyncio.ensure_future(self._every(self.spec.health.period_s, self.router.health_tick))]
+        for i, (t, p, o) in enumerate(zip(arrival_s, prompt_tokens, output_tokens)):
+            delay = t - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.ensure_future(self.flow.handle(i, float(t), int(p), int(o)))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            self.sent += 1
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+        return dict(self.flow.outcomes)
+
+    async def progress(self) -> dict[str, Any]:
+        return {"sent": self.sent, "total": self.total, "in_flight": len(self._tasks),
+                "outcomes": dict(self.flow.outcomes), "now_s": self.now()}
+
+    async def close(self, status: str = "finished", **extra: Any) -> dict[str, Any]:
+        for t in self._loops + list(self._tasks):
+            t.cancel()
+        self.writer.close(status, testbed_end_s=self.now(), **extra)
+        return self.writer.meta

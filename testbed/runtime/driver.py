@@ -1,0 +1,227 @@
+"""The testbed's driver: runs inside the head's network namespace, connected to Ray.
+
+    python -m testbed.runtime.driver --job SPEC.json:A,B:0,1 --out DIR --model DIR --mode netns|local ...
+
+It starts every engine in parallel (one prefill and one decode actor per pod),
+checks once that KV pulled across pods decodes like a single engine (the
+probe, recorded in ``testbed.json``), then for each (policy, seed) creates a router actor that replays the spec's
+workload against them and streams the run directory, and finally shuts the
+engines down. `testbed run` brings the cluster up around it and down after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from faults.schedule import FaultSchedule
+from workloads.generate import Workload, generate
+
+from ..experiment import run_dir_for, seed_streams
+from ..spec import ExperimentSpec
+from ..topology import Topology
+from ..view import Capacity
+from .actors import EngineActor, RouterActor
+
+HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node
+SIDE_CHANNEL_BASE_PORT = 5600
+console = Console(stderr=True)
+
+
+def testbed_topology(spec: ExperimentSpec) -> Topology:
+    """Pods of one prefill and one decode engine each, links at the testbed's baseline rate."""
+    t = spec.testbed
+    return Topology.build(t.pods, 2, 0.5, "within_pod", nic_gbps=t.link_gbps, uplink_gbps=t.link_gbps)
+
+
+def testbed_capacity(spec: ExperimentSpec, kv_bytes_per_token: int) -> Capacity:
+    t = spec.testbed
+    return Capacity(t.max_num_seqs, t.max_num_batched_tokens, t.max_num_seqs, t.kv_cache_bytes / kv_bytes_per_token)
+
+
+def check_workload(wl: Workload, spec: ExperimentSpec) -> None:
+    """Real engines refuse prompts longer than their context: say so before starting."""
+    longest = int((wl.prompt_tokens + wl.output_tokens).max()) if len(wl) else 0
+    if longest > spec.testbed.max_model_len:
+        raise ValueError(f"workload: a request needs {longest} tokens (prompt + output) but testbed.max_model_len is "
+                         f"{spec.testbed.max_model_len}; lower the workload's prompt/output max")
+
+
+class Engines:
+    """The engine actors of the run, started together and shut down together."""
+
+    def __init__(self, spec: ExperimentSpec, model: str, engine_root: Path, mode: str) -> None:
+        t = spec.testbed
+        self.prefill: list[Any] = []
+        self.decode: list[Any] = []
+        net_device = "eth0" if mode == "netns" else "lo"
+        for pod in range(t.pods):
+            for role, out in (("prefill", self.prefill), ("decode", self.decode)):
+                idx = len(self.prefill) + len(self.decode)
+                cfg = dict(model=Path(model), run_dir=engine_root, name=f"pod{pod}-{role}",
+                           side_channel_port=SIDE_CHANNEL_BASE_PORT + idx, role=role,
+                           request_deadline_s=spec.deadline_s, max_model_len=t.max_model_len,
+                           kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=t.max_num_seqs,
+                           max_num_batched_tokens=t.max_num_batched_tokens)
+                out.append(EngineActor.options(resources={f"pod{pod}": 0.5}, name=f"engine-{cfg['name']}")
+                           .remote(cfg, net_device))
+
+    @property
+    def all(self) -> list[Any]:
+        return self.prefill + self.decode
+
+    def start(self, timeout_s: float) -> list[dict[str, Any]]:
+        return ray.get([a.start.remote() for a in self.all], timeout=timeout_s)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return ray.get([a.metrics.remote() for a in self.all])
+
+    def reset(self) -> None:
+        ray.get([a.reset_prefix_cache.remote() for a in self.all])
+
+    def loads(self) -> list[dict[str, Any]]:
+        return ray.get([a.load.remote() for a in self.all])
+
+    def probe(self, vocab: int, n_tokens: int = 300, max_tokens: int = 16) -> dict[str, Any]:
+        """Prove the PD path moves correct KV across pods: prefill on the first pod, decode
+        on the last pod's decode engine with the pulled KV, against that engine decoding
+        the same prompt alone (greedy). A divergence is accepted only where the reference's
+        own top-2 logprob gap is under 1 nat (a bf16 near-tie), never elsewhere."""
+        from .serve import prompt_ids
+
+        ids = prompt_ids(10**9, n_tokens, vocab, salt=12345)
+        p, d = self.prefill[0], self.decode[-1]
+        before = ray.get(d.metrics.remote())["vllm:external_prefix_cache_hits_total"]
+        pre = ray.get(p.prefill.remote("probe-pd", ids))
+        pd = ray.get(d.decode.remote("probe-pd", ids, max_tokens, pre.kv_transfer_params))
+        hits = ray.get(d.metrics.remote())["vllm:external_prefix_cache_hits_total"] - before
+        self.reset()  # the reference must compute the prompt itself
+        ref = ray.get(d.decode.remote("probe-ref", ids, max_tokens, None, 2))
+        verdict = "equal"
+        for i, (a, b) in enumerate(zip(pd.token_ids, ref.token_ids)):
+            if a != b:
+                tops = ref.top_logprobs[i] if i < len(ref.top_logprobs) else ()
+                near_tie = len(tops) >= 2 and tops[0] - tops[1] < 1.0
+                verdict = f"near-tie divergence at token {i}" if near_tie else f"MISMATCH at token {i}"
+                break
+        return {"ok": not verdict.startswith("MISMATCH") and hits >= n_tokens and len(pd.token_ids) == max_tokens,
+                "verdict": verdict, "external_prefix_cache_hits": hits, "prompt_tokens": n_tokens,
+                "pd_tokens": list(pd.token_ids), "reference_tokens": list(ref.token_ids)}
+
+    def shutdown(self) -> None:
+        try:
+            ray.get([a.shutdown.remote() for a in self.all], timeout=120)
+        finally:
+            for a in self.all:
+                ray.kill(a)
+
+
+def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: Engines, model_meta: dict[str, Any],
+            progress: Progress) -> Path:
+    rngs = seed_streams(seed)
+    wl = generate(spec.workload, rngs["workload"])
+    check_workload(wl, spec)
+    topo = testbed_topology(spec)
+    run_dir = run_dir_for(out, spec, policy, seed)
+    meta = {"world": "testbed", "scenario": spec.name, "policy": policy, "seed": seed,
+            "spec": spec.model_dump(mode="json"), "workload": wl.summary(),
+            "fault_pods": [int(p) for p in FaultSchedule(spec.faults, topo.n_pods).fault_pods()],
+            "model": model_meta}
+    engines.reset()
+    before = engines.metrics()
+    router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
+        spec.model_dump(mode="json"), policy, seed, str(run_dir), meta, engines.prefill, engines.decode, topo,
+        testbed_capacity(spec, model_meta["kv_bytes_per_token"]), model_meta["vocab"],
+        model_meta["kv_bytes_per_token"])
+    task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
+    done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
+    status = "interrupted"
+    try:
+        while not ray.wait([done], timeout=0.5)[0]:
+            p = ray.get(router.progress.remote())
+            progress.update(task, completed=sum(p["outcomes"].values()))
+        outcomes = ray.get(done)
+        status = "finished"
+    finally:
+        after = engines.metrics()
+        names = [f"pod{i}-{role}" for role, group in (("prefill", engines.prefill), ("decode", engines.decode))
+                 for i in range(len(group))]
+        # per-run engine counters: e.g. external prefix-cache hits on a decode engine prove KV was pulled
+        deltas = {name: {k: a[k] - b[k] for k in a if isinstance(a[k], (int, float)) and isinstance(b.get(k), (int, float))}
+                  for name, a, b in zip(names, after, before)}
+        ray.get(router.close.remote(status, engines=deltas, engines_after=dict(zip(names, engines.loads()))))
+        ray.kill(router)
+        progress.update(task, visible=False)
+    progress.console.print(f"  {policy:<16} seed {seed}: {outcomes} -> {run_dir}")
+    return run_dir
+
+
+def _cluster_pss(run_id: str | None) -> int | None:
+    if not run_id:
+        return None
+    from .emulated import EmulatedCluster
+
+    return EmulatedCluster.attach(None, run_id).status().pss_bytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="testbed.runtime.driver")
+    ap.add_argument("--job", action="append", required=True,
+                    help="SPEC.json:POLICY,POLICY:SEED,SEED (repeatable; every job shares the first one's engines)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--model-meta", required=True, help="JSON: vocab, kv_bytes_per_token")
+    ap.add_argument("--engine-root", required=True)
+    ap.add_argument("--mode", required=True, choices=["netns", "local"])
+    ap.add_argument("--cluster-run-id", help="for the memory figure in testbed.json")
+    args = ap.parse_args(argv)
+    # SIGTERM from `testbed run` (or a CI timeout) unwinds like Ctrl-C: runs are closed as interrupted.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    jobs = []
+    for job in args.job:
+        path, policies, seeds = job.rsplit(":", 2)
+        spec = ExperimentSpec.model_validate(json.loads(Path(path).read_text()))
+        jobs.append((spec, policies.split(","), [int(x) for x in seeds.split(",")]))
+    spec0 = jobs[0][0]
+    model_meta = json.loads(args.model_meta)
+    ray.init(log_to_driver=False)
+    engines = Engines(spec0, args.model, Path(args.engine_root), args.mode)
+    summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.testbed.pods, "model": args.model, **model_meta}
+    try:
+        t0 = time.monotonic()
+        started = engines.start(spec0.testbed.engine_start_timeout_s)
+        summary["engines_ready_s"] = time.monotonic() - t0
+        summary["engines"] = started
+        summary["pss_bytes_ready"] = _cluster_pss(args.cluster_run_id)
+        console.print(f"{len(started)} engines ready in {summary['engines_ready_s']:.0f} s: "
+                      + ", ".join(f"{s['name']}@{s['host_ip']}" for s in started))
+        summary["pd_probe"] = probe = engines.probe(model_meta["vocab"])
+        console.print(f"KV transfer probe (pod0 prefill -> pod{spec0.testbed.pods - 1} decode): {probe['verdict']}, "
+                      f"{probe['external_prefix_cache_hits']} external prefix-cache hits")
+        with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as progress:
+            for spec, policies, seeds in jobs:
+                for policy in policies:
+                    for seed in seeds:
+                        run_one(spec, policy, seed, Path(args.out), engines, model_meta, progress)
+        summary["pss_bytes_end"] = _cluster_pss(args.cluster_run_id)
+    finally:
+        summary_path = Path(args.out) / spec0.name / "testbed.json"
+        summary_path.parent.mkdir(parents=True, exist_ok=True)
+        summary_path.write_text(json.dumps(summary, indent=2, default=str))
+        engines.shutdown()
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

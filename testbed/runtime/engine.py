@@ -1,0 +1,539 @@
+"""One real vLLM engine (prefill or decode) with NIXL KV transfer, as a plain object.
+
+`Engine` wraps `vllm.v1.engine.async_llm.AsyncLLM`. A Ray actor (or a test's
+subprocess) holds one and forwards calls; nothing here imports Ray, and vLLM is
+imported only when `start()` runs. The prefill/decode flow is vLLM's own
+(the disaggregation proxy's and Ray Serve LLM's):
+
+1. `prefill()` on the prefill engine: the prompt with `max_tokens=1` and
+   `kv_transfer_params={"do_remote_decode": True}`; it returns the params that
+   tell a decoder where the KV lies (engine id, block ids, host, port).
+2. `decode()` on the decode engine with those params: its NIXL connector pulls
+   the KV blocks (a NIXL READ: the bytes leave the prefill node) and decodes.
+
+Process model. vLLM on the CPU always builds three processes per engine: this
+one (the `AsyncLLM` front end), an EngineCore (scheduler, NIXL handshake side
+channel) and a worker (model, KV cache, NIXL agent), the last two *spawned*;
+so code that starts an engine needs an `if __name__ == "__main__":` guard.
+Give each engine a process of its own (a Ray actor is one): the environment
+below is set in `os.environ` before the children start, and vLLM's Prometheus
+logger unregisters every `vllm:` collector of the process when an engine
+starts, so two engines in one process would share one environment and one
+registry. This module therefore keeps its own per-engine counters
+(`metrics()`) fed by a stat logger, rather than reading the registry.
+
+NIXL's progress thread. NIXL's Python agent hard-codes `pthrDelay=0`, and the
+UCX backend's shared progress thread then polls with a zero timeout: it spins
+a core per engine (two engines on two cores starve each other). Neither NIXL
+(no config key or env var reaches `pthrDelay`) nor vLLM (its connector builds
+`nixl_agent_config(num_threads=..., capture_telemetry=True)` itself) exposes
+the delay. The narrowest supported hook is vLLM's `kv_connector_module_path`:
+the engine names this module, vLLM resolves `NixlConnector` from it in every
+engine process, and the module-level `__getattr__` below installs a subclass
+of NIXL's agent that sets `pthrDelay` (from `TESTBED_NIXL_PROGRESS_DELAY_US`)
+before returning vLLM's own, unchanged `NixlConnector` class. With a delay the
+thread sleeps in `poll()` on the UCX workers' event fds and still wakes at
+once on traffic; the delay only bounds the periodic re-poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Environment variable read in the worker process: NIXL progress-thread delay.
+PROGRESS_DELAY_ENV = "TESTBED_NIXL_PROGRESS_DELAY_US"
+_DELAY_LOCK = threading.Lock()
+MiB = 1 << 20
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that makes one engine; `role` is informational (any engine can do both).
+
+    `request_deadline_s` is the longest a request may live end to end (the
+    router aborts it then). The KV lease is derived from it: the prefill
+    engine keeps KV it holds for a remote decoder for
+    `kv_lease_s = ceil(request_deadline_s + lease_margin_s)` (at least 6 s so
+    vLLM's heartbeat period, lease // 6, is at least 1 s). A lease shorter
+    than the deadline lets the prefill engine free (and reuse) blocks while a
+    slow pull is still reading them: the decoder then decodes from corrupt KV
+    and returns success. With lease >= deadline that can only happen after the
+    router has already given the request up. The price: a decoder that dies
+    pins its prefill KV for up to the lease.
+    """
+
+    model: Path
+    run_dir: Path
+    name: str
+    side_channel_port: int
+    role: str = "both"
+    host_ip: str = "127.0.0.1"
+    net_device: str | None = None
+    ucx_tls: str = "tcp"
+    request_deadline_s: float = 60.0
+    lease_margin_s: float = 10.0
+    max_model_len: int = 4096
+    kv_cache_bytes: int = 256 * MiB
+    dtype: str = "bfloat16"
+    omp_threads_bind: str = "nobind"
+    nixl_progress_delay_us: int = 1000
+    nixl_num_threads: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    seed: int = 0
+    gpu: bool = False
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode", "both"):
+            raise ValueError(f"role={self.role!r} must be 'prefill', 'decode' or 'both'")
+        if not 1 <= self.side_channel_port <= 65535:
+            raise ValueError(f"side_channel_port={self.side_channel_port} is not a port")
+        if self.request_deadline_s <= 0:
+            raise ValueError(f"request_deadline_s={self.request_deadline_s} must be > 0")
+        if self.kv_cache_bytes < 16 * MiB:
+            raise ValueError(f"kv_cache_bytes={self.kv_cache_bytes} is below 16 MiB")
+        if self.nixl_progress_delay_us < 0:
+            raise ValueError(f"nixl_progress_delay_us={self.nixl_progress_delay_us} must be >= 0")
+        if not self.name or "/" in self.name:
+            raise ValueError(f"name={self.name!r} must be a non-empty path component")
+
+    @property
+    def kv_lease_s(self) -> int:
+        return max(6, math.ceil(self.request_deadline_s + self.lease_margin_s))
+
+    @property
+    def engine_dir(self) -> Path:
+        """Run-owned folder of this engine: TMPDIR, vLLM's cache and IPC sockets live here."""
+        return Path(self.run_dir) / self.name
+
+    def environment(self) -> dict[str, str]:
+        """Variables set before the engine's processes start (they inherit them)."""
+        d = self.engine_dir
+        env = {
+            "VLLM_HOST_IP": self.host_ip,
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": self.host_ip,
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port),
+            "UCX_TLS": self.ucx_tls,
+            "TMPDIR": str(d / "tmp"),
+            "VLLM_RPC_BASE_PATH": str(d / "tmp"),
+            "VLLM_CACHE_ROOT": str(d / "cache"),
+            "VLLM_CPU_OMP_THREADS_BIND": self.omp_threads_bind,
+            "GLOO_SOCKET_IFNAME": "lo",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            PROGRESS_DELAY_ENV: str(self.nixl_progress_delay_us),
+        }
+        if self.net_device:
+            env["UCX_NET_DEVICES"] = self.net_device
+        env.update(self.extra_env)
+        return env
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """What the prefill engine hands the router: pass `kv_transfer_params` to `decode`."""
+
+    request_id: str
+    kv_transfer_params: dict[str, Any] | None
+    num_prompt_tokens: int
+    submitted_s: float
+    finished_s: float
+    finish_reason: str | None
+    # Seconds the request waited in the engine's scheduler before its prefill was
+    # scheduled (vLLM's queued_ts -> scheduled_ts); None when vLLM gave no stats.
+    queued_s: float | None = None
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """Output of one decode; times are `time.monotonic()` in the engine's process."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    submitted_s: float
+    first_token_s: float | None
+    finished_s: float
+    finish_reason: str | None
+    top_logprobs: tuple[tuple[float, ...], ...] = ()
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason == "abort"
+
+
+# --------------------------------------------------------------------------- NIXL hook
+
+
+def install_nixl_progress_delay(delay_us: int | None = None) -> bool:
+    """Make vLLM's NIXL worker build its agent with a progress-thread delay.
+
+    Runs in the worker process (via the module `__getattr__` below). Returns
+    False when NIXL is missing or the delay is 0 (then nothing changes).
+    """
+    if delay_us is None:
+        delay_us = int(os.environ.get(PROGRESS_DELAY_ENV, "0") or 0)
+    if delay_us <= 0:
+        return False
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+
+    base = base_worker.NixlWrapper
+    if base is None:
+        return False
+    if getattr(base, "testbed_pthr_delay_us", None) == delay_us:
+        return True
+    base = getattr(base, "testbed_base", base)
+    api = sys.modules[base.__module__]  # nixl_cu12._api (or cu13/rocm)
+    if not hasattr(api, "nixlBind"):  # NIXL's internals moved: fail loudly, not spin
+        raise RuntimeError(f"{api.__name__} has no 'nixlBind': the NIXL progress-delay hook "
+                           "needs updating for this NIXL version (tested: 1.5.1)")
+
+    class _BindWithDelay:
+        """Stands in for NIXL's binding module while one agent is built."""
+
+        def __init__(self, real: Any) -> None:
+            self._real = real
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._real, name)
+
+        def nixlAgent(self, agent_name: str, config: Any) -> Any:  # noqa: N802 (NIXL's name)
+            config.pthrDelay = delay_us
+            return self._real.nixlAgent(agent_name, config)
+
+    class DelayedNixlAgent(base):  # type: ignore[misc, valid-type]
+        testbed_pthr_delay_us = delay_us
+        testbed_base = base
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # NIXL's __init__ sets pthrDelay = 0 and builds the agent in one go;
+            # swap its binding module for the constructor call only.
+            with _DELAY_LOCK:
+                real = api.nixlBind
+                api.nixlBind = _BindWithDelay(real)
+                try:
+                    super().__init__(*args, **kwargs)
+                finally:
+                    api.nixlBind = real
+
+    base_worker.NixlWrapper = DelayedNixlAgent
+    return True
+
+
+def __getattr__(name: str) -> Any:
+    # vLLM resolves `kv_connector` ("NixlConnector") from `kv_connector_module_path`
+    # (this module) in each engine process: install the delay, hand back vLLM's class.
+    if name == "NixlConnector":
+        install_nixl_progress_delay()
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
+
+        return NixlConnector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------- stats
+
+
+class EngineStats:
+    """Per-engine counters and the latest scheduler snapshot, fed by vLLM's stat loggers."""
+
+    _NIXL_SUMS = {
+        "transfer_duration": "vllm:nixl_xfer_time_seconds",
+        "post_duration": "vllm:nixl_post_time_seconds",
+        "bytes_transferred": "vllm:nixl_bytes_transferred",
+        "num_descriptors": "vllm:nixl_num_descriptors",
+    }
+    _NIXL_COUNTS = {
+        "num_failed_transfers": "vllm:nixl_num_failed_transfers_total",
+        "num_failed_handshakes": "vllm:nixl_num_failed_transfers_total",
+        "num_failed_notifications": "vllm:nixl_num_failed_notifications_total",
+        "num_kv_expired_reqs": "vllm:nixl_num_kv_expired_reqs_total",
+        "num_notifications_after_expiry": "vllm:nixl_num_notifications_after_expiry_total",
+    }
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.counters: dict[str, float] = {
+            "vllm:prefix_cache_queries_total": 0,
+            "vllm:prefix_cache_hits_total": 0,
+            "vllm:external_prefix_cache_queries_total": 0,
+            "vllm:external_prefix_cache_hits_total": 0,
+            "vllm:prompt_tokens_total": 0,
+            "vllm:generation_tokens_total": 0,
+        }
+        for metric in self._NIXL_SUMS.values():
+            self.counters[metric + "_sum"] = 0
+            self.counters[metric + "_count"] = 0
+        for metric in self._NIXL_COUNTS.values():
+            self.counters[metric] = 0
+        self.last_xfer_time_s: float | None = None
+        self.max_xfer_time_s = 0.0
+        self.snapshot: dict[str, Any] = {}
+        self.snapshot_s: float | None = None
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        c = self.counters
+        if iteration_stats is not None:
+            c["vllm:prompt_tokens_total"] += iteration_stats.num_prompt_tokens
+            c["vllm:generation_tokens_total"] += iteration_stats.num_generation_tokens
+        if scheduler_stats is None:
+            return
+        s = scheduler_stats
+        self.snapshot = {
+            "running": s.num_running_reqs,
+            "waiting": s.num_waiting_reqs + s.num_skipped_waiting_reqs,
+            "kv_usage": float(s.kv_cache_usage),
+            "kv_fetching": dict(s.num_kv_fetch_reqs_by_stage),
+        }
+        self.snapshot_s = self._clock()
+        c["vllm:prefix_cache_queries_total"] += s.prefix_cache_stats.queries
+        c["vllm:prefix_cache_hits_total"] += s.prefix_cache_stats.hits
+        if s.connector_prefix_cache_stats is not None:
+            c["vllm:external_prefix_cache_queries_total"] += s.connector_prefix_cache_stats.queries
+            c["vllm:external_prefix_cache_hits_total"] += s.connector_prefix_cache_stats.hits
+        data = s.kv_connector_stats or {}
+        for key, metric in self._NIXL_SUMS.items():
+            values = data.get(key) or []
+            c[metric + "_sum"] += float(sum(values))
+            c[metric + "_count"] += len(values)
+        for key, metric in self._NIXL_COUNTS.items():
+            c[metric] += float(sum(data.get(key) or []))
+        for seconds in data.get("transfer_duration") or []:
+            self.last_xfer_time_s = float(seconds)
+            self.max_xfer_time_s = max(self.max_xfer_time_s, float(seconds))
+
+    def logger_factory(self) -> Callable[..., Any]:
+        """A vLLM `StatLoggerFactory` whose loggers feed this object."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        stats = self
+
+        class _Logger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any,
+                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+                stats.record(scheduler_stats, iteration_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _Logger
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """One vLLM engine with NIXL KV transfer; create it, `await start()`, then serve."""
+
+    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self._llm: Any = None
+        self._stats = EngineStats(clock)
+        self._inflight: set[str] = set()
+        self.startup_s: float | None = None
+        self.warmup_s: float | None = None
+
+    # ---- lifecycle
+
+    def engine_args(self) -> Any:
+        """The `AsyncEngineArgs` this engine starts with (vLLM must be importable)."""
+        from vllm.config import KVTransferConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        cfg = self.config
+        extra: dict[str, Any] = {"kv_lease_duration": cfg.kv_lease_s}
+        if cfg.nixl_num_threads is not None:
+            extra["num_threads"] = cfg.nixl_num_threads
+        kv = KVTransferConfig(
+            kv_connector="NixlConnector",
+            kv_connector_module_path=__name__,
+            kv_role="kv_both",
+            kv_buffer_device="cuda" if cfg.gpu else "cpu",
+            kv_connector_extra_config=extra,
+        )
+        kwargs: dict[str, Any] = dict(
+            model=str(cfg.model),
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=True,
+            kv_cache_memory_bytes=cfg.kv_cache_bytes,
+            kv_transfer_config=kv,
+            seed=cfg.seed,
+            disable_log_stats=False,
+            enable_log_requests=False,
+        )
+        if cfg.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = cfg.max_num_seqs
+        if cfg.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+        return AsyncEngineArgs(**kwargs)
+
+    async def start(self, warmup: bool = True) -> float:
+        """Start the engine; returns the start-up seconds (warm-up included).
+
+        On 2 CPU cores one engine starts in 25-30 s alone and 50-70 s when two
+        start together. The first decode steps of a fresh engine are slow (the
+        CPU kernels are built on first use: 6-30 s for the first request), so
+        `warmup` runs one local request of three blocks before returning.
+        """
+        if self._llm is not None:
+            raise RuntimeError(f"engine {self.config.name} is already started")
+        for sub in ("tmp", "cache"):
+            (self.config.engine_dir / sub).mkdir(parents=True, exist_ok=True)
+        os.environ.update(self.config.environment())
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        t0 = self._clock()
+        args = self.engine_args()
+        # Built in a thread so the caller's event loop stays responsive; AsyncLLM
+        # starts its output handler lazily on the first request.
+        self._llm = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.logger_factory()])
+        if warmup:
+            t1 = self._clock()
+            prompt = [4 + (7 * i) % 2000 for i in range(2 * 128 + 45)]
+            await self.decode(f"warmup-{self.config.name}", prompt, max_tokens=8)
+            self.warmup_s = self._clock() - t1
+        self.startup_s = self._clock() - t0
+        return self.startup_s
+
+    async def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+
+    def _require(self) -> Any:
+        if self._llm is None:
+            raise RuntimeError(f"engine {self.config.name} is not started")
+        return self._llm
+
+    # ---- requests
+
+    async def _generate(self, request_id: str, prompt_token_ids: Sequence[int],
+                        params: Any) -> tuple[float | None, Any]:
+        llm = self._require()
+        first: float | None = None
+        last = None
+        self._inflight.add(request_id)
+        try:
+            async for out in llm.generate(
+                    prompt={"prompt_token_ids": list(prompt_token_ids)},
+                    sampling_params=params, request_id=request_id):
+                if first is None and out.outputs and out.outputs[0].token_ids:
+                    first = self._clock()
+                last = out
+        finally:
+            self._inflight.discard(request_id)
+        return first, last
+
+    async def prefill(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillResult:
+        """Compute the prompt's KV and keep it for a remote decoder (max_tokens=1)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=1, temperature=0.0, detokenize=False,
+            extra_args={"kv_transfer_params": {"do_remote_decode": True}})
+        t0 = self._clock()
+        _, last = await self._generate(request_id, prompt_token_ids, params)
+        reason = last.outputs[0].finish_reason if last is not None and last.outputs else None
+        stats = getattr(last, "metrics", None)
+        queued = None
+        if stats is not None and getattr(stats, "scheduled_ts", 0.0) and getattr(stats, "queued_ts", 0.0):
+            queued = max(0.0, float(stats.scheduled_ts - stats.queued_ts))
+        return PrefillResult(
+            request_id=request_id,
+            kv_transfer_params=None if last is None else last.kv_transfer_params,
+            num_prompt_tokens=len(prompt_token_ids),
+            submitted_s=t0, finished_s=self._clock(), finish_reason=reason, queued_s=queued)
+
+    async def decode(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
+                     kv_transfer_params: Mapping[str, Any] | None = None, *,
+                     logprobs: int | None = None, ignore_eos: bool = True) -> DecodeResult:
+        """Greedy-decode `max_tokens` tokens; with `kv_transfer_params` the prompt's KV is pulled.
+
+        Without params the engine computes the prompt itself (a single-engine run).
+        """
+        from vllm import SamplingParams
+
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+        extra = None if kv_transfer_params is None else {
+            "kv_transfer_params": dict(kv_transfer_params)}
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
+                                ignore_eos=ignore_eos, logprobs=logprobs, extra_args=extra)
+        t0 = self._clock()
+        first, last = await self._generate(request_id, prompt_token_ids, params)
+        end = self._clock()
+        if last is None or not last.outputs:
+            return DecodeResult(request_id, (), t0, first, end, "abort")
+        comp = last.outputs[0]
+        tops: tuple[tuple[float, ...], ...] = ()
+        if logprobs and comp.logprobs:
+            tops = tuple(tuple(sorted((lp.logprob for lp in step.values()), reverse=True))
+                         for step in comp.logprobs)
+        return DecodeResult(request_id, tuple(comp.token_ids), t0, first, end,
+                            comp.finish_reason, tops)
+
+    async def abort(self, request_id: str) -> None:
+        """Cancel a request (the router's deadline); its `decode` returns with `aborted`."""
+        await self._require().abort(request_id)
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop cached prefixes, so one run's prompts cannot speed up the next run's."""
+        return bool(await self._require().reset_prefix_cache())
+
+    async def release_remote_kv(self, request_id: str,
+                                kv_transfer_params: Mapping[str, Any]) -> None:
+        """Tell the prefill engine to free KV it holds for a decode that will never run.
+
+        Call it on a decode engine when the router drops a prefilled request
+        before decoding it; otherwise the blocks stay pinned until the lease ends.
+        """
+        await self._require().notify_kv_transfer_request_rejected(
+            request_id, dict(kv_transfer_params))
+
+    # ---- observation
+
+    async def load(self) -> dict[str, Any]:
+        """Queue and KV state from the last scheduler step plus the front end's own count."""
+        llm = self._require()
+        snap = self._stats.snapshot
+        age = None if self._stats.snapshot_s is None else self._clock() - self._stats.snapshot_s
+        return {
+            "unfinished": llm.get_num_unfinished_requests(),
+            "running": snap.get("running", 0),
+            "waiting": snap.get("waiting", 0),
+            "kv_usage": snap.get("kv_usage", 0.0),
+            "kv_fetching": snap.get("kv_fetching", {}),
+            "stats_age_s": age,
+        }
+
+    async def metrics(self) -> dict[str, float | None]:
+        """Cumulative counters since start, named like vLLM's Prometheus series."""
+        out: dict[str, float | None] = dict(self._stats.counters)
+        out["nixl_last_xfer_time_s"] = self._stats.last_xfer_time_s
+        out["nixl_max_xfer_time_s"] = self._stats.max_xfer_time_s
+        out["startup_s"] = self.startup_s
+        out["warmup_s"] = self.warmup_s
+        return out

@@ -1,0 +1,96 @@
+"""`testbed run`: model, emulated cluster, driver in the head's namespace, teardown.
+
+Runs in the user's (root) namespace. Whatever happens (an error, Ctrl-C,
+SIGTERM) the cluster comes down: every Ray and vLLM process of the run, its
+namespaces and its temp folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+
+from ..spec import ExperimentSpec
+
+console = Console(stderr=True)
+
+
+def model_cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "testbed" / "models" / "tiny-llama"
+
+
+def prepare_model(spec: ExperimentSpec) -> tuple[Path, dict[str, int]]:
+    """The model directory (the tiny model is built once and cached) and what the router needs of it."""
+    from .model import build_tiny_model, kv_bytes_per_token
+
+    if spec.testbed.model is None:
+        path = build_tiny_model(model_cache_dir())
+    else:
+        path = Path(spec.testbed.model).expanduser()
+        if not (path / "config.json").is_file():
+            raise ValueError(f"testbed.model: {path} is not a model directory (no config.json)")
+    cfg = json.loads((path / "config.json").read_text())
+    return path, {"vocab": int(cfg["vocab_size"]), "kv_bytes_per_token": kv_bytes_per_token(path)}
+
+
+Job = tuple[ExperimentSpec, list[str], list[int]]
+
+
+def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
+                more: Sequence[Job] = ()) -> int:
+    """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines)."""
+    from .emulated import EmulatedCluster
+
+    jobs = [(spec, policies, seeds), *more]
+    for other, _, _ in more:
+        if other.testbed != spec.testbed:
+            raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block as {spec.name}")
+    t0 = time.monotonic()
+    model, model_meta = prepare_model(spec)
+    cluster = EmulatedCluster(spec.testbed.pods, mode=spec.testbed.mode, subnet=spec.testbed.subnet)
+    console.print(f"[bold]{spec.name}[/] on the testbed: {spec.testbed.pods} pods x (1 prefill + 1 decode) vLLM engines, "
+                  f"{cluster.mode} mode, {len(policies)} policies x {len(seeds)} seeds -> {out / spec.name}")
+    if spec.faults:
+        console.print("[yellow]note: the spec's faults are not applied on the testbed yet; this run measures "
+                      "the healthy cluster[/]")
+    driver = None
+    old_term = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM tears down like Ctrl-C
+    try:
+        cluster.up()
+        console.print(f"cluster up in {time.monotonic() - t0:.0f} s (run {cluster.run_id}, head {cluster.address})")
+        argv = [sys.executable, "-m", "testbed.runtime.driver", "--out", str(out.resolve()),
+                "--model", str(model), "--model-meta", json.dumps(model_meta),
+                "--engine-root", str(cluster.temp_root / "engines"), "--mode", cluster.mode,
+                "--cluster-run-id", cluster.run_id]
+        for i, (s, pols, sds) in enumerate(jobs):
+            spec_file = cluster.temp_root / f"spec-{i}.json"
+            spec_file.write_text(json.dumps(s.model_dump(mode="json")))
+            argv += ["--job", f"{spec_file}:{','.join(pols)}:{','.join(map(str, sds))}"]
+        driver = cluster.popen_in_head(argv)
+        rc = driver.wait()
+        if rc != 0:
+            raise RuntimeError(f"testbed driver exited with status {rc} (see its messages above)")
+        return 0
+    except KeyboardInterrupt:
+        if driver is not None and driver.poll() is None:
+            driver.send_signal(signal.SIGINT)  # it closes its runs as interrupted
+            try:
+                driver.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                driver.kill()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        t1 = time.monotonic()
+        cluster.down()
+        console.print(f"cluster down in {time.monotonic() - t1:.0f} s")
