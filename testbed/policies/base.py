@@ -80,8 +80,9 @@ class Policy:
             allowed = np.flatnonzero(keep[wp])
             roles.append(_RoleCache(static, allowed, int(wp.size - allowed.size)))
         if self.config.path_weight and self._path is None:
-            # (P, n_decode): cost from each prefill pod to each decode worker
-            self._path = self.config.path_weight * view.path_cost[:, view.topo.decode_pod]
+            # (P, P), gathered per decision: a (P, n_decode) table would be read from memory
+            # a row at a time and cost more than the gather
+            self._path = self.config.path_weight * view.path_cost
         self._cached_for = pods
         self._roles = (roles[0], roles[1])
         return self._roles
@@ -99,6 +100,7 @@ class Policy:
             sp, sd = rp.static, rd.static
         p = self._pick_p.pick(sp, rp.allowed, self._rng)
         if self._path is not None:
-            sd = sd + self._path[view.topo.prefill_pod[p]]  # a copy: sd may be the cached static array
+            row = self._path[view.topo.prefill_pod[p]].take(view.topo.decode_pod)
+            sd = np.add(sd, row, out=sd) if worker is not None else sd + row  # never into the cached static array
         d = self._pick_d.pick(sd, rd.allowed, self._rng)
         return Choice(p, d, float(sp[p] + sd[d]), sp.size + sd.size, rp.n_filtered + rd.n_filtered)
