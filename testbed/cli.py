@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -116,27 +117,28 @@ def _cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def _experiment_parser(sub: Any, name: str, help: str, default: str, fn: Any) -> None:
+    """`run` and `sim` take the same arguments: a spec and subsets of its policies and seeds."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("spec", nargs="?", help=f"experiment YAML (default: {default})")
+    p.add_argument("--out", default="runs", help="parent folder of the run directories (default: runs)")
+    p.add_argument("--policies", help="comma-separated subset of the spec's policies")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the spec's)")
+    p.set_defaults(fn=fn)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed", description="Reliability-aware routing for PD-disaggregated LLM serving")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("run", help="run an experiment spec on the real testbed (Ray + vLLM engines)")
-    t.add_argument("spec", nargs="?", help="experiment YAML (default: the embedded testbed scenario)")
-    t.add_argument("--out", default="runs", help="parent folder of the run directories (default: runs)")
-    t.add_argument("--policies", help="comma-separated subset of the spec's policies")
-    t.add_argument("--seeds", help="comma-separated seeds (default: the spec's)")
-    t.set_defaults(fn=_cmd_run)
+    _experiment_parser(sub, "run", "run an experiment spec on the real testbed (Ray + vLLM engines)",
+                       "the embedded testbed scenario", _cmd_run)
     c = sub.add_parser("cluster", help="bring an emulated cluster up or down, or show what is up")
     c.add_argument("action", choices=["up", "down", "status"])
     c.add_argument("run_ids", nargs="*", help="down: these runs (default: every recorded run)")
     c.add_argument("--pods", type=int, default=2)
     c.add_argument("--mode", choices=["auto", "netns", "local"], default="auto")
     c.set_defaults(fn=_cmd_cluster)
-    s = sub.add_parser("sim", help="run an experiment spec in the simulator")
-    s.add_argument("spec", nargs="?", help="experiment YAML (default: the embedded default scenario)")
-    s.add_argument("--out", default="runs", help="parent folder of the run directories (default: runs)")
-    s.add_argument("--policies", help="comma-separated subset of the spec's policies")
-    s.add_argument("--seeds", help="comma-separated seeds (default: the spec's)")
-    s.set_defaults(fn=_cmd_sim)
+    _experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario", _cmd_sim)
     r = sub.add_parser("report", help="metrics table and plots of run directories")
     r.add_argument("paths", nargs="+", help="run directories, or folders holding them")
     r.add_argument("--out", help="where to write CSVs and plots (default: a report folder next to the first path)")
