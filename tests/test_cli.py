@@ -103,3 +103,15 @@ def test_policies_lists_every_variant():
     assert res.returncode == 0
     assert res.stdout.split() == ["LC", "FaultAwareLC", "OTF-R", "FaultAwareOTF-R", "OracleAvoidance", "Random",
                                   "RoundRobin", "PowerOfTwo", "BanaServe"]
+
+
+def test_run_refuses_a_workload_longer_than_the_engines_context_before_starting_anything(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
+    spec = tmp_path / "long.yaml"
+    spec.write_text("name: toolong\nworkload:\n  arrival: {kind: poisson, rate_rps: 1}\n"
+                    "  prompt: {kind: fixed, value: 5000}\n  output: {kind: fixed, value: 10}\n  duration_s: 5\n"
+                    "policies: [LC]\n")
+    res = _run("run", spec, "--out", tmp_path / "runs")
+    assert res.returncode == 2
+    assert "max_model_len is 4096" in res.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "runs").exists()

@@ -54,6 +54,15 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     for other, _, _ in more:
         if other.testbed != spec.testbed:
             raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block as {spec.name}")
+    # Refuse a workload the engines cannot serve before spending minutes starting them.
+    from workloads.generate import generate
+
+    from ..experiment import seed_streams
+    from .driver import check_workload
+
+    for s, _, sds in jobs:
+        for seed in sds:
+            check_workload(generate(s.workload, seed_streams(seed)["workload"]), s)
     t0 = time.monotonic()
     model, model_meta = prepare_model(spec)
     cluster = EmulatedCluster(spec.testbed.pods, mode=spec.testbed.mode, subnet=spec.testbed.subnet)
