@@ -37,7 +37,7 @@ class FaultSchedule:
             raise ValueError(f"n_pods must be a positive integer, got {n_pods!r}")
         self.n_pods = int(n_pods)
         self.faults: tuple[FaultSpec, ...] = tuple(faults)
-        fault_id, pod, start, end, sev, is_link = [], [], [], [], [], []
+        fault_id, pod, start, end, sev, is_link, up, down = [], [], [], [], [], [], [], []
         for i, f in enumerate(self.faults):
             if not isinstance(f, (LinkFault, ComputeFault)):
                 raise TypeError(f"fault {i}: expected LinkFault or ComputeFault, got {type(f).__name__}")
@@ -50,12 +50,16 @@ class FaultSchedule:
                 end.append(f.end_s)
                 sev.append(f.severity)
                 is_link.append(f.kind == "link")
+                up.append(f.kind == "link" and f.uplink)
+                down.append(f.kind == "link" and f.downlink)
         self._fault_id = np.asarray(fault_id, dtype=np.int64)
         self._pod = np.asarray(pod, dtype=np.int64)
         self._start = np.asarray(start, dtype=np.float64)
         self._end = np.asarray(end, dtype=np.float64)
         self._sev = np.asarray(sev, dtype=np.float64)
         self._is_link = np.asarray(is_link, dtype=bool)
+        self._up = np.asarray(up, dtype=bool)
+        self._down = np.asarray(down, dtype=bool)
 
     def _active(self, now: float) -> np.ndarray:
         return (self._start <= now) & (now < self._end)
@@ -66,6 +70,17 @@ class FaultSchedule:
         m = self._active(now) & self._is_link
         np.minimum.at(bw, self._pod[m], self._sev[m])
         return bw
+
+    def link_factors_at(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Residual bandwidth factor per pod of its uplink and of its downlink."""
+        active = self._active(now)
+        out = []
+        for side in (self._up, self._down):
+            bw = np.ones(self.n_pods)
+            m = active & side
+            np.minimum.at(bw, self._pod[m], self._sev[m])
+            out.append(bw)
+        return out[0], out[1]
 
     def slowdown_at(self, now: float) -> np.ndarray:
         """Compute slowdown per pod: max of active compute faults, 1.0 if none."""

@@ -45,6 +45,23 @@ class LinkFault(_FaultBase):
 
     kind: Literal["link"] = "link"
     residual_bw: float = Field(gt=0, le=1)  # r: 0.2, 0.1, 0.05, 0.01 in the study
+    # uplink: traffic leaving the pod (KV its prefill engines serve, since decode
+    # pulls); downlink: traffic entering it (KV its decode engines pull).
+    direction: Literal["both", "uplink", "downlink"] = "both"
+    # Testbed only: shape just the KV-transfer connections, not Ray's control
+    # traffic (in the simulator every flow on a link is KV anyway).
+    kv_only: bool = False
+    # Testbed only, where the kernel has netem: added one-way delay and packet loss.
+    delay_ms: float = Field(0.0, ge=0)
+    loss: float = Field(0.0, ge=0, lt=1)
+
+    @property
+    def uplink(self) -> bool:
+        return self.direction in ("both", "uplink")
+
+    @property
+    def downlink(self) -> bool:
+        return self.direction in ("both", "downlink")
 
     @property
     def severity(self) -> float:

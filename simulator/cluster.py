@@ -171,10 +171,10 @@ class ClusterSim:
             if t > env.now:
                 yield env.timeout(t - env.now)
             bw = sched.bw_factor_at(t)
+            up, down = sched.link_factors_at(t)
             for p in range(topo.n_pods):
-                cap = topo.uplink_Bps * bw[p]
-                self.net.set_capacity(topo.uplink(p), cap)
-                self.net.set_capacity(topo.downlink(p), cap)
+                self.net.set_capacity(topo.uplink(p), topo.uplink_Bps * up[p])
+                self.net.set_capacity(topo.downlink(p), topo.uplink_Bps * down[p])
             slow = sched.slowdown_at(t)
             for p in np.flatnonzero(slow != self.slowdown):
                 self._set_slowdown(int(p), float(slow[p]))

@@ -26,6 +26,9 @@ def run_sim(
     progress: Callable[[float], None] | None = None,
 ) -> Path:
     """Simulate one policy and seed; returns the run directory."""
+    for i, f in enumerate(spec.faults):
+        if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0):
+            raise ValueError(f"faults[{i}]: delay_ms and loss are testbed-only (netem); the simulator does not model them")
     rngs = seed_streams(seed)
     wl = workload if workload is not None else generate(spec.workload, rngs["workload"], base_dir=base_dir)
     topo = build_topology(spec)

@@ -3,6 +3,7 @@
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
     testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
     testbed cluster up|down|status
+    testbed faults clear
     testbed report PATH... [--out DIR]
     testbed policies
 
@@ -77,6 +78,14 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_faults(args: argparse.Namespace) -> int:
+    from .runtime.fault_agents import clear_host_faults
+
+    removed = clear_host_faults()
+    print(f"cleared: {', '.join(removed)}" if removed else "no fault of the project was set on this machine")
+    return 0
+
+
 def _cmd_sim(args: argparse.Namespace) -> int:
     from simulator.run import run_sim
 
@@ -138,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pods", type=int, default=2)
     c.add_argument("--mode", choices=["auto", "netns", "local"], default="auto")
     c.set_defaults(fn=_cmd_cluster)
+    f = sub.add_parser("faults", help="remove every fault (shaping, ifb, cgroup) the project set on this machine")
+    f.add_argument("action", choices=["clear"])
+    f.set_defaults(fn=_cmd_faults)
     _experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario", _cmd_sim)
     r = sub.add_parser("report", help="metrics table and plots of run directories")
     r.add_argument("paths", nargs="+", help="run directories, or folders holding them")

@@ -78,9 +78,12 @@ class FaultEvent:
     event: str  # "apply" | "clear"
     kind: str  # "link" | "compute"
     pod: int
-    target: str  # what was acted on: "pod3.uplink", an interface, a worker
+    target: str  # what was acted on: "pod3.core_links" (sim); "pod3:eth0/egress", "pod3:cpu" (testbed)
     severity: float  # link: residual bandwidth factor r; compute: slow-down factor
-    measured: float = NAN  # testbed: measured rate / factor after applying
+    # Testbed: what was measured after acting, on the severity's scale: link, the
+    # rate through the shaper over the baseline rate; compute, the slow-down factor.
+    measured: float = NAN
+    measured_bps: float = NAN  # testbed link: the rate itself, from the interface counters (bit/s)
     table: ClassVar[str] = "faults"
 
 

@@ -86,6 +86,11 @@ class TestbedSpec(_Spec):
     link_gbps: float = Field(10.0, gt=0)
     engine_start_timeout_s: float = Field(600.0, gt=0)
     subnet: str = "10.77.0.0/24"
+    # The only interfaces a fault agent may shape (the pods' links); any other is refused.
+    fault_interfaces: list[str] = Field(default_factory=lambda: ["eth0"], min_length=1)
+    # Every fault's time to live is its duration plus this margin; the node's agent
+    # removes it then by itself, even if the driver that set it is gone.
+    fault_ttl_margin_s: float = Field(10.0, gt=0)
 
 
 class PolicyEntry(_Spec):

@@ -387,3 +387,38 @@ def test_abort_mid_decode_frees_the_request(engines):
     again = d.call("decode", request_id="after-abort", prompt_token_ids=_prompt(8, 200),
                    max_tokens=4)
     assert len(again.token_ids) == 4 and not again.aborted
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(engines):
+    from faults.compute import CpuQuotaThrottle, descendants
+
+    p = engines["prefill"]
+    n = 1500
+
+    def prefill_s(tag: str, k: int = 3) -> float:
+        times = []
+        for i in range(k):
+            t0 = time.monotonic()
+            p.call("prefill", request_id=f"slow-{tag}-{i}", prompt_token_ids=_prompt(hash((tag, i)) % 10**6, n))
+            times.append(time.monotonic() - t0)
+        return float(np.median(times))
+
+    p.call("reset_prefix_cache")
+    base = prefill_s("base")
+    workers = descendants(p.proc.pid)  # EngineCore and its worker: the model's compute
+    assert len(workers) >= 1
+    throttle = CpuQuotaThrottle("test-engine-slowdown")
+    try:
+        measured = throttle.apply(workers, 4.0)
+        slowed = prefill_s("slowed")
+    finally:
+        after_factor = throttle.clear()
+    restored = prefill_s("restored")
+    print(f"\nprefill {n} tokens: {base:.2f} s, slowed x4 (measured {measured:.2f}): {slowed:.2f} s, "
+          f"cleared (measured {after_factor:.2f}): {restored:.2f} s", file=sys.stderr)
+    assert 2.5 < measured < 6.0
+    assert slowed > 1.8 * base, (base, slowed)
+    assert restored < 1.4 * base, (base, restored)
+    assert not throttle.active

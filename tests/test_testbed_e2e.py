@@ -1,7 +1,8 @@
 """The real testbed end to end: emulated cluster, real vLLM engines, NIXL KV across pods.
 
-One cluster and one set of engines serve two jobs: every policy on a short healthy
-workload, then requests whose decode outlives the deadline. Slow (engine start-up
+One cluster and one set of engines serve three jobs: every policy on a short healthy
+workload, then requests whose decode outlives the deadline, then requests across a
+pod whose link the fault agents throttle hard (the spec's fault schedule). Slow (engine start-up
 dominates: several minutes on 2 cores); CI runs it all the same.
 """
 
@@ -45,9 +46,18 @@ def testbed_runs(tmp_path_factory):
                        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 2,
                                     "prompt": {"kind": "uniform", "low": 300, "high": 400},
                                     "output": {"kind": "fixed", "value": 3000}}})
+    # Pod 0's link at 2 Mbit/s (r = 0.0002 of 10 Gbit/s) in both directions, KV traffic only:
+    # a 600-token prompt's 4.9 MB of KV then needs about 20 s, twice the deadline.
+    throttled = parse_spec({**base, "name": "e2e_link_fault", "deadline_s": 10.0, "policies": ["LC"],
+                            "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 8,
+                                         "prompt": {"kind": "uniform", "low": 600, "high": 700},
+                                         "output": {"kind": "fixed", "value": 8}},
+                            "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": 60.0,
+                                        "residual_bw": 0.0002, "kv_only": True}],
+                            "health": {"detection_delay_s": 2.0, "clear_delay_s": 2.0}})
     before = _leftovers()
     try:
-        run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0])])
+        run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["LC"], [0])])
     finally:
         after = _leftovers()
     return out, before, after
@@ -125,6 +135,38 @@ def test_a_request_past_its_deadline_is_aborted_and_recorded_in_its_stage(testbe
     # aborted in the engines: nothing still runs there after the run
     after = read_meta(d)["engines_after"]
     assert all(v["unfinished"] == 0 for v in after.values()), after
+
+
+def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labels_recorded(testbed_runs):
+    out, _, _ = testbed_runs
+    d = out / "e2e_link_fault" / "LC" / "seed-0"
+    assert read_meta(d)["status"] == "finished"
+    req = read_table(d, "requests")
+    failed = req[req.outcome != "ok"]
+    assert len(failed) > 0, "no request failed across a 2 Mbit/s link"
+    assert (failed.outcome == "timeout").all() and (failed.failed_stage == "kv_transfer").all(), failed
+    # every failure pulled KV across pod 0's throttled link; KV within a pod never crosses it
+    assert ((failed.prefill_pod != failed.decode_pod) & ((failed.prefill_pod == 0) | (failed.decode_pod == 0))).all()
+    faults = read_table(d, "faults")
+    for event in ("apply", "clear"):
+        rows = faults[faults.event == event]
+        assert set(rows.target) == {"pod0:eth0/egress", "pod0:eth0/ingress"}, faults
+        assert (rows.pod == 0).all() and (rows.severity == 0.0002).all()
+    applied = faults[faults.event == "apply"]
+    # measured from the interface counters while a probe offered twice the limit
+    assert ((applied.measured_bps - 2e6).abs() < 0.15 * 2e6).all(), applied
+    assert (faults[faults.event == "clear"].measured == 1.0).all(), faults
+    assert faults[faults.event == "apply"].time_s.max() < 3.0  # applied at its offset (0 s) + measuring
+    health = read_table(d, "health")
+    pod0 = health[health.pod == 0]
+    assert pod0.truth_degraded.any() and pod0.unhealthy.any(), health
+    first_label = pod0[pod0.unhealthy].time_s.min()
+    first_truth = pod0[pod0.truth_degraded].time_s.min()
+    assert first_label >= first_truth + 2.0 - 1e-6  # the label model's detection delay, on the wall clock
+    assert not health[health.pod == 1].truth_degraded.any()
+    prices = read_table(d, "prices")
+    # direct telemetry: the measured rate reaches the risk price's bandwidth term
+    assert prices[prices.pod == 0].bw_term.max() > 0.99 and prices[prices.pod == 1].bw_term.max() < 0.01
 
 
 def test_nothing_is_left_behind(testbed_runs):

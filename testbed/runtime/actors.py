@@ -14,19 +14,34 @@ still awaiting, and nothing blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 
+from faults.schedule import FaultSchedule
+
 from ..experiment import make_router, seed_streams
 from ..records import RunWriter
 from ..spec import ExperimentSpec
 from ..topology import Topology
 from ..view import Capacity
+from .injector import FaultInjector, PodTargets
 from .serve import RayEngine, RequestFlow
+
+
+@dataclass
+class FaultTargets:
+    """What the router actor needs to run the fault schedule: the pods' agents and
+    processes, and the head's agent (the probe peer)."""
+
+    pods: list[PodTargets]
+    head_agent: Any
+    head_ip: str
 
 
 @ray.remote(num_cpus=0)
@@ -56,6 +71,13 @@ class EngineActor:
     async def load(self) -> dict[str, Any]:
         return await self.engine.load()
 
+    async def compute_pids(self) -> list[int]:
+        """The engine's worker processes (vLLM's engine core and its children): what a
+        compute fault slows. The actor's own process (the API front end) is left alone."""
+        from faults.compute import descendants
+
+        return descendants(os.getpid())
+
     async def metrics(self) -> dict[str, Any]:
         return await self.engine.metrics()
 
@@ -71,7 +93,7 @@ class EngineActor:
 class RouterActor:
     def __init__(self, spec_json: dict[str, Any], policy: str, seed: int, run_dir: str, meta: dict[str, Any],
                  prefill: list[Any], decode: list[Any], topo: Topology, capacity: Capacity, vocab: int,
-                 kv_bytes_per_token: int) -> None:
+                 kv_bytes_per_token: int, fault_targets: FaultTargets | None = None) -> None:
         spec = ExperimentSpec.model_validate(spec_json)
         self.spec = spec
         self.writer = RunWriter(Path(run_dir), meta, flush_s=1.0)
@@ -85,6 +107,15 @@ class RouterActor:
         self.total = 0
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
+        self.injector: FaultInjector | None = None
+        self._injecting: asyncio.Future | None = None
+        schedule = FaultSchedule(spec.faults, topo.n_pods)
+        if len(schedule):
+            if fault_targets is None:
+                raise ValueError(f"{spec.name}: the spec has faults but the run has no fault agents")
+            self.injector = FaultInjector(spec, schedule, fault_targets.pods, fault_targets.head_agent,
+                                          fault_targets.head_ip, self.router, self.writer.write, self.now,
+                                          topo.uplink_Bps * 8)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -100,6 +131,8 @@ class RouterActor:
         self.t0 = time.monotonic()  # the run starts now: arrival times are relative to this
         self._loops = [asyncio.ensure_future(self._every(self.spec.router.slow_loop_s, self.router.slow_tick)),
                        asyncio.ensure_future(self._every(self.spec.health.period_s, self.router.health_tick))]
+        if self.injector:
+            self._injecting = asyncio.ensure_future(self.injector.run())
         for i, (t, p, o) in enumerate(zip(arrival_s, prompt_tokens, output_tokens)):
             delay = t - self.now()
             if delay > 0:
@@ -110,14 +143,29 @@ class RouterActor:
             self.sent += 1
         while self._tasks:
             await asyncio.wait(set(self._tasks))
+        await self._end_faults()
         return dict(self.flow.outcomes)
+
+    async def _end_faults(self) -> None:
+        """Stop the schedule after its current step and clear what is still on, recording it."""
+        if self.injector is None or self._injecting is None:
+            return
+        self.injector.stop()
+        await self._injecting
+        self._injecting = None
+        await self.injector.finish()
 
     async def progress(self) -> dict[str, Any]:
         return {"sent": self.sent, "total": self.total, "in_flight": len(self._tasks),
                 "outcomes": dict(self.flow.outcomes), "now_s": self.now()}
 
     async def close(self, status: str = "finished", **extra: Any) -> dict[str, Any]:
-        for t in self._loops + list(self._tasks):
+        for t in list(self._tasks):
             t.cancel()
+        try:
+            await asyncio.wait_for(self._end_faults(), 60)
+        finally:
+            for t in self._loops:
+                t.cancel()
         self.writer.close(status, testbed_end_s=self.now(), **extra)
         return self.writer.meta

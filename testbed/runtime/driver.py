@@ -30,7 +30,9 @@ from ..experiment import run_dir_for, seed_streams
 from ..spec import ExperimentSpec
 from ..topology import Topology
 from ..view import Capacity
-from .actors import EngineActor, RouterActor
+from .actors import EngineActor, FaultTargets, RouterActor
+from .fault_agents import FaultAgents
+from .injector import PodTargets
 
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node
 SIDE_CHANNEL_BASE_PORT = 5600
@@ -72,7 +74,8 @@ class Engines:
                            request_deadline_s=spec.deadline_s, max_model_len=t.max_model_len,
                            kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=t.max_num_seqs,
                            max_num_batched_tokens=t.max_num_batched_tokens)
-                out.append(EngineActor.options(resources={f"pod{pod}": 0.5}, name=f"engine-{cfg['name']}")
+                # 0.45 of the pod's resource each: the pod's fault agent takes a sliver too
+                out.append(EngineActor.options(resources={f"pod{pod}": 0.45}, name=f"engine-{cfg['name']}")
                            .remote(cfg, net_device))
 
     @property
@@ -117,6 +120,12 @@ class Engines:
                 "verdict": verdict, "external_prefix_cache_hits": hits, "prompt_tokens": n_tokens,
                 "pd_tokens": list(pd.token_ids), "reference_tokens": list(ref.token_ids)}
 
+    def pod_pids(self) -> list[list[int]]:
+        """Per pod, the worker processes of its engines (what a compute fault slows)."""
+        pids = ray.get([a.compute_pids.remote() for a in self.all])
+        n = len(self.prefill)
+        return [pids[i] + pids[n + i] for i in range(n)]
+
     def shutdown(self) -> None:
         try:
             ray.get([a.shutdown.remote() for a in self.all], timeout=120)
@@ -125,8 +134,15 @@ class Engines:
                 ray.kill(a)
 
 
+def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -> FaultTargets:
+    ifname = spec.testbed.fault_interfaces[0]  # the pods' link; the allowlist is checked by the agents
+    pods = [PodTargets(agent, ip, ifname, pids)
+            for agent, ip, pids in zip(agents.pods, agents.pod_ips, engines.pod_pids())]
+    return FaultTargets(pods, agents.head, agents.head_ip)
+
+
 def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: Engines, model_meta: dict[str, Any],
-            progress: Progress) -> Path:
+            progress: Progress, targets: FaultTargets | None = None, agents: FaultAgents | None = None) -> Path:
     rngs = seed_streams(seed)
     wl = generate(spec.workload, rngs["workload"])
     check_workload(wl, spec)
@@ -141,7 +157,7 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
         spec.model_dump(mode="json"), policy, seed, str(run_dir), meta, engines.prefill, engines.decode, topo,
         testbed_capacity(spec, model_meta["kv_bytes_per_token"]), model_meta["vocab"],
-        model_meta["kv_bytes_per_token"])
+        model_meta["kv_bytes_per_token"], targets if spec.faults else None)
     task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
     done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
     status = "interrupted"
@@ -158,8 +174,12 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
         # per-run engine counters: e.g. external prefix-cache hits on a decode engine prove KV was pulled
         deltas = {name: {k: a[k] - b[k] for k in a if isinstance(a[k], (int, float)) and isinstance(b.get(k), (int, float))}
                   for name, a, b in zip(names, after, before)}
-        ray.get(router.close.remote(status, engines=deltas, engines_after=dict(zip(names, engines.loads()))))
-        ray.kill(router)
+        try:
+            ray.get(router.close.remote(status, engines=deltas, engines_after=dict(zip(names, engines.loads()))))
+        finally:
+            ray.kill(router)
+            if agents is not None:
+                agents.clear_all()  # whatever the run left (it clears its own): the next run starts clean
         progress.update(task, visible=False)
     progress.console.print(f"  {policy:<16} seed {seed}: {outcomes} -> {run_dir}")
     return run_dir
@@ -193,8 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append((spec, policies.split(","), [int(x) for x in seeds.split(",")]))
     spec0 = jobs[0][0]
     model_meta = json.loads(args.model_meta)
+    if any(spec.faults for spec, _, _ in jobs) and args.mode != "netns":
+        raise SystemExit("testbed driver: faults need the netns mode (root): local mode has no links to shape")
     ray.init(log_to_driver=False)
     engines = Engines(spec0, args.model, Path(args.engine_root), args.mode)
+    agents: FaultAgents | None = None
     summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.testbed.pods, "model": args.model, **model_meta}
     try:
         t0 = time.monotonic()
@@ -207,19 +230,28 @@ def main(argv: list[str] | None = None) -> int:
         summary["pd_probe"] = probe = engines.probe(model_meta["vocab"])
         console.print(f"KV transfer probe (pod0 prefill -> pod{spec0.testbed.pods - 1} decode): {probe['verdict']}, "
                       f"{probe['external_prefix_cache_hits']} external prefix-cache hits")
+        targets = None
+        if any(spec.faults for spec, _, _ in jobs):
+            agents = FaultAgents(spec0.testbed.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
+            targets = fault_targets(spec0, agents, engines)
+            console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
         with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
             for spec, policies, seeds in jobs:
                 for policy in policies:
                     for seed in seeds:
-                        run_one(spec, policy, seed, Path(args.out), engines, model_meta, progress)
+                        run_one(spec, policy, seed, Path(args.out), engines, model_meta, progress, targets, agents)
         summary["pss_bytes_end"] = _cluster_pss(args.cluster_run_id)
     finally:
         summary_path = Path(args.out) / spec0.name / "testbed.json"
         summary_path.parent.mkdir(parents=True, exist_ok=True)
         summary_path.write_text(json.dumps(summary, indent=2, default=str))
-        engines.shutdown()
-        ray.shutdown()
+        try:
+            if agents is not None:
+                agents.shutdown()  # every fault cleared before anything else goes
+        finally:
+            engines.shutdown()
+            ray.shutdown()
     return 0
 
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from faults.shaping import KV_PORT_RANGE
+
 from . import netns as nn
 from .netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric
 
@@ -62,7 +64,8 @@ NODE_ENV = {
 
 # In namespaces only: UCX (NIXL's KV transport) must use TCP over eth0, or it sees
 # one host and copies across processes (CMA), bypassing the veth and its shaping.
-NETNS_NODE_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
+# Its listening ports go in the range a kv_only link fault classifies as KV.
+NETNS_NODE_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0", "UCX_TCP_PORT_RANGE": KV_PORT_RANGE}
 
 # Runs in the head's namespace: waits until the expected nodes are alive with
 # their resources, then prints them as one JSON line.

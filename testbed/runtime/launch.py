@@ -18,6 +18,9 @@ from typing import Sequence
 
 from rich.console import Console
 
+from faults.compute import clear_project_cgroups
+from faults.shaping import netem_missing
+
 from ..spec import ExperimentSpec
 
 console = Console(stderr=True)
@@ -68,9 +71,13 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     cluster = EmulatedCluster(spec.testbed.pods, mode=spec.testbed.mode, subnet=spec.testbed.subnet)
     console.print(f"[bold]{spec.name}[/] on the testbed: {spec.testbed.pods} pods x (1 prefill + 1 decode) vLLM engines, "
                   f"{cluster.mode} mode, {len(policies)} policies x {len(seeds)} seeds -> {out / spec.name}")
-    if spec.faults:
-        console.print("[yellow]note: the spec's faults are not applied on the testbed yet; this run measures "
-                      "the healthy cluster[/]")
+    if any(s.faults for s, _, _ in jobs):
+        if cluster.mode != "netns":
+            raise ValueError("faults need the netns mode (root, network namespaces): local mode has no links to shape")
+        for s, _, _ in jobs:
+            for i, f in enumerate(s.faults):
+                if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
+                    raise ValueError(f"{s.name}: faults[{i}]: {why}")
     driver = None
     old_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM tears down like Ctrl-C
@@ -101,5 +108,7 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     finally:
         signal.signal(signal.SIGTERM, old_term)
         t1 = time.monotonic()
-        cluster.down()
-        console.print(f"cluster down in {time.monotonic() - t1:.0f} s")
+        cluster.down()  # the run's namespaces go, and with them every qdisc and ifb in them
+        # cgroups outlive their processes: drop the project's that the run's agents left empty
+        left = clear_project_cgroups(only_empty=True)
+        console.print(f"cluster down in {time.monotonic() - t1:.0f} s" + (f"; removed {len(left)} empty fault cgroups" if left else ""))

@@ -1,0 +1,326 @@
+"""faults.compute against the real kernel: cgroup CPU quotas on live processes, NVML when a GPU is here.
+
+No mocks: every test throttles real processes and reads the effect back from
+them. Each test removes its cgroups even when it fails (the ``throttles``
+fixture), and kills the processes it started (``procs``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from faults.compute import (
+    PARENT,
+    ComputeFaultError,
+    ComputeThrottle,
+    CpuQuotaThrottle,
+    GpuClockThrottle,
+    clear_project_cgroups,
+    descendants,
+    gpu_available,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="cgroup throttling needs root")
+
+# Reports its loop rate (iterations/s) on stdout every 0.2 s.
+RATE_CHILD = """
+import sys, time
+n, t0 = 0, time.monotonic()
+while True:
+    for _ in range(20000):
+        pass
+    n += 1
+    t = time.monotonic()
+    if t - t0 >= 0.2:
+        sys.stdout.write(f"{n / (t - t0):.2f}\\n")
+        sys.stdout.flush()
+        n, t0 = 0, t
+"""
+
+# Sleeps; on a line on stdin forks a sleeping child and prints its pid.
+FORKER = """
+import subprocess, sys
+for _ in sys.stdin:
+    c = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print(c.pid, flush=True)
+"""
+
+# A fault agent: throttles argv[2] under key argv[1], prints the measured factor, then
+# either waits to be killed (crash test) or returns without clearing (atexit test).
+AGENT = """
+import sys, time
+from faults.compute import CpuQuotaThrottle
+t = CpuQuotaThrottle(sys.argv[1], probe_s=0.1)
+print(t.apply([int(sys.argv[2])], 2.0), flush=True)
+if sys.argv[3] == "hang":
+    time.sleep(60)
+"""
+
+
+def _cgroups(pid: int) -> dict[str, str]:
+    """/proc/<pid>/cgroup as {controllers: path}."""
+    out = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        out[ctrls] = path
+    return out
+
+
+def _in_project_cgroup(pid: int) -> bool:
+    return any(f"/{PARENT}/" in p for p in _cgroups(pid).values())
+
+
+@pytest.fixture
+def procs() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+
+    def start(code: str, *args: str, stdin: int | None = None) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        p = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stdin=stdin, text=True, env=env
+        )
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        for pid in descendants(p.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def throttles() -> Iterator[Callable[..., CpuQuotaThrottle]]:
+    made: list[CpuQuotaThrottle] = []
+
+    def make(name: str, **kw: object) -> CpuQuotaThrottle:
+        t = CpuQuotaThrottle(f"pytest-{name}-{os.getpid()}", **kw)  # type: ignore[arg-type]
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        try:
+            if t.active:
+                t.clear()
+        finally:
+            if any(d.exists() for d in t.cgroup_dirs()):
+                clear_project_cgroups()  # last resort: nothing may outlive the test
+
+
+class RateReader:
+    """Collects (arrival time, rate) from a RATE_CHILD's stdout on a thread."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.samples: list[tuple[float, float]] = []
+        assert proc.stdout is not None
+        self._out = proc.stdout
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        for line in self._out:
+            self.samples.append((time.monotonic(), float(line)))
+
+    def rate(self, seconds: float) -> float:
+        """Mean rate of the samples that arrive in the next ``seconds``."""
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        got = [r for t, r in self.samples if t > t0]
+        assert got, "the rate child reported nothing"
+        return sum(got) / len(got)
+
+
+@needs_root
+def test_quota_slows_a_cpu_bound_process_by_the_measured_factor(procs, throttles) -> None:
+    child = procs(RATE_CHILD)
+    # one CPU: the default baseline (the CPUs the pid may use) is then 1 core, as it uses
+    os.sched_setaffinity(child.pid, {max(os.sched_getaffinity(0))})
+    # A high weight keeps its unthrottled rate near a full core even when other work shares the
+    # CPU; the quota is a hard cap that no weight gets around, so the ratio measures the quota.
+    os.setpriority(os.PRIO_PROCESS, child.pid, -10)
+    reader = RateReader(child)
+    reader.rate(0.4)  # past start-up
+    before = reader.rate(1.0)
+
+    t = throttles("rate")
+    assert isinstance(t, ComputeThrottle)
+    measured = t.apply([child.pid], 3.0)
+    assert t.active
+    assert all(d.is_dir() for d in t.cgroup_dirs())
+    assert _in_project_cgroup(child.pid)
+    reader.rate(0.2)
+    throttled = reader.rate(1.2)
+
+    after_factor = t.clear()
+    assert not t.active
+    reader.rate(0.2)
+    after = reader.rate(1.0)
+    ratio = before / throttled
+    print(f"rate before {before:.0f}/s throttled {throttled:.0f}/s after {after:.0f}/s ratio {ratio:.2f}; "
+          f"measured {measured:.2f} after clear {after_factor:.2f}")
+    assert 2.0 <= ratio <= 4.5
+    assert abs(measured - 3.0) <= 0.25 * 3.0
+    assert 0.75 <= after_factor <= 1.5
+    assert after >= 0.75 * before
+    assert not any(d.exists() for d in t.cgroup_dirs())
+    assert not _in_project_cgroup(child.pid)
+
+    # clearing again is harmless; nothing changed, so the figure measured at clearing stands
+    assert t.clear() == after_factor
+    assert not any(d.exists() for d in t.cgroup_dirs())
+
+
+@needs_root
+def test_apply_changes_the_factor_in_place(procs, throttles) -> None:
+    child = procs("import time; time.sleep(60)")
+    t = throttles("refactor")
+    first = t.apply([child.pid], 4.0)
+    second = t.apply([child.pid], 2.0)
+    print(f"measured {first:.2f} then {second:.2f}")
+    assert first > second * 1.4  # the quota really moved, in the right direction
+    assert abs(second - 2.0) <= 0.25 * 2.0
+    t.clear()
+    assert not _in_project_cgroup(child.pid)
+
+
+@needs_root
+def test_clear_project_cgroups_cleans_up_after_a_killed_agent(procs) -> None:
+    forker = procs(FORKER, stdin=subprocess.PIPE)
+    original = _cgroups(forker.pid)
+    key = f"pytest-crash-{os.getpid()}"
+    agent = procs(AGENT, key, str(forker.pid), "hang")
+    assert agent.stdout is not None
+    line = agent.stdout.readline()
+    assert line, "the agent died before applying"
+    assert float(line) > 1.4
+    assert _in_project_cgroup(forker.pid)
+
+    # a process forked after apply is throttled too, and must come back as well
+    assert forker.stdin is not None and forker.stdout is not None
+    forker.stdin.write("fork\n")
+    forker.stdin.flush()
+    grandchild = int(forker.stdout.readline())
+    assert grandchild in descendants(forker.pid)
+    assert _in_project_cgroup(grandchild)
+
+    os.kill(agent.pid, signal.SIGKILL)  # no atexit, no finally: the fault outlives it
+    agent.wait()
+    dirs = [d for d in Path("/sys/fs/cgroup").glob(f"*/{PARENT}/{key}")]
+    assert dirs, "the killed agent left no cgroup to clean up"
+
+    try:
+        removed = clear_project_cgroups()
+        assert {str(d) for d in dirs} <= set(removed)
+        assert not any(d.exists() for d in dirs)
+        assert _cgroups(forker.pid) == original
+        assert _cgroups(grandchild) == original
+        assert clear_project_cgroups() == []  # idempotent
+    finally:
+        clear_project_cgroups()
+
+
+@needs_root
+def test_atexit_clears_a_throttle_left_active(procs) -> None:
+    sleeper = procs("import time; time.sleep(60)")
+    original = _cgroups(sleeper.pid)
+    key = f"pytest-atexit-{os.getpid()}"
+    agent = procs(AGENT, key, str(sleeper.pid), "return")
+    out, _ = agent.communicate(timeout=30)
+    try:
+        assert agent.returncode == 0 and float(out) > 1.4
+        assert not list(Path("/sys/fs/cgroup").glob(f"*/{PARENT}/{key}"))
+        assert _cgroups(sleeper.pid) == original
+    finally:
+        clear_project_cgroups()
+
+
+@needs_root
+def test_bad_requests_change_nothing(procs, throttles) -> None:
+    alive = procs("import time; time.sleep(60)")
+    original = _cgroups(alive.pid)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not Path(f"/proc/{gone.pid}").exists()
+
+    t = throttles("bad")
+    with pytest.raises(ComputeFaultError, match=f"pid {gone.pid} does not exist"):
+        t.apply([alive.pid, gone.pid], 2.0)
+    for factor in (0.5, 0.0, -1.0, float("nan")):
+        with pytest.raises(ComputeFaultError, match="factor must be >= 1"):
+            t.apply([alive.pid], factor)
+    assert not t.active
+    assert not any(d.exists() for d in t.cgroup_dirs())
+    assert _cgroups(alive.pid) == original
+
+    # and on an active throttle a bad pid leaves the running fault as it was
+    t.apply([alive.pid], 2.0)
+    with pytest.raises(ComputeFaultError, match=f"pid {gone.pid}"):
+        t.apply([gone.pid], 3.0)
+    assert t.active and t.factor == 2.0
+    assert _in_project_cgroup(alive.pid)
+
+
+def test_descendants_follows_the_process_tree(procs) -> None:
+    # parent -> child -> grandchild; the child prints both its pid and the grandchild's
+    parent = procs(
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import os, subprocess; "
+        "g = subprocess.Popen([\"sleep\", \"60\"]); print(os.getpid(), g.pid, flush=True); g.wait()'])\n"
+        "time.sleep(60)"
+    )
+    assert parent.stdout is not None
+    child, grandchild = map(int, parent.stdout.readline().split())
+    assert descendants(parent.pid) == sorted([child, grandchild])
+    assert descendants(child) == [grandchild]
+    assert descendants(grandchild) == []
+
+
+def test_gpu_clock_lock() -> None:
+    reason = gpu_available()
+    if reason is not None:
+        pytest.skip(reason)
+    t = GpuClockThrottle("pytest-gpu", 0)
+    try:
+        measured = t.apply([], 2.0)
+        print(f"GPU measured factor {measured:.2f}")
+        assert measured >= 1.5
+    finally:
+        t.clear()
+    assert not t.active
+
+
+def test_the_agent_slows_processes_until_the_time_to_live_then_puts_them_back(procs) -> None:
+    from faults.agent import FaultAgent, FaultRefused
+
+    child = procs("import time; time.sleep(60)")
+    clock = [0.0]
+    agent = FaultAgent("podT", ["eth0"], clock=lambda: clock[0])
+    try:
+        with pytest.raises(FaultRefused, match="time to live"):
+            agent.apply_compute("compute", [child.pid], 2.0, ttl_s=0)
+        assert not _in_project_cgroup(child.pid)
+        measured = agent.apply_compute("compute", [child.pid], 2.0, ttl_s=3.0)
+        assert abs(measured - 2.0) <= 0.25 * 2.0
+        assert _in_project_cgroup(child.pid) and agent.active()["compute"]["factor"] == 2.0
+        clock[0] = 2.9
+        assert agent.expire() == []
+        clock[0] = 3.0
+        assert agent.expire() == ["compute"]
+        assert not _in_project_cgroup(child.pid) and agent.active() == {}
+    finally:
+        agent.clear_all()

@@ -1,0 +1,273 @@
+"""Link faults on real traffic: pyroute2 shaping between network namespaces the test makes.
+
+Needs root (namespaces, qdiscs) and skips without it. Every namespace, veth,
+ifb and qdisc is removed in the fixture's ``finally``, pass or fail.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from pyroute2 import IPRoute
+
+from faults import shaping
+from faults.agent import FaultAgent, FaultRefused
+from faults.shaping import KV_PORT_BASE, Shaping
+from testbed.runtime.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
+
+pytestmark = pytest.mark.skipif(missing_privileges() is not None,
+                                reason=f"needs root for network namespaces: {missing_privileges()}")
+
+KV_PORT = KV_PORT_BASE + 7
+OTHER_PORT = 6379  # a Ray port: stays at line rate with kv_only
+
+
+@pytest.fixture
+def fabric() -> Iterator[Fabric]:
+    fab = Fabric.plan(uuid.uuid4().hex[:10], 2)
+    try:
+        create_fabric(fab)
+        yield fab
+    finally:
+        destroy_fabric(fab)
+        assert list_namespaces(run_prefix(fab.run_id)) == []
+
+
+class Stream:
+    """A TCP stream from one namespace to another; the receiver time-stamps what it reads."""
+
+    def __init__(self, fab: Fabric, src: str, dst: str, port: int) -> None:
+        dst_node = fab.node(dst)
+        with in_netns(dst_node.netns):
+            self.srv = socket.create_server((dst_node.address, port))
+        self.got: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        threading.Thread(target=self._rx, daemon=True).start()
+        with in_netns(fab.node(src).netns):
+            self.cl = socket.create_connection((dst_node.address, port), timeout=5)
+        threading.Thread(target=self._tx, daemon=True).start()
+
+    def _rx(self) -> None:
+        conn, _ = self.srv.accept()
+        conn.settimeout(0.5)
+        while not self.stop.is_set():
+            try:
+                data = conn.recv(1 << 20)
+            except socket.timeout:
+                continue
+            if not data:
+                break
+            self.got.append((time.monotonic(), len(data)))
+        conn.close()
+
+    def _tx(self) -> None:
+        buf = bytes(1 << 16)
+        while not self.stop.is_set():
+            try:
+                self.cl.sendall(buf)
+            except OSError:
+                break
+
+    def rate(self, t0: float, t1: float) -> float:
+        """Goodput (bit/s) received in [t0, t1)."""
+        return sum(n for t, n in list(self.got) if t0 <= t < t1) * 8 / (t1 - t0)
+
+    def last(self, seconds: float) -> float:
+        t = time.monotonic()
+        return self.rate(t - seconds, t)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.cl.close()
+        self.srv.close()
+
+
+@contextmanager
+def stream(fab: Fabric, src: str, dst: str, port: int) -> Iterator[Stream]:
+    s = Stream(fab, src, dst, port)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def restored(s: Stream, above_bps: float, within_s: float = 3.0) -> bool:
+    """The stream runs above ``above_bps`` again within ``within_s`` (TCP may sit out a
+    retransmission timeout for the packets the removed queue dropped)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if s.last(0.1) > above_bps:
+            return True
+    return False
+
+
+def qdisc_dump(netns: str) -> list[tuple[str, int, int, str]]:
+    with in_netns(netns), IPRoute() as ipr:
+        names = {link["index"]: link.get("ifname") for link in ipr.get_links()}
+        return sorted((names.get(q["index"], "?"), q["handle"], q["parent"], q.get_attr("TCA_KIND"))
+                      for q in ipr.get_qdiscs())
+
+
+def test_shaped_throughput_matches_three_rates_and_takes_effect_within_200ms(fabric):
+    pod0 = fabric.node("pod0").netns
+    agent = FaultAgent("pod0", ["eth0"])
+    with stream(fabric, "pod0", "pod1", KV_PORT) as s:
+        time.sleep(0.5)
+        for mbit in (80, 20, 5):
+            unshaped = s.last(0.3)
+            assert unshaped > 20 * mbit * 1e6, f"an unshaped veth should run far faster than {mbit} Mbit/s"
+            with in_netns(pod0):
+                t_apply = time.monotonic()
+                agent.apply_link("link", "eth0", ["uplink"], mbit * 1e6, ttl_s=60)
+                assert shaping.installed("eth0") == {"egress": mbit * 1e6}
+            time.sleep(2.2)
+            measured = s.rate(t_apply + 0.7, t_apply + 2.2)
+            assert abs(measured / (mbit * 1e6) - 1) < 0.10, f"{mbit} Mbit/s shaped gave {measured / 1e6:.2f} Mbit/s"
+            # The effect: the first 50 ms bin at under twice the limit starts within 200 ms of the call.
+            bins = [t_apply + 0.05 * k for k in range(20)]
+            first = next(t for t in bins if s.rate(t, t + 0.05) < 2 * mbit * 1e6)
+            assert first - t_apply <= 0.2, f"{mbit} Mbit/s took {first - t_apply:.3f} s to take effect"
+            with in_netns(pod0):
+                agent.clear("link")
+                assert shaping.installed("eth0") == {}
+            assert restored(s, 10 * mbit * 1e6), "removing the shaping restores the line rate"
+
+
+def test_downlink_shaping_limits_what_enters_the_pod_and_leaves_nothing_behind(fabric):
+    pod1 = fabric.node("pod1").netns
+    before = qdisc_dump(pod1)
+    agent = FaultAgent("pod1", ["eth0"])
+    with stream(fabric, "pod0", "pod1", KV_PORT) as s:
+        with in_netns(pod1):
+            agent.apply_link("link", "eth0", ["downlink"], 30e6, ttl_s=60)
+            assert shaping.installed("eth0") == {"ingress": 30e6}
+        time.sleep(2.0)
+        assert abs(s.last(1.4) / 30e6 - 1) < 0.10
+        with in_netns(pod1):
+            assert agent.clear_all() == ["link"]
+            assert agent.clear_all() == []  # idempotent
+        assert restored(s, 300e6)
+    assert qdisc_dump(pod1) == before
+    with in_netns(pod1):
+        assert not shaping.has_link(shaping.ifb_name("eth0"))
+
+
+def test_kv_only_shapes_the_kv_port_range_and_leaves_other_traffic_at_line_rate(fabric):
+    agent = FaultAgent("pod0", ["eth0"])
+    with in_netns(fabric.node("pod0").netns):
+        agent.apply_link("link", "eth0", ["uplink"], 20e6, ttl_s=60, kv_only=True)
+    with stream(fabric, "pod0", "pod1", KV_PORT) as kv, stream(fabric, "pod0", "pod1", OTHER_PORT) as other:
+        time.sleep(2.0)
+        assert abs(kv.last(1.4) / 20e6 - 1) < 0.10
+        assert other.last(1.4) > 10 * 20e6
+    with in_netns(fabric.node("pod0").netns):
+        agent.clear_all()
+
+
+def test_agent_measures_both_directions_from_the_counters(fabric):
+    pod0, pod1 = fabric.node("pod0"), fabric.node("pod1")
+    a0, a1 = FaultAgent("pod0", ["eth0"]), FaultAgent("pod1", ["eth0"])
+    with in_netns(pod0.netns):
+        a0.apply_link("link", "eth0", ["uplink"], 40e6, ttl_s=60)
+        up = a0.measure_uplink("eth0", pod1.address, 80e6)
+    with in_netns(pod1.netns):
+        a1.apply_link("link", "eth0", ["downlink"], 25e6, ttl_s=60)
+    # pod1's downlink: pod0 offers probe traffic (unshaped now) while pod1 reads its ingress shaper.
+    with in_netns(pod0.netns):
+        a0.clear("link")
+    result: dict[str, float] = {}
+
+    def measure() -> None:
+        with in_netns(pod1.netns):
+            result["down"] = a1.measure_downlink("eth0")
+
+    t = threading.Thread(target=measure)
+    with in_netns(pod0.netns):
+        t.start()
+        a0.blast(pod1.address, 60e6, 0.7)
+    t.join()
+    with in_netns(pod1.netns):
+        a1.clear_all()
+    assert abs(up / 40e6 - 1) < 0.10, up
+    assert abs(result["down"] / 25e6 - 1) < 0.10, result
+
+
+def test_an_interface_off_the_allowlist_is_refused_and_nothing_changes(fabric):
+    pod0 = fabric.node("pod0").netns
+    before = qdisc_dump(pod0)
+    agent = FaultAgent("pod0", ["eth1"])
+    with in_netns(pod0):
+        for side in ("uplink", "downlink"):
+            with pytest.raises(FaultRefused, match="'eth0' is not on the fault allowlist"):
+                agent.apply_link("link", "eth0", [side], 10e6, ttl_s=60)
+        with pytest.raises(FaultRefused, match="allowlist"):
+            agent.measure_uplink("eth0", "10.77.0.1", 1e6)
+        assert agent.active() == {}
+    assert qdisc_dump(pod0) == before
+    with in_netns(pod0):
+        assert not shaping.has_link(shaping.ifb_name("eth0"))
+
+
+def test_a_fault_expires_by_its_time_to_live(fabric):
+    clock = [100.0]
+    agent = FaultAgent("pod0", ["eth0"], clock=lambda: clock[0])
+    with in_netns(fabric.node("pod0").netns):
+        agent.apply_link("link", "eth0", ["uplink", "downlink"], 10e6, ttl_s=5)
+        assert agent.expire() == []
+        clock[0] = 104.9
+        assert agent.expire() == [] and set(shaping.installed("eth0")) == {"egress", "ingress"}
+        clock[0] = 105.0
+        assert agent.expire() == ["link"]
+        assert shaping.installed("eth0") == {}
+        with pytest.raises(FaultRefused, match="time to live"):
+            agent.apply_link("link", "eth0", ["uplink"], 10e6, ttl_s=0)
+        assert shaping.installed("eth0") == {}
+
+
+def test_a_qdisc_the_project_did_not_set_is_never_replaced(fabric):
+    with in_netns(fabric.node("pod0").netns), IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname="eth0")[0]
+        ipr.tc("add", "tbf", idx, 0x10000, rate="50mbit", burst=20000, latency="50ms")
+        try:
+            with pytest.raises(shaping.ShapingError, match="did not set"):
+                shaping.shape(Shaping("eth0", "egress", 10e6))
+            assert shaping.clear_all() == []  # not the project's: left alone
+            assert any(q.get_attr("TCA_KIND") == "tbf" for q in ipr.get_qdiscs(index=idx))
+        finally:
+            ipr.tc("del", index=idx, handle=0x10000, parent=0xFFFFFFFF)
+
+
+def test_delay_and_loss_need_netem_and_say_so(fabric):
+    agent = FaultAgent("pod0", ["eth0"])
+    with in_netns(fabric.node("pod0").netns):
+        why = shaping.netem_missing()
+        if why is None:
+            agent.apply_link("link", "eth0", ["uplink"], 10e6, ttl_s=60, delay_ms=20)
+            assert shaping.installed("eth0") == {"egress": 10e6}
+            agent.clear_all()
+        else:
+            with pytest.raises(FaultRefused, match="netem"):
+                agent.apply_link("link", "eth0", ["uplink"], 10e6, ttl_s=60, delay_ms=20)
+            assert shaping.installed("eth0") == {} and agent.active() == {}
+
+
+def test_faults_clear_command_removes_what_a_dead_agent_left_and_is_idempotent(fabric, capsys):
+    from testbed.cli import main
+
+    with in_netns(fabric.node("pod0").netns):
+        # An agent that died without clearing: its shaping is still on the link.
+        FaultAgent("pod0", ["eth0"]).apply_link("link", "eth0", ["uplink", "downlink"], 10e6, ttl_s=600)
+    assert main(["faults", "clear"]) == 0
+    out = capsys.readouterr().out
+    assert f"{fabric.node('pod0').netns}:eth0/egress" in out and f"{fabric.node('pod0').netns}:eth0/ingress" in out
+    with in_netns(fabric.node("pod0").netns):
+        assert shaping.installed("eth0") == {} and not shaping.has_link(shaping.ifb_name("eth0"))
+    assert main(["faults", "clear"]) == 0
+    assert "no fault of the project" in capsys.readouterr().out
