@@ -104,11 +104,13 @@ class FaultAgent:
         """Rate (bit/s) out of ``ifname`` while probe datagrams are offered to ``peer`` at ``offered_bps``.
 
         The probe uses a source port in the KV range, so it is shaped like KV
-        traffic also with ``kv_only``; the rate is read from the interface's
-        counters, so concurrent KV traffic counts too (the shaper limits the sum)."""
+        traffic also with ``kv_only``. The rate is read from counters: the limited
+        class's where the project shapes the interface (with ``kv_only`` the interface
+        also carries unshaped traffic), else the interface's. Concurrent KV traffic
+        counts too: the shaper limits the sum."""
         self.check_interface(ifname)
-        return self._rate_while(lambda: shaping.tx_bytes(ifname), lambda: shaping.blast(peer, offered_bps, window_s + 0.2),
-                                window_s)
+        return self._rate_while(lambda: shaping.sent_bytes(ifname),
+                                lambda: shaping.blast(peer, offered_bps, window_s + 0.2), window_s)
 
     def measure_downlink(self, ifname: str, window_s: float = 0.4) -> float:
         """Rate (bit/s) into the node through ``ifname`` over ``window_s``: call it while a peer
@@ -117,7 +119,7 @@ class FaultAgent:
         self.check_interface(ifname)
         ifb = shaping.ifb_name(ifname)
         if shaping.has_link(ifb):
-            return self._rate_while(lambda: shaping.tx_bytes(ifb), None, window_s)
+            return self._rate_while(lambda: shaping.sent_bytes(ifb), None, window_s)
         return self._rate_while(lambda: shaping.rx_bytes(ifname), None, window_s)
 
     @staticmethod

@@ -286,11 +286,15 @@ def blast(dst: str, rate_bps: float, duration_s: float, port: int = 9, mtu: int 
     import time
 
     seg = mtu - 28
+    # A GSO send is one skb through the qdisc: keep it to ~5 ms of the offered rate, or a
+    # shaper's byte counter moves in lumps as large as the window it is read over.
+    n_seg = int(min(40, max(1, rate_bps / 8 * 0.005 // seg)))
     s = probe_packet_source()
     try:
         try:
-            s.setsockopt(socket.SOL_UDP, _UDP_SEGMENT, seg)
-            chunk = seg * 40
+            if n_seg > 1:
+                s.setsockopt(socket.SOL_UDP, _UDP_SEGMENT, seg)
+            chunk = seg * n_seg
         except OSError:
             chunk = seg
         payload = bytes(chunk)
@@ -322,6 +326,26 @@ def tx_bytes(ifname: str) -> int:
 
 def rx_bytes(ifname: str) -> int:
     return int(_stats(ifname)["rx_bytes"])
+
+
+def shaped_bytes(ifname: str) -> int | None:
+    """Bytes the project's limited class on ``ifname`` has sent, or None without the project's
+    shaping there. With ``kv_only`` the interface counter also counts the unshaped rest."""
+    with _iproute() as ipr:
+        idx = _index(ipr, ifname)
+        if _root_handle(ipr, idx) != ROOT:
+            return None
+        for c in ipr.get_classes(index=idx):
+            if c["handle"] == SHAPED:
+                return int(c.get_attr("TCA_STATS")["bytes"])
+    return None
+
+
+def sent_bytes(ifname: str) -> int:
+    """What to measure a shaped rate by: the limited class's bytes where the project shapes
+    ``ifname``, else the interface's transmit counter."""
+    b = shaped_bytes(ifname)
+    return tx_bytes(ifname) if b is None else b
 
 
 def has_link(ifname: str) -> bool:

@@ -115,3 +115,25 @@ def test_run_refuses_a_workload_longer_than_the_engines_context_before_starting_
     assert res.returncode == 2
     assert "max_model_len is 4096" in res.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("testbed, fault, needle", [
+    ("{mode: local}", "{kind: link, pods: [0], residual_bw: 0.1, start_s: 1, duration_s: 5}",
+     "faults need the netns mode"),
+    ("{mode: netns}", "{kind: link, pods: [0], residual_bw: 1.0, start_s: 1, duration_s: 5, delay_ms: 20}",
+     "faults[0]: "),
+])
+def test_run_refuses_faults_it_cannot_apply_before_starting_anything(tmp_path, testbed, fault, needle):
+    pytest.importorskip("pyroute2", reason="pyroute2 is not installed (the README's install command installs it)")
+    from faults.shaping import netem_missing
+
+    if "delay_ms" in fault and netem_missing() is None:
+        pytest.skip("this kernel has netem: a delay fault is applied, not refused")
+    spec = tmp_path / "f.yaml"
+    spec.write_text(f"name: f\ntestbed: {testbed}\nworkload:\n  arrival: {{kind: poisson, rate_rps: 1}}\n"
+                    f"  profile: chat\n  duration_s: 5\nfaults: [{fault}]\npolicies: [LC]\n")
+    res = _run("run", spec, "--out", tmp_path / "runs")
+    assert res.returncode == 2
+    last = res.stderr.strip().splitlines()[-1]
+    assert needle in last and ("netem" in last or "local" in last), last
+    assert not (tmp_path / "runs").exists()

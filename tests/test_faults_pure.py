@@ -116,6 +116,28 @@ def test_overlapping_faults_compose_and_clear_exactly_at_end():
     np.testing.assert_array_equal(sched.change_times(), [1.0, 2.0, 3.0, 4.0, 4.5, 5.0, 6.0, 8.0])
 
 
+def test_link_direction_splits_uplink_from_downlink():
+    sched = FaultSchedule([
+        LinkFault(pods=[0], start_s=0, duration_s=10, residual_bw=0.1, direction="uplink"),
+        LinkFault(pods=[1], start_s=0, duration_s=10, residual_bw=0.05, direction="downlink"),
+        LinkFault(pods=[2], start_s=0, duration_s=10, residual_bw=0.2),
+    ], n_pods=4)
+    up, down = sched.link_factors_at(5.0)
+    np.testing.assert_array_equal(up, [0.1, 1, 0.2, 1])
+    np.testing.assert_array_equal(down, [1, 0.05, 0.2, 1])
+    # the truth and the telemetry's bandwidth see the narrower side
+    np.testing.assert_array_equal(sched.bw_factor_at(5.0), [0.1, 0.05, 0.2, 1])
+    np.testing.assert_array_equal(sched.degraded_at(5.0), [True, True, True, False])
+
+
+def test_testbed_only_link_options_are_validated():
+    f = LinkFault(pods=[0], start_s=0, duration_s=1, residual_bw=1.0, delay_ms=20, loss=0.01, kv_only=True)
+    assert f.uplink and f.downlink and f.kv_only
+    for bad in ({"direction": "sideways"}, {"loss": 1.0}, {"delay_ms": -1}):
+        with pytest.raises(ValidationError):
+            LinkFault(pods=[0], start_s=0, duration_s=1, residual_bw=0.1, **bad)
+
+
 def test_degraded_thresholds_come_from_health_spec():
     sched = FaultSchedule([link([0], 0, 10, 0.1), link([1], 0, 10, 0.05), link([2], 0, 10, 1.0),
                            compute([3], 0, 10, 1.5), compute([4], 0, 10, 1.0)], n_pods=5)

@@ -6,12 +6,10 @@ ifb and qdisc is removed in the fixture's ``finally``, pass or fail.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from pyroute2 import IPRoute
@@ -20,6 +18,8 @@ from faults import shaping
 from faults.agent import FaultAgent, FaultRefused
 from faults.shaping import KV_PORT_BASE, Shaping
 from testbed.runtime.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
+from testbed.runtime.traffic import TcpStream as Stream
+from testbed.runtime.traffic import tcp_stream as stream
 
 pytestmark = pytest.mark.skipif(missing_privileges() is not None,
                                 reason=f"needs root for network namespaces: {missing_privileges()}")
@@ -37,64 +37,6 @@ def fabric() -> Iterator[Fabric]:
     finally:
         destroy_fabric(fab)
         assert list_namespaces(run_prefix(fab.run_id)) == []
-
-
-class Stream:
-    """A TCP stream from one namespace to another; the receiver time-stamps what it reads."""
-
-    def __init__(self, fab: Fabric, src: str, dst: str, port: int) -> None:
-        dst_node = fab.node(dst)
-        with in_netns(dst_node.netns):
-            self.srv = socket.create_server((dst_node.address, port))
-        self.got: list[tuple[float, int]] = []
-        self.stop = threading.Event()
-        threading.Thread(target=self._rx, daemon=True).start()
-        with in_netns(fab.node(src).netns):
-            self.cl = socket.create_connection((dst_node.address, port), timeout=5)
-        threading.Thread(target=self._tx, daemon=True).start()
-
-    def _rx(self) -> None:
-        conn, _ = self.srv.accept()
-        conn.settimeout(0.5)
-        while not self.stop.is_set():
-            try:
-                data = conn.recv(1 << 20)
-            except socket.timeout:
-                continue
-            if not data:
-                break
-            self.got.append((time.monotonic(), len(data)))
-        conn.close()
-
-    def _tx(self) -> None:
-        buf = bytes(1 << 16)
-        while not self.stop.is_set():
-            try:
-                self.cl.sendall(buf)
-            except OSError:
-                break
-
-    def rate(self, t0: float, t1: float) -> float:
-        """Goodput (bit/s) received in [t0, t1)."""
-        return sum(n for t, n in list(self.got) if t0 <= t < t1) * 8 / (t1 - t0)
-
-    def last(self, seconds: float) -> float:
-        t = time.monotonic()
-        return self.rate(t - seconds, t)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.cl.close()
-        self.srv.close()
-
-
-@contextmanager
-def stream(fab: Fabric, src: str, dst: str, port: int) -> Iterator[Stream]:
-    s = Stream(fab, src, dst, port)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def restored(s: Stream, above_bps: float, within_s: float = 3.0) -> bool:
@@ -167,6 +109,10 @@ def test_kv_only_shapes_the_kv_port_range_and_leaves_other_traffic_at_line_rate(
         time.sleep(2.0)
         assert abs(kv.last(1.4) / 20e6 - 1) < 0.10
         assert other.last(1.4) > 10 * 20e6
+        with in_netns(fabric.node("pod0").netns):
+            # the agent's measurement reads the limited class, not the line-rate traffic beside it
+            measured = agent.measure_uplink("eth0", fabric.node("pod1").address, 40e6)
+    assert abs(measured / 20e6 - 1) < 0.10, measured
     with in_netns(fabric.node("pod0").netns):
         agent.clear_all()
 

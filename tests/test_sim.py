@@ -85,6 +85,23 @@ def test_a_degraded_core_link_slows_a_cross_pod_transfer_by_r(tmp_path):
     assert t_s == pytest.approx(t_h / 0.1)
 
 
+@pytest.mark.parametrize("direction, slowed", [("uplink", True), ("downlink", False), ("both", True)])
+def test_a_link_fault_acts_only_in_its_direction(tmp_path, direction, slowed):
+    # by_pod: KV leaves pod 0 (its uplink) and enters pod 1 (its downlink).
+    topo = {"pods": 2, "workers_per_pod": 2, "placement": "by_pod", "nic_gbps": 8.0, "uplink_gbps": 8.0}
+    fault = {"kind": "link", "pods": [0], "residual_bw": 0.1, "start_s": 0.0, "duration_s": 1000.0,
+             "direction": direction}
+    _, r = _run(tmp_path, _spec(topology=topo, faults=[fault]))
+    t = (r.kv_end_s - r.kv_start_s)[0]
+    assert t == pytest.approx(1000 * KV / (8.0 * GBPS) / (0.1 if slowed else 1.0))
+
+
+def test_delay_and_loss_are_refused_by_the_simulator_in_one_line(tmp_path):
+    fault = {"kind": "link", "pods": [0], "residual_bw": 1.0, "start_s": 0.0, "duration_s": 10.0, "delay_ms": 5}
+    with pytest.raises(ValueError, match=r"faults\[0\]: delay_ms and loss are testbed-only"):
+        _run(tmp_path, _spec(faults=[fault]))
+
+
 def test_compute_slowdown_stretches_prefill_and_decode(tmp_path):
     fault = {"kind": "compute", "pods": [0, 1], "slowdown": 3.0, "start_s": 0.0, "duration_s": 1000.0}
     _, r = _run(tmp_path, _spec(faults=[fault]))

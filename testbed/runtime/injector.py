@@ -110,17 +110,22 @@ class FaultInjector:
         up, down = sched.link_factors_at(t)
         slow = sched.slowdown_at(t)
         changed = np.flatnonzero((up != self.up) | (down != self.down) | (slow != self.slow))
+        # The truth changes with the schedule, as in the simulator: the oracle and the label
+        # model see it now, not after the agents have acted and measured (about a second).
+        self.router.set_truth(sched.degraded_at(t, self.spec.health))
+        self.router.health_tick(self.now())
         results = await asyncio.gather(*(self._make_pod(int(p), t, up[p], down[p], slow[p]) for p in changed))
         measured = dict(zip(changed.tolist(), results))
         self.up, self.down, self.slow = up, down, slow
         now = self.now()
         for ev in events:
-            for target, value, value_bps in self._rows(ev, measured.get(ev.pod, {})):
-                self.sink(FaultEvent(now, ev.fault_id, ev.event, ev.kind, ev.pod, target, ev.severity, value, value_bps))
-        self.router.set_truth(sched.degraded_at(t, self.spec.health))
+            m = measured.get(ev.pod, {})
+            for target, value, value_bps in self._rows(ev, m):
+                # the row's time: when the agent had acted (the measurement comes after)
+                self.sink(FaultEvent(m.get("acted_s", now), ev.fault_id, ev.event, ev.kind, ev.pod, target,
+                                     ev.severity, value, value_bps))
         bw = np.minimum(self.measured["uplink"], self.measured["downlink"]) * self.baseline_bps
         self.router.observe_bandwidth(now, bw / 8)  # the router's bandwidths are bytes/s
-        self.router.health_tick(now)
 
     def _rows(self, ev: Any, m: dict[str, Any]) -> list[tuple[str, float, float]]:
         name = f"pod{ev.pod}"
@@ -163,6 +168,7 @@ class FaultInjector:
                                                  **self._link_options(pod, t, side))
             else:
                 await tg.agent.clear.remote(key)
+            out.setdefault("acted_s", self.now())
             # Offer twice the limit being verified (the new one, or the one just removed).
             offered = min(2 * min(new, old) * self.baseline_bps, MAX_PROBE_BPS)
             bps = await self._measure(tg, side, offered)
@@ -178,6 +184,7 @@ class FaultInjector:
             else:
                 res = await tg.agent.clear.remote("compute")
                 out["compute"] = float(res) if res is not None else np.nan
+            out.setdefault("acted_s", self.now())
         return out
 
     async def _measure(self, tg: PodTargets, side: str, offered_bps: float) -> float:

@@ -22,6 +22,7 @@ from faults.compute import clear_project_cgroups
 from faults.shaping import netem_missing
 
 from ..spec import ExperimentSpec
+from .netns import missing_privileges
 
 console = Console(stderr=True)
 
@@ -48,6 +49,19 @@ def prepare_model(spec: ExperimentSpec) -> tuple[Path, dict[str, int]]:
 Job = tuple[ExperimentSpec, list[str], list[int]]
 
 
+def check_faults(jobs: Sequence[Job]) -> None:
+    """Faults the testbed cannot apply are refused before anything starts."""
+    if not any(s.faults for s, _, _ in jobs):
+        return
+    t = jobs[0][0].testbed
+    if t.mode == "local" or (t.mode == "auto" and missing_privileges() is not None):
+        raise ValueError("faults need the netns mode (root, network namespaces): local mode has no links to shape")
+    for s, _, _ in jobs:
+        for i, f in enumerate(s.faults):
+            if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
+                raise ValueError(f"{s.name}: faults[{i}]: {why}")
+
+
 def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
                 more: Sequence[Job] = ()) -> int:
     """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines)."""
@@ -66,18 +80,12 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     for s, _, sds in jobs:
         for seed in sds:
             check_workload(generate(s.workload, seed_streams(seed)["workload"]), s)
+    check_faults(jobs)
     t0 = time.monotonic()
     model, model_meta = prepare_model(spec)
     cluster = EmulatedCluster(spec.testbed.pods, mode=spec.testbed.mode, subnet=spec.testbed.subnet)
     console.print(f"[bold]{spec.name}[/] on the testbed: {spec.testbed.pods} pods x (1 prefill + 1 decode) vLLM engines, "
                   f"{cluster.mode} mode, {len(policies)} policies x {len(seeds)} seeds -> {out / spec.name}")
-    if any(s.faults for s, _, _ in jobs):
-        if cluster.mode != "netns":
-            raise ValueError("faults need the netns mode (root, network namespaces): local mode has no links to shape")
-        for s, _, _ in jobs:
-            for i, f in enumerate(s.faults):
-                if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
-                    raise ValueError(f"{s.name}: faults[{i}]: {why}")
     driver = None
     old_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM tears down like Ctrl-C
