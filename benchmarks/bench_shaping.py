@@ -25,6 +25,7 @@ from rich.table import Table
 from faults.agent import FaultAgent
 from faults.shaping import KV_PORT_BASE
 from testbed.runtime.netns import Fabric, create_fabric, destroy_fabric, in_netns
+from testbed.runtime.injector import FaultInjector
 from testbed.runtime.traffic import TcpStream
 
 KV_PORT = KV_PORT_BASE + 7  # a port a kv_only fault would shape too
@@ -75,19 +76,20 @@ def main() -> None:
 
 
 def _measure(agent: FaultAgent, side: str, pod0, pod1, rate: float) -> float:
+    window = FaultInjector._window(2 * rate)  # as the testbed measures
     if side == "uplink":
         with in_netns(pod0.netns):
-            return agent.measure_uplink("eth0", pod1.address, 2 * rate)
+            return agent.measure_uplink("eth0", pod1.address, 2 * rate, window)
     out: dict[str, float] = {}
 
     def measure() -> None:
         with in_netns(pod1.netns):
-            out["rate"] = agent.measure_downlink("eth0")
+            out["rate"] = agent.measure_downlink("eth0", window)
 
     t = threading.Thread(target=measure)
     t.start()
     with in_netns(pod0.netns):
-        FaultAgent.blast(pod1.address, 2 * rate, 0.7)
+        FaultAgent.blast(pod1.address, 2 * rate, window + 0.3)
     t.join()
     return out["rate"]
 

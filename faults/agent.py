@@ -124,16 +124,31 @@ class FaultAgent:
 
     @staticmethod
     def _rate_while(counter: Callable[[], int], load: Callable[[], Any] | None, window_s: float,
-                    settle_s: float = 0.1) -> float:
+                    settle_s: float = 0.1, every_s: float = 0.005) -> float:
+        """Bytes/s through a counter over ``window_s``, from its first change to its last.
+
+        A shaper releases whole packets, GSO ones up to 64 KiB, and goes into debt for
+        them: at a few Mbit/s the counter moves in steps a good part of a second apart.
+        Counting from step to step measures the drain rate exactly; a plain delta over
+        the window would be off by up to a step at each end."""
         t = threading.Thread(target=load, daemon=True) if load else None
         if t:
             t.start()
         time.sleep(settle_s)  # let the shaper's queue fill: the window then sees its drain rate
-        b0, t0 = counter(), time.monotonic()
-        time.sleep(window_s)
-        b1, t1 = counter(), time.monotonic()
+        t_start = time.monotonic()
+        samples = [(t_start, counter())]
+        while time.monotonic() - t_start < window_s:
+            time.sleep(every_s)
+            b = counter()
+            if b != samples[-1][1]:
+                samples.append((time.monotonic(), b))
+        end = (time.monotonic(), counter())
         if t:
             t.join()
+        if len(samples) >= 3:  # two steps or more: step to step
+            (t0, b0), (t1, b1) = samples[1], samples[-1]
+        else:
+            (t0, b0), (t1, b1) = samples[0], end
         return (b1 - b0) * 8 / (t1 - t0)
 
     @staticmethod

@@ -41,7 +41,7 @@ def test_every_testbed_command_in_the_readme_parses_and_its_files_exist():
     assert len(cmds) >= 5
     parser = build_parser()
     for cmd in cmds:
-        args = parser.parse_args(shlex.split(cmd)[1:])
+        args = parser.parse_args(shlex.split(cmd, comments=True)[1:])
         if getattr(args, "spec", None):
             assert (REPO / args.spec).is_file(), cmd
         for p in args.policies.split(",") if getattr(args, "policies", None) else []:

@@ -164,6 +164,9 @@ class RouterActor:
             t.cancel()
         try:
             await asyncio.wait_for(self._end_faults(), 60)
+        except Exception as e:  # the rows must still be closed; the driver clears every agent next
+            extra["fault_error"] = f"{type(e).__name__}: {e}"
+            status = "interrupted"
         finally:
             for t in self._loops:
                 t.cancel()

@@ -15,13 +15,16 @@ what it got, and then:
   health-label update, so labels see the onset at once and then follow the
   label model's delays.
 
-Measuring a link: the pod's agent offers probe datagrams at twice the limit
-to the head (uplink) and reads its interface counters; for the downlink the
-head's agent offers them to the pod while the pod's agent reads its ingress
-shaper's counters. The probe competes with KV traffic for about a second.
-Clearing is measured the same way: a probe at twice the old limit that gets
-through proves the limit gone (Python cannot fill a 10 Gbit/s baseline, so
-the row then reads 1.0 of the baseline, and the telemetry the baseline).
+Measuring a link, both directions at once: the pod's agent offers probe
+datagrams at 1.5x the limit to the head (uplink) and reads its counters; for the
+downlink the head's agent offers them to the pod while the pod's agent reads its
+ingress shaper's. The counters are the limited class's (with ``kv_only`` the
+interface also carries unshaped traffic), read from one step of the shaper to
+the last over 0.4 s, or up to 2 s at a few Mbit/s, where the shaper releases
+64 KiB GSO packets a good part of a second apart. The probe competes with KV
+traffic meanwhile. Clearing is measured the same way at twice the old limit: a
+probe that gets through at 1.5x or more proves the limit gone (Python cannot fill
+a 10 Gbit/s baseline, so the row then reads 1.0, and the telemetry the baseline).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from ..records import FaultEvent
 from ..routing import Router
 from ..spec import ExperimentSpec
 
-MEASURE_WINDOW_S = 0.4
+MEASURE_WINDOW_S = 0.4  # at least; longer at low rates (see _window)
 MAX_PROBE_BPS = 2e9  # what a Python probe can offer on this kind of machine
 CLEARED_IF_ABOVE = 1.5  # a probe at 2x the removed limit that gets 1.5x through: the limit is gone
 
@@ -159,25 +162,30 @@ class FaultInjector:
     async def _make_pod(self, pod: int, t: float, up: float, down: float, slow: float) -> dict[str, Any]:
         tg = self.pods[pod]
         out: dict[str, Any] = {}
-        for side, new, old in (("uplink", up, self.up[pod]), ("downlink", down, self.down[pod])):
-            if new == old:
-                continue
+        sides = [(side, new, old) for side, new, old in (("uplink", up, self.up[pod]), ("downlink", down, self.down[pod]))
+                 if new != old]
+        for side, new, old in sides:
             key = f"link-{side}"
             if new < 1:
                 await tg.agent.apply_link.remote(key, tg.ifname, [side], new * self.baseline_bps, self._ttl(t),
                                                  **self._link_options(pod, t, side))
             else:
                 await tg.agent.clear.remote(key)
-            out.setdefault("acted_s", self.now())
-            # Offer twice the limit being verified (the new one, or the one just removed).
-            offered = min(2 * min(new, old) * self.baseline_bps, MAX_PROBE_BPS)
-            bps = await self._measure(tg, side, offered)
-            if new < 1:
-                factor = bps / self.baseline_bps
-            else:
-                factor = 1.0 if bps >= CLEARED_IF_ABOVE * old * self.baseline_bps else bps / self.baseline_bps
-            out[side], out[side + "_factor"] = bps, factor
-            self.measured[side][pod] = min(factor, 1.0)
+        if sides:
+            out["acted_s"] = self.now()
+            # Both directions at once (separate traffic and counters). A new limit is offered
+            # 1.5x itself (enough to saturate it, little to queue behind it); a removed one
+            # twice itself, to show it gone.
+            offered = [min((1.5 if new < 1 else 2.0) * min(new, old) * self.baseline_bps, MAX_PROBE_BPS)
+                       for _, new, old in sides]
+            rates = await asyncio.gather(*(self._measure(tg, side, o) for (side, _, _), o in zip(sides, offered)))
+            for (side, new, old), bps in zip(sides, rates):
+                if new < 1:
+                    factor = bps / self.baseline_bps
+                else:
+                    factor = 1.0 if bps >= CLEARED_IF_ABOVE * old * self.baseline_bps else bps / self.baseline_bps
+                out[side], out[side + "_factor"] = bps, factor
+                self.measured[side][pod] = min(factor, 1.0)
         if slow != self.slow[pod]:
             if slow > 1:
                 out["compute"] = await tg.agent.apply_compute.remote("compute", tg.pids, float(slow), self._ttl(t))
@@ -187,10 +195,16 @@ class FaultInjector:
             out.setdefault("acted_s", self.now())
         return out
 
+    @staticmethod
+    def _window(offered_bps: float) -> float:
+        """Long enough for about eight 64 KiB (GSO) packets, the shaper's step size."""
+        return float(np.clip(8 * 65536 * 8 / (offered_bps / 2), MEASURE_WINDOW_S, 2.0))
+
     async def _measure(self, tg: PodTargets, side: str, offered_bps: float) -> float:
+        window = self._window(offered_bps)
         if side == "uplink":
-            return await tg.agent.measure_uplink.remote(tg.ifname, self.head_ip, offered_bps, MEASURE_WINDOW_S)
-        blast = self.head_agent.blast.remote(tg.ip, offered_bps, MEASURE_WINDOW_S + 0.3)
-        rate = await tg.agent.measure_downlink.remote(tg.ifname, MEASURE_WINDOW_S)
+            return await tg.agent.measure_uplink.remote(tg.ifname, self.head_ip, offered_bps, window)
+        blast = self.head_agent.blast.remote(tg.ip, offered_bps, window + 0.3)
+        rate = await tg.agent.measure_downlink.remote(tg.ifname, window)
         await blast
         return rate
