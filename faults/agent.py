@@ -176,18 +176,29 @@ class FaultAgent:
 
     # --- lifecycle --------------------------------------------------------
     def clear(self, key: str) -> Any:
-        """Undo one fault; returns what its undo returns (compute: the measured factor). Idempotent."""
+        """Undo one fault; returns what its undo returns (compute: the measured factor). Idempotent.
+        A fault whose undo fails stays registered, so the TTL timer tries it again."""
         with self._lock:
-            a = self._active.pop(key, None)
-            return a.undo() if a else None
+            a = self._active.get(key)
+            if a is None:
+                return None
+            result = a.undo()
+            del self._active[key]
+            return result
 
     def expire(self, now: float | None = None) -> list[str]:
         """Clear every fault whose time to live has run out; returns their keys."""
         now = self.clock() if now is None else now
         with self._lock:
             due = [k for k, a in self._active.items() if a.expires_at <= now]
+            errors = []
             for k in due:
-                self.clear(k)
+                try:
+                    self.clear(k)
+                except Exception as e:  # the others still expire; this one is retried next time
+                    errors.append(f"{k}: {e}")
+        if errors:
+            raise ShapingError("expiring faults failed for " + "; ".join(errors))
         return due
 
     def clear_all(self) -> list[str]:

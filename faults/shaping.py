@@ -164,6 +164,9 @@ def _ensure_ifb(ipr: IPRoute, dev_idx: int, ifname: str) -> int:
     name = ifb_name(ifname)
     found = ipr.link_lookup(ifname=name)
     if not found:
+        if _has_ingress(ipr, dev_idx):  # without the project's ifb, the ingress qdisc is someone else's
+            raise ShapingError(f"{ifname} ingress: an ingress qdisc the project did not set is there; "
+                               "refusing to replace it")
         try:
             ipr.link("add", ifname=name, kind="ifb")
         except NetlinkError as e:
@@ -187,8 +190,8 @@ def shape(s: Shaping) -> None:
         target = _ensure_ifb(ipr, dev, s.ifname) if s.direction == "ingress" else dev
         root = _root_handle(ipr, target)
         if root not in (None, ROOT, 0):
-            raise ShapingError(f"{s.ifname} {s.direction}: has a root qdisc {root >> 16:x}: the project did not set; "
-                               "refusing to replace it")
+            raise ShapingError(f"{s.ifname} {s.direction}: a root qdisc (handle {root >> 16:x}:) the project did not "
+                               "set is there; refusing to replace it")
         _del_root(ipr, target)
         try:
             _install_htb(ipr, target, s)

@@ -122,6 +122,8 @@ def test_run_refuses_a_workload_longer_than_the_engines_context_before_starting_
      "faults need the netns mode"),
     ("{mode: netns}", "{kind: link, pods: [0], residual_bw: 1.0, start_s: 1, duration_s: 5, delay_ms: 20}",
      "faults[0]: "),
+    ("{mode: netns, pods: 2}", "{kind: compute, pods: [3], slowdown: 2, start_s: 1, duration_s: 5}",
+     "pod 3 out of range 0..1 (testbed.pods is 2)"),
 ])
 def test_run_refuses_faults_it_cannot_apply_before_starting_anything(tmp_path, testbed, fault, needle):
     pytest.importorskip("pyroute2", reason="pyroute2 is not installed (the README's install command installs it)")
@@ -135,5 +137,5 @@ def test_run_refuses_faults_it_cannot_apply_before_starting_anything(tmp_path, t
     res = _run("run", spec, "--out", tmp_path / "runs")
     assert res.returncode == 2
     last = res.stderr.strip().splitlines()[-1]
-    assert needle in last and ("netem" in last or "local" in last), last
+    assert needle in last and ("netem" in last or "local" in last or "out of range" in last), last
     assert not (tmp_path / "runs").exists()

@@ -186,8 +186,17 @@ def test_a_qdisc_the_project_did_not_set_is_never_replaced(fabric):
                 shaping.shape(Shaping("eth0", "egress", 10e6))
             assert shaping.clear_all() == []  # not the project's: left alone
             assert any(q.get_attr("TCA_KIND") == "tbf" for q in ipr.get_qdiscs(index=idx))
+            # nor a foreign ingress qdisc: no redirect of the project's is put on it
+            ipr.tc("add", "ingress", idx, 0xFFFF0000)
+            with pytest.raises(shaping.ShapingError, match="ingress qdisc the project did not set"):
+                shaping.shape(Shaping("eth0", "ingress", 10e6))
+            assert not shaping.has_link(shaping.ifb_name("eth0"))
+            assert shaping.clear_all() == []
+            assert any(q["handle"] == 0xFFFF0000 for q in ipr.get_qdiscs(index=idx))
         finally:
             ipr.tc("del", index=idx, handle=0x10000, parent=0xFFFFFFFF)
+            if any(q["handle"] == 0xFFFF0000 for q in ipr.get_qdiscs(index=idx)):
+                ipr.tc("del", "ingress", idx, 0xFFFF0000)
 
 
 def test_delay_and_loss_need_netem_and_say_so(fabric):

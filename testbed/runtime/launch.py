@@ -19,6 +19,7 @@ from typing import Sequence
 from rich.console import Console
 
 from faults.compute import clear_project_cgroups
+from faults.schedule import FaultSchedule
 from faults.shaping import netem_missing
 
 from ..spec import ExperimentSpec
@@ -57,6 +58,10 @@ def check_faults(jobs: Sequence[Job]) -> None:
     if t.mode == "local" or (t.mode == "auto" and missing_privileges() is not None):
         raise ValueError("faults need the netns mode (root, network namespaces): local mode has no links to shape")
     for s, _, _ in jobs:
+        try:
+            FaultSchedule(s.faults, s.testbed.pods)  # pods of the testbed, not of the simulated topology
+        except ValueError as e:
+            raise ValueError(f"{s.name}: {e} (testbed.pods is {s.testbed.pods})") from None
         for i, f in enumerate(s.faults):
             if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
                 raise ValueError(f"{s.name}: faults[{i}]: {why}")
