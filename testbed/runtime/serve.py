@@ -147,6 +147,11 @@ class RequestFlow:
             if not ok:
                 res = await self._abort(d_eng, rid, res)
                 first = getattr(res, "first_token_s", None) if res is not None else None
+                # vLLM cannot cancel a NIXL read in flight: the abort takes effect once the
+                # KV has arrived, and a first token can follow after the deadline. At the
+                # deadline the request was still in kv_transfer then.
+                if first is not None and t.kv_start + (first - res.submitted_s) > deadline:
+                    first = None
                 if first is not None:
                     t.first = t.kv_end = t.kv_start + (first - res.submitted_s)
                 stage = "kv_transfer" if first is None else "decode"
