@@ -66,15 +66,6 @@ class TcpStream:
 
 
 @contextmanager
-def stream(fab: Fabric, src: str, dst: str, port: int) -> Iterator[Stream]:
-    s = Stream(fab, src, dst, port)
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@contextmanager
 def tcp_stream(fab: Fabric, src: str, dst: str, port: int) -> Iterator[TcpStream]:
     s = TcpStream(fab, src, dst, port)
     try:
