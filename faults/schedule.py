@@ -65,11 +65,8 @@ class FaultSchedule:
         return (self._start <= now) & (now < self._end)
 
     def bw_factor_at(self, now: float) -> np.ndarray:
-        """Residual bandwidth factor per pod: min r of active link faults, 1.0 if none."""
-        bw = np.ones(self.n_pods)
-        m = self._active(now) & self._is_link
-        np.minimum.at(bw, self._pod[m], self._sev[m])
-        return bw
+        """Residual bandwidth factor per pod: min r of active link faults (either side), 1.0 if none."""
+        return np.minimum(*self.link_factors_at(now))
 
     def link_factors_at(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Residual bandwidth factor per pod of its uplink and of its downlink."""
