@@ -1,61 +1,43 @@
 """Run directories -> reliability metrics, summaries over seeds, plots, sim-vs-real comparison.
 
 Definitions of every metric: analysis/metrics.py docstrings (and the README's "Metrics" section).
-Names are imported lazily, so ``from analysis.spec import MetricsSpec`` (used by the experiment spec)
-does not pull in pandas, scipy or matplotlib.
+Their parameters (``MetricsSpec``) live in the core (``core.metrics_spec``): the experiment spec
+holds them, and the core imports no world and no analysis.
 """
 
-from __future__ import annotations
+from core.metrics_spec import MetricsSpec, parse_metrics_spec
 
-import importlib
-from typing import Any
+from analysis.metrics import (
+    ORACLE,
+    FaultWindow,
+    RunData,
+    decision_latency,
+    degraded_availability,
+    degraded_pod_shares,
+    failure_composition,
+    failure_rate,
+    fault_window,
+    gap_to_oracle,
+    goodput_rps,
+    latency_percentiles,
+    load_run,
+    price_contrast,
+    resilience_index,
+    run_metrics,
+    serving_latencies,
+    success_series,
+    timeout_share,
+    traffic_deflection_ratio,
+)
+from analysis.plots import RunCurves, run_curves, write_plots
+from analysis.report import report
+from analysis.summary import RunDiscoveryError, collect_runs, compare_worlds, discover_runs, mean_ci, runs_frame, summarize
 
-_HOME = {
-    "ORACLE": "analysis.metrics",
-    "FaultWindow": "analysis.metrics",
-    "RunData": "analysis.metrics",
-    "decision_latency": "analysis.metrics",
-    "degraded_availability": "analysis.metrics",
-    "degraded_pod_shares": "analysis.metrics",
-    "failure_composition": "analysis.metrics",
-    "failure_rate": "analysis.metrics",
-    "fault_window": "analysis.metrics",
-    "gap_to_oracle": "analysis.metrics",
-    "goodput_rps": "analysis.metrics",
-    "latency_percentiles": "analysis.metrics",
-    "load_run": "analysis.metrics",
-    "price_contrast": "analysis.metrics",
-    "resilience_index": "analysis.metrics",
-    "run_metrics": "analysis.metrics",
-    "serving_latencies": "analysis.metrics",
-    "success_series": "analysis.metrics",
-    "timeout_share": "analysis.metrics",
-    "traffic_deflection_ratio": "analysis.metrics",
-    "report": "analysis.report",
-    "MetricsSpec": "analysis.spec",
-    "parse_metrics_spec": "analysis.spec",
-    "RunDiscoveryError": "analysis.summary",
-    "collect_runs": "analysis.summary",
-    "compare_worlds": "analysis.summary",
-    "discover_runs": "analysis.summary",
-    "mean_ci": "analysis.summary",
-    "runs_frame": "analysis.summary",
-    "summarize": "analysis.summary",
-    "RunCurves": "analysis.plots",
-    "run_curves": "analysis.plots",
-    "write_plots": "analysis.plots",
-}
-
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str) -> Any:
-    try:
-        module = _HOME[name]
-    except KeyError:
-        raise AttributeError(f"module 'analysis' has no attribute {name!r}") from None
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__ = [
+    "ORACLE", "FaultWindow", "MetricsSpec", "RunCurves", "RunData", "RunDiscoveryError", "collect_runs",
+    "compare_worlds", "decision_latency", "degraded_availability", "degraded_pod_shares", "discover_runs",
+    "failure_composition", "failure_rate", "fault_window", "gap_to_oracle", "goodput_rps", "latency_percentiles",
+    "load_run", "mean_ci", "parse_metrics_spec", "price_contrast", "report", "resilience_index", "run_curves",
+    "run_metrics", "runs_frame", "serving_latencies", "success_series", "summarize", "timeout_share",
+    "traffic_deflection_ratio", "write_plots",
+]

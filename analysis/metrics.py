@@ -1,7 +1,7 @@
 """Reliability and serving metrics of one run.
 
 Every metric is a pure function of record tables (pandas DataFrames with the
-columns of ``testbed.records``) and its parameters; the docstrings hold the
+columns of ``core.records``) and its parameters; the docstrings hold the
 exact definitions (the README's "Metrics" section repeats them word for word).
 Only :func:`load_run` and :func:`run_metrics` touch the file system.
 
@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.spec import MetricsSpec, parse_metrics_spec
-from testbed.records import STAGES, read_meta, read_table
+from core.metrics_spec import MetricsSpec, parse_metrics_spec
+from core.records import read_meta, read_table
+from core.stages import STAGES
 
 NAN = math.nan
 ORACLE = "OracleAvoidance"
@@ -56,9 +57,9 @@ def timeout_share(requests: pd.DataFrame) -> float:
 
 
 def failure_composition(requests: pd.DataFrame) -> dict[str, float]:
-    """failure composition = for each stage (queue, prefill, kv_transfer, decode), failed requests whose
-    failed_stage is that stage / failed requests; failures with no or an unknown stage count as "unknown",
-    so the shares sum to 1. All NaN with no failures."""
+    """failure composition = for each stage of core.stages (prefill_queue, prefill, decode_queue, kv_transfer,
+    decode), failed requests whose failed_stage is that stage / failed requests; failures with no or an unknown
+    stage count as "unknown", so the shares sum to 1. All NaN with no failures."""
     failed = ~_ok(requests)
     n = int(failed.sum())
     stage = requests["failed_stage"].to_numpy(dtype=object)[failed]

@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from analysis.metrics import FaultWindow, RunData, fault_window, price_contrast, success_series
-from testbed.records import STAGES
+from core.stages import STAGES
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from testbed.policies import POLICY_NAMES, Weights, make_policy
-from testbed.topology import Topology
-from testbed.view import Capacity, ClusterView, Loads, PodState
+from core.policies import POLICY_NAMES, Weights, make_policy
+from core.topology import Topology
+from core.view import Capacity, ClusterView, Loads, PodState
 
 CAP = Capacity(prefill_slots=16, prefill_token_budget=8192, decode_slots=256, decode_kv_tokens=400_000)
 

@@ -5,7 +5,7 @@ clock, so the simulator and the real testbed drive the same code.
 """
 
 from faults.health import HealthLabelModel, LabelChange
-from faults.schedule import FaultSchedule, ScheduledEvent
+from faults.schedule import FaultSchedule, FaultStep, ScheduledEvent
 from faults.spec import ComputeFault, FaultSpec, HealthSpec, LinkFault, TelemetrySpec
 from faults.telemetry import BandwidthTelemetry
 
@@ -13,6 +13,7 @@ __all__ = [
     "BandwidthTelemetry",
     "ComputeFault",
     "FaultSchedule",
+    "FaultStep",
     "FaultSpec",
     "HealthLabelModel",
     "HealthSpec",

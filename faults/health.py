@@ -41,7 +41,7 @@ _EPS = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class LabelChange:
-    """One label row, same fields and order as ``testbed.records.HealthRecord``."""
+    """One label row, same fields and order as ``core.records.HealthRecord``."""
 
     time_s: float
     pod: int

@@ -3,10 +3,16 @@
 A fault is active on its pods over the half-open interval
 ``[start_s, start_s + duration_s)``. Overlapping faults on one pod compose:
 the smallest residual bandwidth factor and the largest slowdown win.
+
+Both worlds walk the same timeline of :class:`FaultStep` (``FaultSchedule.steps``):
+"at ``t``, every pod's links and CPU are so, the truth is so, these events
+happen, and what is active ends by ``until_s``". A world only acts on its links
+and CPUs and says what it measured (``core.run.RunContext``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -27,6 +33,25 @@ class ScheduledEvent:
     kind: Literal["link", "compute"]
     pod: int
     severity: float  # link: residual bandwidth factor r; compute: slowdown factor
+
+
+@dataclass(frozen=True, eq=False)
+class FaultStep:
+    """What holds from ``time_s`` until the next step."""
+
+    time_s: float
+    uplink: np.ndarray  # (P,) residual bandwidth factor of each pod's uplink (1.0 = intact)
+    downlink: np.ndarray  # (P,) same for its downlink
+    slowdown: np.ndarray  # (P,) compute slow-down factor (1.0 = none)
+    degraded: np.ndarray  # (P,) ground truth under the health spec's thresholds
+    changed: np.ndarray  # pod indices whose uplink, downlink or slowdown differ from the step before
+    events: tuple[ScheduledEvent, ...]  # the applies and clears that happen at this step
+    until_s: float  # the last scheduled end of anything active now (time_s if nothing is): a TTL's base
+
+    @property
+    def bw_factor(self) -> np.ndarray:
+        """The narrower side of each pod's core links, as the bandwidth telemetry reports it."""
+        return np.minimum(self.uplink, self.downlink)
 
 
 class FaultSchedule:
@@ -103,6 +128,43 @@ class FaultSchedule:
         ]
         rows.sort(key=lambda r: r[:4])
         return [ScheduledEvent(t, fid, ev, kind, p, s) for t, _, fid, p, ev, kind, s in rows]
+
+    def step_at(self, t: float, events: Sequence[ScheduledEvent], before: FaultStep | None,
+                health: HealthSpec | None = None) -> FaultStep:
+        """The step at ``t`` after ``before`` (None: the fault-free start)."""
+        up, down = self.link_factors_at(t)
+        slow = self.slowdown_at(t)
+        if before is None:
+            changed = (up != 1.0) | (down != 1.0) | (slow != 1.0)
+        else:
+            changed = (up != before.uplink) | (down != before.downlink) | (slow != before.slowdown)
+        active = self._active(t)
+        until = float(self._end[active].max()) if active.any() else float(t)
+        return FaultStep(float(t), up, down, slow, self.degraded_at(t, health), np.flatnonzero(changed),
+                         tuple(events), until)
+
+    def steps(self, health: HealthSpec | None = None) -> list[FaultStep]:
+        """Every change of the timeline, in order, each with the events that happen then."""
+        events, k, out = self.events(), 0, []
+        for t in self.change_times():
+            due = []
+            while k < len(events) and events[k].time_s <= t:
+                due.append(events[k])
+                k += 1
+            out.append(self.step_at(float(t), due, out[-1] if out else None, health))
+        return out
+
+    def closing_step(self, now: float, last: FaultStep | None, health: HealthSpec | None = None) -> FaultStep | None:
+        """The run ends at ``now`` with ``last`` the step applied last: a step that clears whatever is
+        still on, with the clear events (at ``now``) of the faults that had started. None if nothing is on."""
+        if last is None or not ((last.uplink < 1).any() or (last.downlink < 1).any() or (last.slowdown > 1).any()):
+            return None
+        clears = [dataclasses.replace(ev, time_s=float(now)) for ev in self.events()
+                  if ev.event == "clear" and ev.time_s > last.time_s and self.faults[ev.fault_id].start_s <= last.time_s]
+        ones = np.ones(self.n_pods)
+        changed = (last.uplink != 1.0) | (last.downlink != 1.0) | (last.slowdown != 1.0)
+        return FaultStep(float(now), ones, ones.copy(), ones.copy(), np.zeros(self.n_pods, bool),
+                         np.flatnonzero(changed), tuple(clears), float(now))
 
     def change_times(self) -> np.ndarray:
         """Sorted unique times at which the truth may change (every apply and clear)."""

@@ -6,7 +6,7 @@
 * decode admission: a request reserves KV memory (prompt + output tokens) and a
   batch slot on its decode worker before its KV is pulled, as vLLM's decode
   engine allocates blocks before a NIXL read; without room it waits (stage
-  ``queue``);
+  ``decode_queue``);
 * KV transfer: a fluid flow of prompt_tokens x kv_bytes_per_token over the
   sender NIC, the pods' core links and the receiver NIC, max-min fair
   (:mod:`simulator.network`);
@@ -16,8 +16,11 @@
 * the deadline: a request not finished ``deadline_s`` after arrival is aborted
   where it is and recorded as a timeout of that stage.
 
-The routing itself is :class:`testbed.routing.Router`, the same object the
-real testbed's router actor drives.
+Everything around the cluster is the run context both worlds open
+(:class:`core.run.RunContext`): routing returns a :class:`core.ticket.Ticket`,
+on which this model marks the stages of :mod:`core.stages` and which builds the
+request's record when it ends; the fault timeline's steps come from there too,
+and this model only sets its links' capacities and workers' speeds.
 """
 
 from __future__ import annotations
@@ -29,39 +32,21 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from faults.schedule import FaultSchedule
-from faults.spec import HealthSpec
-from testbed.records import NAN, FaultEvent, RequestRecord
-from testbed.routing import Route, Router
-from testbed.spec import EngineSpec
-from testbed.topology import Topology
+from core.records import NAN
+from core.run import RunContext
+from core.spec import EngineSpec
+from core.ticket import Ticket
+from faults.schedule import FaultStep, ScheduledEvent
 from workloads.generate import Workload
 
 from .network import FlowNetwork
-
-
-class _Req:
-    __slots__ = ("id", "arrival", "prompt", "output", "route", "stage", "done", "prefill_released",
-                 "routed", "p_start", "p_end", "kv_start", "kv_end", "first_token", "flow", "kv_bytes",
-                 "decode_key")
-
-    def __init__(self, i: int, arrival: float, prompt: int, output: int) -> None:
-        self.id, self.arrival, self.prompt, self.output = i, arrival, prompt, output
-        self.route: Route | None = None
-        self.stage = "queue"
-        self.done = False
-        self.prefill_released = False
-        self.routed = self.p_start = self.p_end = self.kv_start = self.kv_end = self.first_token = NAN
-        self.flow = -1
-        self.kv_bytes = 0
-        self.decode_key = 0.0
 
 
 class _Prefill:
     __slots__ = ("queue", "busy", "pod")
 
     def __init__(self, pod: int) -> None:
-        self.queue: deque[_Req] = deque()
+        self.queue: deque[Ticket] = deque()
         self.busy = False
         self.pod = pod
 
@@ -73,7 +58,7 @@ class _Decode:
 
     def __init__(self, pod: int) -> None:
         self.pod = pod
-        self.heap: list[tuple[float, int, _Req]] = []
+        self.heap: list[tuple[float, int, Ticket]] = []
         self.n = 0  # running sequences
         self.kv_in_batch = 0  # their prompt tokens (the KV each step reads)
         self.V = 0.0
@@ -81,47 +66,44 @@ class _Decode:
         self.version = 0
         self.reserved_kv = 0  # admitted requests (in transfer or decoding)
         self.reserved_slots = 0
-        self.waiting: deque[_Req] = deque()
+        self.waiting: deque[Ticket] = deque()
 
 
 class ClusterSim:
     def __init__(
         self,
         env: simpy.Environment,
-        topo: Topology,
+        ctx: RunContext,
         engine: EngineSpec,
-        router: Router,
-        schedule: FaultSchedule,
         workload: Workload,
         deadline_s: float,
         kv_bytes_per_token: int,
-        health: HealthSpec,
-        slow_loop_s: float,
-        sink: Callable[[Any], None],
         progress: Callable[[float], None] | None = None,
     ) -> None:
-        self.env, self.topo, self.e, self.router = env, topo, engine, router
-        self.schedule, self.wl, self.deadline = schedule, workload, deadline_s
+        self.env, self.ctx, self.topo, self.e = env, ctx, ctx.topo, engine
+        self.wl, self.deadline = workload, deadline_s
         self.kv_bpt = kv_bytes_per_token
-        self.health_spec = health
-        self.sink = sink
         self.progress = progress
+        topo = self.topo
         self.net = FlowNetwork(env, topo.link_capacity_Bps())
         self.prefill = [_Prefill(int(topo.worker_pod[w])) for w in topo.prefill_ids]
         self.decode = [_Decode(int(topo.worker_pod[w])) for w in topo.decode_ids]
         self.slowdown = np.ones(topo.n_pods)
-        self.reqs: list[_Req | None] = []
+        self.reqs: list[Ticket | None] = []
+        self._flows: dict[int, int] = {}  # request id -> its KV flow, while in kv_transfer
         self._seq = 0
         self.end_time = (float(workload.arrival_s[-1]) if len(workload) else 0.0) + deadline_s + 1.0
         env.process(self._arrivals())
         env.process(self._deadlines())
         env.process(self._faults())
-        env.process(self._every(health.period_s, router.health_tick))
-        env.process(self._every(slow_loop_s, router.slow_tick))
+        for period, fn in ctx.periodic:
+            env.process(self._every(period, fn))
 
     def run(self) -> None:
-        self.router.observe_bandwidth(0.0, np.full(self.topo.n_pods, self.topo.uplink_Bps))
         self.env.run(until=self.end_time)
+        closing = self.ctx.closing_step(self.env.now)  # faults still on when the run ends are cleared, recorded
+        if closing is not None:
+            self._apply(closing)
 
     # --- processes ----------------------------------------------------------
     def _every(self, period: float, fn: Callable[[float], None]):
@@ -136,7 +118,7 @@ class ClusterSim:
             t = float(arr[i])
             if t > env.now:
                 yield env.timeout(t - env.now)
-            req = _Req(i, t, int(pt[i]), int(ot[i]))
+            req = self.ctx.route(env.now, i, t, int(pt[i]), int(ot[i]))
             self.reqs.append(req)
             self._dispatch(req)
             if self.progress is not None and i % 2000 == 0:
@@ -163,43 +145,38 @@ class ClusterSim:
                 yield env.timeout(0)
 
     def _faults(self):
-        env, topo, sched = self.env, self.topo, self.schedule
-        events = sched.events()
-        k = 0
-        for t in sched.change_times():
-            t = float(t)
-            if t > env.now:
-                yield env.timeout(t - env.now)
-            bw = sched.bw_factor_at(t)
-            up, down = sched.link_factors_at(t)
-            for p in range(topo.n_pods):
-                self.net.set_capacity(topo.uplink(p), topo.uplink_Bps * up[p])
-                self.net.set_capacity(topo.downlink(p), topo.uplink_Bps * down[p])
-            slow = sched.slowdown_at(t)
-            for p in np.flatnonzero(slow != self.slowdown):
-                self._set_slowdown(int(p), float(slow[p]))
-            self.router.set_truth(sched.degraded_at(t, self.health_spec))
-            self.router.observe_bandwidth(t, topo.uplink_Bps * bw)
-            self.router.health_tick(t)  # the label model sees the onset now, not at its next period
-            while k < len(events) and events[k].time_s <= t:
-                ev = events[k]
-                target = f"pod{ev.pod}.core_links" if ev.kind == "link" else f"pod{ev.pod}.workers"
-                self.sink(FaultEvent(ev.time_s, ev.fault_id, ev.event, ev.kind, ev.pod, target, ev.severity))
-                k += 1
+        env = self.env
+        for step in self.ctx.steps:
+            if step.time_s > env.now:
+                yield env.timeout(step.time_s - env.now)
+            self._apply(step)
+
+    def _apply(self, step: FaultStep) -> None:
+        """Set the step's link capacities and worker speeds (what the simulator measures is what it set)."""
+        now, topo = self.env.now, self.topo
+        self.ctx.begin_step(step, now)
+        for p in step.changed.tolist():
+            self.net.set_capacity(topo.uplink(p), topo.uplink_Bps * step.uplink[p])
+            self.net.set_capacity(topo.downlink(p), topo.uplink_Bps * step.downlink[p])
+            if step.slowdown[p] != self.slowdown[p]:
+                self._set_slowdown(p, float(step.slowdown[p]))
+        self.ctx.end_step(step, now, step.bw_factor, self._rows)
+
+    @staticmethod
+    def _rows(ev: ScheduledEvent) -> list[tuple[str, float, float, float]]:
+        target = f"pod{ev.pod}.core_links" if ev.kind == "link" else f"pod{ev.pod}.workers"
+        return [(target, ev.time_s, NAN, NAN)]
 
     # --- request path ---------------------------------------------------------
-    def _dispatch(self, req: _Req) -> None:
-        now = self.env.now
-        req.route = r = self.router.route(now, req.id, req.prompt, req.output)
-        req.routed = now
-        w = self.prefill[r.p_idx]
+    def _dispatch(self, req: Ticket) -> None:
+        w = self.prefill[req.p_idx]
         w.queue.append(req)
         if not w.busy:
-            self._start_prefill(r.p_idx)
+            self._start_prefill(req.p_idx)
 
     def _start_prefill(self, idx: int) -> None:
         w = self.prefill[idx]
-        batch: list[_Req] = []
+        batch: list[Ticket] = []
         tokens = 0
         budget = self.e.prefill_batch_tokens
         while w.queue:
@@ -207,35 +184,30 @@ class ClusterSim:
             if req.done:  # timed out while queued
                 w.queue.popleft()
                 continue
-            if batch and tokens + req.prompt > budget:
+            if batch and tokens + req.prompt_tokens > budget:
                 break
             w.queue.popleft()
             batch.append(req)
-            tokens += req.prompt
+            tokens += req.prompt_tokens
         if not batch:
             w.busy = False
             return
         w.busy = True
         now = self.env.now
         for req in batch:
-            req.stage = "prefill"
-            req.p_start = now
+            req.enter("prefill", now)
         dur = self.slowdown[w.pod] * (self.e.prefill_overhead_s + tokens / self.e.prefill_tokens_per_s)
         ev = self.env.timeout(dur)
         ev.callbacks.append(lambda _e, idx=idx, batch=batch: self._end_prefill(idx, batch))
 
-    def _end_prefill(self, idx: int, batch: list[_Req]) -> None:
+    def _end_prefill(self, idx: int, batch: list[Ticket]) -> None:
         now = self.env.now
         for req in batch:
             if req.done:
                 continue
-            req.p_end = now
-            req.prefill_released = True
-            self.router.prefill_done(req.route)
-            req.stage = "queue"  # waiting for decode admission
-            d = self.decode[req.route.d_idx]
-            d.waiting.append(req)
-            self._admit(req.route.d_idx)
+            req.enter("decode_queue", now)  # waiting for decode admission; the prefill worker is free of it
+            self.decode[req.d_idx].waiting.append(req)
+            self._admit(req.d_idx)
         self._start_prefill(idx)
 
     def _admit(self, d_idx: int) -> None:
@@ -246,7 +218,7 @@ class ClusterSim:
             if req.done:
                 d.waiting.popleft()
                 continue
-            need = req.prompt + req.output
+            need = req.prompt_tokens + req.output_tokens
             if d.reserved_slots >= e.decode_max_batch or (d.reserved_kv and d.reserved_kv + need > e.decode_kv_tokens):
                 return
             d.waiting.popleft()
@@ -254,21 +226,17 @@ class ClusterSim:
             d.reserved_kv += need
             self._start_transfer(req)
 
-    def _start_transfer(self, req: _Req) -> None:
-        r = req.route
-        req.stage = "kv_transfer"
-        req.kv_start = self.env.now
-        nbytes = req.prompt * self.kv_bpt
-        req.kv_bytes = nbytes
-        req.flow = self.net.start(self.topo.path(r.prefill_worker, r.decode_worker), nbytes,
-                                  lambda _fid, req=req: self._end_transfer(req))
+    def _start_transfer(self, req: Ticket) -> None:
+        req.enter("kv_transfer", self.env.now)
+        req.kv_bytes = nbytes = req.prompt_tokens * self.kv_bpt
+        self._flows[req.request_id] = self.net.start(self.topo.path(req.prefill_worker, req.decode_worker), nbytes,
+                                                     lambda _fid, req=req: self._end_transfer(req))
 
-    def _end_transfer(self, req: _Req) -> None:
+    def _end_transfer(self, req: Ticket) -> None:
         if req.done:
             return
-        req.flow = -1
-        req.kv_end = self.env.now
-        req.stage = "decode"
+        del self._flows[req.request_id]
+        req.enter("decode", self.env.now)
         self._decode_join(req)
 
     # --- decode (fluid continuous batching) ----------------------------------
@@ -283,22 +251,21 @@ class ClusterSim:
             d.V += (now - d.t) / self._step_s(d)
         d.t = now
 
-    def _decode_join(self, req: _Req) -> None:
-        d = self.decode[req.route.d_idx]
+    def _decode_join(self, req: Ticket) -> None:
+        d = self.decode[req.d_idx]
         self._advance(d)
         d.n += 1
-        d.kv_in_batch += req.prompt
-        req.decode_key = d.V + req.output
+        d.kv_in_batch += req.prompt_tokens
         self._seq += 1
-        heapq.heappush(d.heap, (req.decode_key, self._seq, req))
-        req.first_token = self.env.now + self._step_s(d)
-        self._decode_schedule(req.route.d_idx)
+        heapq.heappush(d.heap, (d.V + req.output_tokens, self._seq, req))
+        req.first_token_s = self.env.now + self._step_s(d)
+        self._decode_schedule(req.d_idx)
 
-    def _decode_leave(self, d: _Decode, req: _Req) -> None:
+    def _decode_leave(self, d: _Decode, req: Ticket) -> None:
         d.n -= 1
-        d.kv_in_batch -= req.prompt
+        d.kv_in_batch -= req.prompt_tokens
         d.reserved_slots -= 1
-        d.reserved_kv -= req.prompt + req.output
+        d.reserved_kv -= req.prompt_tokens + req.output_tokens
 
     def _decode_schedule(self, d_idx: int) -> None:
         d = self.decode[d_idx]
@@ -324,44 +291,28 @@ class ClusterSim:
             if req.done:
                 continue
             self._decode_leave(d, req)
-            self._finish(req, "ok", None)
+            req.finish(self.env.now, "ok")
         self._admit(d_idx)
         self._decode_schedule(d_idx)
 
     # --- endings -------------------------------------------------------------
-    def _timeout(self, req: _Req) -> None:
+    def _timeout(self, req: Ticket) -> None:
+        """The deadline: the ticket records a timeout of the stage the request is in; the
+        worker it occupied lets it go (queued ones are skipped lazily when reached)."""
         stage = req.stage
+        req.finish(self.env.now, "timeout")
         if stage == "kv_transfer":
-            req.kv_bytes = int(self.net.abort(req.flow))
-            d = self.decode[req.route.d_idx]
+            self.net.abort(self._flows.pop(req.request_id))
+            d = self.decode[req.d_idx]
             d.reserved_slots -= 1
-            d.reserved_kv -= req.prompt + req.output
-            req.done = True
-            self._admit(req.route.d_idx)
+            d.reserved_kv -= req.prompt_tokens + req.output_tokens
+            self._admit(req.d_idx)
         elif stage == "decode":
-            d = self.decode[req.route.d_idx]
+            d = self.decode[req.d_idx]
             self._advance(d)
             self._decode_leave(d, req)
-            req.done = True
-            self._admit(req.route.d_idx)
-            self._decode_schedule(req.route.d_idx)
-        elif stage == "prefill":
-            req.kv_bytes = 0
-        self._finish(req, "timeout", stage)
-
-    def _finish(self, req: _Req, outcome: str, stage: str | None) -> None:
-        now = self.env.now
-        req.done = True
-        r = req.route
-        self.router.finished(now, r, outcome, stage, req.prefill_released)
-        req.prefill_released = True
-        if outcome != "ok":
-            req.kv_bytes = req.kv_bytes if stage in ("kv_transfer", "decode") else 0
-        self.sink(RequestRecord(
-            req.id, req.arrival, req.prompt, req.output, r.prefill_worker, r.decode_worker, r.prefill_pod,
-            r.decode_pod, req.routed, req.p_start, req.p_end, req.kv_start, req.kv_end,
-            req.first_token if outcome == "ok" or stage == "decode" else NAN, now if outcome == "ok" else NAN,
-            outcome, stage, req.kv_bytes))
+            self._admit(req.d_idx)
+            self._decode_schedule(req.d_idx)
 
     def _set_slowdown(self, pod: int, factor: float) -> None:
         """Compute degradation: decode batches of the pod advance at the new speed from now;

@@ -7,10 +7,9 @@ from typing import Callable
 
 import simpy
 
-from faults.schedule import FaultSchedule
-from testbed.experiment import build_topology, make_router, run_dir_for, seed_streams
-from testbed.records import RunWriter
-from testbed.spec import ExperimentSpec
+from core.experiment import build_topology, seed_streams
+from core.run import RunContext
+from core.spec import ExperimentSpec
 from workloads.generate import Workload, generate
 
 from .cluster import ClusterSim
@@ -29,26 +28,10 @@ def run_sim(
     for i, f in enumerate(spec.faults):
         if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0):
             raise ValueError(f"faults[{i}]: delay_ms and loss are testbed-only (netem); the simulator does not model them")
-    rngs = seed_streams(seed)
-    wl = workload if workload is not None else generate(spec.workload, rngs["workload"], base_dir=base_dir)
-    topo = build_topology(spec)
-    schedule = FaultSchedule(spec.faults, topo.n_pods)
-    run_dir = run_dir_for(out, spec, policy, seed)
-    meta = {
-        "world": "sim",
-        "scenario": spec.name,
-        "policy": policy,
-        "seed": seed,
-        "spec": spec.model_dump(mode="json"),
-        "workload": wl.summary(),
-        "fault_pods": [int(p) for p in schedule.fault_pods()],
-    }
-    with RunWriter(run_dir, meta) as writer:
+    wl = workload if workload is not None else generate(spec.workload, seed_streams(seed)["workload"], base_dir=base_dir)
+    with RunContext(spec, "sim", policy, seed, out, build_topology(spec), wl.summary()) as ctx:
         env = simpy.Environment()
-        router = make_router(spec, topo, policy, rngs, writer.write)
-        sim = ClusterSim(env, topo, spec.engine, router, schedule, wl, spec.deadline_s,
-                         spec.topology.kv_bytes_per_token, spec.health, spec.router.slow_loop_s,
-                         writer.write, progress)
+        sim = ClusterSim(env, ctx, spec.engine, wl, spec.deadline_s, spec.topology.kv_bytes_per_token, progress)
         sim.run()
-        writer.meta["sim_end_s"] = env.now
-    return run_dir
+        ctx.writer.meta["sim_end_s"] = env.now
+    return ctx.run_dir

@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .policies import POLICY_NAMES, check_policy_name
+from core.policies import POLICY_NAMES, check_policy_name
 
 console = Console(stderr=True)
 
@@ -42,7 +42,7 @@ def _selection(args: argparse.Namespace, spec) -> tuple[list[str], list[int]]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .runtime.launch import run_testbed
-    from .spec import load_spec
+    from core.spec import load_spec
 
     spec = load_spec(args.spec, default="testbed.yaml")
     policies, seeds = _selection(args, spec)
@@ -89,7 +89,7 @@ def _cmd_faults(args: argparse.Namespace) -> int:
 def _cmd_sim(args: argparse.Namespace) -> int:
     from simulator.run import run_sim
 
-    from .spec import load_spec
+    from core.spec import load_spec
 
     spec = load_spec(args.spec)
     policies, seeds = _selection(args, spec)

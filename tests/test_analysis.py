@@ -29,9 +29,9 @@ from analysis.metrics import (
     traffic_deflection_ratio,
 )
 from analysis.report import report
-from analysis.spec import MetricsSpec
+from core.metrics_spec import MetricsSpec
 from analysis.summary import RunDiscoveryError, collect_runs, compare_worlds, discover_runs, mean_ci, summarize
-from testbed.records import DecisionRecord, FaultEvent, PriceRecord, RequestRecord, RunWriter
+from core.records import DecisionRecord, FaultEvent, PriceRecord, RequestRecord, RunWriter
 
 T975 = {2: 4.3027, 3: 3.1824}  # Student t quantile 0.975 for 2 and 3 degrees of freedom (printed tables)
 
@@ -102,7 +102,8 @@ def test_failure_rate_timeout_share_and_composition(tmp_path):
     assert failure_rate(run.requests) == pytest.approx(0.3)
     assert timeout_share(run.requests) == pytest.approx(2 / 3)
     comp = failure_composition(run.requests)
-    assert comp == pytest.approx({"queue": 0.0, "prefill": 1 / 3, "kv_transfer": 2 / 3, "decode": 0.0, "unknown": 0.0})
+    assert comp == pytest.approx({"prefill_queue": 0.0, "prefill": 1 / 3, "decode_queue": 0.0, "kv_transfer": 2 / 3,
+                                  "decode": 0.0, "unknown": 0.0})
     m = run_metrics(run)
     assert (m["n_requests"], m["n_failed"]) == (10, 3)
     assert m["fail_share_kv_transfer"] == pytest.approx(2 / 3)
@@ -128,7 +129,7 @@ def test_success_series_bins_and_empty_bins(tmp_path):
     r.add(0.5)
     r.add(1.0, "timeout", "decode")
     r.add(4.9)
-    r.add(12.0, "error", "queue")  # bin [10, 15); bin [5, 10) stays empty
+    r.add(12.0, "error", "prefill_queue")  # bin [10, 15); bin [5, 10) stays empty
     s = success_series(loaded(tmp_path, reqs=r).requests, 5.0)
     assert s["bin_start_s"].tolist() == [0.0, 5.0, 10.0]
     assert s["n"].tolist() == [3, 0, 1]
@@ -216,7 +217,7 @@ def test_traffic_deflection_ratio(tmp_path):
     for i in range(10):  # during: 1 of 10
         r.add(20.0 + i, pp=3 if i == 0 else 0, dp=1)
     for i in range(2):  # rejected before routing: not counted
-        r.add(25.0 + i, "rejected", "queue", pp=-1, dp=-1)
+        r.add(25.0 + i, "rejected", "prefill_queue", pp=-1, dp=-1)
     for i in range(5):  # after the window: not counted
         r.add(40.0 + i, pp=3, dp=3)
     run = loaded(tmp_path, reqs=r, faults=link_fault(20.0, 35.0))

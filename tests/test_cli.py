@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.records import read_meta, read_table
+from core.records import read_meta, read_table
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = [sys.executable, "-m", "testbed.cli"]
@@ -127,7 +127,7 @@ def test_run_refuses_a_workload_longer_than_the_engines_context_before_starting_
 ])
 def test_run_refuses_faults_it_cannot_apply_before_starting_anything(tmp_path, testbed, fault, needle):
     pytest.importorskip("pyroute2", reason="pyroute2 is not installed (the README's install command installs it)")
-    from faults.shaping import netem_missing
+    from testbed.runtime.injection.shaping import netem_missing
 
     if "delay_ms" in fault and netem_missing() is None:
         pytest.skip("this kernel has netem: a delay fault is applied, not refused")

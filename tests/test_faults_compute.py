@@ -1,7 +1,7 @@
-"""faults.compute against the real kernel: cgroup CPU quotas on live processes, NVML when a GPU is here.
+"""The compute throttle (testbed.runtime.injection) against the real kernel: cgroup CPU quotas on live processes, NVML when a GPU is here.
 
 No mocks: every test throttles real processes and reads the effect back from
-them. Each test removes its cgroups even when it fails (the ``throttles``
+them (only the backend choice is checked against a stub NVML, which must not sway it). Each test removes its cgroups even when it fails (the ``throttles``
 fixture), and kills the processes it started (``procs``).
 """
 
@@ -13,21 +13,17 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from faults.compute import (
-    PARENT,
-    ComputeFaultError,
-    ComputeThrottle,
-    CpuQuotaThrottle,
-    GpuClockThrottle,
-    clear_project_cgroups,
-    descendants,
-    gpu_available,
-)
+from testbed.runtime.injection.cgroups import PARENT
+from testbed.runtime.injection.cpu import CpuQuotaThrottle, clear_project_cgroups
+from testbed.runtime.injection.gpu import GpuClockThrottle, gpu_available
+from testbed.runtime.injection.procs import descendants
+from testbed.runtime.injection.throttle import ComputeFaultError, ComputeThrottle, make_throttle
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +56,7 @@ for _ in sys.stdin:
 # either waits to be killed (crash test) or returns without clearing (atexit test).
 AGENT = """
 import sys, time
-from faults.compute import CpuQuotaThrottle
+from testbed.runtime.injection.cpu import CpuQuotaThrottle
 t = CpuQuotaThrottle(sys.argv[1], probe_s=0.1)
 print(t.apply([int(sys.argv[2])], 2.0), flush=True)
 if sys.argv[3] == "hang":
@@ -290,6 +286,38 @@ def test_descendants_follows_the_process_tree(procs) -> None:
     assert descendants(grandchild) == []
 
 
+def _fake_nvml(monkeypatch: pytest.MonkeyPatch, init_error: str | None = None) -> None:
+    """A stub ``pynvml`` that answers like a host with one GPU (or fails ``nvmlInit``)."""
+    nvml = types.ModuleType("pynvml")
+
+    def init() -> None:
+        if init_error is not None:
+            raise RuntimeError(init_error)
+
+    nvml.nvmlInit = init  # type: ignore[attr-defined]
+    nvml.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetCount = lambda: 1  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+
+
+def test_the_backend_is_the_callers_never_the_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_nvml(monkeypatch)
+    assert gpu_available() is None  # the host looks like it has a GPU...
+    t = make_throttle("pytest-backend", "cpu")
+    assert isinstance(t, CpuQuotaThrottle) and not t.active  # ...yet a CPU testbed gets its CPU throttle
+    g = make_throttle("pytest-backend", "gpu")
+    assert isinstance(g, GpuClockThrottle) and not g.active  # built only: nothing locked
+    with pytest.raises(ValueError, match=r"unknown compute throttle backend 'tpu': known are cpu, gpu"):
+        make_throttle("pytest-backend", "tpu")  # type: ignore[arg-type]
+
+
+def test_a_gpu_backend_without_nvml_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_nvml(monkeypatch, init_error="NVML Shared Library Not Found\n(driver missing)")
+    with pytest.raises(ComputeFaultError, match="NVML init failed") as err:
+        make_throttle("pytest-backend", "gpu")
+    assert "\n" not in str(err.value)
+
+
 def test_gpu_clock_lock() -> None:
     reason = gpu_available()
     if reason is not None:
@@ -305,7 +333,7 @@ def test_gpu_clock_lock() -> None:
 
 
 def test_the_agent_slows_processes_until_the_time_to_live_then_puts_them_back(procs) -> None:
-    from faults.agent import FaultAgent, FaultRefused
+    from testbed.runtime.injection.agent import FaultAgent, FaultRefused
 
     child = procs("import time; time.sleep(60)")
     clock = [0.0]

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 from pyroute2 import IPRoute
 
-from faults import shaping
-from faults.agent import FaultAgent, FaultRefused
-from faults.shaping import KV_PORT_BASE, Shaping
+from testbed.runtime.injection import shaping
+from testbed.runtime.injection.agent import FaultAgent, FaultRefused
+from testbed.runtime.injection.shaping import KV_PORT_BASE, Shaping
 from testbed.runtime.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
 from testbed.runtime.traffic import TcpStream as Stream
 from testbed.runtime.traffic import tcp_stream as stream

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from testbed.policies import POLICY_NAMES, UnknownPolicy, Weights, make_policy
-from testbed.topology import Topology
-from testbed.view import Capacity, ClusterView, Loads, PodState
+from core.policies import POLICY_NAMES, UnknownPolicy, Weights, make_policy
+from core.topology import Topology
+from core.view import Capacity, ClusterView, Loads, PodState
 
 CAP = Capacity(prefill_slots=8, prefill_token_budget=8192, decode_slots=64, decode_kv_tokens=100_000)
 

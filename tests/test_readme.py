@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 
 from testbed.cli import build_parser
-from testbed.policies import POLICY_NAMES
-from testbed.spec import parse_spec
+from core.policies import POLICY_NAMES
+from core.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

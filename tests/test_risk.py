@@ -1,7 +1,7 @@
 import numpy as np
 
-from testbed.policies import Weights
-from testbed.risk import RiskPriceEstimator
+from core.policies import Weights
+from core.risk import RiskPriceEstimator
 
 BW0 = np.full(4, 100.0)
 
@@ -35,7 +35,7 @@ def test_price_rises_with_timeouts_and_falls_back_after_recovery():
 
 def test_stage_attribution_of_charges():
     est = _est(alpha=0.0, beta=0.0, gamma=1.0, eta=1.0)
-    est.observe(0.0, 0, 1, "timeout", "queue")
+    est.observe(0.0, 0, 1, "timeout", "prefill_queue")
     est.observe(0.0, 2, 3, "timeout", "decode")
     est.observe(0.0, 0, 3, "error", "prefill")
     comp = est.update(0.5, np.zeros(4), BW0, BW0)
@@ -56,6 +56,6 @@ def test_bandwidth_and_utilisation_terms_and_telemetry_none():
 
 def test_window_slides_by_bucket():
     est = RiskPriceEstimator(1, Weights(alpha=0, beta=0, gamma=1, eta=0), window_s=3.0, bucket_s=1.0)
-    est.observe(0.2, 0, -1, "timeout", "queue")
+    est.observe(0.2, 0, -1, "timeout", "prefill_queue")
     assert est.update(2.9, np.zeros(1), None, np.ones(1)).timeout_rate[0] == 1.0
     assert est.update(3.1, np.zeros(1), None, np.ones(1)).timeout_rate[0] == 0.0

@@ -340,6 +340,12 @@ def test_kv_moves_over_nixl_and_decode_matches_single_engine(engines):
         assert _delta(before, after, "vllm:nixl_num_failed_transfers_total") == 0
         assert out.first_token_s is not None and out.submitted_s <= out.first_token_s <= \
             out.finished_s
+        # The schedulers' stage log, which the router takes stage boundaries from: the prefill
+        # engine scheduled the prompt; the decode engine admitted the request (allocating the
+        # blocks the pull fills) before the pull ended, and both before its first token.
+        assert 0 <= pre.stages["alloc"] <= pre.finished_s - pre.submitted_s
+        s = out.stages
+        assert 0 <= s["queued"] <= s["alloc_remote"] <= s["recv_done"] <= out.first_token_s - out.submitted_s
         # Single-engine reference (the prefill engine computing prompt + decode itself).
         ref = p.call("decode", request_id=f"ref-{i}", prompt_token_ids=prompt, max_tokens=12,
                      logprobs=2)
@@ -392,7 +398,8 @@ def test_abort_mid_decode_frees_the_request(engines):
 @pytest.mark.slow
 @needs_vllm
 def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(engines):
-    from faults.compute import CpuQuotaThrottle, descendants
+    from testbed.runtime.injection.cpu import CpuQuotaThrottle
+    from testbed.runtime.injection.procs import descendants
 
     p = engines["prefill"]
     n = 1500

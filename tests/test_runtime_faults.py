@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from faults import shaping
+from testbed.runtime.injection import shaping
 from testbed.runtime.netns import in_netns, list_namespaces, missing_privileges, run_prefix
 
 pytestmark = [

@@ -1,15 +1,14 @@
 """The simulator against answers worked out by hand."""
 
-import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from simulator.run import run_sim
-from testbed.records import read_table
-from testbed.spec import parse_spec
-from testbed.topology import GBPS
+from core.records import read_table
+from core.spec import parse_spec
+from core.topology import GBPS
 
 KV = 131072  # bytes per token
 
@@ -120,39 +119,6 @@ def test_decode_admission_is_bounded_by_kv_memory(tmp_path):
     ev = sorted([(t, 1) for t in r.kv_start_s] + [(t, -1) for t in r.end_s], key=lambda x: (x[0], x[1]))
     peak = max(np.cumsum([e for _, e in ev]))
     assert peak == 2
-
-
-@pytest.mark.parametrize(
-    "stage,over",
-    [
-        ("queue", {"workload": {"arrival": {"kind": "poisson", "rate_rps": 20.0}, "max_requests": 40},
-                   "topology": {"pods": 1, "workers_per_pod": 2}, "deadline_s": 5.0}),
-        ("prefill", {"workload": {"prompt": {"kind": "fixed", "value": 10000}, "max_requests": 1}, "deadline_s": 5.0}),
-        ("kv_transfer", {"topology": {"pods": 2, "workers_per_pod": 2, "placement": "by_pod", "nic_gbps": 8.0,
-                                      "uplink_gbps": 8.0},
-                         "faults": [{"kind": "link", "pods": [0], "residual_bw": 0.0001, "start_s": 0.0,
-                                     "duration_s": 1000.0}], "deadline_s": 5.0}),
-        ("decode", {"workload": {"output": {"kind": "fixed", "value": 100000}, "max_requests": 1}, "deadline_s": 5.0}),
-    ],
-)
-def test_timeouts_are_attributed_to_the_stage_they_happened_in(tmp_path, stage, over):
-    _, r = _run(tmp_path, _spec(**over))
-    to = r[r.outcome == "timeout"]
-    assert stage in set(to.failed_stage)
-    for row in to.itertuples():
-        # the request ended exactly at its deadline, and its timestamps stop where the stage says
-        reached = {"queue": "routed_s", "prefill": "prefill_start_s", "kv_transfer": "kv_start_s", "decode": "kv_end_s"}
-        nxt = {"queue": "prefill_end_s", "prefill": "prefill_end_s", "kv_transfer": "kv_end_s", "decode": "end_s"}
-        assert not math.isnan(getattr(row, reached[row.failed_stage]))
-        assert math.isnan(getattr(row, nxt[row.failed_stage]))
-        assert math.isnan(row.end_s)
-    if stage == "kv_transfer":
-        row = to.iloc[0]
-        # bytes moved before the abort: 5 s minus prefill at r * 8 Gbit/s
-        moved = (5.0 - (row.kv_start_s - row.arrival_s)) * 0.0001 * 8.0 * GBPS
-        assert row.kv_bytes == pytest.approx(moved, rel=1e-3)
-    if stage == "decode":
-        assert not math.isnan(to.iloc[0].first_token_s)
 
 
 def test_a_timed_out_request_frees_its_worker_for_the_next(tmp_path):

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.spec import SpecError, load_spec, parse_spec
+from core.spec import SpecError, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 MINIMAL = {

@@ -2,10 +2,10 @@
 
 * :class:`EngineActor` holds one :class:`testbed.runtime.engine.Engine` and is
   pinned to its pod through the pod's node resource;
-* :class:`RouterActor` holds the run: the shared :class:`testbed.routing.Router`
-  (the simulator's policy objects on the wall clock), :class:`RequestFlow`, the
-  slow loop, the health-label loop, the open-loop replay of the workload, and
-  the run directory's writer. It lives on the head node.
+* :class:`RouterActor` holds the run: the run context both worlds open
+  (:class:`core.run.RunContext`: writer, router, periodic loops, fault steps) on
+  the wall clock, :class:`RequestFlow`, the fault injector and the open-loop
+  replay of the workload. It lives on the head node.
 
 Both are async actors, so an abort reaches an engine while its decode call is
 still awaiting, and nothing blocks the event loop.
@@ -17,19 +17,14 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 
-from faults.schedule import FaultSchedule
-
-from ..experiment import make_router, seed_streams
-from ..records import RunWriter
-from ..spec import ExperimentSpec
-from ..topology import Topology
-from ..view import Capacity
+from core.run import RunContext
+from core.spec import ExperimentSpec
+from core.topology import Topology
+from core.view import Capacity
 from .injector import FaultInjector, PodTargets
 from .serve import RayEngine, RequestFlow
 
@@ -71,10 +66,13 @@ class EngineActor:
     async def load(self) -> dict[str, Any]:
         return await self.engine.load()
 
+    async def stages(self, request_id: str) -> dict[str, float]:
+        return await self.engine.stages(request_id)
+
     async def compute_pids(self) -> list[int]:
         """The engine's worker processes (vLLM's engine core and its children): what a
         compute fault slows. The actor's own process (the API front end) is left alone."""
-        from faults.compute import descendants
+        from testbed.runtime.injection.procs import descendants
 
         return descendants(os.getpid())
 
@@ -91,31 +89,26 @@ class EngineActor:
 
 @ray.remote(num_cpus=0)
 class RouterActor:
-    def __init__(self, spec_json: dict[str, Any], policy: str, seed: int, run_dir: str, meta: dict[str, Any],
-                 prefill: list[Any], decode: list[Any], topo: Topology, capacity: Capacity, vocab: int,
-                 kv_bytes_per_token: int, fault_targets: FaultTargets | None = None) -> None:
+    def __init__(self, spec_json: dict[str, Any], policy: str, seed: int, out: str, workload_summary: dict[str, Any],
+                 meta: dict[str, Any], prefill: list[Any], decode: list[Any], topo: Topology, capacity: Capacity,
+                 vocab: int, kv_bytes_per_token: int, fault_targets: FaultTargets | None = None) -> None:
         spec = ExperimentSpec.model_validate(spec_json)
         self.spec = spec
-        self.writer = RunWriter(Path(run_dir), meta, flush_s=1.0)
+        self.ctx = RunContext(spec, "testbed", policy, seed, out, topo, workload_summary, capacity, meta, flush_s=1.0)
         self.t0 = time.monotonic()
-        rngs = seed_streams(seed)
-        self.router = make_router(spec, topo, policy, rngs, self.writer.write, capacity)
-        self.router.observe_bandwidth(0.0, np.full(topo.n_pods, topo.uplink_Bps))
-        self.flow = RequestFlow(self.router, [RayEngine(h) for h in prefill], [RayEngine(h) for h in decode],
-                                spec.deadline_s, self.now, self.writer.write, vocab, kv_bytes_per_token, salt=seed)
+        self.flow = RequestFlow(self.ctx, [RayEngine(h) for h in prefill], [RayEngine(h) for h in decode],
+                                spec.deadline_s, self.now, vocab, kv_bytes_per_token, salt=seed)
         self.sent = 0
         self.total = 0
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self.injector: FaultInjector | None = None
         self._injecting: asyncio.Future | None = None
-        schedule = FaultSchedule(spec.faults, topo.n_pods)
-        if len(schedule):
+        if self.ctx.steps:
             if fault_targets is None:
                 raise ValueError(f"{spec.name}: the spec has faults but the run has no fault agents")
-            self.injector = FaultInjector(spec, schedule, fault_targets.pods, fault_targets.head_agent,
-                                          fault_targets.head_ip, self.router, self.writer.write, self.now,
-                                          topo.uplink_Bps * 8)
+            self.injector = FaultInjector(self.ctx, fault_targets.pods, fault_targets.head_agent,
+                                          fault_targets.head_ip, self.now, topo.uplink_Bps * 8)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -129,8 +122,7 @@ class RouterActor:
         """Replay the workload open loop at wall-clock time; returns outcome counts."""
         self.total = len(arrival_s)
         self.t0 = time.monotonic()  # the run starts now: arrival times are relative to this
-        self._loops = [asyncio.ensure_future(self._every(self.spec.router.slow_loop_s, self.router.slow_tick)),
-                       asyncio.ensure_future(self._every(self.spec.health.period_s, self.router.health_tick))]
+        self._loops = [asyncio.ensure_future(self._every(period, fn)) for period, fn in self.ctx.periodic]
         if self.injector:
             self._injecting = asyncio.ensure_future(self.injector.run())
         for i, (t, p, o) in enumerate(zip(arrival_s, prompt_tokens, output_tokens)):
@@ -170,5 +162,5 @@ class RouterActor:
         finally:
             for t in self._loops:
                 t.cancel()
-        self.writer.close(status, testbed_end_s=self.now(), **extra)
-        return self.writer.meta
+        return self.ctx.close(status, testbed_end_s=self.now(), unseparated_decode_calls=self.flow.unseparated,
+                              **extra)

@@ -23,13 +23,10 @@ import ray
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from faults.schedule import FaultSchedule
 from workloads.generate import Workload, generate
 
-from ..experiment import run_dir_for, seed_streams
-from ..spec import ExperimentSpec
-from ..topology import Topology
-from ..view import Capacity
+from core.experiment import run_dir_for, seed_streams, testbed_capacity, testbed_topology
+from core.spec import ExperimentSpec
 from .actors import EngineActor, FaultTargets, RouterActor
 from .fault_agents import FaultAgents
 from .injector import PodTargets
@@ -37,17 +34,6 @@ from .injector import PodTargets
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node
 SIDE_CHANNEL_BASE_PORT = 5600
 console = Console(stderr=True)
-
-
-def testbed_topology(spec: ExperimentSpec) -> Topology:
-    """Pods of one prefill and one decode engine each, links at the testbed's baseline rate."""
-    t = spec.testbed
-    return Topology.build(t.pods, 2, 0.5, "within_pod", nic_gbps=t.link_gbps, uplink_gbps=t.link_gbps)
-
-
-def testbed_capacity(spec: ExperimentSpec, kv_bytes_per_token: int) -> Capacity:
-    t = spec.testbed
-    return Capacity(t.max_num_seqs, t.max_num_batched_tokens, t.max_num_seqs, t.kv_cache_bytes / kv_bytes_per_token)
 
 
 def check_workload(wl: Workload, spec: ExperimentSpec) -> None:
@@ -65,6 +51,7 @@ class Engines:
         t = spec.testbed
         self.prefill: list[Any] = []
         self.decode: list[Any] = []
+        self.gpu = False  # the emulated testbed serves from vLLM's CPU build (EngineConfig.gpu)
         net_device = "eth0" if mode == "netns" else "lo"
         for pod in range(t.pods):
             for role, out in (("prefill", self.prefill), ("decode", self.decode)):
@@ -136,7 +123,8 @@ class Engines:
 
 def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -> FaultTargets:
     ifname = spec.testbed.fault_interfaces[0]  # the pods' link; the allowlist is checked by the agents
-    pods = [PodTargets(agent, ip, ifname, pids)
+    backend = "gpu" if engines.gpu else "cpu"  # the engines' device, not what the host has
+    pods = [PodTargets(agent, ip, ifname, pids, backend)
             for agent, ip, pids in zip(agents.pods, agents.pod_ips, engines.pod_pids())]
     return FaultTargets(pods, agents.head, agents.head_ip)
 
@@ -146,18 +134,13 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
     rngs = seed_streams(seed)
     wl = generate(spec.workload, rngs["workload"])
     check_workload(wl, spec)
-    topo = testbed_topology(spec)
     run_dir = run_dir_for(out, spec, policy, seed)
-    meta = {"world": "testbed", "scenario": spec.name, "policy": policy, "seed": seed,
-            "spec": spec.model_dump(mode="json"), "workload": wl.summary(),
-            "fault_pods": [int(p) for p in FaultSchedule(spec.faults, topo.n_pods).fault_pods()],
-            "model": model_meta}
     engines.reset()
     before = engines.metrics()
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
-        spec.model_dump(mode="json"), policy, seed, str(run_dir), meta, engines.prefill, engines.decode, topo,
-        testbed_capacity(spec, model_meta["kv_bytes_per_token"]), model_meta["vocab"],
-        model_meta["kv_bytes_per_token"], targets if spec.faults else None)
+        spec.model_dump(mode="json"), policy, seed, str(out), wl.summary(), {"model": model_meta},
+        engines.prefill, engines.decode, testbed_topology(spec), testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
+        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None)
     task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
     done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
     status = "interrupted"

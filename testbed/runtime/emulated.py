@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from faults.shaping import KV_PORT_RANGE
+from testbed.runtime.injection.procs import all_pids, ppid, stat_fields
+from testbed.runtime.injection.shaping import KV_PORT_RANGE
 
 from . import netns as nn
 from .netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric
@@ -141,11 +142,9 @@ class ClusterStatus:
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, session id, start time in clock ticks since boot), or None if gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
+    fields = stat_fields(pid)
+    if fields is None:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
     return fields[0], int(fields[3]), int(fields[19])
 
 
@@ -173,11 +172,7 @@ def _protected_pids() -> set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1 and pid not in pids:
         pids.add(pid)
-        try:
-            st = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            break
-        pid = next((int(l.split()[1]) for l in st.splitlines() if l.startswith("PPid:")), 0)
+        pid = ppid(pid) or 0  # unreadable or gone: the chain ends here
     return pids
 
 
@@ -465,10 +460,7 @@ class EmulatedCluster:
         min_ticks = state.get("creator_start_ticks", 0)
         marker = f"{RUN_MARKER_ENV}={self.run_id}".encode()
         found = set()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            pid = int(entry)
+        for pid in all_pids():
             st = _proc_stat(pid)
             if st is None or st[0] == "Z":
                 continue

@@ -51,6 +51,7 @@ from typing import Any
 
 #: Environment variable read in the worker process: NIXL progress-thread delay.
 PROGRESS_DELAY_ENV = "TESTBED_NIXL_PROGRESS_DELAY_US"
+STAGE_LOG_ENV = "TESTBED_STAGE_LOG"
 _DELAY_LOCK = threading.Lock()
 MiB = 1 << 20
 
@@ -119,6 +120,11 @@ class EngineConfig:
         """Run-owned folder of this engine: TMPDIR, vLLM's cache and IPC sockets live here."""
         return Path(self.run_dir) / self.name
 
+    @property
+    def stage_log_path(self) -> Path:
+        """Where the engine's scheduler writes when it queues, allocates and receives KV (StageLog)."""
+        return self.engine_dir / "stages.tsv"
+
     def environment(self) -> dict[str, str]:
         """Variables set before the engine's processes start (they inherit them)."""
         d = self.engine_dir
@@ -137,6 +143,7 @@ class EngineConfig:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             PROGRESS_DELAY_ENV: str(self.nixl_progress_delay_us),
+            STAGE_LOG_ENV: str(self.stage_log_path),
         }
         if self.net_device:
             env["UCX_NET_DEVICES"] = self.net_device
@@ -160,6 +167,8 @@ class PrefillResult:
     # Seconds the request waited in the engine's scheduler before its prefill was
     # scheduled (vLLM's queued_ts -> scheduled_ts); None when vLLM gave no stats.
     queued_s: float | None = None
+    # The scheduler's events for the request, seconds after `submitted_s` (StageLog).
+    stages: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -173,6 +182,9 @@ class DecodeResult:
     finished_s: float
     finish_reason: str | None
     top_logprobs: tuple[tuple[float, ...], ...] = ()
+    # The scheduler's events for the request, seconds after `submitted_s` (StageLog):
+    # "alloc_remote" (KV blocks allocated, the pull starts), "recv_done" (the pull ended).
+    stages: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def aborted(self) -> bool:
@@ -237,14 +249,95 @@ def install_nixl_progress_delay(delay_us: int | None = None) -> bool:
     return True
 
 
+# --------------------------------------------------------------------------- stage log
+#
+# vLLM's front end learns of a request's scheduling only with its next output, and
+# its scheduler exports KV-fetch stages as counts, not per request. What the router
+# needs per request (is it still waiting for decode admission, pulling KV, or
+# decoding?) is known to the scheduler's side of the KV connector, which vLLM calls
+# when it queues a request (`on_new_request`), allocates its blocks
+# (`update_state_after_alloc`: with external tokens that is decode admission, and the
+# NIXL read starts) and when the worker reports the pull done (`update_connector_output`,
+# `finished_recving`). The connector below is vLLM's `NixlConnector` unchanged, plus
+# one line per such event in a file of the engine's own folder; the front end
+# (same node, same monotonic clock) reads it back (`StageLog`).
+
+
+def _stage_logging(base: type) -> type:
+    class StageLoggingNixlConnector(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            path = os.environ.get(STAGE_LOG_ENV)
+            # Only the scheduler's instance (in the EngineCore process) sees these events.
+            self._testbed_log = (open(path, "a", buffering=1)
+                                 if path and getattr(self, "connector_scheduler", None) is not None else None)
+
+        def _testbed_event(self, request_id: str, event: str) -> None:
+            if self._testbed_log is not None:
+                self._testbed_log.write(f"{time.monotonic():.6f}\t{event}\t{request_id}\n")
+
+        def on_new_request(self, request: Any) -> None:
+            super().on_new_request(request)
+            self._testbed_event(request.request_id, "queued")
+
+        def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> Any:
+            out = super().update_state_after_alloc(request, blocks, num_external_tokens)
+            self._testbed_event(request.request_id, "alloc_remote" if num_external_tokens > 0 else "alloc")
+            return out
+
+        def update_connector_output(self, connector_output: Any) -> None:
+            super().update_connector_output(connector_output)
+            for rid in connector_output.finished_recving or ():
+                self._testbed_event(rid, "recv_done")
+
+    StageLoggingNixlConnector.__name__ = StageLoggingNixlConnector.__qualname__ = "NixlConnector"
+    return StageLoggingNixlConnector
+
+
+class StageLog:
+    """The front end's reader of its engine's stage log: first time of each event per request.
+
+    vLLM makes its internal request id by appending ``-`` and 8 random characters to
+    ours (``InputProcessor.assign_request_id``); that suffix is dropped here.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._pos = 0
+        self._events: dict[str, dict[str, float]] = {}
+
+    def _catch_up(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._pos)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._pos += end
+        for line in data[:end].decode().splitlines():
+            t, event, rid = line.split("\t")
+            ours = rid.rsplit("-", 1)[0]
+            self._events.setdefault(ours, {}).setdefault(event, float(t))
+
+    def get(self, request_id: str) -> dict[str, float]:
+        self._catch_up()
+        return dict(self._events.get(request_id, {}))
+
+    def pop(self, request_id: str) -> dict[str, float]:
+        self._catch_up()
+        return self._events.pop(request_id, {})
+
+
 def __getattr__(name: str) -> Any:
     # vLLM resolves `kv_connector` ("NixlConnector") from `kv_connector_module_path`
-    # (this module) in each engine process: install the delay, hand back vLLM's class.
+    # (this module) in each engine process: install the delay, hand back vLLM's class
+    # with the stage log added.
     if name == "NixlConnector":
         install_nixl_progress_delay()
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
 
-        return NixlConnector
+        return _stage_logging(NixlConnector)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -351,6 +444,8 @@ class Engine:
         self._llm: Any = None
         self._stats = EngineStats(clock)
         self._inflight: set[str] = set()
+        self._submitted: dict[str, float] = {}  # request id -> when its call reached this engine
+        self._stage_log = StageLog(config.stage_log_path)
         self.startup_s: float | None = None
         self.warmup_s: float | None = None
 
@@ -431,11 +526,13 @@ class Engine:
     # ---- requests
 
     async def _generate(self, request_id: str, prompt_token_ids: Sequence[int],
-                        params: Any) -> tuple[float | None, Any]:
+                        params: Any) -> tuple[float | None, Any, dict[str, float]]:
+        """(first token time, last output, the scheduler's events as offsets from the call's start)."""
         llm = self._require()
         first: float | None = None
         last = None
         self._inflight.add(request_id)
+        t0 = self._submitted[request_id] = self._clock()
         try:
             async for out in llm.generate(
                     prompt={"prompt_token_ids": list(prompt_token_ids)},
@@ -445,7 +542,17 @@ class Engine:
                 last = out
         finally:
             self._inflight.discard(request_id)
-        return first, last
+            self._submitted.pop(request_id, None)
+            events = self._stage_log.pop(request_id)
+        return first, last, {k: t - t0 for k, t in events.items()}
+
+    async def stages(self, request_id: str) -> dict[str, float]:
+        """Where an in-flight request is: the scheduler's events so far ("queued", "alloc",
+        "alloc_remote", "recv_done"), in seconds after its call reached this engine."""
+        t0 = self._submitted.get(request_id)
+        if t0 is None:
+            return {}
+        return {k: t - t0 for k, t in self._stage_log.get(request_id).items()}
 
     async def prefill(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillResult:
         """Compute the prompt's KV and keep it for a remote decoder (max_tokens=1)."""
@@ -455,7 +562,7 @@ class Engine:
             max_tokens=1, temperature=0.0, detokenize=False,
             extra_args={"kv_transfer_params": {"do_remote_decode": True}})
         t0 = self._clock()
-        _, last = await self._generate(request_id, prompt_token_ids, params)
+        _, last, stages = await self._generate(request_id, prompt_token_ids, params)
         reason = last.outputs[0].finish_reason if last is not None and last.outputs else None
         stats = getattr(last, "metrics", None)
         queued = None
@@ -465,7 +572,7 @@ class Engine:
             request_id=request_id,
             kv_transfer_params=None if last is None else last.kv_transfer_params,
             num_prompt_tokens=len(prompt_token_ids),
-            submitted_s=t0, finished_s=self._clock(), finish_reason=reason, queued_s=queued)
+            submitted_s=t0, finished_s=self._clock(), finish_reason=reason, queued_s=queued, stages=stages)
 
     async def decode(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
                      kv_transfer_params: Mapping[str, Any] | None = None, *,
@@ -483,17 +590,17 @@ class Engine:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
                                 ignore_eos=ignore_eos, logprobs=logprobs, extra_args=extra)
         t0 = self._clock()
-        first, last = await self._generate(request_id, prompt_token_ids, params)
+        first, last, stages = await self._generate(request_id, prompt_token_ids, params)
         end = self._clock()
         if last is None or not last.outputs:
-            return DecodeResult(request_id, (), t0, first, end, "abort")
+            return DecodeResult(request_id, (), t0, first, end, "abort", stages=stages)
         comp = last.outputs[0]
         tops: tuple[tuple[float, ...], ...] = ()
         if logprobs and comp.logprobs:
             tops = tuple(tuple(sorted((lp.logprob for lp in step.values()), reverse=True))
                          for step in comp.logprobs)
         return DecodeResult(request_id, tuple(comp.token_ids), t0, first, end,
-                            comp.finish_reason, tops)
+                            comp.finish_reason, tops, stages)
 
     async def abort(self, request_id: str) -> None:
         """Cancel a request (the router's deadline); its `decode` returns with `aborted`."""

@@ -1,6 +1,6 @@
 """Fault agents as Ray actors: one per node, acting in that node's network namespace.
 
-:class:`FaultAgentActor` is a thin adapter around :class:`faults.agent.FaultAgent`.
+:class:`FaultAgentActor` is a thin adapter around :class:`testbed.runtime.injection.agent.FaultAgent`.
 It is *detached*, so it outlives a driver that dies: its own timer thread then
 removes every fault when its time to live runs out. SIGINT and SIGTERM to its
 process clear every fault before the process exits, and so does normal exit.
@@ -16,9 +16,12 @@ import atexit
 import os
 import signal
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
+
+if TYPE_CHECKING:
+    from testbed.runtime.injection.throttle import Backend
 
 AGENT_NAMESPACE = "testbed-faults"  # Ray namespace of the named, detached agents
 TTL_TICK_S = 0.2
@@ -29,7 +32,7 @@ class FaultAgentActor:
     def __init__(self, node: str, allowlist: Sequence[str]) -> None:
         from ray.util import get_node_ip_address
 
-        from faults.agent import FaultAgent
+        from testbed.runtime.injection.agent import FaultAgent
 
         self.agent = FaultAgent(node, allowlist)
         self.ip = get_node_ip_address()
@@ -77,8 +80,8 @@ class FaultAgentActor:
                    kv_only: bool = False, delay_ms: float = 0.0, loss: float = 0.0) -> dict[str, Any]:
         return self.agent.apply_link(key, ifname, sides, rate_bps, ttl_s, kv_only, delay_ms, loss)  # type: ignore[arg-type]
 
-    def apply_compute(self, key: str, pids: list[int], factor: float, ttl_s: float) -> float:
-        return self.agent.apply_compute(key, pids, factor, ttl_s)
+    def apply_compute(self, key: str, pids: list[int], factor: float, ttl_s: float, backend: Backend = "cpu") -> float:
+        return self.agent.apply_compute(key, pids, factor, ttl_s, backend)
 
     def measure_uplink(self, ifname: str, peer: str, offered_bps: float, window_s: float = 0.4) -> float:
         return self.agent.measure_uplink(ifname, peer, offered_bps, window_s)
@@ -140,7 +143,8 @@ def clear_host_faults() -> list[str]:
     The root namespace and every testbed namespace lose the project's qdiscs and
     ifb devices (recognised by the project's handle and names, never anyone
     else's); the project's cgroups are removed, their processes moved back."""
-    from faults import compute, shaping
+    from testbed.runtime.injection import shaping
+    from testbed.runtime.injection.cpu import clear_project_cgroups
 
     from . import netns as nn
 
@@ -151,5 +155,5 @@ def clear_host_faults() -> list[str]:
                 removed += [f"{ns}:{r}" for r in shaping.clear_all()]
         except nn.NetnsError:  # removed meanwhile
             pass
-    removed += [f"cgroup:{c}" for c in compute.clear_project_cgroups()]
+    removed += [f"cgroup:{c}" for c in clear_project_cgroups()]
     return removed

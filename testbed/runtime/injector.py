@@ -1,19 +1,14 @@
-"""The spec's fault schedule on the wall clock: the testbed's counterpart of the
-simulator's ``ClusterSim._faults``, at the same offsets from run start.
+"""The fault timeline on the wall clock: how the testbed acts on a step.
 
-At each change time of :class:`faults.schedule.FaultSchedule` the injector
-works out what every pod should have (residual rate of its uplink and downlink,
-CPU slow-down: overlapping faults compose as in the simulator, smallest r and
-largest slow-down win), makes it so through the pods' fault agents, measures
-what it got, and then:
-
-* writes one ``faults`` row per scheduled event and target, with the measured
-  rate or factor;
-* gives the router the ground truth (``set_truth``), the measured bandwidth
-  (``observe_bandwidth``: the telemetry; ``delayed`` and ``none`` act on it in
-  :class:`faults.telemetry.BandwidthTelemetry`, as in the simulator) and a
-  health-label update, so labels see the onset at once and then follow the
-  label model's delays.
+The steps are the run context's (:class:`core.run.RunContext`, the same
+:class:`faults.schedule.FaultStep` list the simulator walks, at the same offsets
+from run start: what every pod should have, overlapping faults composed, the
+truth, the events). At each step the context gives the router the truth and a
+label update; this injector then makes every changed pod so through its fault
+agent, measures what it got, and hands the context one ``faults`` row per event
+and direction with the measured rate or factor, and the measured bandwidth for
+the telemetry (``delayed`` and ``none`` act on it in
+:class:`faults.telemetry.BandwidthTelemetry`, as in the simulator).
 
 Measuring a link, both directions at once: the pod's agent offers probe
 datagrams at 1.5x the limit to the head (uplink) and reads its counters; for the
@@ -35,12 +30,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from faults.schedule import FaultSchedule
+from core.run import FaultRow, RunContext
+from faults.schedule import FaultStep, ScheduledEvent
 from faults.spec import LinkFault
-
-from ..records import FaultEvent
-from ..routing import Router
-from ..spec import ExperimentSpec
 
 MEASURE_WINDOW_S = 0.4  # at least; longer at low rates (see _window)
 MAX_PROBE_BPS = 2e9  # what a Python probe can offer on this kind of machine
@@ -49,107 +41,74 @@ CLEARED_IF_ABOVE = 1.5  # a probe at 2x the removed limit that gets 1.5x through
 
 @dataclass
 class PodTargets:
-    """Where a pod's faults act: its agent, address, interface and engine processes."""
+    """Where a pod's faults act: its agent, address, interface and engine processes, and the
+    device its engines run on (which picks the compute throttle: never the host's hardware)."""
 
     agent: Any
     ip: str
     ifname: str
     pids: list[int]
+    backend: str = "cpu"
 
 
 class FaultInjector:
-    def __init__(self, spec: ExperimentSpec, schedule: FaultSchedule, pods: list[PodTargets], head_agent: Any,
-                 head_ip: str, router: Router, sink: Callable[[Any], None], now: Callable[[], float],
-                 baseline_bps: float) -> None:
-        self.spec, self.schedule, self.pods = spec, schedule, pods
+    def __init__(self, ctx: RunContext, pods: list[PodTargets], head_agent: Any, head_ip: str,
+                 now: Callable[[], float], baseline_bps: float) -> None:
+        self.ctx, self.spec, self.pods = ctx, ctx.spec, pods
         self.head_agent, self.head_ip = head_agent, head_ip
-        self.router, self.sink, self.now = router, sink, now
+        self.now = now
         self.baseline_bps = baseline_bps
-        n = schedule.n_pods
-        self.up, self.down, self.slow = np.ones(n), np.ones(n), np.ones(n)
+        n = ctx.topo.n_pods
         # Measured residual factor per pod and side: the telemetry reports the narrower one.
         self.measured = {"uplink": np.ones(n), "downlink": np.ones(n)}
-        self._events = schedule.events()
-        self._k = 0
-        self._ttl_margin = spec.testbed.fault_ttl_margin_s
         self._stop = asyncio.Event()
 
-    # --- the schedule -----------------------------------------------------
+    # --- the timeline -----------------------------------------------------
     async def run(self) -> None:
-        """Walk the schedule from run start (``now() == 0``) to its last clear, or until :meth:`stop`."""
-        for t in self.schedule.change_times():
-            delay = float(t) - self.now()
+        """Walk the steps from run start (``now() == 0``) to the last, or until :meth:`stop`."""
+        for step in self.ctx.steps:
+            delay = step.time_s - self.now()
             if delay > 0:
                 try:
                     await asyncio.wait_for(self._stop.wait(), delay)
                 except asyncio.TimeoutError:
                     pass
             if self._stop.is_set():
-                return  # between steps: what is applied is exactly self.up/down/slow
-            due = []
-            while self._k < len(self._events) and self._events[self._k].time_s <= t:
-                due.append(self._events[self._k])
-                self._k += 1
-            await self.step(float(t), due)
+                return  # between steps: what is applied is exactly the context's last step
+            await self.step(step)
 
     def stop(self) -> None:
         """Stop after the step in progress (never in the middle of one)."""
         self._stop.set()
 
     async def finish(self) -> None:
-        """The run ended before the schedule did: clear what is on now, recording those clears
-        (faults that never started are dropped, as they never happened)."""
-        pending = self._events[self._k:]
-        self._k = len(self._events)
-        started = [ev for ev in pending if ev.event == "clear" and ev.time_s - self.spec.faults[ev.fault_id].duration_s
-                   < self.now()]
-        if started or (self.up < 1).any() or (self.down < 1).any() or (self.slow > 1).any():
-            end = self.schedule.window()
-            await self.step(end[1] if end else self.now(), started)
+        """The run ended before the timeline did: clear what is on now, recording those clears."""
+        closing = self.ctx.closing_step(self.now())
+        if closing is not None:
+            await self.step(closing)
 
-    async def step(self, t: float, events: list[Any]) -> None:
-        """Make the cluster match the schedule at time ``t``, record ``events`` with what was measured."""
-        sched = self.schedule
-        up, down = sched.link_factors_at(t)
-        slow = sched.slowdown_at(t)
-        changed = np.flatnonzero((up != self.up) | (down != self.down) | (slow != self.slow))
-        # The truth changes with the schedule, as in the simulator: the oracle and the label
-        # model see it now, not after the agents have acted and measured (about a second).
-        self.router.set_truth(sched.degraded_at(t, self.spec.health))
-        self.router.health_tick(self.now())
-        results = await asyncio.gather(*(self._make_pod(int(p), t, up[p], down[p], slow[p]) for p in changed))
-        measured = dict(zip(changed.tolist(), results))
-        self.up, self.down, self.slow = up, down, slow
+    async def step(self, step: FaultStep) -> None:
+        """Make the cluster match ``step`` and record its events with what was measured."""
+        before = self.ctx.last_step
+        self.ctx.begin_step(step, self.now())
+        results = await asyncio.gather(*(self._make_pod(p, step, before) for p in step.changed.tolist()))
+        measured = dict(zip(step.changed.tolist(), results))
         now = self.now()
-        for ev in events:
-            m = measured.get(ev.pod, {})
-            for target, value, value_bps in self._rows(ev, m):
-                # the row's time: when the agent had acted (the measurement comes after)
-                self.sink(FaultEvent(m.get("acted_s", now), ev.fault_id, ev.event, ev.kind, ev.pod, target,
-                                     ev.severity, value, value_bps))
-        bw = np.minimum(self.measured["uplink"], self.measured["downlink"]) * self.baseline_bps
-        self.router.observe_bandwidth(now, bw / 8)  # the router's bandwidths are bytes/s
+        bw = np.minimum(self.measured["uplink"], self.measured["downlink"])
+        self.ctx.end_step(step, now, bw, lambda ev: self._rows(ev, measured.get(ev.pod, {}), now))
 
-    def _rows(self, ev: Any, m: dict[str, Any]) -> list[tuple[str, float, float]]:
-        name = f"pod{ev.pod}"
+    def _rows(self, ev: ScheduledEvent, m: dict[str, Any], now: float) -> list[FaultRow]:
+        """One row per target acted on; its time is when the agent had acted (the measurement comes after)."""
+        name, at = f"pod{ev.pod}", m.get("acted_s", now)
         if ev.kind == "compute":
-            return [(f"{name}:cpu", float(m.get("compute", np.nan)), np.nan)]
+            return [(f"{name}:cpu", at, float(m.get("compute", np.nan)), np.nan)]
         f = self.spec.faults[ev.fault_id]
         assert isinstance(f, LinkFault)
         ifname = self.pods[ev.pod].ifname
-        rows = []
-        for side, direction in (("uplink", "egress"), ("downlink", "ingress")):
-            if getattr(f, side):
-                bps = float(m.get(side, np.nan))
-                rows.append((f"{name}:{ifname}/{direction}", float(m.get(side + "_factor", np.nan)), bps))
-        return rows
+        return [(f"{name}:{ifname}/{direction}", at, float(m.get(side + "_factor", np.nan)), float(m.get(side, np.nan)))
+                for side, direction in (("uplink", "egress"), ("downlink", "ingress")) if getattr(f, side)]
 
     # --- one pod ----------------------------------------------------------
-    def _ttl(self, t: float) -> float:
-        """Until the last scheduled clear of anything active now, plus the margin."""
-        ends = [f.end_s for f in self.spec.faults if f.start_s <= t < f.end_s]
-        return max(ends, default=t) - t + self._ttl_margin
-
     def _link_options(self, pod: int, t: float, side: str) -> dict[str, Any]:
         """kv_only, delay and loss of the strictest active link fault on that side of the pod."""
         active = [f for f in self.spec.faults if isinstance(f, LinkFault) and pod in f.pods
@@ -159,16 +118,19 @@ class FaultInjector:
         f = min(active, key=lambda f: f.residual_bw)
         return {"kv_only": f.kv_only, "delay_ms": f.delay_ms, "loss": f.loss}
 
-    async def _make_pod(self, pod: int, t: float, up: float, down: float, slow: float) -> dict[str, Any]:
+    async def _make_pod(self, pod: int, step: FaultStep, before: FaultStep | None) -> dict[str, Any]:
         tg = self.pods[pod]
+        ttl = self.ctx.ttl_s(step, self.spec.testbed.fault_ttl_margin_s)
+        old_up, old_down, old_slow = ((before.uplink[pod], before.downlink[pod], before.slowdown[pod])
+                                      if before is not None else (1.0, 1.0, 1.0))
         out: dict[str, Any] = {}
-        sides = [(side, new, old) for side, new, old in (("uplink", up, self.up[pod]), ("downlink", down, self.down[pod]))
-                 if new != old]
+        sides = [(side, new, old) for side, new, old in (("uplink", step.uplink[pod], old_up),
+                                                          ("downlink", step.downlink[pod], old_down)) if new != old]
         for side, new, old in sides:
             key = f"link-{side}"
             if new < 1:
-                await tg.agent.apply_link.remote(key, tg.ifname, [side], new * self.baseline_bps, self._ttl(t),
-                                                 **self._link_options(pod, t, side))
+                await tg.agent.apply_link.remote(key, tg.ifname, [side], new * self.baseline_bps, ttl,
+                                                 **self._link_options(pod, step.time_s, side))
             else:
                 await tg.agent.clear.remote(key)
         if sides:
@@ -186,9 +148,10 @@ class FaultInjector:
                     factor = 1.0 if bps >= CLEARED_IF_ABOVE * old * self.baseline_bps else bps / self.baseline_bps
                 out[side], out[side + "_factor"] = bps, factor
                 self.measured[side][pod] = min(factor, 1.0)
-        if slow != self.slow[pod]:
+        slow = step.slowdown[pod]
+        if slow != old_slow:
             if slow > 1:
-                out["compute"] = await tg.agent.apply_compute.remote("compute", tg.pids, float(slow), self._ttl(t))
+                out["compute"] = await tg.agent.apply_compute.remote("compute", tg.pids, float(slow), ttl, tg.backend)
             else:
                 res = await tg.agent.clear.remote("compute")
                 out["compute"] = float(res) if res is not None else np.nan

@@ -18,11 +18,11 @@ from typing import Sequence
 
 from rich.console import Console
 
-from faults.compute import clear_project_cgroups
+from testbed.runtime.injection.cpu import clear_project_cgroups
 from faults.schedule import FaultSchedule
-from faults.shaping import netem_missing
+from testbed.runtime.injection.shaping import netem_missing
 
-from ..spec import ExperimentSpec
+from core.spec import ExperimentSpec
 from .netns import missing_privileges
 
 console = Console(stderr=True)
@@ -79,7 +79,7 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     # Refuse a workload the engines cannot serve before spending minutes starting them.
     from workloads.generate import generate
 
-    from ..experiment import seed_streams
+    from core.experiment import seed_streams
     from .driver import check_workload
 
     for s, _, sds in jobs:

@@ -2,15 +2,27 @@
 
 :class:`RequestFlow` is the router actor's logic, written against plain async
 engine clients (a Ray actor handle behind :class:`RayEngine`), so it imports
-neither Ray nor vLLM. Routing itself is :class:`testbed.routing.Router`, the
-very object the simulator drives; only the clock differs.
+neither Ray nor vLLM. Routing returns the request's :class:`core.ticket.Ticket`
+(the very objects the simulator drives; only the clock differs), and this flow
+marks on it the stages of :mod:`core.stages` as the engines report them.
 
-Stage timestamps are taken on the router's clock (seconds since run start);
-durations measured inside an engine (queueing, prefill compute, time to first
-decode token) are added to the router's send time, so engine clocks never need
-to agree with the router's. The KV-transfer stage ends with the decode
-engine's first token: the first evidence on the decode side that the pull
-completed (vLLM gives no per-request transfer end).
+Stage times are the router's clock (seconds since run start) at which it sent a
+call, plus offsets measured inside the engine from that call's arrival, so engine
+clocks never need to agree with the router's:
+
+* ``prefill_queue`` -> ``prefill``: the prefill engine's scheduler allocated the
+  request's blocks (its stage log's ``alloc``; vLLM's ``queued_ts -> scheduled_ts``
+  if the log has none);
+* ``prefill`` -> ``decode_queue``: the prefill call returned (its KV is ready);
+* ``decode_queue`` -> ``kv_transfer``: the decode engine's scheduler admitted the
+  request, allocating its KV blocks, and the NIXL read started (``alloc_remote``);
+* ``kv_transfer`` -> ``decode``: the worker reported the pull done (``recv_done``).
+
+At a deadline the flow asks the engine holding the request where it is (the same
+stage log) before aborting it there, so a timeout is recorded in the stage the
+request was really in. Where an engine's log has no admission event (not the
+testbed's connector), ``kv_start_s`` falls back to when the decode call was sent
+(decode admission then counts as transfer) and the run counts it (``unseparated``).
 """
 
 from __future__ import annotations
@@ -18,13 +30,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from ..records import NAN, RequestRecord
-from ..routing import Route, Router
+from core.run import RunContext
+from core.ticket import Ticket
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +48,7 @@ class EngineClient(Protocol):
     async def decode(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
                      kv_transfer_params: Any = None) -> Any: ...
     async def abort(self, request_id: str) -> None: ...
-    async def load(self) -> dict[str, Any]: ...
+    async def stages(self, request_id: str) -> dict[str, float]: ...
 
 
 class RayEngine:
@@ -56,8 +67,8 @@ class RayEngine:
     async def abort(self, request_id: str) -> None:
         await self.handle.abort.remote(request_id)
 
-    async def load(self) -> dict[str, Any]:
-        return await self.handle.load.remote()
+    async def stages(self, request_id: str) -> dict[str, float]:
+        return await self.handle.stages.remote(request_id)
 
 
 def prompt_ids(request_id: int, n_tokens: int, vocab: int, salt: int = 0) -> list[int]:
@@ -66,38 +77,35 @@ def prompt_ids(request_id: int, n_tokens: int, vocab: int, salt: int = 0) -> lis
     return (4 + rng.integers(0, vocab - 4, n_tokens)).tolist()
 
 
-@dataclass
-class _Times:
-    routed: float = NAN
-    p_start: float = NAN
-    p_end: float = NAN
-    kv_start: float = NAN
-    kv_end: float = NAN
-    first: float = NAN
-    end: float = NAN
+def _at(sent: float, offsets: dict[str, float], event: str, limit: float = math.inf) -> float | None:
+    """Router time of an engine event (``sent`` + its offset), if it happened by ``limit``."""
+    off = offsets.get(event)
+    if off is None or sent + off > limit:
+        return None
+    return sent + max(off, 0.0)
 
 
 class RequestFlow:
-    """Routes and runs requests; every ending becomes a RequestRecord through ``sink``."""
+    """Routes and runs requests; every ending goes through the request's ticket."""
 
     def __init__(
         self,
-        router: Router,
+        ctx: RunContext,
         prefill: Sequence[EngineClient],
         decode: Sequence[EngineClient],
         deadline_s: float,
         clock: Callable[[], float],
-        sink: Callable[[Any], None],
         vocab: int,
         kv_bytes_per_token: int,
         block_tokens: int = 128,
         salt: int = 0,
     ) -> None:
-        self.router, self.prefill, self.decode = router, list(prefill), list(decode)
-        self.deadline_s, self.clock, self.sink = deadline_s, clock, sink
+        self.ctx, self.prefill, self.decode = ctx, list(prefill), list(decode)
+        self.deadline_s, self.clock = deadline_s, clock
         self.vocab, self.kv_bpt, self.block = vocab, kv_bytes_per_token, block_tokens
         self.salt = salt
         self.outcomes: dict[str, int] = {}
+        self.unseparated = 0  # decode calls whose engine reported no admission time
 
     async def _until(self, deadline: float, coro: Any) -> tuple[bool, Any]:
         """Run ``coro`` until ``deadline`` (run time); (finished, result or task)."""
@@ -115,70 +123,80 @@ class RequestFlow:
             task.cancel()
             return None
 
+    @staticmethod
+    async def _where(engine: EngineClient, rid: str) -> dict[str, float]:
+        try:
+            return await engine.stages(rid)
+        except Exception as e:  # an engine that cannot say leaves the stage as the router saw it
+            log.warning("stages of %s: %s", rid, e)
+            return {}
+
+    def _mark_decode(self, t: Ticket, sent: float, offsets: dict[str, float], limit: float) -> None:
+        """The decode engine's admission and pull end, as far as they happened by ``limit``."""
+        admitted = _at(sent, offsets, "alloc_remote", limit)
+        if admitted is not None:
+            t.enter("kv_transfer", admitted)
+            t.kv_bytes = self._kv_bytes(t.prompt_tokens)
+        received = _at(sent, offsets, "recv_done", limit)
+        if received is not None and admitted is not None:
+            t.enter("decode", received)
+
     async def handle(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> str:
         """Serve one request end to end; returns its outcome."""
-        now = self.clock()
-        r = self.router.route(now, request_id, prompt_tokens, output_tokens)
-        t = _Times(routed=now)
+        t = self.ctx.route(self.clock(), request_id, arrival_s, prompt_tokens, output_tokens)
         deadline = arrival_s + self.deadline_s
         rid = f"req-{self.salt}-{request_id}"
         ids = prompt_ids(request_id, prompt_tokens, self.vocab, self.salt)
-        p_eng, d_eng = self.prefill[r.p_idx], self.decode[r.d_idx]
-        prefill_released = False
+        p_eng, d_eng = self.prefill[t.p_idx], self.decode[t.d_idx]
         try:
-            # --- prefill (queue, then compute) -----------------------------------------
+            # --- prefill_queue, prefill ---------------------------------------------------
             sent = self.clock()
             ok, res = await self._until(deadline, p_eng.prefill(rid, ids))
             if not ok:
-                load = await p_eng.load()
-                stage = "prefill" if load.get("waiting", 0) == 0 else "queue"
+                started = _at(sent, await self._where(p_eng, rid), "alloc", deadline)
+                if started is not None:
+                    t.enter("prefill", started)
                 await self._abort(p_eng, rid, res)
-                return self._end(r, t, arrival_s, "timeout", stage, 0, prefill_released)
-            t.p_end = self.clock()
+                return self._end(t, "timeout")
+            started = _at(sent, dict(res.stages), "alloc")
             queued = getattr(res, "queued_s", None)
-            t.p_start = sent + queued if queued is not None else sent
-            self.router.prefill_done(r)
-            prefill_released = True
+            t.enter("prefill", started if started is not None else sent + (queued or 0.0))
+            t.enter("decode_queue", self.clock())  # the prefill engine holds the KV for the decoder now
             if res.kv_transfer_params is None or res.finish_reason == "abort":
-                return self._end(r, t, arrival_s, "error", "prefill", 0, prefill_released)
-            # --- KV pull and decode on the decode engine ---------------------------------
-            t.kv_start = self.clock()
+                return self._end(t, "error", "prefill")
+            # --- decode_queue, kv_transfer, decode on the decode engine ------------------
+            sent = self.clock()
             ok, res = await self._until(deadline, d_eng.decode(rid, ids, output_tokens, res.kv_transfer_params))
             if not ok:
+                self._mark_decode(t, sent, await self._where(d_eng, rid), deadline)
                 res = await self._abort(d_eng, rid, res)
                 first = getattr(res, "first_token_s", None) if res is not None else None
-                # vLLM cannot cancel a NIXL read in flight: the abort takes effect once the
-                # KV has arrived, and a first token can follow after the deadline. At the
-                # deadline the request was still in kv_transfer then.
-                if first is not None and t.kv_start + (first - res.submitted_s) > deadline:
-                    first = None
-                if first is not None:
-                    t.first = t.kv_end = t.kv_start + (first - res.submitted_s)
-                stage = "kv_transfer" if first is None else "decode"
-                return self._end(r, t, arrival_s, "timeout", stage, self._kv_bytes(prompt_tokens) if first else 0,
-                                 prefill_released)
+                # vLLM cannot cancel a NIXL read in flight: the abort takes effect once the KV
+                # has arrived, and a first token can follow after the deadline; it never counts.
+                if first is not None and t.stage == "decode" and sent + (first - res.submitted_s) <= deadline:
+                    t.first_token_s = sent + (first - res.submitted_s)
+                return self._end(t, "timeout")
+            offsets = dict(res.stages)
+            if "alloc_remote" not in offsets:
+                self.unseparated += 1
+                offsets["alloc_remote"] = 0.0
+            self._mark_decode(t, sent, offsets, math.inf)
+            if res.first_token_s is not None:
+                t.first_token_s = sent + (res.first_token_s - res.submitted_s)
+                if t.stage == "kv_transfer":  # no pull end reported: the first token is the first evidence
+                    t.enter("decode", t.first_token_s)
             if res.aborted or res.first_token_s is None:
-                return self._end(r, t, arrival_s, "error", "decode" if res.first_token_s else "kv_transfer", 0,
-                                 prefill_released)
-            t.first = t.kv_end = t.kv_start + (res.first_token_s - res.submitted_s)
-            t.end = self.clock()
-            return self._end(r, t, arrival_s, "ok", None, self._kv_bytes(prompt_tokens), prefill_released)
-        except Exception as e:  # an engine died or a call failed: an error, recorded, not a crash
+                return self._end(t, "error")
+            return self._end(t, "ok")
+        except Exception as e:  # an engine died or a call failed: an error in the stage it was in
             log.warning("request %s failed: %s", rid, e)
-            stage = "queue" if math.isnan(t.p_end) else ("kv_transfer" if math.isnan(t.first) else "decode")
-            return self._end(r, t, arrival_s, "error", stage, 0, prefill_released)
+            return self._end(t, "error")
 
     def _kv_bytes(self, prompt_tokens: int) -> int:
         # NIXL pulls every block of the prompt, the partial last one included (measured).
         return -(-prompt_tokens // self.block) * self.block * self.kv_bpt
 
-    def _end(self, r: Route, t: _Times, arrival_s: float, outcome: str, stage: str | None, kv_bytes: int,
-             prefill_released: bool) -> str:
-        now = self.clock()
-        self.router.finished(now, r, outcome, stage, prefill_released)
-        self.sink(RequestRecord(
-            r.request_id, arrival_s, r.prompt_tokens, r.output_tokens, r.prefill_worker, r.decode_worker,
-            r.prefill_pod, r.decode_pod, t.routed, t.p_start, t.p_end, t.kv_start, t.kv_end, t.first,
-            t.end if outcome == "ok" else NAN, outcome, stage, kv_bytes))
+    def _end(self, t: Ticket, outcome: str, stage: str | None = None) -> str:
+        t.finish(self.clock(), outcome, stage)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         return outcome

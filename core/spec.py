@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from analysis.spec import MetricsSpec
+from .metrics_spec import MetricsSpec
 from faults.spec import FaultSpec, HealthSpec, TelemetrySpec
 from workloads.spec import WorkloadSpec
 
@@ -172,7 +172,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
 def load_spec(path: str | Path | None = None, default: str = "default.yaml") -> ExperimentSpec:
     """Load and validate a spec file; ``None`` loads the embedded ``default``."""
     if path is None:
-        text = resources.files("testbed.defaults").joinpath(default).read_text()
+        text = resources.files("core.defaults").joinpath(default).read_text()
         source = f"embedded spec {default}"
     else:
         p = Path(path)

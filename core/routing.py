@@ -1,8 +1,9 @@
 """The router's logic, world-independent: the simulator and the Ray router actor
 both drive this object, passing ``now`` from their own clock.
 
-* fast loop: :meth:`Router.route` scores candidates with the policy and
-  charges the chosen workers' in-flight counters;
+* fast loop: :meth:`Router.route` scores candidates with the policy, charges
+  the chosen workers' in-flight counters and returns the request's
+  :class:`core.ticket.Ticket`, which releases them when the request ends;
 * slow loop: :meth:`Router.slow_tick` turns utilisation, bandwidth telemetry and
   outcome history into pod prices;
 * :meth:`Router.health_tick` turns ground truth into labels for the mask.
@@ -13,7 +14,6 @@ Every decision, label change and price is handed to ``sink`` as a record.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -24,21 +24,9 @@ from faults.telemetry import BandwidthTelemetry
 from .policies import Policy
 from .records import DecisionRecord, HealthRecord, PriceRecord
 from .risk import RiskPriceEstimator
+from .ticket import Ticket
 from .topology import Topology
 from .view import Capacity, ClusterView, Loads, PodState
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    request_id: int
-    p_idx: int  # index among prefill workers
-    d_idx: int  # index among decode workers
-    prefill_worker: int  # global worker id
-    decode_worker: int
-    prefill_pod: int
-    decode_pod: int
-    prompt_tokens: int
-    output_tokens: int
 
 
 class Router:
@@ -64,36 +52,36 @@ class Router:
         self._truth = np.zeros(topo.n_pods, bool)
 
     # --- fast loop --------------------------------------------------------
-    def route(self, now: float, request_id: int, prompt_tokens: int, output_tokens: int) -> Route:
+    def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> Ticket:
+        """Choose the request's prefill and decode workers; its ticket starts in ``prefill_queue``."""
         t0 = time.perf_counter()
         c = self.policy.choose(self.view)
         latency = time.perf_counter() - t0
         topo, loads = self.topo, self.view.loads
         pw, dw = int(topo.prefill_ids[c.prefill]), int(topo.decode_ids[c.decode])
-        r = Route(request_id, c.prefill, c.decode, pw, dw, int(topo.worker_pod[pw]), int(topo.worker_pod[dw]),
-                  prompt_tokens, output_tokens)
+        pp, dp = int(topo.worker_pod[pw]), int(topo.worker_pod[dw])
         loads.prefill_outstanding[c.prefill] += 1
         loads.prefill_tokens[c.prefill] += prompt_tokens
         loads.decode_outstanding[c.decode] += 1
         loads.decode_kv_tokens[c.decode] += prompt_tokens + output_tokens
         self.sink(DecisionRecord(now, request_id, self.policy.name, c.n_candidates, c.n_filtered, latency,
-                                 pw, dw, r.prefill_pod, r.decode_pod, c.score))
-        return r
+                                 pw, dw, pp, dp, c.score))
+        return Ticket(self, now, request_id, arrival_s, prompt_tokens, output_tokens, c.prefill, c.decode, pw, dw,
+                      pp, dp)
 
-    def prefill_done(self, r: Route) -> None:
+    # Called by Ticket only: a world marks stages and finishes tickets, never these.
+    def prefill_done(self, t: Ticket) -> None:
         """The request left its prefill worker (finished prefill, or failed there)."""
         loads = self.view.loads
-        loads.prefill_outstanding[r.p_idx] -= 1
-        loads.prefill_tokens[r.p_idx] -= r.prompt_tokens
+        loads.prefill_outstanding[t.p_idx] -= 1
+        loads.prefill_tokens[t.p_idx] -= t.prompt_tokens
 
-    def finished(self, now: float, r: Route, outcome: str, stage: str | None, prefill_released: bool) -> None:
-        """The request ended; ``prefill_released`` says whether prefill_done was already called."""
-        if not prefill_released:
-            self.prefill_done(r)
+    def finished(self, now: float, t: Ticket, outcome: str, stage: str | None) -> None:
+        """The request ended (its prefill counters are already released)."""
         loads = self.view.loads
-        loads.decode_outstanding[r.d_idx] -= 1
-        loads.decode_kv_tokens[r.d_idx] -= r.prompt_tokens + r.output_tokens
-        self.estimator.observe(now, r.prefill_pod, r.decode_pod, outcome, stage)
+        loads.decode_outstanding[t.d_idx] -= 1
+        loads.decode_kv_tokens[t.d_idx] -= t.prompt_tokens + t.output_tokens
+        self.estimator.observe(now, t.prefill_pod, t.decode_pod, outcome, stage)
 
     # --- ground truth, labels, telemetry ----------------------------------
     def set_truth(self, degraded: np.ndarray) -> None:

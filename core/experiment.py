@@ -1,4 +1,9 @@
-"""What both worlds build the same way from a spec: topology, capacities, seeds, the router."""
+"""What both worlds build the same way from a spec: topology, capacities, seeds, the router.
+
+The simulator's cluster is the spec's ``topology`` and ``engine``; the testbed's is its
+``testbed`` block (pods of one prefill and one decode engine each) until the two share one
+topology.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +31,17 @@ def build_topology(spec: ExperimentSpec) -> Topology:
 def capacity_of(spec: ExperimentSpec) -> Capacity:
     e = spec.engine
     return Capacity(e.prefill_slots, e.prefill_batch_tokens, e.decode_max_batch, e.decode_kv_tokens)
+
+
+def testbed_topology(spec: ExperimentSpec) -> Topology:
+    """Pods of one prefill and one decode engine each, links at the testbed's baseline rate."""
+    t = spec.testbed
+    return Topology.build(t.pods, 2, 0.5, "within_pod", nic_gbps=t.link_gbps, uplink_gbps=t.link_gbps)
+
+
+def testbed_capacity(spec: ExperimentSpec, kv_bytes_per_token: int) -> Capacity:
+    t = spec.testbed
+    return Capacity(t.max_num_seqs, t.max_num_batched_tokens, t.max_num_seqs, t.kv_cache_bytes / kv_bytes_per_token)
 
 
 def seed_streams(seed: int) -> dict[str, np.random.Generator]:

@@ -22,10 +22,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
 from . import shaping
 from .shaping import Shaping, ShapingError
+
+if TYPE_CHECKING:
+    from .throttle import Backend
 
 Side = Literal["uplink", "downlink"]
 _DIRECTION: dict[str, shaping.Direction] = {"uplink": "egress", "downlink": "ingress"}
@@ -157,21 +160,24 @@ class FaultAgent:
         return shaping.blast(peer, offered_bps, duration_s)
 
     # --- compute ----------------------------------------------------------
-    def apply_compute(self, key: str, pids: Sequence[int], factor: float, ttl_s: float) -> float:
+    def apply_compute(self, key: str, pids: Sequence[int], factor: float, ttl_s: float,
+                      backend: Backend = "cpu") -> float:
         """Slow the processes ``pids`` (and their threads and later children) by ``factor``;
-        returns the measured factor."""
-        from .compute import make_throttle
+        returns the measured factor. ``backend`` is the device the engines run on
+        (``"cpu"``: a CPU quota on ``pids``; ``"gpu"``: the GPU's clocks)."""
+        from .throttle import make_throttle
 
         self.check_ttl(key, ttl_s)
         with self._lock:
             prev = self._active.get(key)
+            same = prev is not None and prev.kind == "compute" and prev.detail["backend"] == backend
             # The cgroup is named for node, process and key: agents of several pods share one host here.
-            throttle = (prev.detail["throttle"] if prev and prev.kind == "compute"
-                        else make_throttle(f"{self.node}-{os.getpid()}-{key}"))
-            if prev and prev.kind != "compute":
-                self.clear(key)
+            throttle = prev.detail["throttle"] if same else make_throttle(f"{self.node}-{os.getpid()}-{key}", backend)
+            if prev and not same:
+                self.clear(key)  # another kind of fault, or the other backend, under this key
             measured = throttle.apply(list(pids), factor)
-            self._register(key, "compute", ttl_s, throttle.clear, throttle=throttle, factor=factor)
+            self._register(key, "compute", ttl_s, throttle.clear, throttle=throttle, factor=factor,
+                           backend=backend)
         return measured
 
     # --- lifecycle --------------------------------------------------------

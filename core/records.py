@@ -28,8 +28,6 @@ import pyarrow.parquet as pq
 NAN = math.nan
 
 OUTCOMES = ("ok", "timeout", "error", "rejected")
-# Stages a request passes through, in order; a failure names the one it was in.
-STAGES = ("queue", "prefill", "kv_transfer", "decode")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +48,8 @@ class RequestRecord:
     first_token_s: float = NAN
     end_s: float = NAN
     outcome: str = "ok"
-    failed_stage: str | None = None
-    kv_bytes: int = 0
+    failed_stage: str | None = None  # one of core.stages.STAGES
+    kv_bytes: int = 0  # the KV the request's transfer moves; 0 if it never reached kv_transfer
     table: ClassVar[str] = "requests"
 
 

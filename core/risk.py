@@ -4,9 +4,9 @@
 
 Timeout and failure rates are over a sliding window of finished requests
 (time buckets in a ring, so an observation is O(1) and an update O(window)).
-A request is charged to every pod it touched in the stage it failed in: its
-prefill pod for queue/prefill, its decode pod for decode, both for a KV
-transfer (either end's core link may be the cause).
+A finished request counts against every pod it touched; a failure is charged
+to the pod(s) of the stage it failed in, by the one blame rule of
+:mod:`core.stages` (``blamed_pods``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from .policies.weights import Weights
+from .stages import blamed_pods
 
 
 @dataclass(frozen=True)
@@ -58,14 +59,8 @@ class RiskPriceEstimator:
             self._total[s, p] += 1.0
         if outcome == "ok":
             return
-        if stage in ("queue", "prefill"):
-            blamed = {prefill_pod}
-        elif stage == "decode":
-            blamed = {decode_pod}
-        else:
-            blamed = pods
         arr = self._timeouts if outcome == "timeout" else self._failures
-        for p in blamed - {-1}:
+        for p in blamed_pods(stage, prefill_pod, decode_pod):
             arr[s, p] += 1.0
 
     def update(self, now: float, util: np.ndarray, bw: np.ndarray | None, bw0: np.ndarray) -> PriceComponents:

@@ -1,0 +1,103 @@
+"""The run context both worlds open: one (policy, seed) of a spec, in either world.
+
+It holds everything around the router that does not depend on the world:
+
+* the run directory's metadata and writer (``run.json`` and the tables);
+* the router, with its policy, risk price, label model and telemetry, fed the
+  initial bandwidth view;
+* the periodic loops (slow-loop price update, health-label ticks) as
+  ``(period, fn(now))`` pairs that the world's clock drives;
+* the fault timeline as steps (:class:`faults.schedule.FaultStep`): at each,
+  :meth:`RunContext.begin_step` gives the router the new ground truth and a
+  label update, the world acts on its links and CPUs, and
+  :meth:`RunContext.end_step` records the events as acted and gives the
+  router the bandwidth the world measured;
+* :meth:`RunContext.route`, which returns a request's :class:`core.ticket.Ticket`.
+
+A world supplies only how it waits (SimPy's ``env.now`` or the wall clock), how
+it acts on links and CPUs, and what it measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from faults.schedule import FaultSchedule, FaultStep, ScheduledEvent
+
+from .experiment import make_router, run_dir_for, seed_streams
+from .records import FaultEvent, RunWriter
+from .spec import ExperimentSpec
+from .ticket import Ticket
+from .topology import Topology
+from .view import Capacity
+
+# One fault row as a world recorded it: (target, time acted, measured on the severity's scale, measured bit/s).
+FaultRow = tuple[str, float, float, float]
+
+
+class RunContext:
+    def __init__(self, spec: ExperimentSpec, world: str, policy: str, seed: int, out: Path | str, topo: Topology,
+                 workload_summary: dict[str, Any], capacity: Capacity | None = None,
+                 meta: dict[str, Any] | None = None, flush_s: float = 2.0) -> None:
+        self.spec, self.topo, self.world = spec, topo, world
+        self.schedule = FaultSchedule(spec.faults, topo.n_pods)
+        self.steps: list[FaultStep] = self.schedule.steps(spec.health)
+        self.run_dir = run_dir_for(Path(out), spec, policy, seed)
+        self.writer = RunWriter(self.run_dir, {
+            "world": world, "scenario": spec.name, "policy": policy, "seed": seed,
+            "spec": spec.model_dump(mode="json"), "workload": workload_summary,
+            "fault_pods": self.schedule.fault_pods(), **(meta or {})}, flush_s=flush_s)
+        self.router = make_router(spec, topo, policy, seed_streams(seed), self.writer.write, capacity)
+        self.router.observe_bandwidth(0.0, np.full(topo.n_pods, topo.uplink_Bps))
+        self.last_step: FaultStep | None = None
+
+    # --- loops ----------------------------------------------------------------
+    @property
+    def periodic(self) -> list[tuple[float, Callable[[float], None]]]:
+        """What the world's clock calls every period, from run start: health labels, then prices."""
+        return [(self.spec.health.period_s, self.router.health_tick),
+                (self.spec.router.slow_loop_s, self.router.slow_tick)]
+
+    def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> Ticket:
+        return self.router.route(now, request_id, arrival_s, prompt_tokens, output_tokens)
+
+    # --- the fault timeline -----------------------------------------------------
+    def begin_step(self, step: FaultStep, now: float) -> None:
+        """The truth changes with the schedule: the oracle and the label model see it now,
+        not after the world has acted and measured."""
+        self.router.set_truth(step.degraded)
+        self.router.health_tick(now)
+
+    def end_step(self, step: FaultStep, now: float, bw_factor: np.ndarray,
+                 rows: Callable[[ScheduledEvent], Sequence[FaultRow]]) -> None:
+        """Record the step's events as the world acted on them (``rows``: one or more per
+        event) and show the router the residual bandwidth factor per pod it measured."""
+        for ev in step.events:
+            for target, at, measured, measured_bps in rows(ev):
+                self.writer.write(FaultEvent(at, ev.fault_id, ev.event, ev.kind, ev.pod, target, ev.severity,
+                                             measured, measured_bps))
+        self.router.observe_bandwidth(now, np.asarray(bw_factor, float) * self.topo.uplink_Bps)
+        self.last_step = step
+
+    def closing_step(self, now: float) -> FaultStep | None:
+        """The run ends at ``now`` before the timeline did: the step that clears what is on."""
+        return self.schedule.closing_step(now, self.last_step, self.spec.health)
+
+    def ttl_s(self, step: FaultStep, margin_s: float) -> float:
+        """How long what a step applies may live without the driver: until its scheduled end, plus a margin."""
+        return step.until_s - step.time_s + margin_s
+
+    # --- the end -----------------------------------------------------------------
+    def close(self, status: str = "finished", **extra: Any) -> dict[str, Any]:
+        self.writer.close(status, **extra)
+        return self.writer.meta
+
+    def __enter__(self) -> RunContext:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.writer.__exit__(exc_type, exc, tb)

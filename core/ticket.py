@@ -1,0 +1,87 @@
+"""One request's ticket: what routing hands a world, and the only way a request ends.
+
+:meth:`core.routing.Router.route` returns a :class:`Ticket`; the world marks the
+stages it passes (:meth:`Ticket.enter`, in the vocabulary of :mod:`core.stages`)
+and ends it with :meth:`Ticket.finish`, which
+
+* releases the router's in-flight counters (the prefill worker's as soon as the
+  request leaves prefill, the decode worker's at the end),
+* charges a failure to the pod(s) of the stage it was in (the one blame rule,
+  :func:`core.stages.blamed_pods`),
+* builds the request's record, by keyword, and hands it to the router's sink (the run's writer).
+
+So neither world builds a :class:`core.records.RequestRecord` or tracks which
+counters it released: the two worlds differ only in when they call ``enter``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .records import NAN, OUTCOMES, RequestRecord
+from .stages import AFTER_PREFILL, STAGE_START
+
+if TYPE_CHECKING:
+    from .routing import Router
+
+
+_ENTER = {s: (STAGE_START[s], s in AFTER_PREFILL) for s in STAGE_START}
+
+
+class Ticket:
+    __slots__ = ("router", "request_id", "arrival_s", "prompt_tokens", "output_tokens",
+                 "p_idx", "d_idx", "prefill_worker", "decode_worker", "prefill_pod", "decode_pod",
+                 "stage", "routed_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "kv_end_s",
+                 "first_token_s", "kv_bytes", "done", "_prefill_held")
+
+    def __init__(self, router: Router, now: float, request_id: int, arrival_s: float,
+                 prompt_tokens: int, output_tokens: int, p_idx: int, d_idx: int, prefill_worker: int,
+                 decode_worker: int, prefill_pod: int, decode_pod: int) -> None:
+        self.router = router
+        self.request_id, self.arrival_s = request_id, arrival_s
+        self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
+        self.p_idx, self.d_idx = p_idx, d_idx
+        self.prefill_worker, self.decode_worker = prefill_worker, decode_worker
+        self.prefill_pod, self.decode_pod = prefill_pod, decode_pod
+        self.stage = "prefill_queue"
+        self.routed_s = now
+        self.prefill_start_s = self.prefill_end_s = self.kv_start_s = self.kv_end_s = self.first_token_s = NAN
+        # KV bytes the request's transfer moves (its prompt's KV as the engine stores it), set by
+        # the world when the transfer starts; 0 for a request that never reached kv_transfer.
+        self.kv_bytes = 0
+        self.done = False
+        self._prefill_held = True  # the prefill worker's counters still count this request
+
+    def enter(self, stage: str, at: float) -> None:
+        """The request is in ``stage`` from time ``at`` (stamps the stage's start column)."""
+        column, leaves_prefill = _ENTER[stage]  # one lookup: this runs four times per simulated request
+        setattr(self, column, at)
+        self.stage = stage
+        if leaves_prefill and self._prefill_held:
+            self._prefill_held = False
+            self.router.prefill_done(self)
+
+    def finish(self, now: float, outcome: str = "ok", stage: str | None = None) -> RequestRecord:
+        """End the request: ``ok`` at ``now``, or a failure in ``stage`` (default: the stage it is in)."""
+        if self.done:
+            raise RuntimeError(f"request {self.request_id} finished twice")
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r} (known: {', '.join(OUTCOMES)})")
+        self.done = True
+        failed = None if outcome == "ok" else (stage or self.stage)
+        if failed is not None and failed != self.stage:
+            self.stage = failed  # the world knows better where the request was (e.g. from its engine)
+        if self._prefill_held:
+            self._prefill_held = False
+            self.router.prefill_done(self)
+        self.router.finished(now, self, outcome, failed)
+        first = self.first_token_s if self.first_token_s <= now else NAN  # a first token after the end never came
+        rec = RequestRecord(
+            request_id=self.request_id, arrival_s=self.arrival_s, prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens, prefill_worker=self.prefill_worker, decode_worker=self.decode_worker,
+            prefill_pod=self.prefill_pod, decode_pod=self.decode_pod, routed_s=self.routed_s,
+            prefill_start_s=self.prefill_start_s, prefill_end_s=self.prefill_end_s, kv_start_s=self.kv_start_s,
+            kv_end_s=self.kv_end_s, first_token_s=first, end_s=now if outcome == "ok" else NAN, outcome=outcome,
+            failed_stage=failed, kv_bytes=self.kv_bytes)
+        self.router.sink(rec)
+        return rec

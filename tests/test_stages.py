@@ -1,0 +1,244 @@
+"""One stage vocabulary, one ticket, one blame rule: the same request history gives the same
+record in both worlds, and a timeout in each stage is recorded as that stage in both.
+
+The simulator side runs the SimPy model; the testbed side runs the router actor's real
+:class:`testbed.runtime.serve.RequestFlow` on the wall clock against scripted engines that
+report their scheduler's events as vLLM's engines do through the stage log
+(``testbed.runtime.engine.StageLog``), since real engines take minutes to start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core.experiment import build_topology, make_router, seed_streams
+from core.records import read_table
+from core.run import RunContext
+from core.spec import parse_spec
+from core.stages import BLAMED_ENDS, STAGE_START, STAGES, blamed_pods
+from simulator.run import run_sim
+from testbed.runtime.engine import DecodeResult, PrefillResult
+from testbed.runtime.serve import RequestFlow
+
+KV = 131072  # bytes per token (the spec's default)
+TIMES = ["routed_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "kv_end_s", "first_token_s", "end_s"]
+# The column each stage would have ended at: NaN for a request that failed in it.
+ENDS_AT = {"prefill_queue": "prefill_start_s", "prefill": "prefill_end_s", "decode_queue": "kv_start_s",
+           "kv_transfer": "kv_end_s", "decode": "end_s"}
+
+
+def _spec(**over):
+    base = {
+        "name": "stages",
+        "topology": {"pods": 1, "workers_per_pod": 2, "nic_gbps": 8.0},
+        "engine": {"prefill_tokens_per_s": 1000.0, "prefill_overhead_s": 0.0, "decode_step_base_s": 0.01,
+                   "decode_step_per_seq_s": 0.0, "decode_step_per_kv_token_s": 0.0},
+        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "prompt": {"kind": "fixed", "value": 256},
+                     "output": {"kind": "fixed", "value": 10}, "max_requests": 1},
+        "deadline_s": 100.0,
+        "policies": ["LC"],
+    }
+    for k, v in over.items():
+        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return parse_spec(base)
+
+
+def _trace(tmp_path, rows):
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a},{p},{o}\n" for a, p, o in rows))
+    return {"arrival": {"kind": "trace", "path": str(path)}, "max_requests": None, "prompt": None, "output": None}
+
+
+def _sim(tmp_path, spec) -> pd.DataFrame:
+    d = run_sim(spec, "LC", 0, tmp_path / "sim")
+    return read_table(d, "requests").sort_values("request_id").reset_index(drop=True)
+
+
+# --- the testbed side: the real request flow against scripted engines ----------------------------
+
+
+class ScriptedEngine:
+    """An engine client whose scheduler follows a script: events (``alloc``, ``alloc_remote``,
+    ``recv_done``) at offsets after each call, a first token, and the call's end; an abort ends
+    a call at once, as vLLM's does (outside a NIXL read)."""
+
+    def __init__(self, events: dict[str, float], end: float, first: float | None = None) -> None:
+        self.events, self.end, self.first = events, end, first
+        self._t0: dict[str, float] = {}
+        self._abort: dict[str, asyncio.Event] = {}
+
+    async def _call(self, rid: str) -> tuple[float, float, bool]:
+        t0 = self._t0[rid] = time.monotonic()
+        ev = self._abort[rid] = asyncio.Event()
+        try:
+            await asyncio.wait_for(ev.wait(), self.end)
+            aborted = True
+        except asyncio.TimeoutError:
+            aborted = False
+        return t0, time.monotonic() - t0, aborted
+
+    def _happened(self, rid: str, within: float) -> dict[str, float]:
+        return {k: v for k, v in self.events.items() if v <= within}
+
+    async def prefill(self, rid, ids):
+        t0, took, aborted = await self._call(rid)
+        return PrefillResult(rid, None if aborted else {"remote_block_ids": [0]}, len(ids), t0, t0 + took,
+                             "abort" if aborted else "length", stages=self._happened(rid, took))
+
+    async def decode(self, rid, ids, max_tokens, kv_transfer_params=None):
+        t0, took, aborted = await self._call(rid)
+        first = t0 + self.first if self.first is not None and self.first <= took else None
+        return DecodeResult(rid, tuple(range(max_tokens)), t0, first, t0 + took, "abort" if aborted else "length",
+                            stages=self._happened(rid, took))
+
+    async def abort(self, rid):
+        self._abort[rid].set()
+
+    async def stages(self, rid):
+        return self._happened(rid, time.monotonic() - self._t0[rid])
+
+
+def _testbed(tmp_path, spec, prefill: ScriptedEngine, decode: ScriptedEngine, prompt: int = 256,
+             output: int = 10) -> pd.DataFrame:
+    """One request (arrival 0) through RequestFlow on the wall clock."""
+    topo = build_topology(spec)
+    with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", topo, {"requests": 1}) as ctx:
+        t0 = time.monotonic()
+        flow = RequestFlow(ctx, [prefill], [decode], spec.deadline_s, lambda: time.monotonic() - t0,
+                           vocab=2048, kv_bytes_per_token=KV)
+        asyncio.run(flow.handle(0, 0.0, prompt, output))
+    return read_table(ctx.run_dir, "requests")
+
+
+# --- the blame rule ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_failure_is_charged_to_the_pods_its_stage_depends_on(tmp_path, stage):
+    # by_pod: pod 0 holds the prefill workers, pod 1 the decode workers
+    spec = _spec(topology={"pods": 2, "workers_per_pod": 2, "placement": "by_pod"})
+    topo = build_topology(spec)
+    rows = []
+    router = make_router(spec, topo, "LC", seed_streams(0), rows.append)
+    t = router.route(0.0, 7, 0.0, 256, 10)
+    assert (t.prefill_pod, t.decode_pod) == (0, 1)
+    for s in STAGES[1:STAGES.index(stage) + 1]:
+        t.enter(s, 1.0)
+    t.finish(2.0, "timeout")
+    comp = router.estimator.update(2.0, np.zeros(2), None, np.ones(2))
+    charged = {p for p in (0, 1) if comp.timeout_rate[p] > 0}
+    assert charged == set(blamed_pods(stage, 0, 1))
+    assert charged == {{"prefill": 0, "decode": 1}[e] for e in BLAMED_ENDS[stage]}
+    assert rows[-1].failed_stage == stage and rows[-1].outcome == "timeout"
+    # every counter the request held is released, whatever stage it ended in
+    loads = router.view.loads
+    assert not loads.prefill_outstanding.any() and not loads.decode_outstanding.any()
+    assert not loads.prefill_tokens.any() and not loads.decode_kv_tokens.any()
+
+
+def test_decode_admission_failures_no_longer_blame_the_prefill_pod():
+    assert blamed_pods("decode_queue", 0, 1) == (1,)
+    assert blamed_pods("kv_transfer", 0, 1) == (0, 1)
+    assert blamed_pods("prefill_queue", 0, -1) == (0,)
+
+
+def test_the_prefill_worker_is_released_when_the_request_leaves_prefill_and_only_then(tmp_path):
+    spec = _spec()
+    router = make_router(spec, build_topology(spec), "LC", seed_streams(0), lambda r: None)
+    t = router.route(0.0, 0, 0.0, 256, 10)
+    loads = router.view.loads
+    t.enter("prefill", 0.1)
+    assert loads.prefill_outstanding.sum() == 1
+    t.enter("decode_queue", 0.3)
+    assert loads.prefill_outstanding.sum() == 0 and loads.decode_outstanding.sum() == 1
+    t.enter("kv_transfer", 0.4)
+    t.enter("decode", 0.5)
+    rec = t.finish(0.9)
+    assert loads.decode_outstanding.sum() == 0 and loads.prefill_outstanding.sum() == 0
+    assert rec.outcome == "ok" and rec.failed_stage is None and rec.end_s == 0.9
+    assert [getattr(rec, STAGE_START[s]) for s in STAGES] == [0.0, 0.1, 0.3, 0.4, 0.5]
+    with pytest.raises(RuntimeError, match="finished twice"):
+        t.finish(1.0)
+
+
+# --- the same history in both worlds ------------------------------------------------------------
+
+
+def test_the_same_history_gives_the_same_record_in_both_worlds(tmp_path):
+    # prompt 256 at 1000 tokens/s: prefill 0.256 s; KV 256 x 128 KiB over 8 Gbit/s: 0.0336 s;
+    # 10 tokens at 0.01 s each (the first one step after the KV arrived)
+    spec = _spec(workload=_trace(tmp_path, [(0.0, 256, 10)]), deadline_s=30.0)
+    sim = _sim(tmp_path, spec).iloc[0]
+    assert sim.outcome == "ok"
+    d = {c: float(sim[c]) for c in TIMES}
+    prefill = ScriptedEngine({"alloc": d["prefill_start_s"] - d["routed_s"]},
+                             end=d["prefill_end_s"] - d["routed_s"])
+    decode = ScriptedEngine({"alloc_remote": d["kv_start_s"] - d["prefill_end_s"],
+                             "recv_done": d["kv_end_s"] - d["prefill_end_s"]},
+                            first=d["first_token_s"] - d["prefill_end_s"], end=d["end_s"] - d["prefill_end_s"])
+    real = _testbed(tmp_path, spec, prefill, decode).iloc[0]
+    for col in ("request_id", "prompt_tokens", "output_tokens", "prefill_worker", "decode_worker", "prefill_pod",
+                "decode_pod", "outcome", "kv_bytes"):
+        assert real[col] == sim[col], col
+    assert pd.isna(real.failed_stage) and pd.isna(sim.failed_stage)
+    for col in TIMES:
+        # the testbed's router adds its own call overheads (a few ms here) to the scripted times
+        assert real[col] == pytest.approx(sim[col], abs=0.05), col
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_timeout_in_each_stage_is_recorded_as_that_stage_in_both_worlds(tmp_path, stage):
+    deadline = 2.0
+    # --- simulator: a spec whose physics leaves a request in `stage` at its deadline
+    if stage == "prefill_queue":  # one prefill worker, one prompt per batch, 0.256 s each, 20 at once
+        sim_spec = _spec(engine={"prefill_batch_tokens": 256}, workload=_trace(tmp_path, [(0.0, 256, 10)] * 20),
+                         deadline_s=deadline)
+    elif stage == "prefill":  # a prompt of 10 s
+        sim_spec = _spec(workload={"prompt": {"kind": "fixed", "value": 10000}}, deadline_s=deadline)
+    elif stage == "decode_queue":
+        # one decode slot: request 1 (prefill 0.5 s on the first prefill worker) waits for it while
+        # request 0 (on the second prefill worker) decodes endlessly until just after request 1's deadline
+        sim_spec = _spec(topology={"workers_per_pod": 3, "prefill_fraction": 0.67}, engine={"decode_max_batch": 1},
+                         workload=_trace(tmp_path, [(0.0, 500, 100000), (0.01, 10, 100000)]), deadline_s=deadline)
+    elif stage == "kv_transfer":  # prefill and decode pods apart, their link at 1e-4 of 8 Gbit/s
+        sim_spec = _spec(topology={"pods": 2, "placement": "by_pod", "uplink_gbps": 8.0},
+                         faults=[{"kind": "link", "pods": [0], "residual_bw": 0.0001, "start_s": 0.0,
+                                  "duration_s": 1000.0}], deadline_s=deadline)
+    else:  # 100,000 tokens at 0.01 s each
+        sim_spec = _spec(workload={"output": {"kind": "fixed", "value": 100000}}, deadline_s=deadline)
+    sim = _sim(tmp_path, sim_spec)
+    to = sim[sim.outcome == "timeout"]
+    assert stage in set(to.failed_stage)
+    sim_row = to[to.failed_stage == stage].iloc[0]
+
+    # --- testbed: engines whose scheduler keeps the request in `stage` past the deadline
+    never, fast = 60.0, 0.05
+    script = {
+        "prefill_queue": ({"alloc": never}, {}),
+        "prefill": ({"alloc": fast}, {}),
+        "decode_queue": ({"alloc": 0.0}, {"alloc_remote": never}),
+        "kv_transfer": ({"alloc": 0.0}, {"alloc_remote": fast, "recv_done": never}),
+        "decode": ({"alloc": 0.0}, {"alloc_remote": fast, "recv_done": 2 * fast}),
+    }[stage]
+    prefill = ScriptedEngine(script[0], end=never if stage in ("prefill_queue", "prefill") else 2 * fast)
+    decode = ScriptedEngine(script[1], end=never, first=3 * fast if stage == "decode" else None)
+    real = _testbed(tmp_path, _spec(deadline_s=deadline), prefill, decode).iloc[0]
+    assert real.outcome == "timeout" and real.failed_stage == stage
+
+    for row in (sim_row, real):
+        # the stage's start is stamped, its end is not, and nothing after it
+        assert not math.isnan(row[STAGE_START[stage]])
+        assert math.isnan(row[ENDS_AT[stage]])
+        assert math.isnan(row.end_s)
+        later = STAGES[STAGES.index(stage) + 1:]
+        assert all(math.isnan(row[STAGE_START[s]]) for s in later)
+        # KV bytes count only for a request whose transfer started
+        assert (row.kv_bytes > 0) == (stage in ("kv_transfer", "decode"))
+        # a first token is recorded only if one came before the deadline (in decode)
+        assert math.isnan(row.first_token_s) == (stage != "decode")
