@@ -61,16 +61,14 @@ class Ticket:
             self._prefill_held = False
             self.router.prefill_done(self)
 
-    def finish(self, now: float, outcome: str = "ok", stage: str | None = None) -> RequestRecord:
-        """End the request: ``ok`` at ``now``, or a failure in ``stage`` (default: the stage it is in)."""
+    def finish(self, now: float, outcome: str = "ok") -> RequestRecord:
+        """End the request at ``now``: ``ok``, or a failure in the stage it is in."""
         if self.done:
             raise RuntimeError(f"request {self.request_id} finished twice")
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r} (known: {', '.join(OUTCOMES)})")
         self.done = True
-        failed = None if outcome == "ok" else (stage or self.stage)
-        if failed is not None and failed != self.stage:
-            self.stage = failed  # the world knows better where the request was (e.g. from its engine)
+        failed = None if outcome == "ok" else self.stage
         if self._prefill_held:
             self._prefill_held = False
             self.router.prefill_done(self)

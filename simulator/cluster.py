@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import simpy

@@ -59,8 +59,9 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         info = c.up()
         print(f"run {info.run_id} ({info.mode}): head {c.address}; "
               + ", ".join(f"{n.name}={n.address}" for n in info.nodes))
-        print(f"drivers: ip netns exec {c.fabric.head.netns} python ... (RAY_ADDRESS={c.address})"
-              if c.mode == "netns" else f"drivers: RAY_ADDRESS={c.address} python ...")
+        env = " ".join(f"{k}={v}" for k, v in {"RAY_ADDRESS": c.address, **c.auth_env}.items())
+        print(f"drivers: {env} ip netns exec {c.fabric.head.netns} python ..."
+              if c.mode == "netns" else f"drivers: {env} python ...")
         print(f"stop: testbed cluster down {info.run_id}")
     elif args.action == "down":
         done = [emulated.EmulatedCluster.attach(None, r).down() or r for r in args.run_ids] if args.run_ids \

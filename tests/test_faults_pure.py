@@ -116,6 +116,41 @@ def test_overlapping_faults_compose_and_clear_exactly_at_end():
     np.testing.assert_array_equal(sched.change_times(), [1.0, 2.0, 3.0, 4.0, 4.5, 5.0, 6.0, 8.0])
 
 
+def test_steps_walk_the_timeline_with_changes_events_and_ttl_base():
+    sched = FaultSchedule([
+        link([1, 2], 2.0, 3.0, 0.2),  # [2, 5)
+        link([2], 4.0, 4.0, 0.05),  # [4, 8)
+        compute([3], 3.0, 1.5, 4.0),  # [3, 4.5)
+    ], n_pods=5)
+    steps = sched.steps(quiet())
+    assert [s.time_s for s in steps] == [2.0, 3.0, 4.0, 4.5, 5.0, 8.0]
+    # what changed is relative to the step before; the events are those at the step's time
+    assert [s.changed.tolist() for s in steps] == [[1, 2], [3], [2], [3], [1], [2]]
+    assert [[(e.event, e.fault_id, e.pod) for e in s.events] for s in steps] == [
+        [("apply", 0, 1), ("apply", 0, 2)], [("apply", 2, 3)], [("apply", 1, 2)], [("clear", 2, 3)],
+        [("clear", 0, 1), ("clear", 0, 2)], [("clear", 1, 2)]]
+    at4 = steps[2]
+    np.testing.assert_array_equal(at4.bw_factor, sched.bw_factor_at(4.0))
+    np.testing.assert_array_equal(at4.slowdown, sched.slowdown_at(4.0))
+    np.testing.assert_array_equal(at4.degraded, [False, True, True, True, False])
+    assert at4.until_s == 8.0  # what is on at 4 s lasts until 8 s at most: a TTL's base
+    assert steps[-1].until_s == 8.0 and not steps[-1].degraded.any()
+
+
+def test_the_closing_step_clears_what_is_on_with_the_clears_of_started_faults():
+    sched = FaultSchedule([link([1], 2.0, 10.0, 0.2), compute([0], 3.0, 10.0, 2.0), link([2], 20.0, 5.0, 0.1)],
+                          n_pods=3)
+    steps = sched.steps()
+    assert sched.closing_step(1.0, None) is None  # nothing applied yet
+    last = steps[1]  # the run ends at 6 s, after the steps at 2 s and 3 s
+    closing = sched.closing_step(6.0, last)
+    assert closing.time_s == 6.0 and closing.changed.tolist() == [0, 1]
+    assert [(e.event, e.fault_id, e.time_s) for e in closing.events] == [("clear", 0, 6.0), ("clear", 1, 6.0)]
+    np.testing.assert_array_equal(closing.bw_factor, np.ones(3))
+    np.testing.assert_array_equal(closing.slowdown, np.ones(3))
+    assert sched.closing_step(30.0, steps[-1]) is None  # the timeline ended by itself
+
+
 def test_link_direction_splits_uplink_from_downlink():
     sched = FaultSchedule([
         LinkFault(pods=[0], start_s=0, duration_s=10, residual_bw=0.1, direction="uplink"),

@@ -360,9 +360,15 @@ def _ray_processes_of(temp_root: Path) -> list[int]:
 @pytest.mark.slow
 @needs_ray
 @needs_root
-def test_emulated_cluster_places_a_task_on_each_pod(tmp_path):
+def test_emulated_cluster_places_a_task_on_each_pod(tmp_path, monkeypatch):
     from testbed.runtime.emulated import EmulatedCluster
 
+    # A token left by an earlier local ray.init() (Ray 2.60 writes ~/.ray/auth_token) turns
+    # token auth on for a head; the cluster's own token must keep its pods joining.
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("f" * 64)
+    monkeypatch.setenv("HOME", str(home))
     cluster = EmulatedCluster(2, tmp_path / "state", tmp_path / "run", run_id=_run_id(), mode="netns")
     try:
         info = cluster.up()

@@ -242,3 +242,35 @@ def test_a_timeout_in_each_stage_is_recorded_as_that_stage_in_both_worlds(tmp_pa
         assert (row.kv_bytes > 0) == (stage in ("kv_transfer", "decode"))
         # a first token is recorded only if one came before the deadline (in decode)
         assert math.isnan(row.first_token_s) == (stage != "decode")
+
+
+class DeadEngine(ScriptedEngine):
+    """An engine whose calls fail, as a killed engine actor's do."""
+
+    async def prefill(self, rid, ids):
+        raise RuntimeError("engine actor died")
+
+    async def decode(self, rid, ids, max_tokens, kv_transfer_params=None):
+        raise RuntimeError("engine actor died")
+
+
+@pytest.mark.parametrize("dead,stage", [("prefill", "prefill_queue"), ("decode", "decode_queue")])
+def test_a_failed_engine_call_is_an_error_in_the_stage_the_request_was_in(tmp_path, dead, stage):
+    ok = ScriptedEngine({"alloc": 0.0, "alloc_remote": 0.0, "recv_done": 0.0}, end=0.01, first=0.0)
+    prefill = DeadEngine({}, end=0.0) if dead == "prefill" else ok
+    decode = DeadEngine({}, end=0.0) if dead == "decode" else ok
+    row = _testbed(tmp_path, _spec(deadline_s=5.0), prefill, decode).iloc[0]
+    assert (row.outcome, row.failed_stage) == ("error", stage)
+
+
+def test_a_prefill_that_returns_no_kv_is_an_error_in_prefill(tmp_path):
+    class NoKv(ScriptedEngine):
+        async def prefill(self, rid, ids):
+            res = await super().prefill(rid, ids)
+            return PrefillResult(rid, None, res.num_prompt_tokens, res.submitted_s, res.finished_s, "length",
+                                 stages=res.stages)
+
+    row = _testbed(tmp_path, _spec(deadline_s=5.0), NoKv({"alloc": 0.0}, end=0.01),
+                   ScriptedEngine({}, end=0.01)).iloc[0]
+    assert (row.outcome, row.failed_stage) == ("error", "prefill")
+    assert not math.isnan(row.prefill_start_s) and math.isnan(row.prefill_end_s)

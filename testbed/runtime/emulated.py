@@ -27,6 +27,7 @@ import importlib.util
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -277,10 +278,28 @@ class EmulatedCluster:
             return list(map(str, argv))
         return nn.netns_exec_argv(self.fabric.node(node).netns, list(argv))
 
+    @property
+    def auth_env(self) -> dict[str, str]:
+        """Ray token authentication with this run's own token, for every node and driver.
+
+        Ray 2.60 turns token auth on for a head whenever ``~/.ray/auth_token`` exists (any
+        earlier local ``ray.init()`` writes one), but a worker joining with ``ray start
+        --address`` then sends no token and is refused ("InvalidAuthToken"). Setting the
+        mode and the token explicitly makes the cluster the same whatever the machine holds."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.temp_root / "auth_token")}
+
+    def _write_auth_token(self) -> None:
+        path = self.temp_root / "auth_token"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+
     def driver_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The environment for a driver: this one, ``RAY_ADDRESS`` set, ``env`` on top."""
+        """The environment for a driver: this one, ``RAY_ADDRESS`` and the run's auth set, ``env`` on top."""
         out = dict(os.environ)
         out["RAY_ADDRESS"] = self.address
+        out.update(self.auth_env)
         out.update(env or {})
         return out
 
@@ -314,6 +333,7 @@ class EmulatedCluster:
                         temp_root=str(self.temp_root), creator_start_ticks=_self_start_ticks(), processes=[])
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self._write_auth_token()
             if self.mode == "netns":
                 nn.create_fabric(self.fabric, self.state_path)
             else:
@@ -346,6 +366,7 @@ class EmulatedCluster:
         tmp.mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmp)
         env[RUN_MARKER_ENV] = self.run_id
+        env.update(self.auth_env)
         env.update(self.extra_env)
         return env
 

@@ -161,9 +161,9 @@ class RequestFlow:
             started = _at(sent, dict(res.stages), "alloc")
             queued = getattr(res, "queued_s", None)
             t.enter("prefill", started if started is not None else sent + (queued or 0.0))
-            t.enter("decode_queue", self.clock())  # the prefill engine holds the KV for the decoder now
             if res.kv_transfer_params is None or res.finish_reason == "abort":
-                return self._end(t, "error", "prefill")
+                return self._end(t, "error")  # no KV to hand over: prefill failed
+            t.enter("decode_queue", self.clock())  # the prefill engine holds the KV for the decoder now
             # --- decode_queue, kv_transfer, decode on the decode engine ------------------
             sent = self.clock()
             ok, res = await self._until(deadline, d_eng.decode(rid, ids, output_tokens, res.kv_transfer_params))
@@ -196,7 +196,7 @@ class RequestFlow:
         # NIXL pulls every block of the prompt, the partial last one included (measured).
         return -(-prompt_tokens // self.block) * self.block * self.kv_bpt
 
-    def _end(self, t: Ticket, outcome: str, stage: str | None = None) -> str:
-        t.finish(self.clock(), outcome, stage)
+    def _end(self, t: Ticket, outcome: str) -> str:
+        t.finish(self.clock(), outcome)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         return outcome
