@@ -102,6 +102,8 @@ def test_kv_was_transferred_not_recomputed(testbed_runs):
         req = read_table(d, "requests")
         eng = read_meta(d)["engines"]
         ok = req[req.outcome == "ok"]
+        if ok.empty:  # a host-side stall can cost one policy its 3 requests (see the test above)
+            continue
         hits = sum(v["vllm:external_prefix_cache_hits_total"] for k, v in eng.items() if k.endswith("decode"))
         assert hits >= ok.prompt_tokens.sum()
         pulled = sum(v["vllm:nixl_bytes_transferred_sum"] for k, v in eng.items() if k.endswith("decode"))
@@ -135,7 +137,9 @@ def test_a_request_past_its_deadline_is_aborted_and_recorded_in_its_stage(testbe
     for row in req.itertuples():
         assert math.isnan(row.end_s)
         if row.failed_stage == "decode":
-            assert not math.isnan(row.first_token_s) and row.first_token_s < row.arrival_s + 8.0
+            # decode starts when the engine reported the pull done; a first token counts only before the deadline
+            assert not math.isnan(row.kv_end_s) and row.kv_end_s < row.arrival_s + 8.0
+            assert math.isnan(row.first_token_s) or row.kv_end_s <= row.first_token_s < row.arrival_s + 8.0
     # aborted in the engines: nothing still runs there after the run
     after = read_meta(d)["engines_after"]
     assert all(v["unfinished"] == 0 for v in after.values()), after
