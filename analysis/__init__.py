@@ -1,11 +1,12 @@
 """Run directories -> reliability metrics, summaries over seeds, plots, sim-vs-real comparison.
 
-Definitions of every metric: analysis/metrics.py docstrings (and the README's "Metrics" section).
+Definitions of every metric: analysis/metrics.py docstrings (and the README's "Metrics" section); the
+sim-vs-testbed fidelity check (`testbed compare`, does a simulated result carry over): analysis/fidelity.py.
 Their parameters (``MetricsSpec``) live in the core (``core.metrics_spec``): the experiment spec
 holds them, and the core imports no world and no analysis.
 """
 
-from core.metrics_spec import MetricsSpec, parse_metrics_spec
+from core.metrics_spec import FidelityTolerances, MetricsSpec, parse_metrics_spec
 
 from analysis.metrics import (
     ORACLE,
@@ -29,15 +30,31 @@ from analysis.metrics import (
     timeout_share,
     traffic_deflection_ratio,
 )
+from analysis.fidelity import (
+    Fidelity,
+    Rank,
+    check_same_scenario,
+    clean_failures,
+    compare,
+    composition_table,
+    fidelity_table,
+    fingerprint_difference,
+    noise_table,
+    policy_order,
+    rank_agreement,
+    scenario_fingerprint,
+)
 from analysis.plots import RunCurves, run_curves, write_plots
 from analysis.report import report
 from analysis.summary import RunDiscoveryError, collect_runs, compare_worlds, discover_runs, mean_ci, runs_frame, summarize
 
 __all__ = [
-    "ORACLE", "FaultWindow", "MetricsSpec", "RunCurves", "RunData", "RunDiscoveryError", "collect_runs",
-    "compare_worlds", "decision_latency", "degraded_availability", "degraded_pod_shares", "discover_runs",
-    "failure_composition", "failure_rate", "fault_window", "gap_to_oracle", "goodput_rps", "latency_percentiles",
-    "load_run", "mean_ci", "parse_metrics_spec", "price_contrast", "report", "resilience_index", "run_curves",
-    "run_metrics", "runs_frame", "serving_latencies", "success_series", "summarize", "timeout_share",
-    "traffic_deflection_ratio", "write_plots",
+    "FaultWindow", "Fidelity", "FidelityTolerances", "MetricsSpec", "ORACLE", "Rank", "RunCurves", "RunData",
+    "RunDiscoveryError", "check_same_scenario", "clean_failures", "collect_runs", "compare", "compare_worlds",
+    "composition_table", "decision_latency", "degraded_availability", "degraded_pod_shares", "discover_runs",
+    "failure_composition", "failure_rate", "fault_window", "fidelity_table", "fingerprint_difference",
+    "gap_to_oracle", "goodput_rps", "latency_percentiles", "load_run", "mean_ci", "noise_table",
+    "parse_metrics_spec", "policy_order", "price_contrast", "rank_agreement", "report", "resilience_index",
+    "run_curves", "run_metrics", "runs_frame", "scenario_fingerprint", "serving_latencies", "success_series",
+    "summarize", "timeout_share", "traffic_deflection_ratio", "write_plots",
 ]

@@ -1,8 +1,7 @@
 """What both worlds build the same way from a spec: topology, capacities, seeds, the router.
 
-The simulator's cluster is the spec's ``topology`` and ``engine``; the testbed's is its
-``testbed`` block (pods of one prefill and one decode engine each) until the two share one
-topology.
+Both worlds build one cluster from the spec's ``topology``: the simulator models a worker per
+topology worker, the testbed starts a vLLM engine per topology worker, with the same roles.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ from .view import Capacity
 
 def build_topology(spec: ExperimentSpec) -> Topology:
     t = spec.topology
-    return Topology.build(t.pods, t.workers_per_pod, t.prefill_fraction, t.placement, t.nic_gbps, t.uplink_gbps)
+    return Topology.build(t.pods, t.workers_per_pod, t.prefill_fraction, t.placement, t.nic_gbps, t.uplink_gbps,
+                          t.link_baseline_gbps)
 
 
 def capacity_of(spec: ExperimentSpec) -> Capacity:
@@ -33,15 +33,12 @@ def capacity_of(spec: ExperimentSpec) -> Capacity:
     return Capacity(e.prefill_slots, e.prefill_batch_tokens, e.decode_max_batch, e.decode_kv_tokens)
 
 
-def testbed_topology(spec: ExperimentSpec) -> Topology:
-    """Pods of one prefill and one decode engine each, links at the testbed's baseline rate."""
-    t = spec.testbed
-    return Topology.build(t.pods, 2, 0.5, "within_pod", nic_gbps=t.link_gbps, uplink_gbps=t.link_gbps)
-
-
 def testbed_capacity(spec: ExperimentSpec, kv_bytes_per_token: int) -> Capacity:
-    t = spec.testbed
-    return Capacity(t.max_num_seqs, t.max_num_batched_tokens, t.max_num_seqs, t.kv_cache_bytes / kv_bytes_per_token)
+    """The engine block's scales, with the KV capacity the real engines are given
+    (``testbed.kv_cache_bytes``; calibration hands the simulator the same number)."""
+    e = spec.engine
+    return Capacity(e.prefill_slots, e.prefill_batch_tokens, e.decode_max_batch,
+                    spec.testbed.kv_cache_bytes / kv_bytes_per_token)
 
 
 def seed_streams(seed: int) -> dict[str, np.random.Generator]:

@@ -17,6 +17,33 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 Percentile = Annotated[float, Field(gt=0.0, le=100.0)]
 
 
+class FidelityTolerances(BaseModel):
+    """How far the testbed may sit from the simulator before ``testbed compare`` calls a metric a
+    mismatch (see analysis/fidelity.py). The failure-rate, p50 and ranking targets are the project
+    issue's acceptance criteria for "the simulation carries over"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The issue: failure rate within 5 percentage points per policy (absolute difference).
+    failure_rate_abs: float = Field(0.05, ge=0.0, description="max |testbed - sim| failure rate (0.05 = 5 pp)")
+    # The issue: p50 relative error within 15%; p90 is held to the same bound.
+    latency_rel: float = Field(
+        0.15, ge=0.0, description="max |testbed - sim| / sim of TTFT and E2E p50 and p90 on ok requests"
+    )
+    # Deflection is a ratio of two small shares (a few dozen requests on a small testbed), so it is
+    # noisy; 0.2 separates "moved traffic away" from "did not" without flagging sampling noise.
+    deflection_abs: float = Field(0.2, ge=0.0, description="max |testbed - sim| traffic deflection ratio")
+    # Kendall tau-b >= 0.6: one swapped neighbouring pair passes with 4 or more policies (tau 0.67 with
+    # 4, 0.8 with 5), none with 3 (tau 0.33), two with 5 (tau 0.6): "mostly the same order".
+    kendall_tau_min: float = Field(
+        0.6, ge=-1.0, le=1.0, description="min Kendall tau-b between the worlds' per-policy failure rates"
+    )
+    # The issue: the ranking of LC vs OTF-R vs OracleAvoidance must be identical in both worlds.
+    rank_policies: tuple[str, ...] = Field(
+        ("LC", "OTF-R", "OracleAvoidance"), description="policies whose failure-rate order must match"
+    )
+
+
 class MetricsSpec(BaseModel):
     """Parameters of the reliability and serving metrics (see analysis/metrics.py)."""
 
@@ -33,6 +60,10 @@ class MetricsSpec(BaseModel):
     tpot_slo_s: float = Field(0.1, gt=0.0, description="time-per-output-token SLO for goodput, seconds")
     percentiles: tuple[Percentile, ...] = Field(
         (50.0, 90.0, 99.0), min_length=1, description="latency percentiles to report (50 and 99 are always added)"
+    )
+
+    fidelity: FidelityTolerances = Field(
+        FidelityTolerances(), description="tolerances of the sim-vs-testbed comparison (testbed compare)"
     )
 
     @field_validator("percentiles")

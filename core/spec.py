@@ -26,15 +26,25 @@ class _Spec(BaseModel):
 
 class TopologySpec(_Spec):
     pods: int = Field(32, ge=1)
-    workers_per_pod: int = Field(32, ge=2)
+    # One worker per pod is a valid `by_pod` cluster (a pod is a prefill or a decode node);
+    # `within_pod` needs two (Topology.build says so).
+    workers_per_pod: int = Field(32, ge=1)
     prefill_fraction: float = Field(0.5, gt=0, lt=1)
     placement: Literal["within_pod", "by_pod"] = "within_pod"
     # ConnectX-7 class NICs: one 400 Gbit/s NIC per GPU is the norm in current H100/H200 clusters.
     nic_gbps: float = Field(400.0, gt=0)
     # A pod's core links; None = non-blocking (sum of its NICs), as in a full-bisection fat-tree.
     uplink_gbps: float | None = Field(None, gt=0)
+    # What a link fault's residual_bw r is relative to: it sets a pod's core links to
+    # min(their capacity, r x this). None: their own capacity (a GPU cluster's NICs). The emulated
+    # testbed's veth links have no rate of their own below the host's (UCX over TCP on the CPU
+    # moves several Gbit/s), so its scenarios name the baseline, and the testbed shapes to r x it.
+    link_baseline_gbps: float | None = Field(None, gt=0)
     # Llama-3.1-8B: 32 layers x 8 KV heads x 128 head_dim x 2 (K and V) x 2 bytes (bf16) = 128 KiB.
     kv_bytes_per_token: int = Field(131072, ge=1)
+    # Bytes on the wire per KV byte (protocol headers): 1.0 models an RDMA fabric's large MTU;
+    # NIXL over UCX/TCP measured about 1.05 (FIELD-NOTES); `testbed calibrate` measures it.
+    kv_wire_overhead: float = Field(1.0, ge=1.0)
 
 
 class EngineSpec(_Spec):
@@ -57,6 +67,12 @@ class EngineSpec(_Spec):
     decode_max_batch: int = Field(256, ge=1)
     # (80 GB - 16 GB weights - activations) x 0.9 gpu_memory_utilization ~ 52 GB / 128 KiB.
     decode_kv_tokens: int = Field(400_000, ge=1)
+    # KV moves in whole cache blocks (NIXL reads every block of the prompt, the partial last one
+    # included): vLLM's CUDA block size is 16 tokens; its CPU build uses 128 (FIELD-NOTES).
+    kv_block_tokens: int = Field(16, ge=1)
+    # Fixed cost of one KV pull beside its bytes (descriptor set-up, the completion notice):
+    # not modelled for GPUs (0); `testbed calibrate` measures it on the testbed's engines.
+    kv_transfer_latency_s: float = Field(0.0, ge=0)
 
 
 class RouterSpec(_Spec):
@@ -66,24 +82,21 @@ class RouterSpec(_Spec):
 
 
 class TestbedSpec(_Spec):
-    """The real cluster: pods of one prefill and one decode vLLM engine each.
+    """What only the real cluster has. Its shape is the spec's ``topology`` (one vLLM
+    engine per worker, prefill or decode as the topology places them), its batch limits
+    the ``engine`` block's (``prefill_slots``, ``decode_max_batch``, ``prefill_batch_tokens``).
 
     On a machine without a GPU each pod is a network namespace holding a Ray node
     (``mode: netns``, needs root) or all pods share one local Ray node (``local``);
     ``auto`` picks netns when it can.
     """
 
-    pods: int = Field(2, ge=1)
     mode: Literal["auto", "netns", "local"] = "auto"
     # None: build (once, cached) the tiny random-weight model; else a local model directory.
     model: str | None = None
     max_model_len: int = Field(4096, ge=256)
     # 256 MiB of KV per engine: four engines fit the 12 GiB of NUMA node 0 on the CI machine.
     kv_cache_bytes: int = Field(256 * 2**20, ge=16 * 2**20)
-    max_num_seqs: int = Field(64, ge=1)
-    max_num_batched_tokens: int = Field(4096, ge=128)
-    # Baseline rate of a pod's link: what the risk price's bandwidth term is relative to.
-    link_gbps: float = Field(10.0, gt=0)
     engine_start_timeout_s: float = Field(600.0, gt=0)
     subnet: str = "10.77.0.0/24"
     # The only interfaces a fault agent may shape (the pods' links); any other is refused.
@@ -130,6 +143,9 @@ class ExperimentSpec(_Spec):
 
     @model_validator(mode="after")
     def _pods_exist(self) -> "ExperimentSpec":
+        t = self.topology
+        if t.placement == "within_pod" and t.workers_per_pod < 2:
+            raise ValueError("topology: placement within_pod needs workers_per_pod >= 2 (a prefill and a decode worker)")
         for i, f in enumerate(self.faults):
             bad = [p for p in f.pods if not 0 <= p < self.topology.pods]
             if bad:

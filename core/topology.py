@@ -36,6 +36,8 @@ class Topology:
     decode_pod: np.ndarray
     nic_Bps: float
     uplink_Bps: float
+    # What a link fault's residual factor r is relative to (see core_link_Bps).
+    fault_baseline_Bps: float
 
     @classmethod
     def build(
@@ -46,10 +48,12 @@ class Topology:
         placement: Literal["within_pod", "by_pod"] = "within_pod",
         nic_gbps: float = 400.0,
         uplink_gbps: float | None = None,
+        link_baseline_gbps: float | None = None,
     ) -> "Topology":
         """``within_pod``: each pod holds prefill and decode workers in the given
         proportion; ``by_pod``: whole pods are prefill pods or decode pods.
-        ``uplink_gbps`` defaults to non-blocking (sum of the pod's NICs)."""
+        ``uplink_gbps`` defaults to non-blocking (sum of the pod's NICs);
+        ``link_baseline_gbps`` (what a fault's r is relative to) to the uplink."""
         w = n_pods * workers_per_pod
         worker_pod = np.repeat(np.arange(n_pods), workers_per_pod)
         if placement == "within_pod":
@@ -76,6 +80,7 @@ class Topology:
             decode_pod=worker_pod[role == DECODE],
             nic_Bps=nic_gbps * GBPS,
             uplink_Bps=uplink * GBPS,
+            fault_baseline_Bps=(link_baseline_gbps if link_baseline_gbps is not None else uplink) * GBPS,
         )
 
     @property
@@ -90,6 +95,13 @@ class Topology:
     def link_capacity_Bps(self) -> np.ndarray:
         w, p = self.n_workers, self.n_pods
         return np.r_[np.full(2 * w, self.nic_Bps), np.full(2 * p, self.uplink_Bps)]
+
+    def core_link_Bps(self, factor: float) -> float:
+        """A pod core link's capacity at residual factor ``factor``: its own when healthy,
+        else ``factor`` x the fault baseline (a shaper's rate), never above its own."""
+        if factor >= 1.0:
+            return self.uplink_Bps
+        return min(self.uplink_Bps, factor * self.fault_baseline_Bps)
 
     def uplink(self, pod: int) -> int:
         return 2 * self.n_workers + pod

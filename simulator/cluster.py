@@ -7,9 +7,11 @@
   batch slot on its decode worker before its KV is pulled, as vLLM's decode
   engine allocates blocks before a NIXL read; without room it waits (stage
   ``decode_queue``);
-* KV transfer: a fluid flow of prompt_tokens x kv_bytes_per_token over the
-  sender NIC, the pods' core links and the receiver NIC, max-min fair
-  (:mod:`simulator.network`);
+* KV transfer: a fluid flow of the prompt's KV in whole cache blocks
+  (``kv_block_tokens``) x kv_bytes_per_token over the sender NIC, the pods' core
+  links and the receiver NIC, max-min fair (:mod:`simulator.network`), then the
+  pull's fixed cost (``kv_transfer_latency_s``: its completion notice) before the
+  request joins the decode batch;
 * decode: continuous batching as a fluid: every running sequence advances one
   token per step, step time = slowdown x (base + per_seq x batch + per_kv_token x
   KV tokens in the batch), recomputed whenever the batch changes;
@@ -79,10 +81,12 @@ class ClusterSim:
         deadline_s: float,
         kv_bytes_per_token: int,
         progress: Callable[[float], None] | None = None,
+        wire_overhead: float = 1.0,
     ) -> None:
         self.env, self.ctx, self.topo, self.e = env, ctx, ctx.topo, engine
         self.wl, self.deadline = workload, deadline_s
         self.kv_bpt = kv_bytes_per_token
+        self.wire_overhead = wire_overhead
         self.progress = progress
         topo = self.topo
         self.net = FlowNetwork(env, topo.link_capacity_Bps())
@@ -156,8 +160,8 @@ class ClusterSim:
         now, topo = self.env.now, self.topo
         self.ctx.begin_step(step, now)
         for p in step.changed.tolist():
-            self.net.set_capacity(topo.uplink(p), topo.uplink_Bps * step.uplink[p])
-            self.net.set_capacity(topo.downlink(p), topo.uplink_Bps * step.downlink[p])
+            self.net.set_capacity(topo.uplink(p), topo.core_link_Bps(step.uplink[p]))
+            self.net.set_capacity(topo.downlink(p), topo.core_link_Bps(step.downlink[p]))
             if step.slowdown[p] != self.slowdown[p]:
                 self._set_slowdown(p, float(step.slowdown[p]))
         self.ctx.end_step(step, now, step.bw_factor, self._rows)
@@ -226,16 +230,31 @@ class ClusterSim:
             d.reserved_kv += need
             self._start_transfer(req)
 
+    def kv_bytes(self, prompt_tokens: int) -> int:
+        """The KV a pull moves: every block of the prompt, the partial last one included."""
+        block = self.e.kv_block_tokens
+        return -(-prompt_tokens // block) * block * self.kv_bpt
+
     def _start_transfer(self, req: Ticket) -> None:
         req.enter("kv_transfer", self.env.now)
-        req.kv_bytes = nbytes = req.prompt_tokens * self.kv_bpt
-        self._flows[req.request_id] = self.net.start(self.topo.path(req.prefill_worker, req.decode_worker), nbytes,
-                                                     lambda _fid, req=req: self._end_transfer(req))
+        req.kv_bytes = nbytes = self.kv_bytes(req.prompt_tokens)
+        on_wire = nbytes * self.wire_overhead  # protocol headers travel too
+        self._flows[req.request_id] = self.net.start(self.topo.path(req.prefill_worker, req.decode_worker), on_wire,
+                                                     lambda _fid, req=req: self._end_flow(req))
 
-    def _end_transfer(self, req: Ticket) -> None:
+    def _end_flow(self, req: Ticket) -> None:
         if req.done:
             return
         del self._flows[req.request_id]
+        latency = self.e.kv_transfer_latency_s
+        if latency > 0:  # the bytes are there; the pull's completion reaches the scheduler later
+            self.env.timeout(latency).callbacks.append(lambda _e, req=req: self._end_transfer(req))
+        else:
+            self._end_transfer(req)
+
+    def _end_transfer(self, req: Ticket) -> None:
+        if req.done:  # timed out while the completion was on its way
+            return
         req.enter("decode", self.env.now)
         self._decode_join(req)
 
@@ -302,7 +321,9 @@ class ClusterSim:
         stage = req.stage
         req.finish(self.env.now, "timeout")
         if stage == "kv_transfer":
-            self.net.abort(self._flows.pop(req.request_id))
+            flow = self._flows.pop(req.request_id, None)
+            if flow is not None:  # None: the bytes had arrived, the completion had not
+                self.net.abort(flow)
             d = self.decode[req.d_idx]
             d.reserved_slots -= 1
             d.reserved_kv -= req.prompt_tokens + req.output_tokens

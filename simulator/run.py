@@ -31,7 +31,8 @@ def run_sim(
     wl = workload if workload is not None else generate(spec.workload, seed_streams(seed)["workload"], base_dir=base_dir)
     with RunContext(spec, "sim", policy, seed, out, build_topology(spec), wl.summary()) as ctx:
         env = simpy.Environment()
-        sim = ClusterSim(env, ctx, spec.engine, wl, spec.deadline_s, spec.topology.kv_bytes_per_token, progress)
+        sim = ClusterSim(env, ctx, spec.engine, wl, spec.deadline_s, spec.topology.kv_bytes_per_token, progress,
+                         spec.topology.kv_wire_overhead)
         sim.run()
         ctx.writer.meta["sim_end_s"] = env.now
     return ctx.run_dir

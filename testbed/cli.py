@@ -1,10 +1,13 @@
 """The ``testbed`` command line.
 
+    testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
-    testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
+    testbed calibrate [SPEC] [--out FILE]
+    testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
     testbed cluster up|down|status
     testbed faults clear
     testbed report PATH... [--out DIR]
+    testbed compare SIM_PATH TESTBED_PATH [--out DIR] [--calibration FILE]
     testbed policies
 
 Errors are one line on stderr and exit status 2; rows recorded before an
@@ -88,16 +91,27 @@ def _cmd_faults(args: argparse.Namespace) -> int:
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    from simulator.run import run_sim
-
+    from core.calibration import load_calibration
     from core.spec import load_spec
 
     spec = load_spec(args.spec)
     policies, seeds = _selection(args, spec)
-    base_dir = Path(args.spec).resolve().parent if args.spec else None
-    out = Path(args.out)
+    cal = load_calibration(args.calibration) if args.calibration else None
+    _simulate(spec, policies, seeds, Path(args.out), Path(args.spec).resolve().parent if args.spec else None, cal)
+    console.print(f"report: testbed report {Path(args.out) / spec.name}")
+    return 0
+
+
+def _simulate(spec: Any, policies: list[str], seeds: list[int], out: Path, base_dir: Path | None, cal: Any) -> None:
+    """Every (policy, seed) in the simulator; with a calibration, as the calibrated testbed."""
+    from core.calibration import apply_calibration
+    from simulator.run import run_sim
+
+    if cal is not None:
+        spec = apply_calibration(spec, cal)
     runs = [(p, s) for p in policies for s in seeds]
-    console.print(f"[bold]{spec.name}[/]: {spec.topology.pods} pods x {spec.topology.workers_per_pod} workers, "
+    console.print(f"[bold]{spec.name}[/]: {spec.topology.pods} pods x {spec.topology.workers_per_pod} workers"
+                  f"{' (calibrated)' if cal is not None else ''}, "
                   f"{len(policies)} policies x {len(seeds)} seeds -> {out / spec.name}")
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as prog:
@@ -109,16 +123,61 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             prog.update(task, completed=1.0, visible=False)
             prog.advance(overall)
             prog.console.print(f"  {policy:<16} seed {seed}: {run_dir}")
-    console.print(f"report: testbed report {out / spec.name}")
-    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import report
 
+    report([Path(p) for p in args.paths], Path(args.out) if args.out else None, _out_console())
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from analysis.fidelity import compare
+    from core.calibration import load_calibration
+
+    cal = load_calibration(args.calibration).model_dump() if args.calibration else None  # before any run is read
+    compare([Path(args.sim_path)], [Path(args.testbed_path)], Path(args.out) if args.out else None, cal, _out_console())
+    return 0
+
+
+def _out_console() -> Console:
     # a wide table stays readable when written to a file or a CI log
-    out_console = Console() if sys.stdout.isatty() else Console(width=200)
-    report([Path(p) for p in args.paths], Path(args.out) if args.out else None, out_console)
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .runtime.launch import run_testbed
+    from core.spec import load_spec
+
+    spec = load_spec(args.spec, default="testbed.yaml")
+    out = Path(args.out) if args.out else Path("runs") / spec.name / "calibration.json"
+    run_testbed(spec, out.parent, [], [], calibrate_to=out)
+    console.print(f"calibration: {out}  (use: testbed sim SPEC --calibration {out})")
+    return 0
+
+
+def _cmd_twin(args: argparse.Namespace) -> int:
+    """One spec in both worlds: the testbed (calibrated on its own engines first, unless a
+    calibration is given), then the simulator with that calibration, then the comparison."""
+    from analysis.fidelity import compare
+    from analysis.report import report
+    from core.calibration import load_calibration
+    from core.spec import load_spec
+    from .runtime.launch import run_testbed
+
+    spec = load_spec(args.spec, default="testbed.yaml")
+    policies, seeds = _selection(args, spec)
+    out = Path(args.out)
+    cal_path = Path(args.calibration) if args.calibration else out / "calibration.json"
+    if args.calibration:
+        load_calibration(cal_path)  # a bad file is refused before minutes of engine start-up
+    run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else cal_path)
+    cal = load_calibration(cal_path)
+    _simulate(spec, policies, seeds, out / "sim", Path(args.spec).resolve().parent if args.spec else None, cal)
+    out_console = _out_console()
+    report([out / "testbed" / spec.name, out / "sim" / spec.name], out / "report", out_console)
+    compare([out / "sim" / spec.name], [out / "testbed" / spec.name], out / "fidelity", cal.model_dump(), out_console)
     return 0
 
 
@@ -127,21 +186,30 @@ def _cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
-def _experiment_parser(sub: Any, name: str, help: str, default: str, fn: Any) -> None:
-    """`run` and `sim` take the same arguments: a spec and subsets of its policies and seeds."""
+def _experiment_parser(sub: Any, name: str, help: str, default: str, fn: Any, out: str = "runs") -> Any:
+    """`run`, `sim` and `twin` take the same arguments: a spec and subsets of its policies and seeds."""
     p = sub.add_parser(name, help=help)
     p.add_argument("spec", nargs="?", help=f"experiment YAML (default: {default})")
-    p.add_argument("--out", default="runs", help="parent folder of the run directories (default: runs)")
+    p.add_argument("--out", default=out, help=f"parent folder of the run directories (default: {out})")
     p.add_argument("--policies", help="comma-separated subset of the spec's policies")
     p.add_argument("--seeds", help="comma-separated seeds (default: the spec's)")
     p.set_defaults(fn=fn)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed", description="Reliability-aware routing for PD-disaggregated LLM serving")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    tw = _experiment_parser(sub, "twin", "one spec in both worlds: calibrate the testbed, run it, run the calibrated "
+                            "simulator, compare", "the embedded testbed scenario", _cmd_twin, out="runs/twin")
+    tw.add_argument("--calibration", help="use this calibration instead of measuring one first")
     _experiment_parser(sub, "run", "run an experiment spec on the real testbed (Ray + vLLM engines)",
                        "the embedded testbed scenario", _cmd_run)
+    ca = sub.add_parser("calibrate", help="measure the testbed's engines and links and fit the simulator's parameters")
+    ca.add_argument("spec", nargs="?", help="experiment YAML whose topology and engines to measure "
+                                            "(default: the embedded testbed scenario)")
+    ca.add_argument("--out", help="the calibration file (default: runs/<scenario>/calibration.json)")
+    ca.set_defaults(fn=_cmd_calibrate)
     c = sub.add_parser("cluster", help="bring an emulated cluster up or down, or show what is up")
     c.add_argument("action", choices=["up", "down", "status"])
     c.add_argument("run_ids", nargs="*", help="down: these runs (default: every recorded run)")
@@ -151,11 +219,22 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("faults", help="remove every fault (shaping, ifb, cgroup) the project set on this machine")
     f.add_argument("action", choices=["clear"])
     f.set_defaults(fn=_cmd_faults)
-    _experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario", _cmd_sim)
+    sm = _experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario",
+                            _cmd_sim)
+    sm.add_argument("--calibration", help="a file `testbed calibrate` wrote: simulate the calibrated testbed")
     r = sub.add_parser("report", help="metrics table and plots of run directories")
     r.add_argument("paths", nargs="+", help="run directories, or folders holding them")
     r.add_argument("--out", help="where to write CSVs and plots (default: a report folder next to the first path)")
     r.set_defaults(fn=_cmd_report)
+    cp = sub.add_parser("compare", help="does a simulated result carry over? sim vs testbed runs of one scenario")
+    cp.add_argument("sim_path", metavar="SIM_PATH", help="a sim run directory, or a folder holding sim runs")
+    cp.add_argument("testbed_path", metavar="TESTBED_PATH",
+                    help="a testbed run directory, or a folder holding testbed runs")
+    cp.add_argument("--out", metavar="DIR",
+                    help="where to write CSVs and plots (default: a fidelity folder next to TESTBED_PATH)")
+    cp.add_argument("--calibration", metavar="FILE",
+                    help="the JSON `testbed calibrate` wrote; its noise entries are shown")
+    cp.set_defaults(fn=_cmd_compare)
     p = sub.add_parser("policies", help="list the known policies")
     p.set_defaults(fn=_cmd_policies)
     return ap

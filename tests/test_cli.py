@@ -108,7 +108,7 @@ def test_policies_lists_every_variant():
 def test_run_refuses_a_workload_longer_than_the_engines_context_before_starting_anything(tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
     spec = tmp_path / "long.yaml"
-    spec.write_text("name: toolong\nworkload:\n  arrival: {kind: poisson, rate_rps: 1}\n"
+    spec.write_text("name: toolong\ntopology: {pods: 2, workers_per_pod: 2}\nworkload:\n  arrival: {kind: poisson, rate_rps: 1}\n"
                     "  prompt: {kind: fixed, value: 5000}\n  output: {kind: fixed, value: 10}\n  duration_s: 5\n"
                     "policies: [LC]\n")
     res = _run("run", spec, "--out", tmp_path / "runs")
@@ -122,8 +122,8 @@ def test_run_refuses_a_workload_longer_than_the_engines_context_before_starting_
      "faults need the netns mode"),
     ("{mode: netns}", "{kind: link, pods: [0], residual_bw: 1.0, start_s: 1, duration_s: 5, delay_ms: 20}",
      "faults[0]: "),
-    ("{mode: netns, pods: 2}", "{kind: compute, pods: [3], slowdown: 2, start_s: 1, duration_s: 5}",
-     "pod 3 out of range 0..1 (testbed.pods is 2)"),
+    ("{mode: netns}", "{kind: compute, pods: [3], slowdown: 2, start_s: 1, duration_s: 5}",
+     "targets pod 3, but the topology has pods 0..1"),
 ])
 def test_run_refuses_faults_it_cannot_apply_before_starting_anything(tmp_path, testbed, fault, needle):
     pytest.importorskip("pyroute2", reason="pyroute2 is not installed (the README's install command installs it)")
@@ -132,10 +132,35 @@ def test_run_refuses_faults_it_cannot_apply_before_starting_anything(tmp_path, t
     if "delay_ms" in fault and netem_missing() is None:
         pytest.skip("this kernel has netem: a delay fault is applied, not refused")
     spec = tmp_path / "f.yaml"
-    spec.write_text(f"name: f\ntestbed: {testbed}\nworkload:\n  arrival: {{kind: poisson, rate_rps: 1}}\n"
+    spec.write_text(f"name: f\ntestbed: {testbed}\ntopology: {{pods: 2, workers_per_pod: 2}}\n"
+                    f"workload:\n  arrival: {{kind: poisson, rate_rps: 1}}\n"
                     f"  profile: chat\n  duration_s: 5\nfaults: [{fault}]\npolicies: [LC]\n")
     res = _run("run", spec, "--out", tmp_path / "runs")
     assert res.returncode == 2
     last = res.stderr.strip().splitlines()[-1]
-    assert needle in last and ("netem" in last or "local" in last or "out of range" in last), last
+    assert needle in last and ("netem" in last or "local" in last or "topology has pods" in last), last
     assert not (tmp_path / "runs").exists()
+
+
+def test_run_refuses_a_topology_the_machine_cannot_hold_before_starting_anything(tmp_path):
+    spec = tmp_path / "big.yaml"
+    spec.write_text("name: big\ntopology: {pods: 32, workers_per_pod: 32}\nworkload:\n"
+                    "  arrival: {kind: poisson, rate_rps: 1}\n  profile: chat\n  duration_s: 5\npolicies: [LC]\n")
+    for cmd in ("run", "twin", "calibrate"):
+        res = _run(cmd, spec, *(("--out", tmp_path / "runs") if cmd != "calibrate" else ("--out", tmp_path / "c.json")))
+        assert res.returncode == 2, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "1024 vLLM engines" in lines[0], lines
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "c.json").exists()
+
+
+def test_twin_refuses_a_malformed_calibration_before_starting_anything(tmp_path):
+    bad = tmp_path / "cal.json"
+    bad.write_text("{")
+    res = _run("twin", "--calibration", bad, "--out", tmp_path / "runs")
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "invalid JSON" in lines[0], lines
+    assert not (tmp_path / "runs").exists()
+    res = _run("sim", "--calibration", tmp_path / "missing.json", "--out", tmp_path / "runs")
+    assert res.returncode == 2 and "calibration file not found" in res.stderr

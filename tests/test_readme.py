@@ -28,7 +28,7 @@ def test_setup_has_exactly_two_commands_and_ci_runs_the_second():
     (block,) = re.findall(r"```bash\n(.*?)```", _section("Set up"), flags=re.S)
     lines = [ln for ln in block.splitlines() if ln.strip()]
     assert len(lines) == 2
-    assert lines[0].startswith("./install.sh && testbed run")
+    assert lines[0].startswith("./install.sh && testbed twin")
     assert lines[1] == "./install.sh && python -m pytest -q"
     ci = (REPO / ".ci" / "run").read_text()
     assert "grep -m1 '^./install.sh && python -m pytest' README.md" in ci

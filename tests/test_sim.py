@@ -42,12 +42,28 @@ def test_single_request_stage_times_match_the_performance_model(tmp_path):
     (row,) = r.itertuples()
     assert row.outcome == "ok" and pd.isna(row.failed_stage)
     assert row.prefill_end_s - row.prefill_start_s == pytest.approx(1.0)  # 1000 tokens at 1000 tokens/s
-    nbytes = 1000 * KV
+    nbytes = 1008 * KV  # whole blocks of 16 tokens (vLLM's CUDA block size)
     assert row.kv_bytes == nbytes
     assert row.kv_end_s - row.kv_start_s == pytest.approx(nbytes / (8.0 * GBPS))  # NIC-bound, 8 Gbit/s
     assert row.end_s - row.kv_end_s == pytest.approx(10 * 0.01)  # 10 tokens at 10 ms a step
     assert row.first_token_s - row.kv_end_s == pytest.approx(0.01)
     assert row.routed_s == row.arrival_s == row.prefill_start_s
+
+
+def test_a_pull_moves_whole_blocks_and_pays_its_fixed_latency(tmp_path):
+    """Calibrated engines: 128-token blocks (vLLM's CPU build) and a fixed cost per pull."""
+    _, r = _run(tmp_path, _spec(engine={"kv_block_tokens": 128, "kv_transfer_latency_s": 0.25}))
+    (row,) = r.itertuples()
+    nbytes = 1024 * KV  # 1000 tokens -> 8 blocks of 128
+    assert row.kv_bytes == nbytes
+    assert row.kv_end_s - row.kv_start_s == pytest.approx(nbytes / (8.0 * GBPS) + 0.25)
+
+
+def test_a_deadline_during_the_pull_latency_is_a_kv_transfer_timeout(tmp_path):
+    # the bytes arrive at ~1.13 s; the completion 5 s later is past the 3 s deadline
+    _, r = _run(tmp_path, _spec(deadline_s=3.0, engine={"kv_transfer_latency_s": 5.0}))
+    (row,) = r.itertuples()
+    assert row.outcome == "timeout" and row.failed_stage == "kv_transfer"
 
 
 def test_prefill_batches_up_to_the_token_budget(tmp_path):
@@ -80,7 +96,7 @@ def test_a_degraded_core_link_slows_a_cross_pod_transfer_by_r(tmp_path):
     _, slow = _run(tmp_path / "b", _spec(topology=topo, faults=[fault]))
     t_h = (healthy.kv_end_s - healthy.kv_start_s)[0]
     t_s = (slow.kv_end_s - slow.kv_start_s)[0]
-    assert t_h == pytest.approx(1000 * KV / (8.0 * GBPS))
+    assert t_h == pytest.approx(1008 * KV / (8.0 * GBPS))
     assert t_s == pytest.approx(t_h / 0.1)
 
 
@@ -92,7 +108,7 @@ def test_a_link_fault_acts_only_in_its_direction(tmp_path, direction, slowed):
              "direction": direction}
     _, r = _run(tmp_path, _spec(topology=topo, faults=[fault]))
     t = (r.kv_end_s - r.kv_start_s)[0]
-    assert t == pytest.approx(1000 * KV / (8.0 * GBPS) / (0.1 if slowed else 1.0))
+    assert t == pytest.approx(1008 * KV / (8.0 * GBPS) / (0.1 if slowed else 1.0))
 
 
 def test_delay_and_loss_are_refused_by_the_simulator_in_one_line(tmp_path):

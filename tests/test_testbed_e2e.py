@@ -1,9 +1,11 @@
 """The real testbed end to end: emulated cluster, real vLLM engines, NIXL KV across pods.
 
-One cluster and one set of engines serve three jobs: every policy on a short healthy
-workload, then requests whose decode outlives the deadline, then requests across a
-pod whose link the fault agents throttle hard (the spec's fault schedule). Slow (engine start-up
-dominates: several minutes on 2 cores); CI runs it all the same.
+One cluster and one set of engines (the embedded twin scenario's: 4 pods `by_pod`, one engine
+each) are calibrated, then serve three jobs: every policy on a short healthy workload, then
+requests whose decode outlives the deadline, then requests from a prefill pod whose link the
+fault agents throttle hard (the spec's fault schedule). The calibrated simulator then runs the
+throttled job as its twin. Slow (engine start-up dominates: several minutes on 2 cores); CI runs
+it all the same.
 """
 
 import json
@@ -40,6 +42,7 @@ def _leftovers() -> dict[str, list[str]]:
 def testbed_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("testbed")
     base = load_spec(None, default="testbed.yaml").model_dump(mode="json")
+    base["faults"] = []
     healthy = parse_spec({**base, "name": "e2e_policies",
                           "workload": {**base["workload"], "arrival": {"kind": "poisson", "rate_rps": 1.0},
                                        "duration_s": None, "max_requests": 3}})
@@ -47,25 +50,26 @@ def testbed_runs(tmp_path_factory):
                        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 2,
                                     "prompt": {"kind": "uniform", "low": 300, "high": 400},
                                     "output": {"kind": "fixed", "value": 3000}}})
-    # Pod 0's link at 2 Mbit/s (r = 0.0002 of 10 Gbit/s) in both directions, KV traffic only:
-    # a 600-token prompt's 4.9 MB of KV then needs about 20 s, twice the deadline.
+    # Pod 0's link at 2 Mbit/s (r = 0.008 of 250 Mbit/s) in both directions, KV traffic only:
+    # a 600-token prompt's 5 blocks of KV (5.2 MB) then need about 21 s, twice the deadline.
     throttled = parse_spec({**base, "name": "e2e_link_fault", "deadline_s": 10.0, "policies": ["Random"],
                             "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 8,
                                          "prompt": {"kind": "uniform", "low": 600, "high": 700},
                                          "output": {"kind": "fixed", "value": 8}},
                             "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": 60.0,
-                                        "residual_bw": 0.0002, "kv_only": True}],
+                                        "residual_bw": 0.008, "kv_only": True}],
                             "health": {"detection_delay_s": 2.0, "clear_delay_s": 2.0}})
     before = _leftovers()
     try:
-        run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0])])
+        run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0])],
+                    calibrate_to=out / "calibration.json")
     finally:
         after = _leftovers()
-    return out, before, after
+    return out, before, after, throttled
 
 
 def test_every_policy_completes_requests_across_pods(testbed_runs):
-    out, _, _ = testbed_runs
+    out = testbed_runs[0]
     cross = n_ok = all_timed_out = 0
     for policy in POLICY_NAMES:
         d = out / "e2e_policies" / policy / "seed-0"
@@ -91,7 +95,7 @@ def test_every_policy_completes_requests_across_pods(testbed_runs):
 
 
 def test_kv_was_transferred_not_recomputed(testbed_runs):
-    out, _, _ = testbed_runs
+    out = testbed_runs[0]
     summary = json.loads((out / "e2e_policies" / "testbed.json").read_text())
     probe = summary["pd_probe"]
     assert probe["ok"], probe
@@ -111,7 +115,7 @@ def test_kv_was_transferred_not_recomputed(testbed_runs):
 
 
 def test_every_field_the_simulator_fills_is_filled(testbed_runs, tmp_path):
-    out, _, _ = testbed_runs
+    out = testbed_runs[0]
     from simulator.run import run_sim
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "experiments" / "smoke.yaml")
@@ -128,7 +132,7 @@ def test_every_field_the_simulator_fills_is_filled(testbed_runs, tmp_path):
 
 
 def test_a_request_past_its_deadline_is_aborted_and_recorded_in_its_stage(testbed_runs):
-    out, _, _ = testbed_runs
+    out = testbed_runs[0]
     d = out / "e2e_deadline" / "LC" / "seed-0"
     req = read_table(d, "requests")
     assert (req.outcome == "timeout").all()
@@ -146,15 +150,15 @@ def test_a_request_past_its_deadline_is_aborted_and_recorded_in_its_stage(testbe
 
 
 def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labels_recorded(testbed_runs):
-    out, _, _ = testbed_runs
+    out = testbed_runs[0]
     d = out / "e2e_link_fault" / "Random" / "seed-0"
     assert read_meta(d)["status"] == "finished"
     req = read_table(d, "requests")
     faults = read_table(d, "faults")
     applied_s = faults[faults.event == "apply"].time_s.min()
-    crossed = req[(req.prefill_pod != req.decode_pod) & (req.kv_start_s > applied_s)]
-    # Random routes blindly: every request that pulled KV across the throttled link (both pods'
-    # traffic crosses pod 0's link) failed, as a timeout in the kv_transfer stage.
+    crossed = req[(req.prefill_pod == 0) & (req.kv_start_s > applied_s)]
+    # Random routes blindly: every request that pulled KV across the throttled link (KV leaves
+    # its prefill pod, pod 0) failed, as a timeout in the kv_transfer stage.
     assert len(crossed) > 0, req
     assert (crossed.outcome == "timeout").all() and (crossed.failed_stage == "kv_transfer").all(), crossed
     # Nothing failed in any other way. (On 2 cores a pending pull costs its engines CPU and
@@ -163,7 +167,7 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
     for event in ("apply", "clear"):
         rows = faults[faults.event == event]
         assert set(rows.target) == {"pod0:eth0/egress", "pod0:eth0/ingress"}, faults
-        assert (rows.pod == 0).all() and (rows.severity == 0.0002).all()
+        assert (rows.pod == 0).all() and (rows.severity == 0.008).all()
     applied = faults[faults.event == "apply"]
     # measured from the interface counters while a probe offered twice the limit
     assert ((applied.measured_bps - 2e6).abs() < 0.10 * 2e6).all(), applied
@@ -182,7 +186,37 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
 
 
 def test_nothing_is_left_behind(testbed_runs):
-    _, before, after = testbed_runs
+    _, before, after, _ = testbed_runs
     for key in ("namespaces", "processes"):
         assert after[key] == [], after
     assert set(after["tmp"]) <= set(before["tmp"])
+
+
+def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_fault(testbed_runs, tmp_path):
+    from analysis.fidelity import compare
+    from core.calibration import apply_calibration, load_calibration
+    from simulator.run import run_sim
+
+    out, _, _, throttled = testbed_runs
+    cal = load_calibration(out / "calibration.json")  # validated as the simulator reads it
+    fits = cal.fits
+    assert fits["prefill"].n >= 15 and fits["decode_step"].n >= 8 and fits["kv_pull_shaped"].n >= 8
+    # The shaped pulls follow bytes / rate (htb is exact: FIELD-NOTES), with a few % of headers.
+    assert fits["kv_pull_shaped"].r2 > 0.95
+    assert 1.0 <= cal.network.kv_wire_overhead < 1.15
+    assert cal.network.kv_bytes_per_token == 8192 and cal.engine.kv_block_tokens == 128
+    # unshaped, UCX over the veth moves far more than the 250 Mbit/s baseline
+    assert cal.network.unshaped_gbps > 1.0
+    assert 0 < cal.engine.decode_step_base_s < 0.5 and cal.engine.prefill_tokens_per_s > 100
+    assert cal.noise["n_steps"] > 100 and len(cal.handshake_s) == 4  # every (prefill, decode) pair warmed
+    # The twin: the same spec in the calibrated simulator; requests pulled from pod 0 during the
+    # fault time out in kv_transfer there too, and the comparison reads both worlds.
+    sim_dir = run_sim(apply_calibration(throttled, cal), "Random", 0, tmp_path / "sim")
+    sim = read_table(sim_dir, "requests")
+    hit = sim[(sim.prefill_pod == 0) & (sim.kv_start_s > 0.5)]
+    assert len(hit) > 0 and (hit.outcome == "timeout").all() and (hit.failed_stage == "kv_transfer").all()
+    fid = compare([sim_dir], [out / "e2e_link_fault" / "Random" / "seed-0"], tmp_path / "fidelity",
+                  cal.model_dump())
+    row = fid.table[(fid.table.policy == "Random") & (fid.table.metric == "failure_rate")]
+    assert len(row) == 1 and 0 < row["sim"].item() and 0 < row["testbed"].item()
+    assert (tmp_path / "fidelity" / "fidelity.csv").exists()

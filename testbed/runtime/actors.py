@@ -108,7 +108,7 @@ class RouterActor:
             if fault_targets is None:
                 raise ValueError(f"{spec.name}: the spec has faults but the run has no fault agents")
             self.injector = FaultInjector(self.ctx, fault_targets.pods, fault_targets.head_agent,
-                                          fault_targets.head_ip, self.now, topo.uplink_Bps * 8)
+                                          fault_targets.head_ip, self.now, topo.fault_baseline_Bps * 8)
 
     def now(self) -> float:
         return time.monotonic() - self.t0

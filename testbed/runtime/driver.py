@@ -19,15 +19,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from workloads.generate import Workload, generate
 
-from core.experiment import run_dir_for, seed_streams, testbed_capacity, testbed_topology
+from core.experiment import build_topology, run_dir_for, seed_streams, testbed_capacity
 from core.spec import ExperimentSpec
+from core.calibration import save_calibration
 from .actors import EngineActor, FaultTargets, RouterActor
+from .calibrate import calibrate, warm_pairs
 from .fault_agents import FaultAgents
 from .injector import PodTargets
 
@@ -45,24 +48,34 @@ def check_workload(wl: Workload, spec: ExperimentSpec) -> None:
 
 
 class Engines:
-    """The engine actors of the run, started together and shut down together."""
+    """The engine actors of the run, one per worker of the spec's topology, started together
+    and shut down together. ``prefill``/``decode`` follow the topology's worker order, so the
+    router's candidate index picks the engine directly."""
 
     def __init__(self, spec: ExperimentSpec, model: str, engine_root: Path, mode: str) -> None:
-        t = spec.testbed
+        t, e, topo = spec.testbed, spec.engine, build_topology(spec)
+        self.topo = topo
         self.prefill: list[Any] = []
         self.decode: list[Any] = []
+        self.names: list[str] = []  # in `all` order: prefill engines, then decode engines
         self.gpu = False  # the emulated testbed serves from vLLM's CPU build (EngineConfig.gpu)
         net_device = "eth0" if mode == "netns" else "lo"
-        for pod in range(t.pods):
-            for role, out in (("prefill", self.prefill), ("decode", self.decode)):
-                idx = len(self.prefill) + len(self.decode)
-                cfg = dict(model=Path(model), run_dir=engine_root, name=f"pod{pod}-{role}",
-                           side_channel_port=SIDE_CHANNEL_BASE_PORT + idx, role=role,
+        # the pod's fault agent takes a sliver of the pod's resource; its engines share the rest
+        share = 0.9 / topo.workers_per_pod
+        for role, ids, out in (("prefill", topo.prefill_ids, self.prefill), ("decode", topo.decode_ids, self.decode)):
+            pods = topo.worker_pod[ids]
+            for k, w in enumerate(ids.tolist()):
+                pod = int(topo.worker_pod[w])
+                name = f"pod{pod}-{role}" + (f"{k}" if (pods == pod).sum() > 1 else "")
+                self.names.append(name)
+                # vLLM's batch limits are the engine block's: the simulator models the same engine
+                max_seqs = e.prefill_slots if role == "prefill" else e.decode_max_batch
+                cfg = dict(model=Path(model), run_dir=engine_root, name=name,
+                           side_channel_port=SIDE_CHANNEL_BASE_PORT + w, role=role,
                            request_deadline_s=spec.deadline_s, max_model_len=t.max_model_len,
-                           kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=t.max_num_seqs,
-                           max_num_batched_tokens=t.max_num_batched_tokens)
-                # 0.45 of the pod's resource each: the pod's fault agent takes a sliver too
-                out.append(EngineActor.options(resources={f"pod{pod}": 0.45}, name=f"engine-{cfg['name']}")
+                           kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
+                           max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs))
+                out.append(EngineActor.options(resources={f"pod{pod}": share}, name=f"engine-{name}")
                            .remote(cfg, net_device))
 
     @property
@@ -110,8 +123,8 @@ class Engines:
     def pod_pids(self) -> list[list[int]]:
         """Per pod, the worker processes of its engines (what a compute fault slows)."""
         pids = ray.get([a.compute_pids.remote() for a in self.all])
-        n = len(self.prefill)
-        return [pids[i] + pids[n + i] for i in range(n)]
+        pods = np.r_[self.topo.worker_pod[self.topo.prefill_ids], self.topo.worker_pod[self.topo.decode_ids]]
+        return [[pid for i in np.flatnonzero(pods == p) for pid in pids[i]] for p in range(self.topo.n_pods)]
 
     def shutdown(self) -> None:
         try:
@@ -139,7 +152,7 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
     before = engines.metrics()
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
         spec.model_dump(mode="json"), policy, seed, str(out), wl.summary(), {"model": model_meta},
-        engines.prefill, engines.decode, testbed_topology(spec), testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
+        engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
         model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None)
     task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
     done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
@@ -152,8 +165,7 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
         status = "finished"
     finally:
         after = engines.metrics()
-        names = [f"pod{i}-{role}" for role, group in (("prefill", engines.prefill), ("decode", engines.decode))
-                 for i in range(len(group))]
+        names = engines.names
         # per-run engine counters: e.g. external prefix-cache hits on a decode engine prove KV was pulled
         deltas = {name: {k: a[k] - b[k] for k in a if isinstance(a[k], (int, float)) and isinstance(b.get(k), (int, float))}
                   for name, a, b in zip(names, after, before)}
@@ -186,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-root", required=True)
     ap.add_argument("--mode", required=True, choices=["netns", "local"])
     ap.add_argument("--cluster-run-id", help="for the memory figure in testbed.json")
+    ap.add_argument("--calibrate", help="measure the engines and links first and write the calibration here")
     args = ap.parse_args(argv)
     # SIGTERM from `testbed run` (or a CI timeout) unwinds like Ctrl-C: runs are closed as interrupted.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -193,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     for job in args.job:
         path, policies, seeds = job.rsplit(":", 2)
         spec = ExperimentSpec.model_validate(json.loads(Path(path).read_text()))
-        jobs.append((spec, policies.split(","), [int(x) for x in seeds.split(",")]))
+        jobs.append((spec, [p for p in policies.split(",") if p], [int(x) for x in seeds.split(",") if x]))
     spec0 = jobs[0][0]
     model_meta = json.loads(args.model_meta)
     if any(spec.faults for spec, _, _ in jobs) and args.mode != "netns":
@@ -201,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(log_to_driver=False)
     engines = Engines(spec0, args.model, Path(args.engine_root), args.mode)
     agents: FaultAgents | None = None
-    summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.testbed.pods, "model": args.model, **model_meta}
+    summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
+                               "placement": spec0.topology.placement, "model": args.model, **model_meta}
     try:
         t0 = time.monotonic()
         started = engines.start(spec0.testbed.engine_start_timeout_s)
@@ -211,13 +225,25 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"{len(started)} engines ready in {summary['engines_ready_s']:.0f} s: "
                       + ", ".join(f"{s['name']}@{s['host_ip']}" for s in started))
         summary["pd_probe"] = probe = engines.probe(model_meta["vocab"])
-        console.print(f"KV transfer probe (pod0 prefill -> pod{spec0.testbed.pods - 1} decode): {probe['verdict']}, "
+        console.print(f"KV transfer probe ({engines.names[0]} -> {engines.names[-1]}): {probe['verdict']}, "
                       f"{probe['external_prefix_cache_hits']} external prefix-cache hits")
+        # Every pair's first NIXL transfer carries a handshake (FIELD-NOTES: 1-2 s): make it now,
+        # so no run pays it and the simulator need not model it.
+        summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"])
+        console.print(f"{len(handshake)} engine pairs warmed up (first NIXL handshake "
+                      f"{np.median(handshake) if handshake else float('nan'):.2f} s median)")
         targets = None
-        if any(spec.faults for spec, _, _ in jobs):
-            agents = FaultAgents(spec0.testbed.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
+        if any(spec.faults for spec, _, _ in jobs) or args.calibrate:
+            agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
             targets = fault_targets(spec0, agents, engines)
             console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
+        if args.calibrate:
+            t1 = time.monotonic()
+            cal = calibrate(spec0, engines.topo, engines.prefill, engines.decode, agents.pods,
+                            {**model_meta, "model": args.model}, handshake)
+            save_calibration(cal, args.calibrate)
+            summary["calibration"] = {"path": args.calibrate, "measure_s": time.monotonic() - t1}
+            console.print(f"calibrated in {time.monotonic() - t1:.0f} s -> {args.calibrate}")
         with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
             for spec, policies, seeds in jobs:

@@ -19,7 +19,6 @@ from typing import Sequence
 from rich.console import Console
 
 from testbed.runtime.injection.cpu import clear_project_cgroups
-from faults.schedule import FaultSchedule
 from testbed.runtime.injection.shaping import netem_missing
 
 from core.spec import ExperimentSpec
@@ -50,6 +49,45 @@ def prepare_model(spec: ExperimentSpec) -> tuple[Path, dict[str, int]]:
 Job = tuple[ExperimentSpec, list[str], list[int]]
 
 
+def engine_limits(spec: ExperimentSpec) -> tuple[int, int, int]:
+    """What of the engine block the real engines are started with (vLLM's batch limits)."""
+    e = spec.engine
+    return e.prefill_slots, e.decode_max_batch, e.prefill_batch_tokens
+
+
+# What one CPU engine with the tiny model takes besides its KV cache (PSS of 4 engines plus the
+# cluster measured 8.0 GiB with 256 MiB of KV each: README "Performance"), and the Ray nodes.
+ENGINE_BASE_BYTES = int(1.5 * 2**30)
+CLUSTER_BYTES = 2**30
+# Verified: 4 engines on 2 cores (FIELD-NOTES). Past two engines a core, each engine loop, its
+# NIXL progress thread and UCX workers get under half a core and host stalls dominate results.
+ENGINES_PER_CORE = 2
+
+
+def _available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def check_machine(spec: ExperimentSpec, cores: int | None = None, available_bytes: int | None = None) -> None:
+    """Refuse a topology this machine cannot hold before starting anything: one vLLM engine per
+    topology worker, each needing memory and a share of the CPU."""
+    topo = spec.topology
+    n = topo.pods * topo.workers_per_pod
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    have = available_bytes if available_bytes is not None else _available_bytes()
+    need = n * (ENGINE_BASE_BYTES + spec.testbed.kv_cache_bytes) + CLUSTER_BYTES
+    if n > ENGINES_PER_CORE * cores:
+        raise ValueError(f"topology: {topo.pods} pods x {topo.workers_per_pod} workers = {n} vLLM engines, but this "
+                         f"machine's {cores} cores hold at most {ENGINES_PER_CORE * cores} (two engines a core)")
+    if need > have:
+        raise ValueError(f"topology: {n} vLLM engines need about {need / 2**30:.1f} GiB "
+                         f"({ENGINE_BASE_BYTES / 2**30:.1f} GiB each plus testbed.kv_cache_bytes, and the cluster), "
+                         f"but {have / 2**30:.1f} GiB are available")
+
+
 def check_faults(jobs: Sequence[Job]) -> None:
     """Faults the testbed cannot apply are refused before anything starts."""
     if not any(s.faults for s, _, _ in jobs):
@@ -58,24 +96,23 @@ def check_faults(jobs: Sequence[Job]) -> None:
     if t.mode == "local" or (t.mode == "auto" and missing_privileges() is not None):
         raise ValueError("faults need the netns mode (root, network namespaces): local mode has no links to shape")
     for s, _, _ in jobs:
-        try:
-            FaultSchedule(s.faults, s.testbed.pods)  # pods of the testbed, not of the simulated topology
-        except ValueError as e:
-            raise ValueError(f"{s.name}: {e} (testbed.pods is {s.testbed.pods})") from None
         for i, f in enumerate(s.faults):
             if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
                 raise ValueError(f"{s.name}: faults[{i}]: {why}")
 
 
 def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
-                more: Sequence[Job] = ()) -> int:
-    """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines)."""
+                more: Sequence[Job] = (), calibrate_to: Path | None = None) -> int:
+    """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines);
+    with ``calibrate_to``, measure the engines and links first and write the calibration there."""
     from .emulated import EmulatedCluster
 
     jobs = [(spec, policies, seeds), *more]
     for other, _, _ in more:
-        if other.testbed != spec.testbed:
-            raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block as {spec.name}")
+        if (other.testbed, other.topology, engine_limits(other)) != (spec.testbed, spec.topology, engine_limits(spec)):
+            raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block, topology and engine "
+                             f"batch limits as {spec.name}")
+    check_machine(spec)
     # Refuse a workload the engines cannot serve before spending minutes starting them.
     from workloads.generate import generate
 
@@ -86,10 +123,15 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         for seed in sds:
             check_workload(generate(s.workload, seed_streams(seed)["workload"]), s)
     check_faults(jobs)
+    if calibrate_to is not None and (spec.testbed.mode == "local" or
+                                     (spec.testbed.mode == "auto" and missing_privileges() is not None)):
+        raise ValueError("calibrate needs the netns mode (root, network namespaces): it shapes a pod's link")
     t0 = time.monotonic()
     model, model_meta = prepare_model(spec)
-    cluster = EmulatedCluster(spec.testbed.pods, mode=spec.testbed.mode, subnet=spec.testbed.subnet)
-    console.print(f"[bold]{spec.name}[/] on the testbed: {spec.testbed.pods} pods x (1 prefill + 1 decode) vLLM engines, "
+    topo = spec.topology
+    cluster = EmulatedCluster(topo.pods, mode=spec.testbed.mode, subnet=spec.testbed.subnet)
+    console.print(f"[bold]{spec.name}[/] on the testbed: {topo.pods} pods x {topo.workers_per_pod} vLLM engines "
+                  f"({topo.placement}), "
                   f"{cluster.mode} mode, {len(policies)} policies x {len(seeds)} seeds -> {out / spec.name}")
     driver = None
     old_term = signal.getsignal(signal.SIGTERM)
@@ -101,6 +143,8 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
                 "--model", str(model), "--model-meta", json.dumps(model_meta),
                 "--engine-root", str(cluster.temp_root / "engines"), "--mode", cluster.mode,
                 "--cluster-run-id", cluster.run_id]
+        if calibrate_to is not None:
+            argv += ["--calibrate", str(Path(calibrate_to).resolve())]
         for i, (s, pols, sds) in enumerate(jobs):
             spec_file = cluster.temp_root / f"spec-{i}.json"
             spec_file.write_text(json.dumps(s.model_dump(mode="json")))

@@ -1,0 +1,424 @@
+"""Sim vs testbed: does a result found in simulation carry over? (``testbed compare SIM TESTBED``)
+
+Two sets of runs of one scenario, one per world, compared policy by policy. "Mean" is the mean over seeds
+and "CI" its 95% half-width (:func:`analysis.summary.mean_ci`); seeds need not be paired. Tolerances are
+the ``metrics.fidelity`` block of the testbed runs' spec (``core.metrics_spec.FidelityTolerances``).
+
+* failure rate: mean and CI per world; diff = testbed - sim (absolute; printed in percentage points);
+  pass when |diff| <= failure_rate_abs.
+* failure composition: per stage of core.stages plus "unknown", the mean over seeds of the stage's share
+  of the failures (runs without failures, whose shares are NaN, left out).
+* TTFT and E2E p50 and p90 over ok requests: mean over seeds of each run's percentile;
+  rel_error = (testbed - sim) / sim; pass when |rel_error| <= latency_rel.
+* traffic deflection ratio: diff = testbed - sim; pass when |diff| <= deflection_abs.
+* rank agreement: Kendall tau-b (scipy.stats.kendalltau) between the worlds' mean failure rates over the
+  policies in both worlds with a finite mean on each side; pass when tau >= kendall_tau_min.
+* order of the named policies (rank_policies, those present on both sides): each world's policies sorted
+  by mean failure rate, lowest first; policies whose means are equal (within 1e-12) are a tie, written
+  "=". Ties are decided on the means, not on the CIs: the issue asks for an identical ranking, and
+  whether the two worlds' values lie within each other's noise is what the per-policy failure-rate
+  verdicts judge. Pass when both worlds give the same sequence of tie groups (a tie in one world and a
+  strict order in the other is a difference).
+* noise floor: per run, among routed requests that touched no degraded pod (neither prefill_pod nor
+  decode_pod is a pod of the faults table, :func:`analysis.metrics.fault_window`), the failure rate;
+  without faults every routed request counts. In the simulator it is normally 0; on the testbed such
+  failures come from the host, not the fault. noise_explained = clean_failure_share(testbed) -
+  clean_failure_share(sim), where clean_failure_share = failed clean requests / all requests: the part
+  of the failure-rate difference made of failures that no fault explains.
+
+A verdict is "pass", "fail", or "n/a" where the value compared is NaN (e.g. a relative error against a
+simulated latency of 0, or a tau over fewer than two policies). Comparisons allow 1e-12 of float rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from scipy import stats
+
+from analysis.fidelity_console import print_fidelity, write_fidelity
+from analysis.fidelity_plots import plot_price_overlay, plot_success_overlay
+from analysis.metrics import RunData, fault_window, latency_percentiles, load_run, run_metrics
+from analysis.plots import RunCurves, run_curves
+from analysis.summary import discover_runs, mean_ci, runs_frame
+from core.metrics_spec import FidelityTolerances
+from core.records import read_meta
+from core.stages import STAGES
+
+NAN = math.nan
+EPS = 1e-12  # float rounding allowed in tolerance checks and ties
+WORLDS = ("sim", "testbed")
+COMPOSITION_STAGES = (*STAGES, "unknown")
+LATENCY_METRICS = ("ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")
+# What defines a scenario. Engine speeds, link rates and KV parameters may differ: the simulator's side
+# is calibrated to the testbed's hardware.
+SCENARIO_FIELDS = ("workload", "faults", "deadline_s", "health", "telemetry", "router", "weights")
+TOPOLOGY_FIELDS = ("pods", "workers_per_pod", "prefill_fraction", "placement")
+
+
+# --------------------------------------------------------------------------- same scenario?
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT = _Absent()
+
+
+def _flatten(value: Any, key: str, out: dict[str, Any]) -> None:
+    if isinstance(value, Mapping) and value:
+        for k, v in value.items():
+            _flatten(v, f"{key}.{k}", out)
+    elif isinstance(value, (list, tuple)) and value:
+        for i, v in enumerate(value):
+            _flatten(v, f"{key}.{i}", out)
+    else:
+        out[key] = value
+
+
+def scenario_fingerprint(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The scenario-defining parts of a resolved spec (run.json["spec"]) as {dotted field: value}:
+    workload, faults, deadline_s, health, telemetry, router, weights, each policy's weights
+    (policies.<name>.weights) and topology's pods, workers_per_pod, prefill_fraction, placement."""
+    out: dict[str, Any] = {}
+    for k in SCENARIO_FIELDS:
+        _flatten(spec.get(k), k, out)
+    topo = spec.get("topology")
+    for k in TOPOLOGY_FIELDS:
+        out[f"topology.{k}"] = topo.get(k) if isinstance(topo, Mapping) else None
+    for p in spec.get("policies") or []:
+        name, weights = (p, None) if isinstance(p, str) else (p.get("name"), p.get("weights"))
+        _flatten(weights, f"policies.{name}.weights", out)
+    return out
+
+
+def _policy_of(key: str) -> str | None:
+    return key.removeprefix("policies.").partition(".weights")[0] if key.startswith("policies.") else None
+
+
+def fingerprint_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first field (in a's order, then b's) whose values differ, as (field, a's, b's; ABSENT where a
+    side lacks it), or None. Weights of a policy listed in only one spec are not compared: one world may
+    run a subset of the policies."""
+    both = {_policy_of(k) for k in a} & {_policy_of(k) for k in b}
+    for key in [*a, *(k for k in b if k not in a)]:
+        policy = _policy_of(key)
+        if policy is not None and policy not in both:
+            continue
+        va, vb = a.get(key, ABSENT), b.get(key, ABSENT)
+        if va != vb:
+            return key, va, vb
+    return None
+
+
+def _spec_of(path: Path, meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = meta.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{path / 'run.json'}: spec must be a mapping, got {type(spec).__name__}")
+    return spec
+
+
+def check_same_scenario(sim: Sequence[tuple[Path, Mapping[str, Any]]],
+                        testbed: Sequence[tuple[Path, Mapping[str, Any]]]) -> str:
+    """Refuse (one-line ValueError) unless every run of ``sim`` is a sim run and every run of ``testbed`` a
+    testbed run, all of one scenario name, with one scenario fingerprint; returns the scenario name.
+    Each side is a list of (run directory, run.json contents)."""
+    sides = {"sim": sim, "testbed": testbed}
+    for world, metas in sides.items():
+        if not metas:
+            raise ValueError(f"compare: no {world} runs given")
+        for path, meta in metas:
+            if meta.get("world") != world:
+                raise ValueError(f"compare: {path} is a {meta.get('world')!r} run, but was given as a {world} run")
+    names = {w: sorted({str(m.get("scenario")) for _, m in metas}) for w, metas in sides.items()}
+    for world, ns in names.items():
+        if len(ns) > 1:
+            raise ValueError(f"compare: the {world} runs hold several scenarios ({', '.join(ns)}); "
+                             "give one scenario's runs per side")
+    if names["sim"] != names["testbed"]:
+        raise ValueError(f"compare: the sim runs are scenario {names['sim'][0]!r} and the testbed runs "
+                         f"scenario {names['testbed'][0]!r}")
+    ref: dict[str, dict[str, Any]] = {}
+    for world, metas in sides.items():
+        path0, meta0 = metas[0]
+        ref[world] = scenario_fingerprint(_spec_of(path0, meta0))
+        for path, meta in metas[1:]:
+            d = fingerprint_difference(ref[world], scenario_fingerprint(_spec_of(path, meta)))
+            if d:
+                raise ValueError(f"compare: the {world} runs differ among themselves in {d[0]} "
+                                 f"({d[1]!r} vs {d[2]!r}): {path0} and {path}")
+    d = fingerprint_difference(ref["sim"], ref["testbed"])
+    if d:
+        raise ValueError(f"compare: sim and testbed runs differ in {d[0]} ({d[1]!r} vs {d[2]!r})")
+    return names["sim"][0]
+
+
+# --------------------------------------------------------------------------- per run
+
+
+def clean_failures(requests: pd.DataFrame, degraded_pods: Sequence[int]) -> dict[str, float]:
+    """Noise floor of one run. A request is *clean* when it was routed (prefill_pod or decode_pod >= 0)
+    and neither its prefill_pod nor its decode_pod is a degraded pod; requests never routed went
+    nowhere and are not clean. noise_floor = failed clean / clean requests; clean_share = clean / all
+    requests; clean_failure_share = failed clean / all requests. NaN where a denominator is 0."""
+    pp = requests["prefill_pod"].to_numpy()
+    dp = requests["decode_pod"].to_numpy()
+    pods = np.asarray(degraded_pods, dtype=np.int64)
+    clean = ((pp >= 0) | (dp >= 0)) & ~np.isin(pp, pods) & ~np.isin(dp, pods)
+    failed = ~requests["outcome"].eq("ok").to_numpy(dtype=bool, na_value=False)
+    n, n_clean, n_bad = len(requests), int(clean.sum()), int((clean & failed).sum())
+    return {
+        "noise_floor": n_bad / n_clean if n_clean else NAN,
+        "clean_share": n_clean / n if n else NAN,
+        "clean_failure_share": n_bad / n if n else NAN,
+    }
+
+
+def run_row(run: RunData) -> dict[str, Any]:
+    """:func:`analysis.metrics.run_metrics` of a run, plus TTFT/TPOT/E2E p50 and p90 (whatever the spec's
+    percentiles) and its :func:`clean_failures`."""
+    row = run_metrics(run)
+    row.update(latency_percentiles(run.requests, (50, 90)))
+    window = fault_window(run.faults, run.requests)
+    row.update(clean_failures(run.requests, window.pods if window else ()))
+    return row
+
+
+# --------------------------------------------------------------------------- the maths, on runs tables
+
+
+def verdict(deviation: float, tolerance: float) -> str:
+    """"pass" when |deviation| <= tolerance, "fail" when above, "n/a" when deviation is NaN."""
+    if deviation is None or math.isnan(deviation):
+        return "n/a"
+    return "pass" if abs(deviation) <= tolerance + EPS else "fail"
+
+
+def seed_mean(runs: pd.DataFrame, world: str, policy: str, metric: str) -> tuple[float, float, int]:
+    """(mean, CI half-width, n) over the seeds of ``world`` and ``policy`` in a runs table; NaN, NaN, 0
+    when the table has no such runs or no such column."""
+    if metric not in runs.columns:
+        return NAN, NAN, 0
+    sel = (runs["world"] == world) & (runs["policy"] == policy)
+    return mean_ci(runs.loc[sel, metric].to_numpy(dtype=float))
+
+
+def _checks(tol: FidelityTolerances) -> list[tuple[str, str, float]]:
+    """(metric, "abs" | "rel", tolerance) of each per-policy check."""
+    return [("failure_rate", "abs", tol.failure_rate_abs),
+            *((m, "rel", tol.latency_rel) for m in LATENCY_METRICS),
+            ("traffic_deflection_ratio", "abs", tol.deflection_abs)]
+
+
+def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances) -> pd.DataFrame:
+    """One row per policy and checked metric (failure_rate, TTFT/E2E p50/p90, traffic_deflection_ratio):
+    sim and testbed mean, CI half-width and n, diff = testbed - sim, rel_error = diff / sim (NaN where sim
+    is 0 or NaN), the tolerance, its kind ("abs": on diff, "rel": on rel_error) and the verdict.
+    ``runs`` holds both worlds' per-run rows (columns world, policy and the metrics)."""
+    rows = []
+    for policy in policies:
+        for metric, kind, limit in _checks(tol):
+            sm, sh, sn = seed_mean(runs, "sim", policy, metric)
+            tm, th, tn = seed_mean(runs, "testbed", policy, metric)
+            diff = tm - sm
+            rel = diff / sm if sm != 0 and not math.isnan(sm) else NAN
+            rows.append({"policy": policy, "metric": metric, "sim": sm, "sim_ci": sh, "sim_n": sn,
+                         "testbed": tm, "testbed_ci": th, "testbed_n": tn, "diff": diff, "rel_error": rel,
+                         "tolerance": limit, "tolerance_kind": kind,
+                         "verdict": verdict(diff if kind == "abs" else rel, limit)})
+    return pd.DataFrame(rows)
+
+
+def composition_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
+    """Per policy and stage (core.stages plus "unknown"): sim_share and testbed_share, the mean over seeds
+    of fail_share_<stage> (runs without failures left out), and diff_share = testbed - sim."""
+    rows = []
+    for policy in policies:
+        for stage in COMPOSITION_STAGES:
+            s = seed_mean(runs, "sim", policy, f"fail_share_{stage}")[0]
+            t = seed_mean(runs, "testbed", policy, f"fail_share_{stage}")[0]
+            rows.append({"policy": policy, "stage": stage, "sim_share": s, "testbed_share": t, "diff_share": t - s})
+    return pd.DataFrame(rows)
+
+
+def noise_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
+    """Per policy: means over seeds of noise_floor, clean_share, clean_failure_share and failure_rate in
+    each world (columns <name>_sim, <name>_testbed), failure_rate_diff, noise_explained =
+    clean_failure_share_testbed - clean_failure_share_sim, and noise_explained_fraction =
+    noise_explained / failure_rate_diff (NaN when the difference is 0)."""
+    rows = []
+    for policy in policies:
+        row: dict[str, Any] = {"policy": policy}
+        for name in ("failure_rate", "noise_floor", "clean_share", "clean_failure_share"):
+            for world in WORLDS:
+                row[f"{name}_{world}"] = seed_mean(runs, world, policy, name)[0]
+        row["failure_rate_diff"] = row["failure_rate_testbed"] - row["failure_rate_sim"]
+        row["noise_explained"] = row["clean_failure_share_testbed"] - row["clean_failure_share_sim"]
+        d = row["failure_rate_diff"]
+        row["noise_explained_fraction"] = row["noise_explained"] / d if abs(d) > EPS else NAN
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+Order = tuple[tuple[str, ...], ...]
+
+
+def policy_order(means: Mapping[str, float]) -> Order:
+    """Policies by mean failure rate, lowest first, as groups of ties (means within 1e-12; names sorted
+    inside a group). NaN means are left out."""
+    items = sorted(((v, p) for p, v in means.items() if not math.isnan(v)))
+    groups: list[list[str]] = []
+    first = NAN
+    for v, p in items:
+        if groups and v - first <= EPS:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+            first = v
+    return tuple(tuple(sorted(g)) for g in groups)
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Rank agreement of the two worlds on mean failure rate (see the module docstring)."""
+
+    policies: tuple[str, ...]  # the policies tau is over
+    kendall_tau: float
+    tau_min: float
+    tau_verdict: str
+    named: tuple[str, ...]  # the rank_policies present in both worlds
+    order_sim: Order
+    order_testbed: Order
+    order_verdict: str  # pass: same order; fail: different; n/a: fewer than two named policies
+
+
+def rank_agreement(sim_means: Mapping[str, float], testbed_means: Mapping[str, float],
+                   tol: FidelityTolerances) -> Rank:
+    """Kendall tau-b over the policies with a finite mean in both mappings, and the order of
+    tol.rank_policies in each world. tau is NaN (verdict n/a) with fewer than two policies or when one
+    world's means are all equal."""
+    common = tuple(p for p in sim_means if p in testbed_means
+                   and not math.isnan(sim_means[p]) and not math.isnan(testbed_means[p]))
+    tau = NAN
+    if len(common) >= 2:
+        # rounded like policy_order's ties, so float noise is no order in either
+        x = [round(sim_means[p], 12) for p in common]
+        y = [round(testbed_means[p], 12) for p in common]
+        if len(set(x)) > 1 and len(set(y)) > 1:  # scipy warns and returns NaN on a constant input
+            tau = float(stats.kendalltau(x, y, variant="b").statistic)
+    tau_ok = "n/a" if math.isnan(tau) else ("pass" if tau >= tol.kendall_tau_min - EPS else "fail")
+    named = tuple(p for p in tol.rank_policies if p in common)
+    o_sim = policy_order({p: sim_means[p] for p in named})
+    o_tb = policy_order({p: testbed_means[p] for p in named})
+    order_ok = "n/a" if len(named) < 2 else ("pass" if o_sim == o_tb else "fail")
+    return Rank(common, tau, tol.kendall_tau_min, tau_ok, named, o_sim, o_tb, order_ok)
+
+
+# --------------------------------------------------------------------------- the comparison
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """The comparison of one scenario's sim and testbed runs."""
+
+    scenario: str
+    policies: tuple[str, ...]  # in both worlds, in the testbed spec's order
+    only_sim: tuple[str, ...]
+    only_testbed: tuple[str, ...]
+    runs: pd.DataFrame  # one row per run of either world (run_row)
+    table: pd.DataFrame  # fidelity_table: fidelity.csv
+    composition: pd.DataFrame  # composition_table: fidelity_composition.csv
+    noise: pd.DataFrame  # noise_table: fidelity_noise.csv
+    rank: Rank  # fidelity_rank.csv
+    tolerances: FidelityTolerances
+    calibration_noise: dict[str, float]
+    out_dir: Path | None = None
+    files: tuple[Path, ...] = ()
+
+    def verdicts(self) -> list[tuple[str, str, str]]:
+        """Every check as (policy or "all", metric, verdict)."""
+        out = [(r.policy, r.metric, r.verdict) for r in self.table.itertuples()]
+        out.append(("all", "kendall_tau", self.rank.tau_verdict))
+        out.append(("all", "rank_order", self.rank.order_verdict))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        v = [x[2] for x in self.verdicts()]
+        return {k: v.count(k) for k in ("pass", "fail", "n/a")}
+
+
+def calibration_noise(calibration: Mapping[str, Any] | None) -> dict[str, float]:
+    """The numeric entries under calibration["noise"] (the JSON `testbed calibrate` writes; any other
+    content is ignored)."""
+    noise = (calibration or {}).get("noise")
+    if not isinstance(noise, Mapping):
+        return {}
+    return {str(k): float(v) for k, v in noise.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _policy_names(spec: Mapping[str, Any]) -> list[str]:
+    return [p if isinstance(p, str) else str(p.get("name")) for p in spec.get("policies") or []]
+
+
+def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str], out_dir: Path | str | None = None,
+            calibration: Mapping[str, Any] | None = None, console: Console | None = None) -> Fidelity:
+    """Compare the sim runs in or below ``sim_paths`` with the testbed runs in or below ``testbed_paths``
+    (same scenario; refused otherwise, see :func:`check_same_scenario`). Prints the tables to ``console``
+    (default: stdout) and writes fidelity.csv, fidelity_composition.csv, fidelity_noise.csv,
+    fidelity_rank.csv and the overlay PNGs into ``out_dir`` (default: a ``fidelity`` folder next to the
+    first testbed path, as `testbed report` puts its ``report`` folder next to its first path)."""
+    sim_paths, testbed_paths = list(sim_paths), list(testbed_paths)
+    dirs = {"sim": discover_runs(sim_paths), "testbed": discover_runs(testbed_paths)}
+    metas = {w: [(d, read_meta(d)) for d in ds] for w, ds in dirs.items()}
+    scenario = check_same_scenario(metas["sim"], metas["testbed"])
+
+    rows: list[dict[str, Any]] = []
+    curves: list[RunCurves] = []
+    tol: FidelityTolerances | None = None
+    for d in [*dirs["sim"], *dirs["testbed"]]:
+        run = load_run(d)  # one run in memory at a time: sim runs can hold millions of requests
+        rows.append(run_row(run))
+        curves.append(run_curves(run))
+        if tol is None and run.world == "testbed":
+            tol = run.spec.fidelity
+    runs = runs_frame(rows)
+    tol = tol or FidelityTolerances()  # not reached: check_same_scenario refuses an empty testbed side
+
+    have = {w: set(runs.loc[runs["world"] == w, "policy"]) for w in WORLDS}
+    spec_order = _policy_names(_spec_of(*metas["testbed"][0]))
+    ordered = [p for p in spec_order if p in have["testbed"]] + sorted(have["testbed"] - set(spec_order))
+    policies = tuple(p for p in ordered if p in have["sim"])
+    if not policies:
+        raise ValueError(f"compare: no policy in common: sim has {', '.join(sorted(have['sim']))}; "
+                         f"testbed has {', '.join(sorted(have['testbed']))}")
+    means = {w: {p: seed_mean(runs, w, p, "failure_rate")[0] for p in policies} for w in WORLDS}
+    fid = Fidelity(
+        scenario=scenario,
+        policies=policies,
+        only_sim=tuple(sorted(have["sim"] - set(policies))),
+        only_testbed=tuple(sorted(have["testbed"] - set(policies))),
+        runs=runs,
+        table=fidelity_table(runs, policies, tol),
+        composition=composition_table(runs, policies),
+        noise=noise_table(runs, policies),
+        rank=rank_agreement(means["sim"], means["testbed"], tol),
+        tolerances=tol,
+        calibration_noise=calibration_noise(calibration),
+    )
+    out = Path(out_dir) if out_dir is not None else Path(testbed_paths[0]).resolve().parent / "fidelity"
+    out.mkdir(parents=True, exist_ok=True)
+    files = write_fidelity(fid, out)
+    plots = [plot_success_overlay(curves, policies, scenario, out), plot_price_overlay(curves, policies, scenario, out)]
+    fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)))
+    print_fidelity(fid, console or Console())
+    return fid

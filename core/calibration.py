@@ -1,0 +1,276 @@
+"""Calibration: the testbed's engines and links measured, fitted into the simulator's parameters.
+
+``testbed calibrate`` measures on the running testbed (``testbed/runtime/calibrate.py``);
+this module holds what is world-independent: the samples, the robust fits, the
+calibration file (pydantic at the file boundary, one-line errors) and how a
+calibration turns a spec into the simulator's model of the same cluster.
+
+The fitted models are the simulator's own (``simulator/cluster.py``):
+
+* prefill batch: ``seconds = prefill_overhead_s + tokens / prefill_tokens_per_s``;
+* decode step: ``seconds = decode_step_base_s + decode_step_per_seq_s * batch
+  + decode_step_per_kv_token_s * kv_tokens``;
+* a KV pull through a link shaped to ``rate`` bit/s:
+  ``seconds = latency + 8 * bytes * kv_wire_overhead / rate``;
+  through an unshaped link: ``seconds = kv_transfer_latency_s + bytes / unshaped_Bps``
+  (the fixed cost is taken from the unshaped pulls, where bytes are cheap).
+
+Every fit is a robust linear least squares on relative residuals: from a start
+with a Cauchy loss, samples whose residual exceeds 3 robust scales (1.4826 x the
+residuals' MAD) and 0.1 s are set aside and the line is refitted on the rest
+with scipy's ``least_squares`` and the ``soft_l1`` loss, until the set is stable. So the host stalls of a 2-core machine (FIELD-NOTES:
+pulls and steps that stall for seconds) do not drag the line; they are counted
+as outliers and reported with the fit, as are R^2 (on the inliers), residual
+percentiles and sample counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy.optimize import least_squares
+
+from .spec import ExperimentSpec
+from .topology import GBPS
+
+# A sample counts as an outlier (a host stall, not the model) when its residual is this many
+# robust scales (1.4826 x MAD) above the fit, and at least OUTLIER_FLOOR_S.
+OUTLIER_SCALES = 3.0
+OUTLIER_FLOOR_S = 0.1
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used; the message is one line naming the file."""
+
+
+# --------------------------------------------------------------------------- fits
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    coef: np.ndarray  # one per column of the design matrix
+    r2: float  # on the inliers
+    n: int
+    n_outliers: int
+    residual_p50_s: float  # |residual| percentiles over all samples
+    residual_p90_s: float
+    scale_s: float  # robust scale (1.4826 x MAD) of the inliers' residuals, seconds
+
+    def report(self, names: Sequence[str]) -> dict[str, Any]:
+        return {"params": {k: float(v) for k, v in zip(names, self.coef)}, "r2": self.r2, "n": self.n,
+                "n_outliers": self.n_outliers, "residual_p50_s": self.residual_p50_s,
+                "residual_p90_s": self.residual_p90_s}
+
+
+def _mad_scale(r: np.ndarray) -> float:
+    return max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-6)
+
+
+def robust_linear_fit(X: np.ndarray, y: np.ndarray, nonneg: bool = True) -> LinearFit:
+    """y ~ X @ coef, robustly (module docstring), in relative terms: the timings span two orders
+    of magnitude and their noise grows with them, so residuals are taken over the prediction.
+    Coefficients are non-negative by default: every term of the simulator's models is a cost."""
+    X, y = np.asarray(X, float), np.asarray(y, float)
+    if X.ndim != 2 or len(X) != len(y):
+        raise ValueError("calibration fit: X must be (n, k) and y (n,)")
+    n, k = X.shape
+    if n < k + 1:
+        raise ValueError(f"calibration fit: {n} samples cannot fit {k} parameters")
+    lo, hi = (np.zeros(k) if nonneg else np.full(k, -np.inf)), np.full(k, np.inf)
+    floor = max(1e-3, 0.01 * float(np.median(np.abs(y))))
+
+    def fit(keep: np.ndarray, c0: np.ndarray, loss: str, f_scale: float) -> np.ndarray:
+        w = 1.0 / np.maximum(X[keep] @ c0, floor)  # relative residuals, weights from the last estimate
+        x0 = np.clip(c0, lo + 1e-12, None) if nonneg else c0
+        return least_squares(lambda c: (X[keep] @ c - y[keep]) * w, x0, bounds=(lo, hi), loss=loss,
+                             f_scale=f_scale).x
+
+    # Start: ordinary least squares, then a Cauchy loss at a 5% relative scale, which all but
+    # ignores stalls of seconds, for a line the stalls have not dragged.
+    coef = np.linalg.lstsq(X, y, rcond=None)[0]
+    coef = fit(np.ones(n, bool), coef, "cauchy", 0.05)
+    outlier = np.zeros(n, bool)
+    for _ in range(10):
+        pred = np.maximum(X @ coef, floor)
+        rel = (y - pred) / pred
+        scale = _mad_scale(rel[~outlier])
+        new = (np.abs(rel) > OUTLIER_SCALES * scale) & (np.abs(y - pred) > OUTLIER_FLOOR_S)
+        if n - new.sum() < k + 1:
+            break
+        coef = fit(~new, coef, "soft_l1", scale)
+        if (new == outlier).all():
+            break
+        outlier = new
+    resid = y - X @ coef
+    yi, ri = y[~outlier], resid[~outlier]
+    ss_tot = float(((yi - yi.mean()) ** 2).sum())
+    r2 = 1.0 - float((ri ** 2).sum()) / ss_tot if ss_tot > 0 else math.nan
+    a = np.abs(resid)
+    return LinearFit(coef, r2, n, int(outlier.sum()), float(np.percentile(a, 50)), float(np.percentile(a, 90)),
+                     _mad_scale(resid[~outlier]))
+
+
+def fit_prefill(tokens: Sequence[float], seconds: Sequence[float]) -> LinearFit:
+    """Prefill batch time against its prompt tokens: coef = (overhead_s, seconds per token)."""
+    t = np.asarray(tokens, float)
+    return robust_linear_fit(np.c_[np.ones_like(t), t], np.asarray(seconds, float))
+
+
+def fit_decode(batch: Sequence[float], kv_tokens: Sequence[float], step_s: Sequence[float]) -> LinearFit:
+    """Decode step time: coef = (base_s, per sequence, per KV token)."""
+    b = np.asarray(batch, float)
+    return robust_linear_fit(np.c_[np.ones_like(b), b, np.asarray(kv_tokens, float)], np.asarray(step_s, float))
+
+
+def fit_pull(nbytes: Sequence[float], rate_bps: Sequence[float], seconds: Sequence[float]) -> LinearFit:
+    """KV pulls through shaped links: coef = (latency_s, wire bytes per KV byte)."""
+    x = 8.0 * np.asarray(nbytes, float) / np.asarray(rate_bps, float)
+    return robust_linear_fit(np.c_[np.ones_like(x), x], np.asarray(seconds, float))
+
+
+def fit_unshaped_pull(nbytes: Sequence[float], seconds: Sequence[float]) -> LinearFit:
+    """KV pulls over unshaped links: coef = (latency_s, seconds per byte)."""
+    b = np.asarray(nbytes, float)
+    return robust_linear_fit(np.c_[np.ones_like(b), b], np.asarray(seconds, float))
+
+
+def stall_stats(gaps_s: Sequence[float], typical_s: float) -> dict[str, float]:
+    """Host noise from engine step gaps: a gap over 5x the typical step and at least 0.1 s is a
+    stall (the engine did not step; nothing in the model explains it)."""
+    g = np.asarray(gaps_s, float)
+    limit = max(5.0 * typical_s, OUTLIER_FLOOR_S)
+    st = g[g > limit]
+    return {"n_steps": int(g.size), "n_stalls": int(st.size),
+            "stall_rate_per_step": float(st.size / g.size) if g.size else math.nan,
+            "stall_time_share": float((st - typical_s).sum() / g.sum()) if g.size and g.sum() > 0 else math.nan,
+            "stall_p50_s": float(np.median(st)) if st.size else 0.0,
+            "stall_max_s": float(st.max()) if st.size else 0.0, "stall_threshold_s": limit}
+
+
+# --------------------------------------------------------------------------- the file
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineCalibration(_Model):
+    """The simulator's engine parameters (names as in ``EngineSpec``), measured."""
+
+    prefill_tokens_per_s: float = Field(gt=0)
+    prefill_overhead_s: float = Field(ge=0)
+    decode_step_base_s: float = Field(gt=0)
+    decode_step_per_seq_s: float = Field(ge=0)
+    decode_step_per_kv_token_s: float = Field(ge=0)
+    decode_kv_tokens: int = Field(ge=1)
+    kv_block_tokens: int = Field(ge=1)
+    kv_transfer_latency_s: float = Field(ge=0)
+
+
+class NetworkCalibration(_Model):
+    """The simulator's link parameters (names as in ``TopologySpec``), measured."""
+
+    kv_bytes_per_token: int = Field(ge=1)
+    kv_wire_overhead: float = Field(ge=1.0)
+    # A pod's link when nothing shapes it (the veth and UCX over TCP on the host's cores).
+    unshaped_gbps: float = Field(gt=0)
+
+
+class FitReport(_Model):
+    params: dict[str, float]
+    r2: float | None
+    n: int = Field(ge=0)
+    n_outliers: int = Field(ge=0)
+    residual_p50_s: float
+    residual_p90_s: float
+
+
+class Calibration(_Model):
+    version: Literal[1] = 1
+    created: str
+    source: dict[str, Any]  # model, engine settings, host: what was measured
+    engine: EngineCalibration
+    network: NetworkCalibration
+    fits: dict[str, FitReport]
+    # NIXL's first transfer between an engine pair, beyond a warm pull of the same size.
+    handshake_s: list[float] = Field(default_factory=list)
+    noise: dict[str, float] = Field(default_factory=dict)
+    samples: dict[str, list[list[float]]] = Field(default_factory=dict)
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read and validate a calibration file; every problem is one line naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise CalibrationError(f"{p}: calibration file not found")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CalibrationError(f"{p}: not a calibration file (invalid JSON: {e})") from None
+    if not isinstance(data, dict):
+        raise CalibrationError(f"{p}: not a calibration file (a JSON object expected, got {type(data).__name__})")
+    try:
+        return Calibration.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        raise CalibrationError(f"{p}: invalid calibration at {loc}: {err['msg']}{more}") from None
+
+
+def save_calibration(cal: Calibration, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(cal.model_dump(mode="json"), indent=1))
+    return p
+
+
+def apply_calibration(spec: ExperimentSpec, cal: Calibration) -> ExperimentSpec:
+    """The spec as the simulator should run it to model the calibrated testbed: the engine's
+    measured speeds and KV geometry; each worker's NIC and the pods' core links at the unshaped
+    rate measured (one engine pair per link on the emulated cluster), with the headers on the wire.
+    The topology's structure, the link baseline (what a fault's r is relative to), the workload,
+    faults and everything else stay the spec's."""
+    n = cal.network
+    wire_gbps = n.unshaped_gbps * n.kv_wire_overhead  # the fit is of KV bytes; links carry headers too
+    topo = spec.topology.model_copy(update={
+        "nic_gbps": wire_gbps, "uplink_gbps": wire_gbps * spec.topology.workers_per_pod,
+        "kv_bytes_per_token": n.kv_bytes_per_token, "kv_wire_overhead": n.kv_wire_overhead})
+    engine = spec.engine.model_copy(update=cal.engine.model_dump())
+    # validate the result as a whole (model_copy does not)
+    return ExperimentSpec.model_validate({**spec.model_dump(), "topology": topo.model_dump(),
+                                          "engine": engine.model_dump()})
+
+
+def calibration_from_fits(*, created: str, source: dict[str, Any], prefill: LinearFit, decode: LinearFit,
+                          pull: LinearFit, unshaped: LinearFit, kv_bytes_per_token: int, kv_block_tokens: int,
+                          decode_kv_tokens: int, handshake_s: Sequence[float], noise: dict[str, float],
+                          samples: dict[str, list[list[float]]]) -> Calibration:
+    """Assemble the file from the four fits (see the module docstring for their models)."""
+    overhead, s_per_token = prefill.coef
+    base, per_seq, per_kv = decode.coef
+    # The fixed cost of a pull is best seen where bytes are cheap: the unshaped fit's intercept
+    # (a shaped pull's seconds of bytes dwarf it); the shaped fit gives the bytes on the wire.
+    _, wire = pull.coef
+    latency, s_per_byte = unshaped.coef
+    return Calibration(
+        created=created, source=source,
+        engine=EngineCalibration(
+            prefill_tokens_per_s=1.0 / max(s_per_token, 1e-12), prefill_overhead_s=float(overhead),
+            decode_step_base_s=max(float(base), 1e-6), decode_step_per_seq_s=float(per_seq),
+            decode_step_per_kv_token_s=float(per_kv), decode_kv_tokens=int(decode_kv_tokens),
+            kv_block_tokens=int(kv_block_tokens), kv_transfer_latency_s=float(latency)),
+        network=NetworkCalibration(kv_bytes_per_token=int(kv_bytes_per_token), kv_wire_overhead=max(float(wire), 1.0),
+                                   unshaped_gbps=1.0 / max(s_per_byte, 1e-15) / GBPS),
+        fits={"prefill": FitReport(**prefill.report(["prefill_overhead_s", "prefill_s_per_token"])),
+              "decode_step": FitReport(**decode.report(["decode_step_base_s", "decode_step_per_seq_s",
+                                                        "decode_step_per_kv_token_s"])),
+              "kv_pull_shaped": FitReport(**pull.report(["kv_transfer_latency_s", "kv_wire_overhead"])),
+              "kv_pull_unshaped": FitReport(**unshaped.report(["kv_transfer_latency_s", "unshaped_s_per_byte"]))},
+        handshake_s=[float(h) for h in handshake_s], noise=noise, samples=samples)
