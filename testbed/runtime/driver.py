@@ -1,12 +1,16 @@
 """The testbed's driver: runs inside the head's network namespace, connected to Ray.
 
-    python -m testbed.runtime.driver --job SPEC.json:A,B:0,1 --out DIR --model DIR --mode netns|local ...
+    python -m testbed.runtime.driver --job SPEC.json:A,B:0,1 --out DIR --model DIR --mode netns|local
+        [--calibrate FILE] ...
 
-It starts every engine in parallel (one prefill and one decode actor per pod),
-checks once that KV pulled across pods decodes like a single engine (the
-probe, recorded in ``testbed.json``), then for each (policy, seed) creates a router actor that replays the spec's
-workload against them and streams the run directory, and finally shuts the
-engines down. `testbed run` brings the cluster up around it and down after.
+It starts every engine in parallel (one actor per topology worker, prefill or
+decode as the topology places it), checks once that KV pulled across pods
+decodes like a single engine (the probe, recorded in ``testbed.json``), makes
+every engine pair's first NIXL transfer, calibrates if asked
+(:mod:`testbed.runtime.calibrate`), then for each (policy, seed) creates a router
+actor that replays the spec's workload against them and streams the run
+directory, and finally shuts the engines down. `testbed run` brings the cluster
+up around it and down after.
 """
 
 from __future__ import annotations
