@@ -25,7 +25,7 @@ from rich.table import Table
 from testbed.runtime.injection.agent import FaultAgent
 from testbed.runtime.injection.shaping import KV_PORT_BASE
 from testbed.runtime.netns import Fabric, create_fabric, destroy_fabric, in_netns
-from testbed.runtime.injector import FaultInjector
+from faults.telemetry import probe_window_s
 from testbed.runtime.traffic import TcpStream
 
 KV_PORT = KV_PORT_BASE + 7  # a port a kv_only fault would shape too
@@ -76,7 +76,7 @@ def main() -> None:
 
 
 def _measure(agent: FaultAgent, side: str, pod0, pod1, rate: float) -> float:
-    window = FaultInjector._window(2 * rate)  # as the testbed measures
+    window = probe_window_s(2 * rate)  # as the testbed measures
     if side == "uplink":
         with in_netns(pod0.netns):
             return agent.measure_uplink("eth0", pod1.address, 2 * rate, window)

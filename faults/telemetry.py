@@ -4,6 +4,12 @@ The true bandwidth per pod is piecewise constant: each :meth:`observe` sets it
 from that time on. ``direct`` shows the latest value, ``delayed`` the value in
 force ``lag_s`` ago (``bw0`` before the first observation), ``none`` nothing
 (:meth:`view` returns None and the price drops its bandwidth term).
+
+A link change is observed when its measurement ends: a probe offered just above
+the new limit (:func:`probe_offered_bps`) for :func:`probe_window_s`. The
+testbed's fault agents measure with exactly these; the simulator hands the
+router the new bandwidth that much after the change, so in both worlds the
+price learns of a fault as late as the measurement allows.
 """
 
 from __future__ import annotations
@@ -16,6 +22,31 @@ from faults.spec import TelemetrySpec
 
 # Same reason as in faults.health: summed float clocks drift by ulps.
 _EPS = 1e-9
+PROBE_MIN_S = 0.4  # at least this long (a few shaper steps at any rate)
+PROBE_MAX_S = 2.0  # at a few Mbit/s the shaper's steps are this far apart
+MAX_PROBE_BPS = 2e9  # what a Python probe can offer on this kind of machine (testbed/runtime/injector.py)
+
+
+def probe_offered_bps(new: float, old: float, baseline_bps: float) -> float:
+    """The probe's rate for a link going from residual factor ``old`` to ``new``: a new limit is
+    offered 1.5x itself (enough to saturate it, little to queue behind it), a removed one twice
+    itself, to show it gone."""
+    return min((1.5 if new < 1 else 2.0) * min(new, old) * baseline_bps, MAX_PROBE_BPS)
+
+
+def probe_window_s(offered_bps: float) -> float:
+    """How long a probe at ``offered_bps`` is read: about eight 64 KiB (GSO) packets, the
+    shaper's step size (FIELD-NOTES: shorter windows read htb's debt, not its rate)."""
+    return float(np.clip(8 * 65536 * 8 / (offered_bps / 2), PROBE_MIN_S, PROBE_MAX_S))
+
+
+def link_measure_s(old: tuple[np.ndarray, np.ndarray], new: tuple[np.ndarray, np.ndarray], pods: np.ndarray,
+                   baseline_bps: float) -> float:
+    """How long measuring a fault step's link changes takes: the longest probe window over the
+    changed pods' changed sides (uplink, downlink factors before and after); 0 without a change."""
+    windows = [probe_window_s(probe_offered_bps(float(n[p]), float(o[p]), baseline_bps))
+               for o, n in zip(old, new) for p in np.asarray(pods).tolist() if n[p] != o[p]]
+    return max(windows, default=0.0)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

@@ -39,6 +39,7 @@ from core.run import RunContext
 from core.spec import EngineSpec
 from core.ticket import Ticket
 from faults.schedule import FaultStep, ScheduledEvent
+from faults.telemetry import link_measure_s
 from workloads.generate import Workload
 
 from .network import FlowNetwork
@@ -93,6 +94,9 @@ class ClusterSim:
         self.prefill = [_Prefill(int(topo.worker_pod[w])) for w in topo.prefill_ids]
         self.decode = [_Decode(int(topo.worker_pod[w])) for w in topo.decode_ids]
         self.slowdown = np.ones(topo.n_pods)
+        self._links = (np.ones(topo.n_pods), np.ones(topo.n_pods))  # (uplink, downlink) factors as set
+        self._measuring: deque[FaultStep] = deque()  # steps whose measurement has not ended, in order
+        self._measured_at = 0.0  # when the last of them ends
         self.reqs: list[Ticket | None] = []
         self._flows: dict[int, int] = {}  # request id -> its KV flow, while in kv_transfer
         self._seq = 0
@@ -105,9 +109,11 @@ class ClusterSim:
 
     def run(self) -> None:
         self.env.run(until=self.end_time)
+        while self._measuring:  # measurements still running at the end: they end now
+            self._end_step(self._measuring[0])
         closing = self.ctx.closing_step(self.env.now)  # faults still on when the run ends are cleared, recorded
         if closing is not None:
-            self._apply(closing)
+            self._apply(closing, measure=False)
 
     # --- processes ----------------------------------------------------------
     def _every(self, period: float, fn: Callable[[float], None]):
@@ -155,8 +161,10 @@ class ClusterSim:
                 yield env.timeout(step.time_s - env.now)
             self._apply(step)
 
-    def _apply(self, step: FaultStep) -> None:
-        """Set the step's link capacities and worker speeds (what the simulator measures is what it set)."""
+    def _apply(self, step: FaultStep, measure: bool = True) -> None:
+        """Set the step's link capacities and worker speeds. What the simulator measures is what it
+        set, but the router learns of a link change only when the testbed's probe of it would have
+        ended (faults.telemetry.link_measure_s): measurements end in step order."""
         now, topo = self.env.now, self.topo
         self.ctx.begin_step(step, now)
         for p in step.changed.tolist():
@@ -164,7 +172,20 @@ class ClusterSim:
             self.net.set_capacity(topo.downlink(p), topo.core_link_Bps(step.downlink[p]))
             if step.slowdown[p] != self.slowdown[p]:
                 self._set_slowdown(p, float(step.slowdown[p]))
-        self.ctx.end_step(step, now, step.bw_factor, self._rows)
+        old = (self._links[0], self._links[1])
+        self._links = (step.uplink, step.downlink)
+        delay = link_measure_s(old, self._links, step.changed, topo.fault_baseline_Bps * 8) if measure else 0.0
+        self._measuring.append(step)
+        if delay > 0 or len(self._measuring) > 1:
+            due = max(now + delay, self._measured_at)
+            self._measured_at = due
+            self.env.timeout(due - now).callbacks.append(lambda _e: self._end_step(self._measuring[0]))
+        else:
+            self._end_step(step)
+
+    def _end_step(self, step: FaultStep) -> None:
+        self._measuring.popleft()
+        self.ctx.end_step(step, self.env.now, step.bw_factor, self._rows)
 
     @staticmethod
     def _rows(ev: ScheduledEvent) -> list[tuple[str, float, float, float]]:

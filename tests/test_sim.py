@@ -203,3 +203,21 @@ def test_oracle_never_routes_to_a_degraded_pod_and_risk_price_tracks_the_fault(t
     health = read_table(d, "health")
     onset = health[(health.pod == 1) & health.unhealthy]
     assert onset.time_s.min() == pytest.approx(20.0 + spec.health.detection_delay_s)
+
+
+@pytest.mark.parametrize("baseline_gbps, r, window_s", [(0.25, 0.01, 2.0), (None, 0.2, 0.4)])
+def test_the_price_learns_of_a_link_fault_when_its_probe_would_have_ended(tmp_path, baseline_gbps, r, window_s):
+    """The testbed's agents measure a new limit with a probe (faults.telemetry): 2 s at a few Mbit/s,
+    0.4 s at line rates. The simulated router sees the bandwidth that late too, not at once."""
+    topo = {"pods": 2, "workers_per_pod": 2, "placement": "by_pod", "nic_gbps": 8.0, "uplink_gbps": 8.0,
+            "link_baseline_gbps": baseline_gbps}
+    fault = {"kind": "link", "pods": [0], "residual_bw": r, "start_s": 5.75, "duration_s": 20.0}
+    spec = _spec(topology=topo, faults=[fault], workload={"max_requests": 30}, policies=["OTF-R"])
+    d, _ = _run(tmp_path, spec, policy="OTF-R")
+    prices = read_table(d, "prices")
+    seen = prices[(prices.pod == 0) & (prices.bw_term > 0.5)].time_s.min()
+    # slow ticks every second: the first one at or after the measurement's end
+    assert seen == pytest.approx(np.ceil(5.75 + window_s), abs=1e-6)
+    assert prices[(prices.pod == 0) & (prices.time_s < 5.75 + window_s)].bw_term.max() == 0.0
+    faults = read_table(d, "faults")
+    assert faults[faults.event == "apply"].time_s.tolist() == [5.75]  # recorded when acted on

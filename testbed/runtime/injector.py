@@ -33,9 +33,8 @@ import numpy as np
 from core.run import FaultRow, RunContext
 from faults.schedule import FaultStep, ScheduledEvent
 from faults.spec import LinkFault
+from faults.telemetry import probe_offered_bps, probe_window_s
 
-MEASURE_WINDOW_S = 0.4  # at least; longer at low rates (see _window)
-MAX_PROBE_BPS = 2e9  # what a Python probe can offer on this kind of machine
 CLEARED_IF_ABOVE = 1.5  # a probe at 2x the removed limit that gets 1.5x through: the limit is gone
 
 
@@ -135,11 +134,9 @@ class FaultInjector:
                 await tg.agent.clear.remote(key)
         if sides:
             out["acted_s"] = self.now()
-            # Both directions at once (separate traffic and counters). A new limit is offered
-            # 1.5x itself (enough to saturate it, little to queue behind it); a removed one
-            # twice itself, to show it gone.
-            offered = [min((1.5 if new < 1 else 2.0) * min(new, old) * self.baseline_bps, MAX_PROBE_BPS)
-                       for _, new, old in sides]
+            # Both directions at once (separate traffic and counters), with the probe the
+            # simulator assumes (faults.telemetry: its rate and window).
+            offered = [probe_offered_bps(new, old, self.baseline_bps) for _, new, old in sides]
             rates = await asyncio.gather(*(self._measure(tg, side, o) for (side, _, _), o in zip(sides, offered)))
             # A clear whose probe did not get through is probed once more: on 2 cores under engine
             # load the probe's own sender can start late and miss the window (seen on the downlink).
@@ -164,13 +161,8 @@ class FaultInjector:
             out.setdefault("acted_s", self.now())
         return out
 
-    @staticmethod
-    def _window(offered_bps: float) -> float:
-        """Long enough for about eight 64 KiB (GSO) packets, the shaper's step size."""
-        return float(np.clip(8 * 65536 * 8 / (offered_bps / 2), MEASURE_WINDOW_S, 2.0))
-
     async def _measure(self, tg: PodTargets, side: str, offered_bps: float) -> float:
-        window = self._window(offered_bps)
+        window = probe_window_s(offered_bps)
         if side == "uplink":
             return await tg.agent.measure_uplink.remote(tg.ifname, self.head_ip, offered_bps, window)
         blast = self.head_agent.blast.remote(tg.ip, offered_bps, window + 0.3)
