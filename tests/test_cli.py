@@ -164,3 +164,16 @@ def test_twin_refuses_a_malformed_calibration_before_starting_anything(tmp_path)
     assert not (tmp_path / "runs").exists()
     res = _run("sim", "--calibration", tmp_path / "missing.json", "--out", tmp_path / "runs")
     assert res.returncode == 2 and "calibration file not found" in res.stderr
+
+
+def test_the_machine_check_counts_memory_and_cores():
+    pytest.importorskip("pyroute2", reason="pyroute2 is not installed (the README's install command installs it)")
+    from core.spec import load_spec
+    from testbed.runtime.launch import check_machine
+
+    spec = load_spec(None, default="testbed.yaml")  # 4 engines of 256 MiB KV each
+    check_machine(spec, cores=2, available_bytes=9 * 2**30)  # 4 x 1.75 GiB + 1 GiB fits
+    with pytest.raises(ValueError, match=r"4 vLLM engines need about 8\.0 GiB .* but 7\.0 GiB are available"):
+        check_machine(spec, cores=2, available_bytes=7 * 2**30)
+    with pytest.raises(ValueError, match=r"= 4 vLLM engines, but this machine's 1 cores hold at most 2"):
+        check_machine(spec, cores=1, available_bytes=64 * 2**30)
