@@ -24,6 +24,12 @@ PREFILL, DECODE = 0, 1
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 
 
+def kv_transfer_bytes(prompt_tokens: int, block_tokens: int, bytes_per_token: int) -> int:
+    """The KV a pull moves: every cache block of the prompt, the partial last one included
+    (measured with NIXL on vLLM's CPU build), in both worlds."""
+    return -(-prompt_tokens // block_tokens) * block_tokens * bytes_per_token
+
+
 @dataclass(frozen=True)
 class Topology:
     n_pods: int

@@ -38,6 +38,7 @@ from core.records import NAN
 from core.run import RunContext
 from core.spec import EngineSpec
 from core.ticket import Ticket
+from core.topology import kv_transfer_bytes
 from faults.schedule import FaultStep, ScheduledEvent
 from faults.telemetry import link_measure_s
 from workloads.generate import Workload
@@ -251,14 +252,9 @@ class ClusterSim:
             d.reserved_kv += need
             self._start_transfer(req)
 
-    def kv_bytes(self, prompt_tokens: int) -> int:
-        """The KV a pull moves: every block of the prompt, the partial last one included."""
-        block = self.e.kv_block_tokens
-        return -(-prompt_tokens // block) * block * self.kv_bpt
-
     def _start_transfer(self, req: Ticket) -> None:
         req.enter("kv_transfer", self.env.now)
-        req.kv_bytes = nbytes = self.kv_bytes(req.prompt_tokens)
+        req.kv_bytes = nbytes = kv_transfer_bytes(req.prompt_tokens, self.e.kv_block_tokens, self.kv_bpt)
         on_wire = nbytes * self.wire_overhead  # protocol headers travel too
         self._flows[req.request_id] = self.net.start(self.topo.path(req.prefill_worker, req.decode_worker), on_wire,
                                                      lambda _fid, req=req: self._end_flow(req))

@@ -40,7 +40,7 @@ from rich.console import Console
 from core.calibration import (Calibration, calibration_from_fits, fit_decode, fit_prefill, fit_pull,
                               fit_unshaped_pull, stall_stats)
 from core.spec import ExperimentSpec
-from core.topology import Topology
+from core.topology import Topology, kv_transfer_bytes
 
 from .serve import prompt_ids
 
@@ -84,10 +84,6 @@ def _pd(prefill: Any, decode: Any, rid: str, ids: list[int]) -> tuple[float, flo
     st = dict(dec.stages)
     pull = st["recv_done"] - st["alloc_remote"] if "recv_done" in st and "alloc_remote" in st else None
     return prefill_s, pull, dec.finished_s - dec.submitted_s
-
-
-def kv_bytes(tokens: int, kv_bytes_per_token: int) -> int:
-    return -(-tokens // BLOCK) * BLOCK * kv_bytes_per_token
 
 
 def warm_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, tokens: int = 2 * BLOCK + 1) -> list[float]:
@@ -154,7 +150,7 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
             pre_s, pull_s, _ = _pd(P, D, *ids(tokens))
             prefill_samples.append([tokens, pre_s, 1])
             if pull_s is not None:
-                unshaped.append([kv_bytes(tokens, kvpt), pull_s])
+                unshaped.append([kv_transfer_bytes(tokens, BLOCK, kvpt), pull_s])
     for k, tokens in PREFILL_BATCHES:
         prefill_samples.append([k * tokens, _prefill_batch(P, D, ids, k, tokens), k])
     console.print(f"  calibrate: prefill and unshaped pulls ({len(prefill_samples)} + {len(unshaped)} samples) "
@@ -170,10 +166,10 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
         try:
             for b in blocks:
                 tokens = b * BLOCK + BLOCK // 2  # b + 1 blocks: the partial last one moves too
-                for _ in range(2 if kv_bytes(tokens, kvpt) * 8 / rate < 2.0 else 1):
+                for _ in range(2 if kv_transfer_bytes(tokens, BLOCK, kvpt) * 8 / rate < 2.0 else 1):
                     _, pull_s, _ = _pd(P, D, *ids(tokens))
                     if pull_s is not None:
-                        shaped.append([kv_bytes(tokens, kvpt), rate, pull_s])
+                        shaped.append([kv_transfer_bytes(tokens, BLOCK, kvpt), rate, pull_s])
         finally:
             ray.get(agent.clear.remote("calibrate"))
     console.print(f"  calibrate: {len(shaped)} shaped pulls in {time.monotonic() - t1:.0f} s")

@@ -36,6 +36,7 @@ import numpy as np
 
 from core.run import RunContext
 from core.ticket import Ticket
+from core.topology import kv_transfer_bytes
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class RequestFlow:
         admitted = _at(sent, offsets, "alloc_remote", limit)
         if admitted is not None:
             t.enter("kv_transfer", admitted)
-            t.kv_bytes = self._kv_bytes(t.prompt_tokens)
+            t.kv_bytes = kv_transfer_bytes(t.prompt_tokens, self.block, self.kv_bpt)
         received = _at(sent, offsets, "recv_done", limit)
         if received is not None and admitted is not None:
             t.enter("decode", received)
@@ -191,10 +192,6 @@ class RequestFlow:
         except Exception as e:  # an engine died or a call failed: an error in the stage it was in
             log.warning("request %s failed: %s", rid, e)
             return self._end(t, "error")
-
-    def _kv_bytes(self, prompt_tokens: int) -> int:
-        # NIXL pulls every block of the prompt, the partial last one included (measured).
-        return -(-prompt_tokens // self.block) * self.block * self.kv_bpt
 
     def _end(self, t: Ticket, outcome: str) -> str:
         t.finish(self.clock(), outcome)
