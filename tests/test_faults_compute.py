@@ -305,6 +305,9 @@ def test_the_backend_is_the_callers_never_the_hosts(monkeypatch: pytest.MonkeyPa
     assert gpu_available() is None  # the host looks like it has a GPU...
     t = make_throttle("pytest-backend", "cpu")
     assert isinstance(t, CpuQuotaThrottle) and not t.active  # ...yet a CPU testbed gets its CPU throttle
+    assert t.baseline_cores is None  # every core of the host, fixed at the first apply
+    # single-threaded engines: the quota is their cores over the factor, not the host's
+    assert make_throttle("pytest-backend", "cpu", 1.0).baseline_cores == 1.0
     g = make_throttle("pytest-backend", "gpu")
     assert isinstance(g, GpuClockThrottle) and not g.active  # built only: nothing locked
     with pytest.raises(ValueError, match=r"unknown compute throttle backend 'tpu': known are cpu, gpu"):

@@ -416,7 +416,9 @@ def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(eng
     base = prefill_s("base")
     workers = descendants(p.proc.pid)  # EngineCore and its worker: the model's compute
     assert len(workers) >= 1
-    throttle = CpuQuotaThrottle("test-engine-slowdown")
+    # the engine computes on one torch thread (EngineConfig.omp_threads): its quota is 1 core / 4,
+    # as the testbed's fault agents give it (testbed/runtime/driver.py fault_targets)
+    throttle = CpuQuotaThrottle("test-engine-slowdown", baseline_cores=1.0)
     try:
         measured = throttle.apply(workers, 4.0)
         slowed = prefill_s("slowed")

@@ -32,8 +32,10 @@ TIME_COLUMNS = ["routed_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "k
 
 def _leftovers() -> dict[str, list[str]]:
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    procs = subprocess.run(["pgrep", "-af", "raylet|gcs_server|EngineCore|ray::"], capture_output=True,
-                           text=True).stdout.splitlines()
+    # A "<defunct>" entry is dead already: a node's agent killed with its session after its raylet,
+    # reparented to PID 1, which reaps it when it gets to it (seen once with 4 pods); not left running.
+    procs = [p for p in subprocess.run(["pgrep", "-af", "raylet|gcs_server|EngineCore|ray::"], capture_output=True,
+                                       text=True).stdout.splitlines() if not p.endswith("<defunct>")]
     tmp = [p.name for p in Path("/tmp").glob("tb-*")]
     return {"namespaces": [n for n in ns if n.startswith("tb-")], "processes": procs, "tmp": tmp}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -34,11 +35,13 @@ from core.experiment import build_topology, run_dir_for, seed_streams, testbed_c
 from core.spec import ExperimentSpec
 from core.calibration import save_calibration
 from .actors import EngineActor, FaultTargets, RouterActor
+from .engine import EngineConfig
 from .calibrate import calibrate, warm_pairs
 from .fault_agents import FaultAgents
 from .injector import PodTargets
 
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node
+ENGINE_THREADS = EngineConfig.omp_threads  # torch threads an engine computes on
 SIDE_CHANNEL_BASE_PORT = 5600
 console = Console(stderr=True)
 
@@ -141,8 +144,13 @@ class Engines:
 def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -> FaultTargets:
     ifname = spec.testbed.fault_interfaces[0]  # the pods' link; the allowlist is checked by the agents
     backend = "gpu" if engines.gpu else "cpu"  # the engines' device, not what the host has
-    pods = [PodTargets(agent, ip, ifname, pids, backend)
-            for agent, ip, pids in zip(agents.pods, agents.pod_ips, engines.pod_pids())]
+    # Each CPU engine computes on one torch thread (EngineConfig.omp_threads): a slow-down by f
+    # gives the pod's engines their threads' worth of cores over f, never more than the host has.
+    host = len(os.sched_getaffinity(0))
+    per_pod = np.bincount(engines.topo.worker_pod, minlength=engines.topo.n_pods)
+    cores = [float(host) if ENGINE_THREADS is None else min(float(n * ENGINE_THREADS), host) for n in per_pod]
+    pods = [PodTargets(agent, ip, ifname, pids, backend, c)
+            for agent, ip, pids, c in zip(agents.pods, agents.pod_ips, engines.pod_pids(), cores)]
     return FaultTargets(pods, agents.head, agents.head_ip)
 
 

@@ -80,8 +80,9 @@ class FaultAgentActor:
                    kv_only: bool = False, delay_ms: float = 0.0, loss: float = 0.0) -> dict[str, Any]:
         return self.agent.apply_link(key, ifname, sides, rate_bps, ttl_s, kv_only, delay_ms, loss)  # type: ignore[arg-type]
 
-    def apply_compute(self, key: str, pids: list[int], factor: float, ttl_s: float, backend: Backend = "cpu") -> float:
-        return self.agent.apply_compute(key, pids, factor, ttl_s, backend)
+    def apply_compute(self, key: str, pids: list[int], factor: float, ttl_s: float, backend: Backend = "cpu",
+                      cores: float | None = None) -> float:
+        return self.agent.apply_compute(key, pids, factor, ttl_s, backend, cores)
 
     def measure_uplink(self, ifname: str, peer: str, offered_bps: float, window_s: float = 0.4) -> float:
         return self.agent.measure_uplink(ifname, peer, offered_bps, window_s)

@@ -40,14 +40,17 @@ CLEARED_IF_ABOVE = 1.5  # a probe at 2x the removed limit that gets 1.5x through
 
 @dataclass
 class PodTargets:
-    """Where a pod's faults act: its agent, address, interface and engine processes, and the
-    device its engines run on (which picks the compute throttle: never the host's hardware)."""
+    """Where a pod's faults act: its agent, address, interface and engine processes, the
+    device its engines run on (which picks the compute throttle: never the host's hardware)
+    and, on the CPU, the cores its engines compute on (a slow-down's quota is that over the
+    factor; None: every core of the host)."""
 
     agent: Any
     ip: str
     ifname: str
     pids: list[int]
     backend: str = "cpu"
+    cores: float | None = None
 
 
 class FaultInjector:
@@ -154,7 +157,8 @@ class FaultInjector:
         slow = step.slowdown[pod]
         if slow != old_slow:
             if slow > 1:
-                out["compute"] = await tg.agent.apply_compute.remote("compute", tg.pids, float(slow), ttl, tg.backend)
+                out["compute"] = await tg.agent.apply_compute.remote("compute", tg.pids, float(slow), ttl, tg.backend,
+                                                                     tg.cores)
             else:
                 res = await tg.agent.clear.remote("compute")
                 out["compute"] = float(res) if res is not None else np.nan

@@ -161,10 +161,11 @@ class FaultAgent:
 
     # --- compute ----------------------------------------------------------
     def apply_compute(self, key: str, pids: Sequence[int], factor: float, ttl_s: float,
-                      backend: Backend = "cpu") -> float:
+                      backend: Backend = "cpu", cores: float | None = None) -> float:
         """Slow the processes ``pids`` (and their threads and later children) by ``factor``;
         returns the measured factor. ``backend`` is the device the engines run on
-        (``"cpu"``: a CPU quota on ``pids``; ``"gpu"``: the GPU's clocks)."""
+        (``"cpu"``: a CPU quota on ``pids`` of ``cores / factor``, ``cores`` being what they
+        compute on, every core of the host if None; ``"gpu"``: the GPU's clocks)."""
         from .throttle import make_throttle
 
         self.check_ttl(key, ttl_s)
@@ -172,7 +173,7 @@ class FaultAgent:
             prev = self._active.get(key)
             same = prev is not None and prev.kind == "compute" and prev.detail["backend"] == backend
             # The cgroup is named for node, process and key: agents of several pods share one host here.
-            throttle = prev.detail["throttle"] if same else make_throttle(f"{self.node}-{os.getpid()}-{key}", backend)
+            throttle = prev.detail["throttle"] if same else make_throttle(f"{self.node}-{os.getpid()}-{key}", backend, cores)
             if prev and not same:
                 self.clear(key)  # another kind of fault, or the other backend, under this key
             measured = throttle.apply(list(pids), factor)

@@ -66,8 +66,9 @@ def sanitize_key(key: str) -> str:
     return _KEY_RE.sub("_", key)
 
 
-def make_throttle(key: str, backend: Backend) -> ComputeThrottle:
-    """The slow-down for engines running on ``backend``: ``"cpu"`` quota or ``"gpu"`` clocks.
+def make_throttle(key: str, backend: Backend, cores: float | None = None) -> ComputeThrottle:
+    """The slow-down for engines running on ``backend``: ``"cpu"`` quota (of ``cores / factor``;
+    ``cores`` None: every core the processes may use) or ``"gpu"`` clocks.
 
     ``backend`` is the testbed's engine device: a CPU testbed on a host that has a
     GPU must still slow its CPU engines (and leave the GPU alone), so the host is
@@ -80,7 +81,7 @@ def make_throttle(key: str, backend: Backend) -> ComputeThrottle:
     if backend == "cpu":
         from .cpu import CpuQuotaThrottle
 
-        return CpuQuotaThrottle(key)
+        return CpuQuotaThrottle(key, baseline_cores=cores)
     if backend == "gpu":
         from .gpu import GpuClockThrottle, gpu_available
 
