@@ -198,7 +198,7 @@ class Calibration(_Model):
     engine: EngineCalibration
     network: NetworkCalibration
     fits: dict[str, FitReport]
-    # NIXL's first transfer between an engine pair, beyond a warm pull of the same size.
+    # Per engine pair: its first decode call (the NIXL handshake) beyond a second one of the same size.
     handshake_s: list[float] = Field(default_factory=list)
     noise: dict[str, float] = Field(default_factory=dict)
     samples: dict[str, list[list[float]]] = Field(default_factory=dict)
