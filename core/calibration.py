@@ -60,7 +60,6 @@ class LinearFit:
     n_outliers: int
     residual_p50_s: float  # |residual| percentiles over all samples
     residual_p90_s: float
-    scale_s: float  # robust scale (1.4826 x MAD) of the inliers' residuals, seconds
 
     def report(self, names: Sequence[str]) -> dict[str, Any]:
         return {"params": {k: float(v) for k, v in zip(names, self.coef)}, "r2": self.r2, "n": self.n,
@@ -112,8 +111,7 @@ def robust_linear_fit(X: np.ndarray, y: np.ndarray, nonneg: bool = True) -> Line
     ss_tot = float(((yi - yi.mean()) ** 2).sum())
     r2 = 1.0 - float((ri ** 2).sum()) / ss_tot if ss_tot > 0 else math.nan
     a = np.abs(resid)
-    return LinearFit(coef, r2, n, int(outlier.sum()), float(np.percentile(a, 50)), float(np.percentile(a, 90)),
-                     _mad_scale(resid[~outlier]))
+    return LinearFit(coef, r2, n, int(outlier.sum()), float(np.percentile(a, 50)), float(np.percentile(a, 90)))
 
 
 def fit_prefill(tokens: Sequence[float], seconds: Sequence[float]) -> LinearFit:

@@ -6,6 +6,7 @@ topology worker, the testbed starts a vLLM engine per topology worker, with the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,9 +37,7 @@ def capacity_of(spec: ExperimentSpec) -> Capacity:
 def testbed_capacity(spec: ExperimentSpec, kv_bytes_per_token: int) -> Capacity:
     """The engine block's scales, with the KV capacity the real engines are given
     (``testbed.kv_cache_bytes``; calibration hands the simulator the same number)."""
-    e = spec.engine
-    return Capacity(e.prefill_slots, e.prefill_batch_tokens, e.decode_max_batch,
-                    spec.testbed.kv_cache_bytes / kv_bytes_per_token)
+    return replace(capacity_of(spec), decode_kv_tokens=spec.testbed.kv_cache_bytes / kv_bytes_per_token)
 
 
 def seed_streams(seed: int) -> dict[str, np.random.Generator]:

@@ -95,7 +95,7 @@ class ClusterSim:
         self.prefill = [_Prefill(int(topo.worker_pod[w])) for w in topo.prefill_ids]
         self.decode = [_Decode(int(topo.worker_pod[w])) for w in topo.decode_ids]
         self.slowdown = np.ones(topo.n_pods)
-        self._links = (np.ones(topo.n_pods), np.ones(topo.n_pods))  # (uplink, downlink) factors as set
+        self._applied: FaultStep | None = None  # the last step set (its measurement may still run)
         self._measuring: deque[FaultStep] = deque()  # steps whose measurement has not ended, in order
         self._measured_at = 0.0  # when the last of them ends
         self.reqs: list[Ticket | None] = []
@@ -111,7 +111,7 @@ class ClusterSim:
     def run(self) -> None:
         self.env.run(until=self.end_time)
         while self._measuring:  # measurements still running at the end: they end now
-            self._end_step(self._measuring[0])
+            self._end_step()
         closing = self.ctx.closing_step(self.env.now)  # faults still on when the run ends are cleared, recorded
         if closing is not None:
             self._apply(closing, measure=False)
@@ -173,19 +173,22 @@ class ClusterSim:
             self.net.set_capacity(topo.downlink(p), topo.core_link_Bps(step.downlink[p]))
             if step.slowdown[p] != self.slowdown[p]:
                 self._set_slowdown(p, float(step.slowdown[p]))
-        old = (self._links[0], self._links[1])
-        self._links = (step.uplink, step.downlink)
-        delay = link_measure_s(old, self._links, step.changed, topo.fault_baseline_Bps * 8) if measure else 0.0
+        before = self._applied
+        old = (before.uplink, before.downlink) if before is not None else (np.ones(topo.n_pods),) * 2
+        delay = link_measure_s(old, (step.uplink, step.downlink), step.changed, topo.fault_baseline_Bps * 8) \
+            if measure else 0.0
+        self._applied = step
         self._measuring.append(step)
         if delay > 0 or len(self._measuring) > 1:
             due = max(now + delay, self._measured_at)
             self._measured_at = due
-            self.env.timeout(due - now).callbacks.append(lambda _e: self._end_step(self._measuring[0]))
+            self.env.timeout(due - now).callbacks.append(lambda _e: self._end_step())
         else:
-            self._end_step(step)
+            self._end_step()
 
-    def _end_step(self, step: FaultStep) -> None:
-        self._measuring.popleft()
+    def _end_step(self) -> None:
+        """The oldest running measurement ends: the router sees that step's bandwidth."""
+        step = self._measuring.popleft()
         self.ctx.end_step(step, self.env.now, step.bw_factor, self._rows)
 
     @staticmethod

@@ -42,10 +42,10 @@ from core.calibration import (Calibration, calibration_from_fits, fit_decode, fi
 from core.spec import ExperimentSpec
 from core.topology import Topology, kv_transfer_bytes
 
-from .serve import prompt_ids
+from .serve import CPU_BLOCK_TOKENS, prompt_ids
 
 console = Console(stderr=True)
-BLOCK = 128  # vLLM's CPU block size (tokens): prompts of a block or less move no KV (FIELD-NOTES)
+BLOCK = CPU_BLOCK_TOKENS  # prompts of a block or less move no KV (FIELD-NOTES)
 SALT = 424242  # calibration prompts never share a prefix with a run's
 # Prompt lengths for prefill and unshaped pulls: one block and a bit to most of the tiny model's context.
 PREFILL_LENGTHS = (160, 384, 768, 1536, 2560)

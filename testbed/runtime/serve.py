@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # After an abort the engine call returns within a step or two; this bounds the wait.
 ABORT_GRACE_S = 30.0
+# vLLM's CPU build stores KV in blocks of 128 tokens (FIELD-NOTES); NIXL pulls whole blocks.
+CPU_BLOCK_TOKENS = 128
 
 
 class EngineClient(Protocol):
@@ -98,7 +100,7 @@ class RequestFlow:
         clock: Callable[[], float],
         vocab: int,
         kv_bytes_per_token: int,
-        block_tokens: int = 128,
+        block_tokens: int = CPU_BLOCK_TOKENS,
         salt: int = 0,
     ) -> None:
         self.ctx, self.prefill, self.decode = ctx, list(prefill), list(decode)
