@@ -151,6 +151,24 @@ def stall_stats(gaps_s: Sequence[float], typical_s: float) -> dict[str, float]:
             "stall_max_s": float(st.max()) if st.size else 0.0, "stall_threshold_s": limit}
 
 
+def pull_noise(shaped: Sequence[Sequence[float]], first: Sequence[Sequence[float]]) -> dict[str, float]:
+    """What a shaped pull's stage adds to its wire, from rows (bytes, rate bit/s, NIXL seconds,
+    stage seconds): the host's delay before and around the read (``pull_start_*``, stage minus
+    NIXL), and the first pull after a rate change against bytes / rate (``rate_change_*``)."""
+    out: dict[str, float] = {}
+    s = np.asarray(shaped, float).reshape(-1, 4)
+    if len(s):
+        extra = np.maximum(s[:, 3] - s[:, 2], 0.0)
+        out |= {"pull_start_p50_s": float(np.median(extra)), "pull_start_p90_s": float(np.percentile(extra, 90)),
+                "pull_start_max_s": float(extra.max())}
+    f = np.asarray(first, float).reshape(-1, 4)
+    if len(f):
+        ratio = f[:, 2] / (8.0 * f[:, 0] / f[:, 1])
+        out |= {"rate_change_n": float(len(f)), "rate_change_wire_ratio_max": float(ratio.max()),
+                "rate_change_wire_ratio_p50": float(np.median(ratio))}
+    return out
+
+
 # --------------------------------------------------------------------------- the file
 
 

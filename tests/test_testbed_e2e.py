@@ -203,8 +203,11 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     cal = load_calibration(out / "calibration.json")  # validated as the simulator reads it
     fits = cal.fits
     assert fits["prefill"].n >= 15 and fits["decode_step"].n >= 8 and fits["kv_pull_shaped"].n >= 8
-    # The shaped pulls follow bytes / rate (htb is exact: FIELD-NOTES), with a few % of headers.
+    # The shaped pulls (NIXL's own transfer times) follow bytes / rate (htb is exact: FIELD-NOTES),
+    # with a few % of headers; the first pull after each of the 4 rate changes is kept apart.
     assert fits["kv_pull_shaped"].r2 > 0.95
+    assert cal.noise["rate_change_n"] == 4 and cal.noise["rate_change_wire_ratio_p50"] >= 0.95
+    assert len(cal.samples["pull_shaped_bytes_bps_nixl_s_stage_s"]) == fits["kv_pull_shaped"].n
     assert 1.0 <= cal.network.kv_wire_overhead < 1.15
     assert cal.network.kv_bytes_per_token == 8192 and cal.engine.kv_block_tokens == 128
     # unshaped, UCX over the veth moves far more than the 250 Mbit/s baseline

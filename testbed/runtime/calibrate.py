@@ -15,7 +15,14 @@ to the quantities the two worlds are later compared on:
   (``recv_done``), as ``kv_start_s`` -> ``kv_end_s``; unshaped, and with the prefill
   pod's uplink shaped by its fault agent (the very ``htb`` a link fault uses, KV
   traffic only) at the spec's link baseline and at fractions of it down to the
-  shipped fault's r;
+  shipped fault's r. Shaped pulls are fitted on NIXL's own transfer time (the
+  decode engine's ``vllm:nixl_xfer_time_seconds``, read after each pull): the wire,
+  without the host stalls of seconds that a 2-core machine puts before a pull now
+  and then (FIELD-NOTES; they made the stage-time fit useless on one CI run, R^2
+  0.63). What the stage adds to the wire is kept as noise (``pull_start_*``). The
+  first pull after each rate change is measured apart (``rate_change_*``): TCP
+  meets a queue seconds deep where it had milliseconds, and that pull took up to
+  2.7x bytes / rate here, the ones after it 1.05x;
 * **decode steps**: ``b`` equal requests decoded together on a decode engine; the
   gaps between successive token arrivals while all ``b`` run are the step time at
   batch ``b`` with their KV tokens; gaps far above the typical step are host stalls
@@ -38,7 +45,7 @@ import ray
 from rich.console import Console
 
 from core.calibration import (Calibration, calibration_from_fits, fit_decode, fit_prefill, fit_pull,
-                              fit_unshaped_pull, stall_stats)
+                              fit_unshaped_pull, pull_noise, stall_stats)
 from core.spec import ExperimentSpec
 from core.topology import Topology, kv_transfer_bytes
 
@@ -71,6 +78,29 @@ class _Ids:
     def __call__(self, tokens: int) -> tuple[str, list[int]]:
         i = next(self.n)
         return f"cal-{i}", prompt_ids(i, tokens, self.vocab, salt=SALT)
+
+
+XFER = "vllm:nixl_xfer_time_seconds"
+
+
+def _xfer(decode: Any) -> tuple[float, float]:
+    """The decode engine's cumulative NIXL transfer seconds and transfer count."""
+    m = ray.get(decode.metrics.remote())
+    return float(m[XFER + "_sum"]), float(m[XFER + "_count"])
+
+
+def _pd_wire(prefill: Any, decode: Any, rid: str, ids: list[int]) -> tuple[float | None, float | None]:
+    """One pull as :func:`_pd`, plus NIXL's own time for it: (stage seconds, NIXL seconds). The
+    stats reach the engine's logger with the step after the read completes, so wait for them."""
+    s0, c0 = _xfer(decode)
+    _, pull, _ = _pd(prefill, decode, rid, ids)
+    end = time.monotonic() + 5.0
+    while True:
+        s1, c1 = _xfer(decode)
+        if c1 > c0 or time.monotonic() > end:
+            break
+        time.sleep(0.05)
+    return pull, (s1 - s0 if c1 > c0 else None)
 
 
 def _pd(prefill: Any, decode: Any, rid: str, ids: list[int]) -> tuple[float, float | None, float]:
@@ -158,21 +188,25 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
 
     baseline_bps = topo.fault_baseline_Bps * 8  # what the link faults shape against
     agent, ifname = pod_agents[p_pod], spec.testbed.fault_interfaces[0]
-    shaped: list[list[float]] = []
+    shaped: list[list[float]] = []  # bytes, rate, NIXL seconds, stage seconds
+    first: list[list[float]] = []  # the same, for the first pull after each rate change
     t1 = time.monotonic()
     for frac, blocks in SHAPED:
         rate = frac * baseline_bps
         ray.get(agent.apply_link.remote("calibrate", ifname, ["uplink"], rate, SHAPE_TTL_S, True))
         try:
-            for b in blocks:
+            for i, b in enumerate((blocks[0],) + tuple(blocks)):
                 tokens = b * BLOCK + BLOCK // 2  # b + 1 blocks: the partial last one moves too
-                for _ in range(2 if kv_transfer_bytes(tokens, BLOCK, kvpt) * 8 / rate < 2.0 else 1):
-                    _, pull_s, _ = _pd(P, D, *ids(tokens))
-                    if pull_s is not None:
-                        shaped.append([kv_transfer_bytes(tokens, BLOCK, kvpt), rate, pull_s])
+                nbytes = kv_transfer_bytes(tokens, BLOCK, kvpt)
+                ideal_s = nbytes * 8 / rate  # short pulls are cheap: repeat them more
+                for _ in range(1 if i == 0 else 3 if ideal_s < 1.0 else 2 if ideal_s < 2.0 else 1):
+                    stage_s, wire_s = _pd_wire(P, D, *ids(tokens))
+                    if stage_s is not None and wire_s is not None:
+                        (first if i == 0 else shaped).append([nbytes, rate, wire_s, stage_s])
         finally:
             ray.get(agent.clear.remote("calibrate"))
-    console.print(f"  calibrate: {len(shaped)} shaped pulls in {time.monotonic() - t1:.0f} s")
+    console.print(f"  calibrate: {len(shaped)} shaped pulls (+{len(first)} after a rate change) "
+                  f"in {time.monotonic() - t1:.0f} s")
 
     t2 = time.monotonic()
     decode_samples: list[list[float]] = []
@@ -192,7 +226,7 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
     f_dec = fit_decode(ds[:, 0], ds[:, 1], ds[:, 2])
     f_pull = fit_pull(ss[:, 0], ss[:, 1], ss[:, 2])
     f_un = fit_unshaped_pull(us[:, 0], us[:, 1])
-    noise = stall_stats(gaps, float(np.median(gaps)))
+    noise = stall_stats(gaps, float(np.median(gaps))) | pull_noise(shaped, first)
     return calibration_from_fits(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         source={"model": model_meta.get("model"), "host": platform.node(), "cores": _cores(),
@@ -202,7 +236,8 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
         prefill=f_pre, decode=f_dec, pull=f_pull, unshaped=f_un, kv_bytes_per_token=kvpt, kv_block_tokens=BLOCK,
         decode_kv_tokens=spec.testbed.kv_cache_bytes // kvpt, handshake_s=handshake_s, noise=noise,
         samples={"prefill_tokens_s_batch": prefill_samples, "pull_unshaped_bytes_s": unshaped,
-                 "pull_shaped_bytes_bps_s": shaped, "decode_batch_kvtokens_step_s": decode_samples})
+                 "pull_shaped_bytes_bps_nixl_s_stage_s": shaped, "pull_after_rate_change_bytes_bps_nixl_s_stage_s": first,
+                 "decode_batch_kvtokens_step_s": decode_samples})
 
 
 def _cores() -> int:
