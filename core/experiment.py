@@ -25,7 +25,8 @@ from .view import Capacity
 
 def build_topology(spec: ExperimentSpec) -> Topology:
     t = spec.topology
-    return Topology.build(t.pods, t.workers_per_pod, t.prefill_fraction, t.placement, t.nic_gbps, t.uplink_gbps,
+    uplink = t.uplink_gbps if t.uplink_gbps is not None else t.nic_gbps * t.workers_per_pod / t.oversubscription
+    return Topology.build(t.pods, t.workers_per_pod, t.prefill_fraction, t.placement, t.nic_gbps, uplink,
                           t.link_baseline_gbps)
 
 

@@ -24,6 +24,7 @@ from faults.telemetry import BandwidthTelemetry
 from .policies import Policy
 from .records import DecisionRecord, HealthRecord, PriceRecord
 from .risk import RiskPriceEstimator
+from .stages import blamed_pods
 from .ticket import Ticket
 from .topology import Topology
 from .view import Capacity, ClusterView, Loads, PodState
@@ -50,6 +51,7 @@ class Router:
         self.sink = sink
         self.view = ClusterView(topo, capacity, Loads.zeros(topo), PodState.initial(topo.n_pods))
         self._truth = np.zeros(topo.n_pods, bool)
+        self._link_Bps: np.ndarray | None = None  # None: every core link intact
 
     # --- fast loop --------------------------------------------------------
     def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> Ticket:
@@ -82,18 +84,23 @@ class Router:
         loads.decode_outstanding[t.d_idx] -= 1
         loads.decode_kv_tokens[t.d_idx] -= t.prompt_tokens + t.output_tokens
         self.estimator.observe(now, t.prefill_pod, t.decode_pod, outcome, stage)
+        blamed = () if outcome == "ok" else blamed_pods(stage, t.prefill_pod, t.decode_pod)
+        self.health.observe(now, (t.prefill_pod, t.decode_pod), blamed, outcome)
 
     # --- ground truth, labels, telemetry ----------------------------------
-    def set_truth(self, degraded: np.ndarray) -> None:
-        """Ground truth (only OracleAvoidance's filter reads it)."""
+    def set_truth(self, degraded: np.ndarray, link_Bps: np.ndarray | None = None) -> None:
+        """Ground truth (OracleAvoidance's filter reads it; the alert labels are made from it)
+        and each pod's core-link rate (what the health probe's answer crosses)."""
         self._truth = np.asarray(degraded, bool).copy()
+        if link_Bps is not None:
+            self._link_Bps = np.asarray(link_Bps, float).copy()
         self.view.pods = self.view.pods.replace(degraded=self._truth)
 
     def observe_bandwidth(self, now: float, bw: np.ndarray) -> None:
         self.telemetry.observe(now, np.asarray(bw, float))
 
     def health_tick(self, now: float) -> None:
-        changes = self.health.update(now, self._truth)
+        changes = self.health.update(now, self._truth, self._link_Bps)
         if changes:
             for ch in changes:
                 self.sink(HealthRecord(ch.time_s, ch.pod, ch.unhealthy, ch.truth_degraded))

@@ -69,7 +69,9 @@ class RunContext:
     def begin_step(self, step: FaultStep, now: float) -> None:
         """The truth changes with the schedule: the oracle and the label model see it now,
         not after the world has acted and measured."""
-        self.router.set_truth(step.degraded)
+        topo = self.topo
+        link = np.minimum([topo.core_link_Bps(f) for f in step.uplink], [topo.core_link_Bps(f) for f in step.downlink])
+        self.router.set_truth(step.degraded, link)
         self.router.health_tick(now)
 
     def end_step(self, step: FaultStep, now: float, bw_factor: np.ndarray,

@@ -33,8 +33,13 @@ class TopologySpec(_Spec):
     placement: Literal["within_pod", "by_pod"] = "within_pod"
     # ConnectX-7 class NICs: one 400 Gbit/s NIC per GPU is the norm in current H100/H200 clusters.
     nic_gbps: float = Field(400.0, gt=0)
-    # A pod's core links; None = non-blocking (sum of its NICs), as in a full-bisection fat-tree.
+    # A pod's core links; None = the sum of its NICs over `oversubscription`.
     uplink_gbps: float | None = Field(None, gt=0)
+    # NIC bandwidth of a pod over its core links' bandwidth: 1 = non-blocking, as a GPU back-end
+    # fat-tree is inside a pod; 3:1 is the typical leaf-uplink ratio of general data-centre
+    # fabrics (Lyons and Zolotow, IBM, "Converged Networking: Over-subscription ratio"), the
+    # front-end network KV crosses where NIXL runs over TCP rather than a back-end RDMA fabric.
+    oversubscription: float = Field(1.0, ge=1.0)
     # What a link fault's residual_bw r is relative to: it sets a pod's core links to
     # min(their capacity, r x this). None: their own capacity (a GPU cluster's NICs). The emulated
     # testbed's veth links have no rate of their own below the host's (UCX over TCP on the CPU
@@ -129,9 +134,14 @@ class ExperimentSpec(_Spec):
     router: RouterSpec = RouterSpec()
     weights: Weights = Weights()
     policies: list[PolicyEntry] = Field(min_length=1)
-    # Request deadline: nginx's and most gateways' default upstream read timeout is 60 s;
-    # a request still running then is abandoned by the client anyway.
-    deadline_s: float = Field(60.0, gt=0)
+    # The two limits clients and gateways put on a streaming request:
+    # * the whole request: the OpenAI and Anthropic Python SDKs' default timeout is 600 s
+    #   (httpx.Timeout(600.0, connect=5.0)); a request still running then is abandoned;
+    # * time to first token: a streaming response sends nothing before its first token, and
+    #   nginx's proxy_read_timeout (60 s between two reads from the upstream) and AWS ALB's idle
+    #   timeout (60 s) close a connection that has been silent that long. None: no such limit.
+    deadline_s: float = Field(600.0, gt=0)
+    ttft_timeout_s: float | None = Field(60.0, gt=0)
     metrics: MetricsSpec = MetricsSpec()
     testbed: TestbedSpec = TestbedSpec()
 
@@ -154,6 +164,11 @@ class ExperimentSpec(_Spec):
         if len(set(names)) != len(names):
             raise ValueError(f"policies lists a name twice: {names}")
         return self
+
+    @property
+    def first_token_limit_s(self) -> float:
+        """How long after its arrival a request may go without a first token."""
+        return min(self.deadline_s, self.ttft_timeout_s if self.ttft_timeout_s is not None else self.deadline_s)
 
     def weights_for(self, policy: str) -> Weights:
         for p in self.policies:

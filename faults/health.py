@@ -1,15 +1,38 @@
-"""Health labels: the ground truth as an imperfect monitor would report it.
+"""Health labels: what the router's mask reads, made as a monitor would make them.
 
-The model is a persistence detector with hysteresis plus two noise layers,
-all per pod and vectorised over pods:
+Two detectors (``HealthSpec.model``), both per pod and vectorised over pods:
 
-* detector: a degradation episode (onset = first update that sees the truth
-  degraded) is labelled unhealthy at the first update ``>= onset +
-  detection_delay_s`` if it is still going on then, like an alert rule's
-  ``for:`` window: an episode shorter than the delay is never labelled. Each
-  onset is missed outright with probability ``miss_prob``. After recovery
-  the label clears at the first update ``>= recovery + clear_delay_s``;
-  a pod that degrades again before then simply stays labelled.
+* ``checks`` (default), what production runs:
+
+  - an **active probe** every ``probe_period_s`` (Kubernetes' readiness probe): its answer
+    crosses the pod's core link and waits behind at most ``probe_queue_bytes`` of queue there,
+    so its round trip is that over the link's current rate; above ``probe_timeout_s`` the probe
+    fails; ``probe_failure_threshold`` failures in a row mark the pod down,
+    ``probe_success_threshold`` successes in a row up again. A link at a fraction of its rate
+    answers well within the timeout: only a (nearly) dead link fails the probe;
+  - **passive outlier detection** on the requests' own outcomes (Envoy's
+    ``consecutive_5xx``): ``outlier_consecutive_failures`` failures in a row charged to a pod
+    (the router passes the pods of the one blame rule, ``core.stages.blamed_pods``; a timeout
+    is a 504) eject it for
+    ``outlier_base_ejection_s`` x the times it has been ejected (at most
+    ``outlier_max_ejection_s``); a request that succeeds resets the count of the pods it
+    touched; at most ``outlier_max_ejection_percent`` of the pods are ejected at once (at least
+    one); ``miss_prob`` is the chance an ejection is not enforced; the multiplier drops by one
+    per ``outlier_interval_s`` not ejected.
+
+  Detection therefore depends on severity: a degradation that times no request out is never
+  flagged.
+
+* ``alert``: a persistence detector with hysteresis on the ground truth itself. A degradation
+  episode (onset = first update that sees the truth degraded) is labelled unhealthy at the
+  first update ``>= onset + detection_delay_s`` if it is still going on then, like an alert
+  rule's ``for:`` window: an episode shorter than the delay is never labelled. Each onset is
+  missed outright with probability ``miss_prob``. After recovery the label clears at the first
+  update ``>= recovery + clear_delay_s``; a pod that degrades again before then simply stays
+  labelled.
+
+Two noise layers apply to either detector's output:
+
 * false positives: a pod that was truly healthy and unlabelled over the
   interval since the previous update starts a spurious unhealthy label with
   probability ``1 - exp(-rate * dt)`` (a Poisson process sampled at updates),
@@ -21,14 +44,15 @@ A pod still inside a false positive (or flap) at the previous update cannot
 start the next one before the following update, so every spurious episode is
 visible in the label stream with its own duration.
 
-Labels change only at :meth:`HealthLabelModel.update` calls; the driver calls
-it every ``period_s`` (the simulator may also call it at the schedule's
-change times so that onsets are seen exactly).
+Labels change only at :meth:`HealthLabelModel.update` calls; the router calls
+it every ``period_s`` and at the fault schedule's change times. Request outcomes reach
+the checks through :meth:`HealthLabelModel.observe` as requests end.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -47,6 +71,65 @@ class LabelChange:
     pod: int
     unhealthy: bool  # the label as emitted to the router
     truth_degraded: bool  # the ground truth beside it
+
+
+class _Checks:
+    """The ``checks`` detector: active probe plus passive outlier ejection (module docstring)."""
+
+    def __init__(self, spec: HealthSpec, n: int, rng: np.random.Generator) -> None:
+        self.s, self.n, self.rng = spec, n, rng
+        self.next_probe = 0.0
+        self.fail_streak = np.zeros(n, np.int64)
+        self.ok_streak = np.zeros(n, np.int64)
+        self.probe_down = np.zeros(n, bool)
+        self.consecutive = np.zeros(n, np.int64)  # failed requests in a row, per pod
+        self.ejected_until = np.full(n, -np.inf)
+        self.times_ejected = np.zeros(n, np.int64)  # Envoy's ejection multiplier
+        self.last_interval = 0.0
+        self.max_ejected = max(1, int(n * spec.outlier_max_ejection_percent / 100.0))
+        self.now = 0.0
+
+    def observe(self, now: float, touched: Sequence[int], blamed: Sequence[int], outcome: str) -> None:
+        if outcome == "ok":
+            for p in set(touched) - {-1}:
+                self.consecutive[p] = 0
+            return
+        if outcome not in ("timeout", "error"):  # a rejection is the router's, not the pod's
+            return
+        s = self.s
+        for p in sorted(set(blamed) - {-1}):
+            self.consecutive[p] += 1
+            if self.consecutive[p] < s.outlier_consecutive_failures or self.ejected_until[p] > now:
+                continue
+            if int((self.ejected_until > now).sum()) >= self.max_ejected:
+                continue  # at the cap: the next failure tries again
+            self.consecutive[p] = 0
+            if s.miss_prob > 0 and self.rng.random() < s.miss_prob:
+                continue  # detected, not enforced
+            self.times_ejected[p] += 1
+            self.ejected_until[p] = now + min(s.outlier_base_ejection_s * self.times_ejected[p],
+                                              max(s.outlier_base_ejection_s, s.outlier_max_ejection_s))
+
+    def update(self, now: float, link_Bps: np.ndarray | None) -> np.ndarray:
+        s = self.s
+        while self.next_probe <= now + _EPS:
+            if link_Bps is None:
+                rtt = np.zeros(self.n)
+            else:
+                with np.errstate(divide="ignore"):
+                    rtt = np.where(link_Bps > 0, s.probe_queue_bytes / np.maximum(link_Bps, 1e-300), np.inf)
+            failed = rtt > s.probe_timeout_s
+            self.fail_streak = np.where(failed, self.fail_streak + 1, 0)
+            self.ok_streak = np.where(failed, 0, self.ok_streak + 1)
+            self.probe_down = (self.probe_down | (self.fail_streak >= s.probe_failure_threshold)) \
+                & ~(self.ok_streak >= s.probe_success_threshold)
+            self.next_probe += s.probe_period_s
+        ejected = self.ejected_until > now
+        intervals = int((now - self.last_interval) // s.outlier_interval_s)
+        if intervals > 0:
+            self.times_ejected = np.where(ejected, self.times_ejected, np.maximum(self.times_ejected - intervals, 0))
+            self.last_interval += intervals * s.outlier_interval_s
+        return self.probe_down | ejected
 
 
 class HealthLabelModel:
@@ -68,6 +151,7 @@ class HealthLabelModel:
         self._flap_until = np.full(n, -np.inf)
         self._labels = np.zeros(n, dtype=bool)
         self._labels.flags.writeable = False
+        self._checks = _Checks(spec, n, rng) if spec.model == "checks" else None
 
     @property
     def labels(self) -> np.ndarray:
@@ -84,8 +168,15 @@ class HealthLabelModel:
             return np.zeros(self.n_pods, dtype=bool)
         return eligible & (self._rng.random(self.n_pods) < -np.expm1(-rate * dt))
 
-    def update(self, now: float, truth: np.ndarray) -> list[LabelChange]:
-        """Advance to ``now`` given the ground truth per pod; return the label rows to record.
+    def observe(self, now: float, touched: Sequence[int], blamed: Sequence[int], outcome: str) -> None:
+        """A request ended, having touched the pods ``touched``; a failure is charged to ``blamed``
+        (the router's blame rule). The ``checks`` detector's passive outlier detection counts it."""
+        if self._checks is not None:
+            self._checks.observe(now, touched, blamed, outcome)
+
+    def update(self, now: float, truth: np.ndarray, link_Bps: np.ndarray | None = None) -> list[LabelChange]:
+        """Advance to ``now`` given the ground truth per pod (and, for the probe, each pod's core
+        link rate now, bytes/s; None: intact); return the label rows to record.
 
         The first call returns one row per pod (the initial state); later calls
         return rows for pods whose label or truth changed.
@@ -101,18 +192,21 @@ class HealthLabelModel:
         prev_truth, prev_detected, prev_labels = self._truth, self._detected, self._labels
         t = now + _EPS
 
-        onset = np.flatnonzero(truth & ~prev_truth)
-        if onset.size:
-            self._onset[onset] = now
-            self._missed[onset] = (self._rng.random(onset.size) < s.miss_prob) if s.miss_prob > 0 else False
-        recovery = ~truth & prev_truth
-        self._recovered[recovery] = now
-        self._onset[recovery] = np.nan
+        if self._checks is not None:
+            detected = self._checks.update(now, None if link_Bps is None else np.asarray(link_Bps, float))
+        else:
+            onset = np.flatnonzero(truth & ~prev_truth)
+            if onset.size:
+                self._onset[onset] = now
+                self._missed[onset] = (self._rng.random(onset.size) < s.miss_prob) if s.miss_prob > 0 else False
+            recovery = ~truth & prev_truth
+            self._recovered[recovery] = now
+            self._onset[recovery] = np.nan
 
-        # NaN onset / recovery compare False, so pods without an episode are untouched.
-        detect = truth & ~self._missed & (t >= self._onset + s.detection_delay_s)
-        clear = ~truth & (t >= self._recovered + s.clear_delay_s)
-        detected = (prev_detected | detect) & ~clear
+            # NaN onset / recovery compare False, so pods without an episode are untouched.
+            detect = truth & ~self._missed & (t >= self._onset + s.detection_delay_s)
+            clear = ~truth & (t >= self._recovered + s.clear_delay_s)
+            detected = (prev_detected | detect) & ~clear
 
         # Poisson starts are drawn for the interval (previous update, now], so only
         # pods that spent it in the right state qualify: one still inside a flap or

@@ -83,19 +83,52 @@ FaultSpec = Annotated[LinkFault | ComputeFault, Field(discriminator="kind")]
 
 
 class HealthSpec(BaseModel):
-    """How the ground truth is turned into the health labels the router sees.
+    """How the health labels the router's mask reads are made.
 
-    The defaults model a faithful but not instant detector: no misses, no
-    noise, a few seconds of delay each way. Noise is an experimental knob, off
-    by default so that a baseline run's labels are easy to interpret.
+    ``model: checks`` (the default) is what production runs (``faults/health.py``): an active
+    probe of each pod, Kubernetes style, with a timeout on what it observes, and passive outlier
+    detection on the requests' own failures, Envoy style. Neither sees a link running at a
+    fraction of its rate as such: the probe's answer is tiny, and requests only fail once the
+    degradation is severe enough to time them out. Detection thus depends on severity, and soft
+    degradations pass. ``model: alert`` is a monitor that sees the ground truth itself and flags
+    every degradation after ``detection_delay_s`` (an alert rule's ``for:`` window): the study's
+    "delayed label", the knob for sweeps of label delay and noise.
+
+    Noise (misses, false positives, flapping) applies to either; off by default so that a
+    baseline run's labels are easy to interpret.
     """
 
     model_config = _CONFIG
 
-    # Label refresh period: a 1 s probe / scrape cadence is common for serving
-    # fleets and is short next to the delays below, so it is not what dominates.
+    model: Literal["checks", "alert"] = "checks"
+    # --- checks: the active probe (Kubernetes' readiness-probe defaults: periodSeconds 10,
+    # timeoutSeconds 1, failureThreshold 3, successThreshold 1).
+    probe_period_s: float = Field(10.0, gt=0)
+    probe_timeout_s: float = Field(1.0, gt=0)
+    probe_failure_threshold: int = Field(3, ge=1)
+    probe_success_threshold: int = Field(1, ge=1)
+    # What the probe's answer waits behind on a saturated pod core link: at most the switch's
+    # buffer. Broadcom Tomahawk 5 (51.2 Tbit/s) has 165.2 MB of packet buffer shared by all its
+    # ports; a queue cannot hold more. Round trip = this / the link's rate: 31 ms at r = 0.01 of
+    # the flagship's 533 GB/s core links, so no link degradation short of a dead link fails the
+    # probe, as in production.
+    probe_queue_bytes: float = Field(165.2e6, ge=0)
+    # --- checks: passive outlier detection (Envoy's outlier_detection defaults): a pod is
+    # ejected after consecutive_5xx = 5 failed requests in a row (a timed-out request is a 504),
+    # for base_ejection_time = 30 s x the times it was ejected, at most max_ejection_time = 300 s,
+    # never more than max_ejection_percent = 10% of the pods at once (but at least one); the
+    # multiplier drops by one per interval = 10 s spent not ejected. ``miss_prob`` is the chance
+    # an ejection is not enforced (Envoy's enforcing_consecutive_5xx = 100% by default).
+    outlier_consecutive_failures: int = Field(5, ge=1)
+    outlier_base_ejection_s: float = Field(30.0, gt=0)
+    outlier_max_ejection_s: float = Field(300.0, gt=0)
+    outlier_max_ejection_percent: float = Field(10.0, ge=0, le=100)
+    outlier_interval_s: float = Field(10.0, gt=0)
+
+    # How often the router reads the labels (both models), and the alert monitor's cadence: a 1 s
+    # scrape is common for serving fleets and short next to the delays, so it does not dominate.
     period_s: float = Field(1.0, gt=0)
-    # Time a degradation must persist before it is labelled: e.g. five failed
+    # --- alert: time a degradation must persist before it is labelled: e.g. five failed
     # 1 s probes, or an alert rule's `for:` window.
     detection_delay_s: float = Field(5.0, ge=0)
     # Hysteresis before a recovered pod is trusted again, so one good probe

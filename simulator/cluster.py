@@ -15,8 +15,9 @@
 * decode: continuous batching as a fluid: every running sequence advances one
   token per step, step time = slowdown x (base + per_seq x batch + per_kv_token x
   KV tokens in the batch), recomputed whenever the batch changes;
-* the deadline: a request not finished ``deadline_s`` after arrival is aborted
-  where it is and recorded as a timeout of that stage.
+* the limits: a request without its first token ``ttft_timeout_s`` after arrival,
+  or not finished ``deadline_s`` after it, is aborted where it is and recorded as a
+  timeout of that stage.
 
 Everything around the cluster is the run context both worlds open
 (:class:`core.run.RunContext`): routing returns a :class:`core.ticket.Ticket`,
@@ -84,6 +85,7 @@ class ClusterSim:
         kv_bytes_per_token: int,
         progress: Callable[[float], None] | None = None,
         wire_overhead: float = 1.0,
+        first_token_limit_s: float | None = None,
     ) -> None:
         self.env, self.ctx, self.topo, self.e = env, ctx, ctx.topo, engine
         self.wl, self.deadline = workload, deadline_s
@@ -104,6 +106,9 @@ class ClusterSim:
         self.end_time = (float(workload.arrival_s[-1]) if len(workload) else 0.0) + deadline_s + 1.0
         env.process(self._arrivals())
         env.process(self._deadlines())
+        self.first_token_limit = deadline_s if first_token_limit_s is None else min(first_token_limit_s, deadline_s)
+        if self.first_token_limit < deadline_s:
+            env.process(self._first_token_limits())
         env.process(self._faults())
         for period, fn in ctx.periodic:
             env.process(self._every(period, fn))
@@ -154,6 +159,19 @@ class ClusterSim:
                 i += 1
             else:  # not arrived yet (cannot happen for due <= now, but stay safe)
                 yield env.timeout(0)
+
+    def _first_token_limits(self):
+        """The time-to-first-token limit, swept in arrival order like the deadline: a request
+        still without its first token then (not yet in decode, or its first step not done) times
+        out where it is."""
+        env, arr, limit = self.env, self.wl.arrival_s, self.first_token_limit
+        for i in range(len(self.wl)):
+            due = float(arr[i]) + limit
+            if due > env.now:
+                yield env.timeout(due - env.now)
+            req = self.reqs[i] if i < len(self.reqs) else None
+            if req is not None and not req.done and not req.first_token_s <= env.now:
+                self._timeout(req)
 
     def _faults(self):
         env = self.env

@@ -32,7 +32,7 @@ def run_sim(
     with RunContext(spec, "sim", policy, seed, out, build_topology(spec), wl.summary()) as ctx:
         env = simpy.Environment()
         sim = ClusterSim(env, ctx, spec.engine, wl, spec.deadline_s, spec.topology.kv_bytes_per_token, progress,
-                         spec.topology.kv_wire_overhead)
+                         spec.topology.kv_wire_overhead, spec.first_token_limit_s)
         sim.run()
         ctx.writer.meta["sim_end_s"] = env.now
     return ctx.run_dir

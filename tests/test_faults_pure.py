@@ -32,7 +32,7 @@ def compute(pods, start, dur, k):
 
 def quiet(**kw) -> HealthSpec:
     """A noise-free detector; keywords override."""
-    return HealthSpec(**{"detection_delay_s": 0.0, "clear_delay_s": 0.0, **kw})
+    return HealthSpec(**{"model": "alert", "detection_delay_s": 0.0, "clear_delay_s": 0.0, **kw})
 
 
 def run_labels(model: HealthLabelModel, sched: FaultSchedule, times) -> tuple[list, np.ndarray]:
@@ -258,7 +258,7 @@ def test_first_update_emits_every_pod_then_only_changes():
 def test_detection_and_clear_delays():
     # Degraded on [3.3, 10.3); updates every second plus at the change times.
     sched = FaultSchedule([link([1], 3.3, 7.0, 0.1)], n_pods=3)
-    spec = HealthSpec(detection_delay_s=2.5, clear_delay_s=1.5)
+    spec = HealthSpec(model="alert", detection_delay_s=2.5, clear_delay_s=1.5)
     times = np.union1d(np.arange(0.0, 20.0, 1.0), sched.change_times())
     rows, labels = run_labels(HealthLabelModel(spec, 3, np.random.default_rng(0)), sched, times)
     on = times[labels[:, 1]]
@@ -273,7 +273,7 @@ def test_detection_and_clear_delays():
 def test_detection_counts_from_the_first_update_that_sees_the_onset():
     sched = FaultSchedule([link([0], 3.3, 7.0, 0.1)], n_pods=1)
     times = np.arange(0.0, 20.0, 1.0)  # periodic only: the onset is seen at 4.0
-    _, labels = run_labels(HealthLabelModel(HealthSpec(detection_delay_s=2.5, clear_delay_s=0), 1, np.random.default_rng(0)), sched, times)
+    _, labels = run_labels(HealthLabelModel(HealthSpec(model="alert", detection_delay_s=2.5, clear_delay_s=0), 1, np.random.default_rng(0)), sched, times)
     assert times[labels[:, 0]].tolist() == [7.0, 8.0, 9.0, 10.0]
 
 
@@ -284,7 +284,7 @@ def test_episode_shorter_than_detection_delay_is_not_labelled_and_relapse_keeps_
         link([1], 13.0, 10.0, 0.1),  # ... relapses before the clear delay has run out
     ], n_pods=2)
     times = np.arange(0.0, 40.0, 1.0)
-    _, labels = run_labels(HealthLabelModel(HealthSpec(detection_delay_s=5, clear_delay_s=5), 2, np.random.default_rng(0)), sched, times)
+    _, labels = run_labels(HealthLabelModel(HealthSpec(model="alert", detection_delay_s=5, clear_delay_s=5), 2, np.random.default_rng(0)), sched, times)
     assert not labels[:, 0].any()
     assert times[labels[:, 1]].tolist() == list(np.arange(6.0, 28.0))  # 6 .. 23 + 5 (exclusive)
 
@@ -334,7 +334,7 @@ def test_false_positives_only_on_healthy_pods():
     n = 200
     sched = FaultSchedule([link(list(range(100)), 0.0, 50.0, 0.1)], n)  # pods 0..99 degraded throughout
     times = np.arange(0.0, 50.0, 0.5)
-    spec = HealthSpec(detection_delay_s=10.0, clear_delay_s=0, false_positive_rate_per_s=0.05, false_positive_duration_s=1.0)
+    spec = HealthSpec(model="alert", detection_delay_s=10.0, clear_delay_s=0, false_positive_rate_per_s=0.05, false_positive_duration_s=1.0)
     _, labels = run_labels(HealthLabelModel(spec, n, np.random.default_rng(7)), sched, times)
     before = times < 10.0  # degraded but not yet detected: no spurious label either
     assert not labels[before][:, :100].any()
@@ -347,8 +347,8 @@ def test_flapping_only_on_detected_pods():
     sched = FaultSchedule([link(list(range(100)), 10.0, 50.0, 0.1)], n)
     times = np.arange(0.0, 80.0, 0.5)
     base = dict(detection_delay_s=2.0, clear_delay_s=2.0)
-    _, clean = run_labels(HealthLabelModel(HealthSpec(**base), n, np.random.default_rng(8)), sched, times)
-    _, flappy = run_labels(HealthLabelModel(HealthSpec(**base, flap_rate_per_s=0.1, flap_duration_s=2.0), n, np.random.default_rng(8)), sched, times)
+    _, clean = run_labels(HealthLabelModel(HealthSpec(model="alert", **base), n, np.random.default_rng(8)), sched, times)
+    _, flappy = run_labels(HealthLabelModel(HealthSpec(model="alert", **base, flap_rate_per_s=0.1, flap_duration_s=2.0), n, np.random.default_rng(8)), sched, times)
     assert not (flappy & ~clean).any()  # flapping only removes labels, never adds them
     holes = clean & ~flappy
     assert holes.sum() > 100 and not holes[:, 100:].any()
@@ -360,7 +360,7 @@ def test_flapping_only_on_detected_pods():
 def test_same_seed_same_stream():
     rng = np.random.default_rng(9)
     sched = random_schedule(rng, 128, 60, 100.0)
-    spec = HealthSpec(miss_prob=0.3, false_positive_rate_per_s=0.01, flap_rate_per_s=0.05)
+    spec = HealthSpec(model="alert", miss_prob=0.3, false_positive_rate_per_s=0.01, flap_rate_per_s=0.05)
     times = np.union1d(np.arange(0, 130, 1.0), sched.change_times())
 
     def stream(seed):

@@ -272,7 +272,15 @@ def engines(tmp_path_factory):
                  "rss_bytes": [r.rss_bytes() for r in remotes],
                  "processes": [len(r.tree()) for r in remotes]}
         print(f"\nengine facts: {facts}", file=sys.stderr)
-        yield {"prefill": p, "decode": d, "model": model, "facts": facts}
+        # The pair's first NIXL transfer (its handshake) before any test checks one, as the
+        # testbed does (runtime.calibrate.warm_pairs): a host stall that hits it (FIELD-NOTES;
+        # once ~70 s here, past the KV lease) is not what these tests are about.
+        warm = _prompt(7, 2 * BLOCK + 1)
+        pre = p.call("prefill", request_id="warm-pre", prompt_token_ids=warm)
+        d.call("decode", request_id="warm-dec", prompt_token_ids=warm, max_tokens=1,
+               kv_transfer_params=pre.kv_transfer_params)
+        expired = {r: e.call("metrics")["vllm:nixl_num_kv_expired_reqs_total"] for r, e in (("p", p), ("d", d))}
+        yield {"prefill": p, "decode": d, "model": model, "facts": facts, "expired_after_warmup": expired}
     finally:
         for r in remotes:
             r.close()
@@ -362,8 +370,9 @@ def test_kv_moves_over_nixl_and_decode_matches_single_engine(engines):
     other = _prompt(99, BLOCK) + prompt[BLOCK:]
     alt = p.call("decode", request_id="ref-alt", prompt_token_ids=other, max_tokens=12)
     assert alt.token_ids != ref_ids
-    assert d.call("metrics")["vllm:nixl_num_kv_expired_reqs_total"] == 0
-    assert p.call("metrics")["vllm:nixl_num_kv_expired_reqs_total"] == 0
+    expired = engines["expired_after_warmup"]  # none of the checked transfers lost its KV
+    assert d.call("metrics")["vllm:nixl_num_kv_expired_reqs_total"] == expired["d"]
+    assert p.call("metrics")["vllm:nixl_num_kv_expired_reqs_total"] == expired["p"]
 
 
 @pytest.mark.slow

@@ -158,6 +158,7 @@ CORE = {
     "workload": {"arrival": {"kind": "poisson", "rate_rps": 4.0}, "profile": "long_context", "duration_s": 90},
     "faults": [{"kind": "link", "pods": [1], "residual_bw": 0.005, "start_s": 20.0, "duration_s": 30.0}],
     "deadline_s": 20.0,
+    "health": {"model": "alert"},  # the tests below read the alert monitor's delay
     "policies": ["LC", "OTF-R", "OracleAvoidance"],
 }
 
@@ -221,3 +222,45 @@ def test_the_price_learns_of_a_link_fault_when_its_probe_would_have_ended(tmp_pa
     assert prices[(prices.pod == 0) & (prices.time_s < 5.75 + window_s)].bw_term.max() == 0.0
     faults = read_table(d, "faults")
     assert faults[faults.event == "apply"].time_s.tolist() == [5.75]  # recorded when acted on
+
+
+def test_the_first_token_limit_times_out_a_stalled_pull_before_the_deadline(tmp_path):
+    # 1000 tokens of 1 MB each over a 8 Gbit/s NIC take 1 s; at r = 0.001 of it on both pods'
+    # core links, 1000 s. The first-token limit (5 s) ends it in kv_transfer, long before the
+    # deadline (100 s); without a first-token limit the deadline does.
+    over = dict(topology={"pods": 2, "workers_per_pod": 2, "nic_gbps": 8.0, "placement": "by_pod",
+                          "kv_bytes_per_token": 1_000_000},
+                faults=[{"kind": "link", "pods": [0], "residual_bw": 0.001, "start_s": 0.0, "duration_s": 500.0}])
+    _, r = _run(tmp_path / "a", _spec(ttft_timeout_s=5.0, **over))
+    assert r.outcome[0] == "timeout" and r.failed_stage[0] == "kv_transfer"
+    assert r.kv_start_s[0] < 5.0 + r.arrival_s[0]
+    _, r = _run(tmp_path / "b", _spec(ttft_timeout_s=None, **over))
+    assert r.outcome[0] == "timeout" and r.failed_stage[0] == "kv_transfer"
+    # ... and a request that gets its first token in time is not cut by the first-token limit
+    _, r = _run(tmp_path / "c", _spec(ttft_timeout_s=5.0))
+    assert r.outcome[0] == "ok" and r.first_token_s[0] - r.arrival_s[0] < 5.0
+
+
+@pytest.mark.parametrize("r_bw, flagged", [(0.2, False), (0.002, True)])
+def test_production_health_checks_flag_only_a_degradation_that_fails_requests(tmp_path, r_bw, flagged):
+    # The checks model (default): the probe's answer crosses a link at r x 400 Gbit/s in
+    # milliseconds, so only the passive outlier detection can flag the pod, and only once 5
+    # requests in a row charged to it failed: at r = 0.2 the KV still moves in time, at
+    # r = 0.002 it does not.
+    data = {**CORE, "health": {}, "deadline_s": 20.0, "ttft_timeout_s": 10.0,
+            "faults": [{**CORE["faults"][0], "residual_bw": r_bw}]}
+    d, r = _run(tmp_path, parse_spec(data), "LC", 3)
+    health = read_table(d, "health")
+    labelled = health[(health.pod == 1) & health.unhealthy]
+    failed = r[(r.outcome == "timeout") & ((r.prefill_pod == 1) | (r.decode_pod == 1))]
+    if not flagged:
+        assert labelled.empty and failed.empty
+        return
+    assert not labelled.empty
+    first = labelled.time_s.min()
+    # never before the fault, and not before five failures charged to pod 1 were recorded
+    ends = (failed.arrival_s + np.where(failed.first_token_s.isna(), 10.0, 20.0)).sort_values()
+    assert first >= 20.0 and len(ends) >= 5 and first >= ends.iloc[4] - 1e-6
+    # the ejection ends: Envoy's 30 s base ejection x times ejected, re-checked at 1 s labels
+    cleared = health[(health.pod == 1) & ~health.unhealthy & (health.time_s > first)]
+    assert not cleared.empty and cleared.time_s.min() - first == pytest.approx(30.0, abs=1.0)

@@ -101,7 +101,9 @@ class ScriptedEngine:
         self._abort[rid].set()
 
     async def stages(self, rid):
-        return self._happened(rid, time.monotonic() - self._t0[rid])
+        now = time.monotonic() - self._t0[rid]
+        first = {"first_token": self.first} if self.first is not None and self.first <= now else {}
+        return self._happened(rid, now) | first
 
 
 def _testbed(tmp_path, spec, prefill: ScriptedEngine, decode: ScriptedEngine, prompt: int = 256,
@@ -111,7 +113,7 @@ def _testbed(tmp_path, spec, prefill: ScriptedEngine, decode: ScriptedEngine, pr
     with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", topo, {"requests": 1}) as ctx:
         t0 = time.monotonic()
         flow = RequestFlow(ctx, [prefill], [decode], spec.deadline_s, lambda: time.monotonic() - t0,
-                           vocab=2048, kv_bytes_per_token=KV)
+                           vocab=2048, kv_bytes_per_token=KV, first_token_limit_s=spec.first_token_limit_s)
         asyncio.run(flow.handle(0, 0.0, prompt, output))
     return read_table(ctx.run_dir, "requests")
 
@@ -274,3 +276,21 @@ def test_a_prefill_that_returns_no_kv_is_an_error_in_prefill(tmp_path):
                    ScriptedEngine({}, end=0.01)).iloc[0]
     assert (row.outcome, row.failed_stage) == ("error", "prefill")
     assert not math.isnan(row.prefill_start_s) and math.isnan(row.prefill_end_s)
+
+
+def test_the_first_token_limit_cuts_only_a_request_without_its_first_token_in_both_worlds(tmp_path):
+    spec = _spec(deadline_s=30.0, ttft_timeout_s=1.0)
+    # testbed: the pull ends at 1.5 s, after the first-token limit: cut in kv_transfer at 1 s
+    slow = ScriptedEngine({"alloc_remote": 0.05, "recv_done": 1.5}, first=1.52, end=1.8)
+    real = _testbed(tmp_path / "a", spec, ScriptedEngine({"alloc": 0.0}, end=0.05), slow).iloc[0]
+    assert real.outcome == "timeout" and real.failed_stage == "kv_transfer"
+    # a first token at 0.3 s, the end at 1.6 s: past the first-token limit, but not cut by it
+    fine = ScriptedEngine({"alloc_remote": 0.05, "recv_done": 0.25}, first=0.3, end=1.6)
+    real = _testbed(tmp_path / "b", spec, ScriptedEngine({"alloc": 0.0}, end=0.05), fine).iloc[0]
+    assert real.outcome == "ok" and real.end_s > 1.5
+    # simulator: 256 KV tokens of 128 KiB over 8 Gbit/s take 0.034 s; with 0.0001 of it on the
+    # prefill pod's core links (by_pod), 336 s: cut at 1 s in kv_transfer there too
+    sim_spec = _spec(deadline_s=30.0, ttft_timeout_s=1.0, topology={"pods": 2, "workers_per_pod": 1, "placement": "by_pod"},
+                     faults=[{"kind": "link", "pods": [0], "residual_bw": 0.0001, "start_s": 0.0, "duration_s": 100.0}])
+    sim = _sim(tmp_path / "c", sim_spec).iloc[0]
+    assert sim.outcome == "timeout" and sim.failed_stage == "kv_transfer"

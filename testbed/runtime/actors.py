@@ -97,7 +97,8 @@ class RouterActor:
         self.ctx = RunContext(spec, "testbed", policy, seed, out, topo, workload_summary, capacity, meta, flush_s=1.0)
         self.t0 = time.monotonic()
         self.flow = RequestFlow(self.ctx, [RayEngine(h) for h in prefill], [RayEngine(h) for h in decode],
-                                spec.deadline_s, self.now, vocab, kv_bytes_per_token, salt=seed)
+                                spec.deadline_s, self.now, vocab, kv_bytes_per_token, salt=seed,
+                                first_token_limit_s=spec.first_token_limit_s)
         self.sent = 0
         self.total = 0
         self._tasks: set[asyncio.Task] = set()

@@ -79,7 +79,8 @@ class Engines:
                 max_seqs = e.prefill_slots if role == "prefill" else e.decode_max_batch
                 cfg = dict(model=Path(model), run_dir=engine_root, name=name,
                            side_channel_port=SIDE_CHANNEL_BASE_PORT + w, role=role,
-                           request_deadline_s=spec.deadline_s, max_model_len=t.max_model_len,
+                           # the KV must outlive its pull, which ends before the first token
+                           request_deadline_s=spec.first_token_limit_s, max_model_len=t.max_model_len,
                            kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
                            max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs))
                 out.append(EngineActor.options(resources={f"pod{pod}": share}, name=f"engine-{name}")

@@ -456,6 +456,7 @@ class Engine:
         self._stats = EngineStats(clock)
         self._inflight: set[str] = set()
         self._submitted: dict[str, float] = {}  # request id -> when its call reached this engine
+        self._first: dict[str, float] = {}  # request id -> when its first token reached the front end
         self._stage_log = StageLog(config.stage_log_path)
         self.startup_s: float | None = None
         self.warmup_s: float | None = None
@@ -554,7 +555,7 @@ class Engine:
                 if n > seen:
                     now = self._clock()
                     if first is None:
-                        first = now
+                        first = self._first[request_id] = now
                     if times is not None:
                         times.append(now)
                     seen = n
@@ -562,16 +563,21 @@ class Engine:
         finally:
             self._inflight.discard(request_id)
             self._submitted.pop(request_id, None)
+            self._first.pop(request_id, None)
             events = self._stage_log.pop(request_id)
         return first, last, {k: t - t0 for k, t in events.items()}
 
     async def stages(self, request_id: str) -> dict[str, float]:
         """Where an in-flight request is: the scheduler's events so far ("queued", "alloc",
-        "alloc_remote", "recv_done"), in seconds after its call reached this engine."""
+        "alloc_remote", "recv_done") and the front end's "first_token", in seconds after its
+        call reached this engine."""
         t0 = self._submitted.get(request_id)
         if t0 is None:
             return {}
-        return {k: t - t0 for k, t in self._stage_log.get(request_id).items()}
+        out = {k: t - t0 for k, t in self._stage_log.get(request_id).items()}
+        if request_id in self._first:
+            out["first_token"] = self._first[request_id] - t0
+        return out
 
     async def prefill(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillResult:
         """Compute the prompt's KV and keep it for a remote decoder (max_tokens=1)."""

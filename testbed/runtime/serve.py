@@ -1,4 +1,7 @@
-"""One request's life on the real testbed, under the router's deadline.
+"""One request's life on the real testbed, under the router's two limits: a request without
+its first token ``ttft_timeout_s`` after arrival (the engine's front end says when the first
+token came: its ``stages`` carry ``first_token``), or unfinished ``deadline_s`` after it, is
+aborted where it is and recorded as a timeout of that stage, as in the simulator.
 
 :class:`RequestFlow` is the router actor's logic, written against plain async
 engine clients (a Ray actor handle behind :class:`RayEngine`), so it imports
@@ -102,9 +105,11 @@ class RequestFlow:
         kv_bytes_per_token: int,
         block_tokens: int = CPU_BLOCK_TOKENS,
         salt: int = 0,
+        first_token_limit_s: float | None = None,
     ) -> None:
         self.ctx, self.prefill, self.decode = ctx, list(prefill), list(decode)
         self.deadline_s, self.clock = deadline_s, clock
+        self.first_token_s = deadline_s if first_token_limit_s is None else min(first_token_limit_s, deadline_s)
         self.vocab, self.kv_bpt, self.block = vocab, kv_bytes_per_token, block_tokens
         self.salt = salt
         self.outcomes: dict[str, int] = {}
@@ -148,15 +153,16 @@ class RequestFlow:
         """Serve one request end to end; returns its outcome."""
         t = self.ctx.route(self.clock(), request_id, arrival_s, prompt_tokens, output_tokens)
         deadline = arrival_s + self.deadline_s
+        first_by = arrival_s + self.first_token_s  # the time-to-first-token limit
         rid = f"req-{self.salt}-{request_id}"
         ids = prompt_ids(request_id, prompt_tokens, self.vocab, self.salt)
         p_eng, d_eng = self.prefill[t.p_idx], self.decode[t.d_idx]
         try:
             # --- prefill_queue, prefill ---------------------------------------------------
             sent = self.clock()
-            ok, res = await self._until(deadline, p_eng.prefill(rid, ids))
+            ok, res = await self._until(first_by, p_eng.prefill(rid, ids))  # no first token before it ends
             if not ok:
-                started = _at(sent, await self._where(p_eng, rid), "alloc", deadline)
+                started = _at(sent, await self._where(p_eng, rid), "alloc", first_by)
                 if started is not None:
                     t.enter("prefill", started)
                 await self._abort(p_eng, rid, res)
@@ -169,14 +175,23 @@ class RequestFlow:
             t.enter("decode_queue", self.clock())  # the prefill engine holds the KV for the decoder now
             # --- decode_queue, kv_transfer, decode on the decode engine ------------------
             sent = self.clock()
-            ok, res = await self._until(deadline, d_eng.decode(rid, ids, output_tokens, res.kv_transfer_params))
+            call = d_eng.decode(rid, ids, output_tokens, res.kv_transfer_params)
+            limit = first_by
+            ok, res = await self._until(first_by, call)
+            if not ok and first_by < deadline:
+                # The first-token limit: a request whose first token reached the engine's front
+                # end by then goes on to the deadline; one without is cut there.
+                where = await self._where(d_eng, rid)
+                if _at(sent, where, "first_token", first_by) is not None:
+                    limit = deadline
+                    ok, res = await self._until(deadline, res)
             if not ok:
-                self._mark_decode(t, sent, await self._where(d_eng, rid), deadline)
+                self._mark_decode(t, sent, await self._where(d_eng, rid), limit)
                 res = await self._abort(d_eng, rid, res)
                 first = getattr(res, "first_token_s", None) if res is not None else None
                 # vLLM cannot cancel a NIXL read in flight: the abort takes effect once the KV
                 # has arrived, and a first token can follow after the deadline; it never counts.
-                if first is not None and t.stage == "decode" and sent + (first - res.submitted_s) <= deadline:
+                if first is not None and t.stage == "decode" and sent + (first - res.submitted_s) <= limit:
                     t.first_token_s = sent + (first - res.submitted_s)
                 return self._end(t, "timeout")
             offsets = dict(res.stages)
