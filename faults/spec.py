@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Faults must never outlive the experiment, so an infinite duration is refused
 # (allow_inf_nan=False) rather than read as "forever".
@@ -148,6 +148,24 @@ class HealthSpec(BaseModel):
     # meant to count, so by default any throttle (r < 1) or slowdown (> 1) does.
     min_residual_bw: float = Field(1.0, gt=0, le=1)
     min_slowdown: float = Field(1.0, ge=1)
+
+    @model_validator(mode="after")
+    def _fields_of_its_model(self) -> "HealthSpec":
+        return _check_model_fields(self)
+
+
+_ALERT_ONLY = ("detection_delay_s", "clear_delay_s")
+
+
+def _check_model_fields(spec: "HealthSpec") -> "HealthSpec":
+    """A field of the other model set away from its default would be silently ignored: refuse it
+    (a dumped spec carries every field at its default, which is fine)."""
+    other = _ALERT_ONLY if spec.model == "checks" else [f for f in type(spec).model_fields
+                                                         if f.startswith(("probe_", "outlier_"))]
+    bad = [f for f in other if getattr(spec, f) != type(spec).model_fields[f].default]
+    if bad:
+        raise ValueError(f"{bad[0]} does not apply to model: {spec.model}")
+    return spec
 
 
 class TelemetrySpec(BaseModel):

@@ -438,3 +438,32 @@ def test_telemetry_rejects_bad_input():
     tel.observe(2.0, BW0)
     with pytest.raises(ValueError):
         tel.observe(1.0, BW0)
+
+
+def test_a_field_of_the_other_health_model_is_refused():
+    with pytest.raises(ValueError, match="detection_delay_s does not apply to model: checks"):
+        HealthSpec(detection_delay_s=3.0)
+    with pytest.raises(ValueError, match="probe_timeout_s does not apply to model: alert"):
+        HealthSpec(model="alert", probe_timeout_s=2.0)
+    HealthSpec.model_validate(HealthSpec(model="alert").model_dump())  # defaults round-trip
+
+
+@pytest.mark.parametrize("rate_Bps, down", [(5e9, False), (1e8, True), (0.0, True)])
+def test_the_probe_fails_only_where_its_answer_cannot_cross_the_link_in_time(rate_Bps, down):
+    # 165 MB of queue at 5 GB/s: 33 ms, well inside the 1 s timeout; at 100 MB/s, 1.65 s; a dead
+    # link never answers. Three failed probes 10 s apart mark the pod; one success clears it.
+    spec = HealthSpec()
+    model = HealthLabelModel(spec, 2, np.random.default_rng(0))
+    link = np.array([rate_Bps, 5e9])
+    labelled = []
+    for t in np.arange(0.0, 31.0, 1.0):
+        model.update(t, np.array([True, False]), link)
+        labelled.append(bool(model.labels[0]))
+    assert not model.labels[1]
+    assert labelled[-1] == down
+    if down:  # marked at the third failed probe (t = 20 s), not before
+        assert labelled.index(True) == 20
+        model.update(35.0, np.array([False, False]), np.array([5e9, 5e9]))
+        assert model.labels[0]  # the probe at 30 s still failed; the next one is at 40 s
+        model.update(40.0, np.array([False, False]), np.array([5e9, 5e9]))
+        assert not model.labels[0]
