@@ -87,7 +87,6 @@ class _Checks:
         self.times_ejected = np.zeros(n, np.int64)  # Envoy's ejection multiplier
         self.last_interval = 0.0
         self.max_ejected = max(1, int(n * spec.outlier_max_ejection_percent / 100.0))
-        self.now = 0.0
 
     def observe(self, now: float, touched: Sequence[int], blamed: Sequence[int], outcome: str) -> None:
         if outcome == "ok":

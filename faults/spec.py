@@ -134,7 +134,8 @@ class HealthSpec(BaseModel):
     # Hysteresis before a recovered pod is trusted again, so one good probe
     # does not re-admit it; symmetric with detection.
     clear_delay_s: float = Field(5.0, ge=0)
-    # Probability an episode is never detected (drawn once per onset).
+    # alert: probability an episode is never detected (drawn once per onset); checks: probability
+    # an ejection is not enforced (1 - Envoy's enforcing_consecutive_5xx).
     miss_prob: float = Field(0.0, ge=0, le=1)
     # Spurious unhealthy labels on truly healthy pods (Poisson, per pod).
     false_positive_rate_per_s: float = Field(0.0, ge=0)
