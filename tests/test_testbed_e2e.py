@@ -60,7 +60,7 @@ def testbed_runs(tmp_path_factory):
                                          "output": {"kind": "fixed", "value": 8}},
                             "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": 60.0,
                                         "residual_bw": 0.008, "kv_only": True}],
-                            "health": {"detection_delay_s": 2.0, "clear_delay_s": 2.0}})
+                            "health": {"model": "alert", "detection_delay_s": 2.0, "clear_delay_s": 2.0}})
     before = _leftovers()
     try:
         run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0])],
