@@ -18,6 +18,7 @@ from faults.spec import FaultSpec, HealthSpec, TelemetrySpec
 from workloads.spec import WorkloadSpec
 
 from .policies import Weights, check_policy_name
+from .study import StudySpec
 
 
 class _Spec(BaseModel):
@@ -144,6 +145,8 @@ class ExperimentSpec(_Spec):
     ttft_timeout_s: float | None = Field(60.0, gt=0)
     metrics: MetricsSpec = MetricsSpec()
     testbed: TestbedSpec = TestbedSpec()
+    # The study's grid (core/study.py): `testbed study` runs it; `sim` and `run` ignore it.
+    study: StudySpec | None = None
 
     @field_validator("policies", mode="before")
     @classmethod

@@ -125,6 +125,29 @@ def _simulate(spec: Any, policies: list[str], seeds: list[int], out: Path, base_
             prog.console.print(f"  {policy:<16} seed {seed}: {run_dir}")
 
 
+def _cmd_study(args: argparse.Namespace) -> int:
+    from core.spec import load_spec
+    from testbed.study import run_study
+
+    spec = load_spec(args.spec)
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    try:
+        res = run_study(spec, Path(args.out), address=args.address, workers=args.workers, rerun=args.rerun,
+                        base_dir=Path(args.spec).resolve().parent, source=args.spec, console=console)
+    except KeyboardInterrupt:
+        done = sum(1 for _ in (Path(args.out) / spec.name).rglob("cell.json"))
+        console.print(f"interrupted: the {done} finished cell(s) are kept; the same command runs the rest")
+        return 130
+    console.print(f"{res.ran} cell(s) run in {res.wall_s:.0f} s ({res.cpu_s:.0f} CPU-s), {res.skipped} were "
+                  f"already finished, {len(res.failed)} failed; {res.cells} in the grid")
+    if res.failed:
+        console.print("[red]failed cells[/] (rerun the same command to retry them):\n  " + "\n  ".join(res.failed))
+        return 1
+    console.print(f"report: testbed report {res.study_dir}")
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import report
 
@@ -222,6 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
     sm = _experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario",
                             _cmd_sim)
     sm.add_argument("--calibration", help="a file `testbed calibrate` wrote: simulate the calibrated testbed")
+    st = sub.add_parser("study", help="run a spec's study grid in the simulator, as Ray tasks, resumably")
+    st.add_argument("spec", help="experiment YAML with a study: block (e.g. experiments/study.yaml)")
+    st.add_argument("--out", default="runs", help="parent folder of the study directory (default: runs)")
+    st.add_argument("--address", help="a Ray cluster's address (default: a local Ray on this machine)")
+    st.add_argument("--workers", type=int, help="local Ray: cells at once (default: every CPU)")
+    st.add_argument("--rerun", action="store_true", help="run finished cells again")
+    st.set_defaults(fn=_cmd_study)
     r = sub.add_parser("report", help="metrics table and plots of run directories")
     r.add_argument("paths", nargs="+", help="run directories, or folders holding them")
     r.add_argument("--out", help="where to write CSVs and plots (default: a report folder next to the first path)")

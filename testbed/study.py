@@ -1,0 +1,179 @@
+"""`testbed study SPEC`: run a spec's grid (core/study.py) as Ray tasks, resumably.
+
+Each cell is one simulator run, executed as a Ray task with one CPU: on a local
+Ray started for the study (``address="local"``: never a cluster that happens to
+run on this machine), or on any Ray cluster given its address, whose nodes have
+this package installed (``cluster.yaml``'s setup does that). A task simulates
+into a scratch directory on its node, computes the cell's metrics there
+(``analysis.study.cell_metrics``, so the report does not reload every run), and
+returns the run directory's files; the driver writes them under
+``STUDY/.partial/<cell>`` and renames that into place with ``cell.json`` in it.
+So a cell directory exists complete or not at all, whichever node ran it and
+however the driver stopped, and:
+
+* a cell whose ``cell.json`` carries its id is finished and is skipped;
+* anything else (an interrupted cell, a cell of an older version of the spec
+  at the same place) is removed and run again.
+
+Cells are deterministic: a run's records depend only on its spec, policy and
+seed (the simulator draws every random number from ``seed_streams(seed)``), so
+a cell rerun anywhere writes the same records; only wall-clock fields differ
+(run.json's timestamps, decisions' ``latency_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from core.study import Cell, expand_study
+
+__all__ = ["StudyResult", "cell_is_done", "run_cell", "run_study"]
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    study_dir: Path
+    cells: int  # in the grid
+    skipped: int  # finished before this call
+    ran: int  # finished by this call
+    failed: list[str]  # "point policy seed: error" of cells whose task raised (not finished)
+    wall_s: float
+    cpu_s: float  # summed over the cells this call ran
+
+
+def run_cell(spec_json: str, policy: str, seed: int, base_dir: str | None = None) -> dict[str, Any]:
+    """Simulate one cell into a scratch directory; returns its files (path relative to the run
+    directory -> bytes) and what it cost. Plain function: the Ray task wraps it, tests call it."""
+    from analysis.study import cell_metrics
+    from core.spec import ExperimentSpec
+    from simulator.run import run_sim
+
+    spec = ExperimentSpec.model_validate_json(spec_json)
+    with tempfile.TemporaryDirectory(prefix="testbed-cell-") as tmp:
+        t0, c0 = time.perf_counter(), time.process_time()
+        run_dir = run_sim(spec, policy, seed, Path(tmp), base_dir=Path(base_dir) if base_dir else None)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        cell_metrics(run_dir)  # cached in the run directory as metrics.json
+        files = {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    return {"files": files, "wall_s": wall, "cpu_s": cpu, "node": socket.gethostname()}
+
+
+def cell_is_done(study_dir: Path, cell: Cell) -> bool:
+    """Finished: its run directory holds a cell.json naming this cell's id."""
+    marker = study_dir / cell.run_dir / "cell.json"
+    try:
+        return json.loads(marker.read_text()).get("cell") == cell.cell
+    except (OSError, ValueError):
+        return False
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
+    """Write a finished cell's files, then move them into place in one rename."""
+    partial = study_dir / ".partial" / cell.cell
+    shutil.rmtree(partial, ignore_errors=True)
+    for rel, data in result["files"].items():
+        p = partial / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    _write_json(partial / "cell.json", {
+        **cell.index_row(), "wall_s": result["wall_s"], "cpu_s": result["cpu_s"], "node": result["node"],
+        "finished_at": datetime.now(timezone.utc).isoformat()})
+    final = study_dir / cell.run_dir
+    shutil.rmtree(final, ignore_errors=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(partial, final)
+
+
+def _write_index(study_dir: Path, spec: Any, cells: list[Cell]) -> None:
+    axes: list[str] = []
+    for sw in spec.study.sweeps:
+        axes += [a for a in sw.axes if a not in axes]
+    _write_json(study_dir / "study.json", {
+        "name": spec.name, "axes": axes, "study": spec.study.model_dump(mode="json"),
+        "cells": [c.index_row() for c in cells]})
+
+
+def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int | None = None,
+              rerun: bool = False, base_dir: Path | None = None, source: str = "<spec>",
+              console: Console | None = None) -> StudyResult:
+    """Run every unfinished cell of ``spec.study`` under ``out/<spec name>``; returns what was done.
+
+    ``address``: a Ray cluster to run on (None: a local Ray with ``workers`` CPUs, default all);
+    ``rerun``: run finished cells again. Ctrl-C cancels the cells in flight and keeps every
+    finished one; the same command resumes.
+    """
+    import ray
+
+    console = console or Console()
+    cells = expand_study(spec, source)  # every point validated before anything runs
+    study_dir = Path(out) / spec.name
+    study_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(study_dir / ".partial", ignore_errors=True)  # cells a stopped driver was writing
+    _write_index(study_dir, spec, cells)
+    todo = [c for c in cells if rerun or not cell_is_done(study_dir, c)]
+    skipped = len(cells) - len(todo)
+    console.print(f"[bold]{spec.name}[/]: {len(cells)} cells ({len({c.point for c in cells})} points x policies x "
+                  f"seeds), {skipped} already finished -> {study_dir}")
+    t0 = time.perf_counter()
+    cpu = 0.0
+    ran = 0
+    failed: list[str] = []
+    if not todo:
+        return StudyResult(study_dir, len(cells), skipped, 0, [], 0.0, 0.0)
+
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)
+    task = ray.remote(num_cpus=1, max_retries=1)(run_cell)
+    # One spec per point, shipped once through the object store rather than once per cell.
+    spec_refs = {p: ray.put(s) for p, s in {c.point: c.spec.model_dump_json() for c in todo}.items()}
+    pending: dict[Any, Cell] = {}
+    try:
+        for c in todo:
+            pending[task.remote(spec_refs[c.point], c.policy, c.seed, str(base_dir) if base_dir else None)] = c
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TimeRemainingColumn(), console=console) as prog:
+            bar = prog.add_task("cells", total=len(cells), completed=skipped)
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                cell = pending.pop(done[0])
+                try:
+                    result = ray.get(done[0])
+                except ray.exceptions.RayTaskError as e:
+                    # One broken cell must not cost the others: report it, leave it unfinished.
+                    msg = str(e.cause if e.cause is not None else e).strip().splitlines()[-1]
+                    failed.append(f"{cell.point} {cell.policy} seed {cell.seed}: {msg}")
+                    prog.console.print(f"[red]cell failed[/]: {failed[-1]}")
+                    prog.update(bar, advance=1)
+                    continue
+                _commit(study_dir, cell, result)
+                cpu += result["cpu_s"]
+                ran += 1
+                prog.update(bar, advance=1, description=f"cells (last: {cell.point} {cell.policy} s{cell.seed})")
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        ray.shutdown()
+    return StudyResult(study_dir, len(cells), skipped, ran, failed, time.perf_counter() - t0, cpu)

@@ -1,0 +1,203 @@
+"""The study's grid: expansion of a spec's study block, deterministic cells, resumable runs on Ray."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from core.records import read_table
+from core.spec import SpecError, load_spec, parse_spec
+from core.study import expand_study
+from testbed.study import cell_is_done, run_cell, run_study
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A grid that simulates in about a second per cell: 4 pods x 4 workers, pod 1 degraded.
+BASE = {
+    "name": "tiny_study",
+    "seeds": [0],
+    "topology": {"pods": 4, "workers_per_pod": 4, "uplink_gbps": 400},
+    "workload": {"arrival": {"kind": "poisson", "rate_rps": 4}, "profile": "long_context", "duration_s": 60},
+    "faults": [{"kind": "link", "pods": [1], "residual_bw": 0.05, "start_s": 20, "duration_s": 20}],
+    "deadline_s": 20,
+    "policies": ["LC", "FaultAwareOTF-R"],
+    "metrics": {"bin_s": 5.0, "recovery_horizon_s": 10.0},
+}
+
+
+def _spec(study: dict, **over) -> object:
+    return parse_spec({**BASE, **over, "study": study}, "tiny.yaml")
+
+
+def test_expansion_is_the_product_of_each_sweeps_axes_times_policies_and_seeds():
+    spec = _spec({"seeds": [0, 1, 2], "sweeps": [
+        {"name": "sev", "axes": {"severity": [0.2, 0.01], "telemetry": ["direct", "delayed", "none"]}},
+        {"name": "lab", "set": {"health.model": "alert"}, "policies": ["FaultAwareLC"], "seeds": [7],
+         "axes": {"label_delay_s": [0, 10], "label_noise": [0.0, 0.2]}},
+    ]})
+    cells = expand_study(spec)
+    assert len(cells) == 2 * 3 * 2 * 3 + 2 * 2 * 1 * 1
+    assert len({c.cell for c in cells}) == len(cells)
+    sev = [c for c in cells if c.sweep == "sev" and c.axes == {"severity": 0.01, "telemetry": "delayed"}]
+    assert {(c.policy, c.seed) for c in sev} == {(p, s) for p in ("LC", "FaultAwareOTF-R") for s in (0, 1, 2)}
+    assert all(c.spec.faults[0].residual_bw == 0.01 and c.spec.telemetry.mode == "delayed" for c in sev)
+    lab = [c for c in cells if c.sweep == "lab"]
+    assert {c.policy for c in lab} == {"FaultAwareLC"} and {c.seed for c in lab} == {7}
+    # A study policy the spec does not list is added to the point's spec, so the run can use it.
+    assert all("FaultAwareLC" in [p.name for p in c.spec.policies] for c in lab)
+    noisy = next(c for c in lab if c.axes == {"label_delay_s": 10, "label_noise": 0.2})
+    h = noisy.spec.health
+    assert h.model == "alert" and h.detection_delay_s == 10
+    # label noise q: spurious episodes of length D at rate q / ((1 - q) D) are wrong q of the time.
+    assert h.false_positive_rate_per_s == pytest.approx(0.2 / (0.8 * h.false_positive_duration_s))
+    assert h.flap_rate_per_s == pytest.approx(0.2 / (0.8 * h.flap_duration_s))
+    assert len({c.run_dir for c in cells}) == len(cells)
+
+
+def test_cell_ids_are_stable_and_follow_the_resolved_spec():
+    study = {"sweeps": [{"name": "s", "axes": {"load": [1.0, 2.0], "router.slow_loop_s": [0.5]}}]}
+    a, b = expand_study(_spec(study)), expand_study(_spec(study))
+    assert [c.cell for c in a] == [c.cell for c in b]
+    assert a[-1].spec.workload.arrival.rate_rps == 8.0 and a[0].spec.router.slow_loop_s == 0.5
+    changed = expand_study(_spec(study, deadline_s=30))
+    assert not {c.cell for c in a} & {c.cell for c in changed}
+
+
+@pytest.mark.parametrize("study, needle", [
+    ({"sweeps": [{"name": "s", "axes": {"severty": [0.1]}}]}, "unknown axis 'severty'"),
+    ({"sweeps": [{"name": "s", "axes": {"severity": []}}]}, "axis severity has no values"),
+    ({"sweeps": [{"name": "s", "axes": {"severity": [0.1, 0.1]}}]}, "lists a value twice"),
+    ({"sweeps": [{"name": "s", "axes": {"label_delay_s": [7]}}]},
+     "study.sweeps[0] (s) point s__label-delay-s-7: invalid spec at health: detection_delay_s does not apply to model: checks"),
+    ({"sweeps": [{"name": "s", "axes": {"severity": [1.5]}}]}, "point s__severity-1.5: invalid spec at faults.0.link.residual_bw"),
+    ({"sweeps": [{"name": "s", "axes": {"router.no_such": [1]}}]}, "router.no_such"),
+    ({"sweeps": [{"name": "s", "axes": {"label_noise": [1.0]}}]}, "label_noise is a fraction of time in [0, 1)"),
+    ({"sweeps": [{"name": "s", "policies": ["Nope"], "axes": {"load": [1]}}]}, "Nope"),
+    ({"sweeps": [{"name": "s", "axes": {"load": [1]}}, {"name": "s", "axes": {"load": [2]}}]}, "sweep names must be unique"),
+])
+def test_a_bad_study_is_one_line_naming_the_problem(study, needle):
+    with pytest.raises(SpecError) as e:
+        expand_study(_spec(study), "tiny.yaml")
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_severity_needs_a_link_fault():
+    with pytest.raises(SpecError, match="axis severity needs a link fault"):
+        expand_study(_spec({"sweeps": [{"name": "s", "axes": {"severity": [0.1]}}]}, faults=[]))
+
+
+def test_the_shipped_study_expands_and_every_point_is_valid():
+    spec = load_spec(REPO / "experiments" / "study.yaml")
+    cells = expand_study(spec)
+    by_sweep = pd.Series([c.sweep for c in cells]).value_counts().to_dict()
+    assert by_sweep == {"severity": 4 * 3 * 5 * 5, "labels": 4 * 3 * 2 * 5, "sensitivity": 4 * 3 * 3 * 2 * 5}
+
+
+def _tables(run_dir: Path) -> dict[str, pd.DataFrame]:
+    out = {t: read_table(run_dir, t) for t in ("requests", "decisions", "faults", "health", "prices")}
+    out["decisions"] = out["decisions"].drop(columns=["latency_s"])  # wall clock, in both worlds
+    return out
+
+
+def test_a_cell_is_deterministic(tmp_path):
+    cell = expand_study(_spec({"sweeps": [{"name": "s", "axes": {"severity": [0.005]}}]}))[0]
+    runs = []
+    for k in range(2):
+        res = run_cell(cell.spec.model_dump_json(), cell.policy, cell.seed)
+        d = tmp_path / f"run{k}"
+        for rel, data in res["files"].items():
+            (d / rel).parent.mkdir(parents=True, exist_ok=True)
+            (d / rel).write_bytes(data)
+        runs.append(_tables(d))
+    assert len(runs[0]["requests"]) > 100 and (runs[0]["requests"]["outcome"] != "ok").any()
+    for t in runs[0]:
+        pd.testing.assert_frame_equal(runs[0][t], runs[1][t], check_exact=True)
+
+
+def _finished_at(study_dir: Path) -> dict[str, str]:
+    return {str(p.parent.relative_to(study_dir)): json.loads(p.read_text())["finished_at"]
+            for p in study_dir.rglob("cell.json")}
+
+
+def test_the_grid_runs_on_ray_and_resumes_without_redoing_finished_cells(tmp_path):
+    study = {"sweeps": [{"name": "s", "axes": {"severity": [0.2, 0.01]}}]}
+    spec = _spec(study)
+    first = run_study(spec, tmp_path, workers=2)
+    d = first.study_dir
+    assert (first.cells, first.skipped, first.ran, first.failed) == (4, 0, 4, [])
+    index = json.loads((d / "study.json").read_text())
+    assert index["axes"] == ["severity"] and len(index["cells"]) == 4
+    cells = expand_study(spec)
+    assert all(cell_is_done(d, c) for c in cells)
+    for c in cells:  # every cell is a run directory the analysis can read, with its metrics cached
+        meta = json.loads((d / c.run_dir / "run.json").read_text())
+        assert (meta["status"], meta["policy"], meta["seed"]) == ("finished", c.policy, c.seed)
+        assert (d / c.run_dir / "metrics.json").is_file()
+    stamps = _finished_at(d)
+
+    # Nothing to do: no cell runs again (and no Ray is started).
+    again = run_study(spec, tmp_path, workers=2)
+    assert (again.skipped, again.ran) == (4, 0) and _finished_at(d) == stamps
+
+    # A cell stopped half-way (no cell.json, a partial table) and a cell a stopped driver was writing.
+    victim = cells[3]
+    (d / victim.run_dir / "cell.json").unlink()
+    (d / victim.run_dir / "requests.parquet" / "part-00000.parquet").write_bytes(b"truncated")
+    (d / ".partial" / "deadbeef").mkdir(parents=True)
+    resumed = run_study(spec, tmp_path, workers=2)
+    assert (resumed.skipped, resumed.ran) == (3, 1)
+    after = _finished_at(d)
+    assert {k: v for k, v in after.items() if k != victim.run_dir} == \
+        {k: v for k, v in stamps.items() if k != victim.run_dir}
+    assert cell_is_done(d, victim) and len(read_table(d / victim.run_dir, "requests")) > 100
+    assert not (d / ".partial").exists() or not any((d / ".partial").iterdir())
+
+    # A grown grid runs only its new cells.
+    grown = _spec({"sweeps": [{"name": "s", "axes": {"severity": [0.2, 0.01, 0.05]}}]})
+    more = run_study(grown, tmp_path, workers=2)
+    assert (more.cells, more.skipped, more.ran) == (6, 4, 2)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_grid_and_the_same_command_finishes_only_what_is_left(tmp_path):
+    spec = {**BASE, "study": {"seeds": [0, 1, 2], "sweeps": [{"name": "s", "axes": {"severity": [0.2, 0.05, 0.01]}}]}}
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    cmd = [sys.executable, "-m", "testbed.cli", "study", str(path), "--out", str(tmp_path / "runs"), "--workers", "1"]
+    study_dir = tmp_path / "runs" / "tiny_study"
+    ray_before = _ray_pids()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(list(study_dir.rglob("cell.json"))) < 2:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    done = len(list(study_dir.rglob("cell.json")))
+    assert 2 <= done < 18, out
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    said = " ".join((res.stdout + res.stderr).split())  # rich wraps lines at the terminal's width
+    assert f"{18 - done} cell(s) run" in said and f"{done} were already finished" in said, said
+    assert len(list(study_dir.rglob("cell.json"))) == 18
+    time.sleep(2)  # Ray's processes exit right after ray.shutdown() returns
+    assert not _ray_pids() - ray_before, "a Ray process of the study outlived it"
+
+
+def _ray_pids() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "raylet|gcs_server|ray::"], capture_output=True, text=True).stdout
+    return {int(x) for x in out.split()}
