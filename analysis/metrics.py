@@ -194,6 +194,84 @@ def traffic_deflection_ratio(requests: pd.DataFrame, window: FaultWindow | None)
     return float((s_pre - s_during) / s_pre)
 
 
+EXPOSURE_COLUMNS = ("pod", "n_routed_pre", "n_touch_pre", "n_fail_pre", "n_routed_during", "n_touch_during",
+                    "n_fail_during")
+
+
+def pod_exposure(requests: pd.DataFrame, window: FaultWindow | None) -> pd.DataFrame:
+    """Per degraded pod d of the fault window, the traffic that touched d before and during the fault.
+    Columns: pod; n_routed_pre / n_routed_during = routed requests (prefill_pod or decode_pod >= 0) arriving
+    before onset / inside the fault window [onset, end) (the same for every pod); n_touch_pre /
+    n_touch_during = those among them whose prefill_pod or decode_pod is d; n_fail_pre / n_fail_during =
+    those touching d that failed (outcome != "ok"). No rows without a fault."""
+    if window is None:
+        return pd.DataFrame({c: pd.Series(dtype=np.int64) for c in EXPOSURE_COLUMNS})
+    pp = requests["prefill_pod"].to_numpy()
+    dp = requests["decode_pod"].to_numpy()
+    arr = _arrivals(requests)
+    failed = ~_ok(requests)
+    routed = (pp >= 0) | (dp >= 0)
+    pre = routed & (arr < window.onset_s)
+    during = routed & (arr >= window.onset_s) & (arr < window.end_s)
+    rows = []
+    for d in window.pods:
+        touch = (pp == d) | (dp == d)
+        rows.append((d, int(pre.sum()), int((touch & pre).sum()), int((touch & pre & failed).sum()),
+                     int(during.sum()), int((touch & during).sum()), int((touch & during & failed).sum())))
+    return pd.DataFrame(rows, columns=list(EXPOSURE_COLUMNS), dtype=np.int64)
+
+
+def _shares(exposure: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(s0_d, sP_d) per row of an exposure table: touching share before onset and inside the window."""
+    def share(touch: str, routed: str) -> np.ndarray:
+        n = exposure[routed].to_numpy(dtype=float)
+        out = np.full(n.size, NAN)
+        np.divide(exposure[touch].to_numpy(dtype=float), n, out=out, where=n > 0)
+        return out
+
+    return share("n_touch_pre", "n_routed_pre"), share("n_touch_during", "n_routed_during")
+
+
+def needless_deflection(exposure: pd.DataFrame, lc_exposure: pd.DataFrame) -> float:
+    """needless deflection ratio = sum_d deflected_d * (1 - f_d) / sum_d s0_d over the degraded pods d of
+    ``exposure`` (a :func:`pod_exposure` table of the policy's run), where
+    s0_d = n_touch_pre / n_routed_pre (the share of routed requests arriving before onset that touched d,
+    under the policy itself, as for the traffic deflection ratio), sP_d = n_touch_during / n_routed_during
+    (that share inside the fault window), deflected_d = max(0, s0_d - sP_d), and
+    f_d = n_fail_during / n_touch_during of pod d in ``lc_exposure`` (LC's run of the same scenario and seed:
+    LC avoids nothing, so f_d is the chance that a request sent to d during the fault failed there).
+    It is the share of the degraded pods' pre-fault traffic that was moved away although it would not have
+    failed there: 0 = nothing moved, or only what would have failed; up to 1 - sP/s0 when LC failed nothing.
+    A pod with deflected_d = 0 adds 0 whatever f_d is. NaN when sum_d s0_d is 0 or NaN (no fault, no traffic
+    before onset), when sP_d is NaN (no routed request in the window), or when a pod with deflected_d > 0
+    has no f_d (LC sent it nothing during the window, or ``lc_exposure`` lacks the pod)."""
+    if exposure.empty:
+        return NAN
+    s0, sp = _shares(exposure)
+    if np.isnan(s0).any() or np.isnan(sp).any() or not s0.sum() > 0:
+        return NAN
+    deflected = np.maximum(0.0, s0 - sp)
+    lc = lc_exposure.set_index("pod")
+    f = np.full(len(exposure), NAN)
+    for i, d in enumerate(exposure["pod"].to_numpy()):
+        if d in lc.index and lc.at[d, "n_touch_during"] > 0:
+            f[i] = lc.at[d, "n_fail_during"] / lc.at[d, "n_touch_during"]
+    moved = deflected > 0
+    if np.isnan(f[moved]).any():
+        return NAN
+    return float((deflected[moved] * (1.0 - f[moved])).sum() / s0.sum())
+
+
+def needless_deflection_ratio(
+    requests: pd.DataFrame, faults: pd.DataFrame, lc_requests: pd.DataFrame, lc_faults: pd.DataFrame
+) -> float:
+    """:func:`needless_deflection` of a run (requests, faults) against LC's run of the same scenario and
+    seed (lc_requests, lc_faults), each with its own :func:`fault_window`."""
+    own = pod_exposure(requests, fault_window(faults, requests))
+    lc = pod_exposure(lc_requests, fault_window(lc_faults, lc_requests))
+    return needless_deflection(own, lc)
+
+
 # --------------------------------------------------------------------------- overhead, serving
 
 

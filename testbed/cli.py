@@ -150,8 +150,18 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import report
+    from analysis.study import is_study
+    from analysis.study_report import study_report
 
-    report([Path(p) for p in args.paths], Path(args.out) if args.out else None, _out_console())
+    paths = [Path(p) for p in args.paths]
+    out = Path(args.out) if args.out else None
+    studies = [p for p in paths if is_study(p)]
+    if studies:
+        if len(paths) > 1:  # a study's figures compare its own cells; mixing in other runs has no meaning
+            raise ValueError(f"report: {studies[0]} is a study directory (study.json); report it on its own")
+        study_report(paths[0], out, _out_console())
+        return 0
+    report(paths, out, _out_console())
     return 0
 
 
@@ -252,9 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--workers", type=int, help="local Ray: cells at once (default: every CPU)")
     st.add_argument("--rerun", action="store_true", help="run finished cells again")
     st.set_defaults(fn=_cmd_study)
-    r = sub.add_parser("report", help="metrics table and plots of run directories")
-    r.add_argument("paths", nargs="+", help="run directories, or folders holding them")
-    r.add_argument("--out", help="where to write CSVs and plots (default: a report folder next to the first path)")
+    r = sub.add_parser("report", help="metrics table and plots of run directories, or a study's figures")
+    r.add_argument("paths", nargs="+", help="run directories, or folders holding them, or one study directory")
+    r.add_argument("--out", help="where to write CSVs and plots (default: a report folder next to the first path; "
+                                   "for a study directory, STUDY/report)")
     r.set_defaults(fn=_cmd_report)
     cp = sub.add_parser("compare", help="does a simulated result carry over? sim vs testbed runs of one scenario")
     cp.add_argument("sim_path", metavar="SIM_PATH", help="a sim run directory, or a folder holding sim runs")

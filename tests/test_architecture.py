@@ -19,7 +19,8 @@ def _node(module: str) -> str | None:
     for p in sorted(PACKAGES, key=len, reverse=True):
         if module == p or module.startswith(p + "."):
             return p
-    return "testbed.cli" if module == "testbed" else None
+    # The study runner drives the simulator from the CLI's side: it belongs with the CLI.
+    return "testbed.cli" if module in ("testbed", "testbed.study") else None
 
 
 def _modules() -> dict[str, Path]:
