@@ -134,7 +134,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     try:
         res = run_study(spec, Path(args.out), address=args.address, workers=args.workers, rerun=args.rerun,
-                        base_dir=Path(args.spec).resolve().parent, source=args.spec, console=console)
+                        sweeps=_csv(args.sweeps) if args.sweeps else None, base_dir=Path(args.spec).resolve().parent, source=args.spec, console=console)
     except KeyboardInterrupt:
         done = sum(1 for _ in (Path(args.out) / spec.name).rglob("cell.json"))
         console.print(f"interrupted: the {done} finished cell(s) are kept; the same command runs the rest")
@@ -261,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--address", help="a Ray cluster's address (default: a local Ray on this machine)")
     st.add_argument("--workers", type=int, help="local Ray: cells at once (default: every CPU)")
     st.add_argument("--rerun", action="store_true", help="run finished cells again")
+    st.add_argument("--sweeps", help="comma-separated subset of the study's sweeps (default: all)")
     st.set_defaults(fn=_cmd_study)
     r = sub.add_parser("report", help="metrics table and plots of run directories, or a study's figures")
     r.add_argument("paths", nargs="+", help="run directories, or folders holding them, or one study directory")

@@ -45,7 +45,7 @@ __all__ = ["StudyResult", "cell_is_done", "run_cell", "run_study"]
 @dataclass(frozen=True)
 class StudyResult:
     study_dir: Path
-    cells: int  # in the grid
+    cells: int  # in the grid (the chosen sweeps)
     skipped: int  # finished before this call
     ran: int  # finished by this call
     failed: list[str]  # "point policy seed: error" of cells whose task raised (not finished)
@@ -112,32 +112,39 @@ def _write_index(study_dir: Path, spec: Any, cells: list[Cell]) -> None:
 
 
 def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int | None = None,
-              rerun: bool = False, base_dir: Path | None = None, source: str = "<spec>",
-              console: Console | None = None) -> StudyResult:
+              rerun: bool = False, sweeps: list[str] | None = None, base_dir: Path | None = None,
+              source: str = "<spec>", console: Console | None = None) -> StudyResult:
     """Run every unfinished cell of ``spec.study`` under ``out/<spec name>``; returns what was done.
 
     ``address``: a Ray cluster to run on (None: a local Ray with ``workers`` CPUs, default all);
-    ``rerun``: run finished cells again. Ctrl-C cancels the cells in flight and keeps every
+    ``rerun``: run finished cells again; ``sweeps``: run only these sweeps' cells (the index
+    still lists every cell, so a report counts the others as unfinished). Ctrl-C cancels the cells in flight and keeps every
     finished one; the same command resumes.
     """
     import ray
 
     console = console or Console()
     cells = expand_study(spec, source)  # every point validated before anything runs
+    names = [sw.name for sw in spec.study.sweeps]
+    unknown = [n for n in sweeps or [] if n not in names]
+    if unknown:
+        raise ValueError(f"{source}: no sweep named {unknown[0]!r}; the study has {', '.join(names)}")
+    chosen = [c for c in cells if sweeps is None or c.sweep in sweeps]
     study_dir = Path(out) / spec.name
     study_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(study_dir / ".partial", ignore_errors=True)  # cells a stopped driver was writing
     _write_index(study_dir, spec, cells)
-    todo = [c for c in cells if rerun or not cell_is_done(study_dir, c)]
-    skipped = len(cells) - len(todo)
-    console.print(f"[bold]{spec.name}[/]: {len(cells)} cells ({len({c.point for c in cells})} points x policies x "
-                  f"seeds), {skipped} already finished -> {study_dir}")
+    todo = [c for c in chosen if rerun or not cell_is_done(study_dir, c)]
+    skipped = len(chosen) - len(todo)
+    console.print(f"[bold]{spec.name}[/]: {len(chosen)} cells ({len({c.point for c in chosen})} points x policies x "
+                  f"seeds{'' if sweeps is None else ', sweeps ' + ', '.join(sweeps)}), {skipped} already finished "
+                  f"-> {study_dir}")
     t0 = time.perf_counter()
     cpu = 0.0
     ran = 0
     failed: list[str] = []
     if not todo:
-        return StudyResult(study_dir, len(cells), skipped, 0, [], 0.0, 0.0)
+        return StudyResult(study_dir, len(chosen), skipped, 0, [], 0.0, 0.0)
 
     if address:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
@@ -153,7 +160,7 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
             pending[task.remote(spec_refs[c.point], c.policy, c.seed, str(base_dir) if base_dir else None)] = c
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=console) as prog:
-            bar = prog.add_task("cells", total=len(cells), completed=skipped)
+            bar = prog.add_task("cells", total=len(chosen), completed=skipped)
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 cell = pending.pop(done[0])
@@ -176,4 +183,4 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
         raise
     finally:
         ray.shutdown()
-    return StudyResult(study_dir, len(cells), skipped, ran, failed, time.perf_counter() - t0, cpu)
+    return StudyResult(study_dir, len(chosen), skipped, ran, failed, time.perf_counter() - t0, cpu)

@@ -161,10 +161,15 @@ def test_the_grid_runs_on_ray_and_resumes_without_redoing_finished_cells(tmp_pat
     assert cell_is_done(d, victim) and len(read_table(d / victim.run_dir, "requests")) > 100
     assert not (d / ".partial").exists() or not any((d / ".partial").iterdir())
 
-    # A grown grid runs only its new cells.
-    grown = _spec({"sweeps": [{"name": "s", "axes": {"severity": [0.2, 0.01, 0.05]}}]})
-    more = run_study(grown, tmp_path, workers=2)
+    # A grown grid runs only its new cells, and only the sweeps asked for; the index lists them all.
+    grown = _spec({"sweeps": [{"name": "s", "axes": {"severity": [0.2, 0.01, 0.05]}},
+                              {"name": "t", "axes": {"load": [0.5]}}]})
+    with pytest.raises(ValueError, match="no sweep named 'u'; the study has s, t"):
+        run_study(grown, tmp_path, sweeps=["u"])
+    more = run_study(grown, tmp_path, workers=2, sweeps=["s"])
     assert (more.cells, more.skipped, more.ran) == (6, 4, 2)
+    assert len(json.loads((d / "study.json").read_text())["cells"]) == 8
+    assert not (d / "cells" / "t__load-0.5").exists()
 
 
 @pytest.mark.slow
