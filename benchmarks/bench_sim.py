@@ -4,8 +4,9 @@
 
 Runs experiments/core_link_degradation.yaml (32 pods x 32 workers, faults on)
 for a fixed number of requests in a fresh process, and reports simulated
-requests per wall-clock second and the process's peak resident memory.
-Targets: >= 20,000 requests/s per core; < 2 GiB for 100,000 requests.
+requests per CPU second (the run is single-threaded) and the process's peak
+resident memory. Targets: >= 20,000 requests/s per core; < 2 GiB for 100,000
+requests. A single run varies by a few percent on a shared machine.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@
 
 Timeout and failure rates are over a sliding window of finished requests
 (time buckets in a ring, so an observation is O(1) and an update O(window)).
+Observations count into Python lists for the bucket they fall in, which join
+the ring when the bucket changes or a price is computed: an observation (one
+per request) is then two list increments, and as the counts are whole numbers
+the sums are exactly those of counting into the ring directly.
 A finished request counts against every pod it touched; a failure is charged
 to the pod(s) of the stage it failed in, by the one blame rule of
 :mod:`core.stages` (``blamed_pods``).
@@ -40,31 +44,54 @@ class RiskPriceEstimator:
         self._total = np.zeros((self.n_buckets, n_pods))
         self._timeouts = np.zeros((self.n_buckets, n_pods))
         self._failures = np.zeros((self.n_buckets, n_pods))
+        self._n_pods = n_pods
+        self._bucket: int | None = None  # the absolute bucket of the counts not yet in the ring
+        self._new_total = [0] * n_pods
+        self._new_timeouts = [0] * n_pods
+        self._new_failures = [0] * n_pods
 
-    def _slot(self, now: float) -> int:
-        b = int(now // self.bucket_s)
+    def _slot(self, b: int) -> int:
+        """The ring slot of absolute bucket ``b``, emptied if it held an older bucket (one that left the window)."""
         s = b % self.n_buckets
-        if self._ids[s] != b:  # the slot held an older bucket: it left the window
+        if self._ids[s] != b:
             self._ids[s] = b
             self._total[s] = 0.0
             self._timeouts[s] = 0.0
             self._failures[s] = 0.0
         return s
 
+    def _commit(self) -> None:
+        """Add the counts not yet in the ring to their bucket's slot."""
+        if self._bucket is None:
+            return
+        s = self._slot(self._bucket)
+        n = self._n_pods
+        for ring, new in ((self._total, self._new_total), (self._timeouts, self._new_timeouts),
+                          (self._failures, self._new_failures)):
+            ring[s] += new
+            new[:] = [0] * n
+        self._bucket = None
+
     def observe(self, now: float, prefill_pod: int, decode_pod: int, outcome: str, stage: str | None) -> None:
         """Count one finished request (any outcome) against the pods it touched."""
-        s = self._slot(now)
-        pods = {prefill_pod, decode_pod} - {-1}
-        for p in pods:
-            self._total[s, p] += 1.0
+        b = int(now // self.bucket_s)
+        if b != self._bucket:
+            self._commit()
+            self._bucket = b
+        total = self._new_total
+        if prefill_pod != -1:
+            total[prefill_pod] += 1
+        if decode_pod != -1 and decode_pod != prefill_pod:
+            total[decode_pod] += 1
         if outcome == "ok":
             return
-        arr = self._timeouts if outcome == "timeout" else self._failures
+        counts = self._new_timeouts if outcome == "timeout" else self._new_failures
         for p in blamed_pods(stage, prefill_pod, decode_pod):
-            arr[s, p] += 1.0
+            counts[p] += 1
 
     def update(self, now: float, util: np.ndarray, bw: np.ndarray | None, bw0: np.ndarray) -> PriceComponents:
         """Prices at ``now`` from utilisation and telemetry (``bw`` None: no bandwidth term)."""
+        self._commit()
         cur = int(now // self.bucket_s)
         live = (self._ids > cur - self.n_buckets) & (self._ids <= cur)
         total = self._total[live].sum(axis=0)

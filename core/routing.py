@@ -50,6 +50,10 @@ class Router:
         self.bw0 = np.asarray(bw0, float)
         self.sink = sink
         self.view = ClusterView(topo, capacity, Loads.zeros(topo), PodState.initial(topo.n_pods))
+        # The topology's ids as Python lists: route reads four of them per request.
+        self._prefill_ids: list[int] = topo.prefill_ids.tolist()
+        self._decode_ids: list[int] = topo.decode_ids.tolist()
+        self._worker_pod: list[int] = topo.worker_pod.tolist()
         self._truth = np.zeros(topo.n_pods, bool)
         self._link_Bps: np.ndarray | None = None  # None: every core link intact
 
@@ -59,17 +63,17 @@ class Router:
         t0 = time.perf_counter()
         c = self.policy.choose(self.view)
         latency = time.perf_counter() - t0
-        topo, loads = self.topo, self.view.loads
-        pw, dw = int(topo.prefill_ids[c.prefill]), int(topo.decode_ids[c.decode])
-        pp, dp = int(topo.worker_pod[pw]), int(topo.worker_pod[dw])
-        loads.prefill_outstanding[c.prefill] += 1
-        loads.prefill_tokens[c.prefill] += prompt_tokens
-        loads.decode_outstanding[c.decode] += 1
-        loads.decode_kv_tokens[c.decode] += prompt_tokens + output_tokens
+        p, d = c.prefill, c.decode
+        pw, dw = self._prefill_ids[p], self._decode_ids[d]
+        pp, dp = self._worker_pod[pw], self._worker_pod[dw]
+        loads = self.view.loads
+        loads.prefill_outstanding[p] += 1
+        loads.prefill_tokens[p] += prompt_tokens
+        loads.decode_outstanding[d] += 1
+        loads.decode_kv_tokens[d] += prompt_tokens + output_tokens
         self.sink(DecisionRecord(now, request_id, self.policy.name, c.n_candidates, c.n_filtered, latency,
                                  pw, dw, pp, dp, c.score))
-        return Ticket(self, now, request_id, arrival_s, prompt_tokens, output_tokens, c.prefill, c.decode, pw, dw,
-                      pp, dp)
+        return Ticket(self, now, request_id, arrival_s, prompt_tokens, output_tokens, p, d, pw, dw, pp, dp)
 
     # Called by Ticket only: a world marks stages and finishes tickets, never these.
     def prefill_done(self, t: Ticket) -> None:
@@ -83,9 +87,9 @@ class Router:
         loads = self.view.loads
         loads.decode_outstanding[t.d_idx] -= 1
         loads.decode_kv_tokens[t.d_idx] -= t.prompt_tokens + t.output_tokens
-        self.estimator.observe(now, t.prefill_pod, t.decode_pod, outcome, stage)
-        blamed = () if outcome == "ok" else blamed_pods(stage, t.prefill_pod, t.decode_pod)
-        self.health.observe(now, (t.prefill_pod, t.decode_pod), blamed, outcome)
+        pp, dp = t.prefill_pod, t.decode_pod
+        self.estimator.observe(now, pp, dp, outcome, stage)
+        self.health.observe(now, (pp, dp), () if outcome == "ok" else blamed_pods(stage, pp, dp), outcome)
 
     # --- ground truth, labels, telemetry ----------------------------------
     def set_truth(self, degraded: np.ndarray, link_Bps: np.ndarray | None = None) -> None:
@@ -110,6 +114,7 @@ class Router:
     def slow_tick(self, now: float) -> None:
         comp = self.estimator.update(now, self.view.pod_util(), self.telemetry.view(now), self.bw0)
         self.view.pods = self.view.pods.replace(price=comp.price)
-        for p in range(self.topo.n_pods):
-            self.sink(PriceRecord(now, p, float(comp.price[p]), float(comp.util[p]), float(comp.bw_term[p]),
-                                  float(comp.timeout_rate[p]), float(comp.failure_rate[p])))
+        columns = (comp.price.tolist(), comp.util.tolist(), comp.bw_term.tolist(), comp.timeout_rate.tolist(),
+                   comp.failure_rate.tolist())
+        for p, row in enumerate(zip(*columns)):
+            self.sink(PriceRecord(now, p, *row))

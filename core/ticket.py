@@ -8,7 +8,7 @@ and ends it with :meth:`Ticket.finish`, which
   request leaves prefill, the decode worker's at the end),
 * charges a failure to the pod(s) of the stage it was in (the one blame rule,
   :func:`core.stages.blamed_pods`),
-* builds the request's record, by keyword, and hands it to the router's sink (the run's writer).
+* builds the request's record and hands it to the router's sink (the run's writer).
 
 So neither world builds a :class:`core.records.RequestRecord` or tracks which
 counters it released: the two worlds differ only in when they call ``enter``.
@@ -72,14 +72,16 @@ class Ticket:
         if self._prefill_held:
             self._prefill_held = False
             self.router.prefill_done(self)
-        self.router.finished(now, self, outcome, failed)
+        router = self.router
+        router.finished(now, self, outcome, failed)
         first = self.first_token_s if self.first_token_s <= now else NAN  # a first token after the end never came
+        # Positional, in the schema's column order (core.records.RequestRecord): keywords would cost
+        # as much again as building the record, once per request.
         rec = RequestRecord(
-            request_id=self.request_id, arrival_s=self.arrival_s, prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens, prefill_worker=self.prefill_worker, decode_worker=self.decode_worker,
-            prefill_pod=self.prefill_pod, decode_pod=self.decode_pod, routed_s=self.routed_s,
-            prefill_start_s=self.prefill_start_s, prefill_end_s=self.prefill_end_s, kv_start_s=self.kv_start_s,
-            kv_end_s=self.kv_end_s, first_token_s=first, end_s=now if outcome == "ok" else NAN, outcome=outcome,
-            failed_stage=failed, kv_bytes=self.kv_bytes)
-        self.router.sink(rec)
+            self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens,
+            self.prefill_worker, self.decode_worker, self.prefill_pod, self.decode_pod,
+            self.routed_s, self.prefill_start_s, self.prefill_end_s, self.kv_start_s, self.kv_end_s, first,
+            now if outcome == "ok" else NAN,  # end_s
+            outcome, failed, self.kv_bytes)
+        router.sink(rec)
         return rec

@@ -36,11 +36,15 @@ class Loads:
     prefill_tokens: np.ndarray  # their prompt tokens
     decode_outstanding: np.ndarray  # requests routed and not yet finished
     decode_kv_tokens: np.ndarray  # KV tokens they will hold (prompt + output)
+    # Both outstanding counters in one array, prefill workers then decode workers, when the two
+    # above are its halves (as zeros() makes them): a policy can score both roles in one pass.
+    outstanding: np.ndarray | None = None
 
     @classmethod
     def zeros(cls, topo: Topology) -> "Loads":
         n_p, n_d = topo.prefill_ids.size, topo.decode_ids.size
-        return cls(np.zeros(n_p), np.zeros(n_p), np.zeros(n_d), np.zeros(n_d))
+        both = np.zeros(n_p + n_d)
+        return cls(both[:n_p], np.zeros(n_p), both[n_p:], np.zeros(n_d), both)
 
 
 @dataclass(frozen=True)
@@ -67,13 +71,17 @@ class ClusterView:
 
     def __post_init__(self) -> None:
         self.path_cost = self.topo.path_cost()
+        t = self.topo
+        # pod_util's sums: prefill workers then decode workers, each in index order.
+        self._util_pods = np.concatenate([t.prefill_pod, t.decode_pod])
+        self._util_n = np.maximum(np.bincount(t.worker_pod, minlength=t.n_pods).astype(float), 1.0)
 
     def pod_util(self) -> np.ndarray:
-        """Utilisation per pod: mean over its workers of min(outstanding / slots, 1)."""
-        t, c, ld = self.topo, self.capacity, self.loads
-        u = np.zeros(t.n_pods)
-        n = np.zeros(t.n_pods)
-        np.add.at(u, t.prefill_pod, np.minimum(ld.prefill_outstanding / c.prefill_slots, 1.0))
-        np.add.at(u, t.decode_pod, np.minimum(ld.decode_outstanding / c.decode_slots, 1.0))
-        np.add.at(n, t.worker_pod, 1.0)
-        return u / np.maximum(n, 1.0)
+        """Utilisation per pod: mean over its workers of min(outstanding / slots, 1).
+
+        One bincount adds each worker's term to its pod in the order prefill workers, then decode
+        workers (bincount adds in input order, so the sums are the same to the last bit)."""
+        c, ld = self.capacity, self.loads
+        per_worker = np.concatenate([np.minimum(ld.prefill_outstanding / c.prefill_slots, 1.0),
+                                     np.minimum(ld.decode_outstanding / c.decode_slots, 1.0)])
+        return np.bincount(self._util_pods, per_worker, self.topo.n_pods) / self._util_n

@@ -82,7 +82,8 @@ class _Checks:
         self.fail_streak = np.zeros(n, np.int64)
         self.ok_streak = np.zeros(n, np.int64)
         self.probe_down = np.zeros(n, bool)
-        self.consecutive = np.zeros(n, np.int64)  # failed requests in a row, per pod
+        # Failed requests in a row, per pod: a list, as every request ends with an update of it.
+        self.consecutive = [0] * n
         self.ejected_until = np.full(n, -np.inf)
         self.times_ejected = np.zeros(n, np.int64)  # Envoy's ejection multiplier
         self.last_interval = 0.0
@@ -90,8 +91,10 @@ class _Checks:
 
     def observe(self, now: float, touched: Sequence[int], blamed: Sequence[int], outcome: str) -> None:
         if outcome == "ok":
-            for p in set(touched) - {-1}:
-                self.consecutive[p] = 0
+            consecutive = self.consecutive
+            for p in touched:
+                if p != -1:
+                    consecutive[p] = 0
             return
         if outcome not in ("timeout", "error"):  # a rejection is the router's, not the pod's
             return

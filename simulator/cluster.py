@@ -24,6 +24,17 @@ Everything around the cluster is the run context both worlds open
 on which this model marks the stages of :mod:`core.stages` and which builds the
 request's record when it ends; the fault timeline's steps come from there too,
 and this model only sets its links' capacities and workers' speeds.
+
+Speed: SimPy keeps the clock and the event queue, but a request's events are
+the cheap kinds of :mod:`simulator.events`, made exactly where SimPy timeouts
+and processes would be, so the event order (ties included) is SimPy's: prefill
+ends, KV pull completions and decode steps are plain callbacks on SimPy's
+queue; the arrivals and the sweeps of the two per-request limits are chains
+(one pending wake-up each) that :func:`simulator.events.run_until` runs beside
+it. The hot path reads Python numbers (the workload's columns, the engine's
+constants, the pods' slow-down, each decode batch's step time, kept current)
+rather than numpy scalars or pydantic fields, and a finished request's ticket
+is dropped at once (the sweeps skip it).
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from faults.schedule import FaultStep, ScheduledEvent
 from faults.telemetry import link_measure_s
 from workloads.generate import Workload
 
+from .events import Call, Chain, call_after, run_until
 from .network import FlowNetwork
 
 
@@ -59,16 +71,18 @@ class _Prefill:
 class _Decode:
     """Fluid continuous batching: V counts tokens produced per running sequence."""
 
-    __slots__ = ("pod", "heap", "n", "kv_in_batch", "V", "t", "version", "reserved_kv", "reserved_slots", "waiting")
+    __slots__ = ("pod", "heap", "n", "kv_in_batch", "step_s", "V", "t", "timer", "reserved_kv", "reserved_slots",
+                 "waiting")
 
     def __init__(self, pod: int) -> None:
         self.pod = pod
         self.heap: list[tuple[float, int, Ticket]] = []
         self.n = 0  # running sequences
         self.kv_in_batch = 0  # their prompt tokens (the KV each step reads)
+        self.step_s = 0.0  # their step time (ClusterSim._step_s), kept current with n, kv_in_batch, speed
         self.V = 0.0
         self.t = 0.0
-        self.version = 0
+        self.timer: Call | None = None  # the pending step-end event; older ones are stale
         self.reserved_kv = 0  # admitted requests (in transfer or decoding)
         self.reserved_slots = 0
         self.waiting: deque[Ticket] = deque()
@@ -94,84 +108,131 @@ class ClusterSim:
         self.progress = progress
         topo = self.topo
         self.net = FlowNetwork(env, topo.link_capacity_Bps())
-        self.prefill = [_Prefill(int(topo.worker_pod[w])) for w in topo.prefill_ids]
-        self.decode = [_Decode(int(topo.worker_pod[w])) for w in topo.decode_ids]
-        self.slowdown = np.ones(topo.n_pods)
+        worker_pod = topo.worker_pod.tolist()
+        self.prefill = [_Prefill(worker_pod[w]) for w in topo.prefill_ids.tolist()]
+        self.slowdown: list[float] = [1.0] * topo.n_pods
         self._applied: FaultStep | None = None  # the last step set (its measurement may still run)
         self._measuring: deque[FaultStep] = deque()  # steps whose measurement has not ended, in order
         self._measured_at = 0.0  # when the last of them ends
-        self.reqs: list[Ticket | None] = []
+        self.reqs: list[Ticket | None] = []  # by request id (= arrival order); None once done
         self._flows: dict[int, int] = {}  # request id -> its KV flow, while in kv_transfer
         self._seq = 0
         self.end_time = (float(workload.arrival_s[-1]) if len(workload) else 0.0) + deadline_s + 1.0
-        env.process(self._arrivals())
-        env.process(self._deadlines())
+        # Per-request columns and the engine's constants as Python numbers: the hot path never
+        # reads a numpy scalar or a pydantic field.
+        self._arr: list[float] = workload.arrival_s.tolist()
+        self._pt: list[int] = workload.prompt_tokens.tolist()
+        self._ot: list[int] = workload.output_tokens.tolist()
+        e = engine
+        self._prefill_budget, self._prefill_overhead, self._prefill_tps = (
+            e.prefill_batch_tokens, e.prefill_overhead_s, e.prefill_tokens_per_s)
+        self._step_base, self._step_per_seq, self._step_per_kv = (
+            e.decode_step_base_s, e.decode_step_per_seq_s, e.decode_step_per_kv_token_s)
+        self._max_batch, self._kv_tokens = e.decode_max_batch, e.decode_kv_tokens
+        self._block_tokens, self._pull_latency = e.kv_block_tokens, e.kv_transfer_latency_s
+        self.decode = [_Decode(worker_pod[w]) for w in topo.decode_ids.tolist()]
+        for d in self.decode:
+            d.step_s = self._step_s(d)  # an empty batch's
         self.first_token_limit = deadline_s if first_token_limit_s is None else min(first_token_limit_s, deadline_s)
+        # Arrivals and the sweeps of the per-request limits are chains (simulator.events), made
+        # where processes would be: the event order is what SimPy processes would give.
+        self._chains = [Chain(env, self._arrivals), Chain(env, self._deadlines)]
         if self.first_token_limit < deadline_s:
-            env.process(self._first_token_limits())
+            self._chains.append(Chain(env, self._first_token_limits))
         env.process(self._faults())
         for period, fn in ctx.periodic:
             env.process(self._every(period, fn))
 
     def run(self) -> None:
-        self.env.run(until=self.end_time)
+        run_until(self.env, self.end_time, self._chains)
         while self._measuring:  # measurements still running at the end: they end now
             self._end_step()
         closing = self.ctx.closing_step(self.env.now)  # faults still on when the run ends are cleared, recorded
         if closing is not None:
             self._apply(closing, measure=False)
 
-    # --- processes ----------------------------------------------------------
+    # --- processes and sweeps ----------------------------------------------------
     def _every(self, period: float, fn: Callable[[float], None]):
         while True:
             fn(self.env.now)
             yield self.env.timeout(period)
 
-    def _arrivals(self):
-        env, wl = self.env, self.wl
-        arr, pt, ot = wl.arrival_s, wl.prompt_tokens, wl.output_tokens
-        for i in range(len(wl)):
-            t = float(arr[i])
-            if t > env.now:
-                yield env.timeout(t - env.now)
-            req = self.ctx.route(env.now, i, t, int(pt[i]), int(ot[i]))
-            self.reqs.append(req)
-            self._dispatch(req)
-            if self.progress is not None and i % 2000 == 0:
-                self.progress(env.now / self.end_time)
+    def _arrivals(self, chain: Chain) -> None:
+        """Route the requests in arrival order, each at its arrival time. Woken for request
+        ``chain.data`` (None: at the start), it routes that one without looking at the clock
+        again (now may differ from its arrival time by rounding), then any due with it."""
+        arr, now = self._arr, self.env.now  # the clock stands still while a chain runs
+        i = chain.data
+        if i is None:
+            i = 0
+        else:
+            self._arrive(i, now)
+            i += 1
+        while i < len(arr):
+            if arr[i] > now:
+                chain.data = i
+                chain.sleep(arr[i] - now)
+                return
+            self._arrive(i, now)
+            i += 1
+        chain.end()
 
-    def _deadlines(self):
-        """Sleep until the earliest deadline of a request not yet done (arrival order =
-        deadline order, since the deadline is the same for all), then time it out."""
-        env, i = self.env, 0
-        n = len(self.wl)
-        arr = self.wl.arrival_s
-        while i < n:
-            due = float(arr[i]) + self.deadline
-            if due > env.now:
-                yield env.timeout(due - env.now)
-                continue
-            if i < len(self.reqs):
-                req = self.reqs[i]
-                if req is not None and not req.done:
-                    self._timeout(req)
-                self.reqs[i] = None  # nothing refers to it any more
-                i += 1
-            else:  # not arrived yet (cannot happen for due <= now, but stay safe)
-                yield env.timeout(0)
+    def _arrive(self, i: int, now: float) -> None:
+        req = self.ctx.route(now, i, self._arr[i], self._pt[i], self._ot[i])
+        self.reqs.append(req)
+        self._dispatch(req, now)
+        if self.progress is not None and i % 2000 == 0:
+            self.progress(now / self.end_time)
 
-    def _first_token_limits(self):
+    def _deadlines(self, chain: Chain) -> None:
+        """Time out, in arrival order (= deadline order, the deadline being the same for all),
+        every request from ``chain.data`` on that is due by now and not done, then sleep until
+        the next one is due (and look at the clock again then)."""
+        arr, reqs, deadline, now = self._arr, self.reqs, self.deadline, self.env.now
+        i = chain.data or 0
+        while i < len(arr):
+            due = arr[i] + deadline
+            if due > now:
+                chain.data = i
+                chain.sleep(due - now)
+                return
+            if i >= len(reqs):  # not arrived yet (cannot happen for due <= now, but stay safe)
+                chain.data = i
+                chain.sleep(0)
+                return
+            req = reqs[i]
+            if req is not None and not req.done:
+                self._timeout(req)
+            reqs[i] = None  # nothing refers to it any more
+            i += 1
+        chain.end()
+
+    def _first_token_limits(self, chain: Chain) -> None:
         """The time-to-first-token limit, swept in arrival order like the deadline: a request
         still without its first token then (not yet in decode, or its first step not done) times
-        out where it is."""
-        env, arr, limit = self.env, self.wl.arrival_s, self.first_token_limit
-        for i in range(len(self.wl)):
-            due = float(arr[i]) + limit
-            if due > env.now:
-                yield env.timeout(due - env.now)
-            req = self.reqs[i] if i < len(self.reqs) else None
-            if req is not None and not req.done and not req.first_token_s <= env.now:
-                self._timeout(req)
+        out where it is. Woken for request ``chain.data`` (None: at the start), it checks that
+        one without looking at the clock again."""
+        arr, limit, now = self._arr, self.first_token_limit, self.env.now
+        i = chain.data
+        if i is None:
+            i = 0
+        else:
+            self._first_token_check(i, now)
+            i += 1
+        while i < len(arr):
+            due = arr[i] + limit
+            if due > now:
+                chain.data = i
+                chain.sleep(due - now)
+                return
+            self._first_token_check(i, now)
+            i += 1
+        chain.end()
+
+    def _first_token_check(self, i: int, now: float) -> None:
+        req = self.reqs[i] if i < len(self.reqs) else None
+        if req is not None and not req.done and not req.first_token_s <= now:
+            self._timeout(req)
 
     def _faults(self):
         env = self.env
@@ -215,67 +276,71 @@ class ClusterSim:
         return [(target, ev.time_s, NAN, NAN)]
 
     # --- request path ---------------------------------------------------------
-    def _dispatch(self, req: Ticket) -> None:
+    def _dispatch(self, req: Ticket, now: float) -> None:
         w = self.prefill[req.p_idx]
         w.queue.append(req)
         if not w.busy:
-            self._start_prefill(req.p_idx)
+            self._start_prefill(req.p_idx, now)
 
-    def _start_prefill(self, idx: int) -> None:
+    def _start_prefill(self, idx: int, now: float) -> None:
         w = self.prefill[idx]
+        queue = w.queue
         batch: list[Ticket] = []
         tokens = 0
-        budget = self.e.prefill_batch_tokens
-        while w.queue:
-            req = w.queue[0]
+        budget = self._prefill_budget
+        while queue:
+            req = queue[0]
             if req.done:  # timed out while queued
-                w.queue.popleft()
+                queue.popleft()
                 continue
             if batch and tokens + req.prompt_tokens > budget:
                 break
-            w.queue.popleft()
+            queue.popleft()
             batch.append(req)
             tokens += req.prompt_tokens
         if not batch:
             w.busy = False
             return
         w.busy = True
-        now = self.env.now
         for req in batch:
             req.enter("prefill", now)
-        dur = self.slowdown[w.pod] * (self.e.prefill_overhead_s + tokens / self.e.prefill_tokens_per_s)
-        ev = self.env.timeout(dur)
-        ev.callbacks.append(lambda _e, idx=idx, batch=batch: self._end_prefill(idx, batch))
+        dur = self.slowdown[w.pod] * (self._prefill_overhead + tokens / self._prefill_tps)
+        call_after(self.env, dur, self._end_prefill, (idx, batch))
 
-    def _end_prefill(self, idx: int, batch: list[Ticket]) -> None:
+    def _end_prefill(self, ev: Call) -> None:
+        idx, batch = ev.data
         now = self.env.now
+        decode = self.decode
         for req in batch:
             if req.done:
                 continue
             req.enter("decode_queue", now)  # waiting for decode admission; the prefill worker is free of it
-            self.decode[req.d_idx].waiting.append(req)
-            self._admit(req.d_idx)
-        self._start_prefill(idx)
+            decode[req.d_idx].waiting.append(req)
+            self._admit(decode[req.d_idx], now)
+        if self.prefill[idx].queue:
+            self._start_prefill(idx, now)
+        else:
+            self.prefill[idx].busy = False
 
-    def _admit(self, d_idx: int) -> None:
-        d = self.decode[d_idx]
-        e = self.e
-        while d.waiting:
-            req = d.waiting[0]
+    def _admit(self, d: _Decode, now: float) -> None:
+        waiting = d.waiting
+        max_batch, kv_tokens = self._max_batch, self._kv_tokens
+        while waiting:
+            req = waiting[0]
             if req.done:
-                d.waiting.popleft()
+                waiting.popleft()
                 continue
             need = req.prompt_tokens + req.output_tokens
-            if d.reserved_slots >= e.decode_max_batch or (d.reserved_kv and d.reserved_kv + need > e.decode_kv_tokens):
+            if d.reserved_slots >= max_batch or (d.reserved_kv and d.reserved_kv + need > kv_tokens):
                 return
-            d.waiting.popleft()
+            waiting.popleft()
             d.reserved_slots += 1
             d.reserved_kv += need
-            self._start_transfer(req)
+            self._start_transfer(req, now)
 
-    def _start_transfer(self, req: Ticket) -> None:
-        req.enter("kv_transfer", self.env.now)
-        req.kv_bytes = nbytes = kv_transfer_bytes(req.prompt_tokens, self.e.kv_block_tokens, self.kv_bpt)
+    def _start_transfer(self, req: Ticket, now: float) -> None:
+        req.enter("kv_transfer", now)
+        req.kv_bytes = nbytes = kv_transfer_bytes(req.prompt_tokens, self._block_tokens, self.kv_bpt)
         on_wire = nbytes * self.wire_overhead  # protocol headers travel too
         self._flows[req.request_id] = self.net.start(self.topo.path(req.prefill_worker, req.decode_worker), on_wire,
                                                      lambda _fid, req=req: self._end_flow(req))
@@ -284,63 +349,67 @@ class ClusterSim:
         if req.done:
             return
         del self._flows[req.request_id]
-        latency = self.e.kv_transfer_latency_s
+        latency = self._pull_latency
         if latency > 0:  # the bytes are there; the pull's completion reaches the scheduler later
-            self.env.timeout(latency).callbacks.append(lambda _e, req=req: self._end_transfer(req))
+            call_after(self.env, latency, self._on_pull_done, req)
         else:
             self._end_transfer(req)
+
+    def _on_pull_done(self, ev: Call) -> None:
+        self._end_transfer(ev.data)
 
     def _end_transfer(self, req: Ticket) -> None:
         if req.done:  # timed out while the completion was on its way
             return
-        req.enter("decode", self.env.now)
-        self._decode_join(req)
+        now = self.env.now
+        req.enter("decode", now)
+        self._decode_join(req, now)
 
     # --- decode (fluid continuous batching) ----------------------------------
     def _step_s(self, d: _Decode) -> float:
-        e = self.e
-        return self.slowdown[d.pod] * (e.decode_step_base_s + e.decode_step_per_seq_s * d.n
-                                       + e.decode_step_per_kv_token_s * d.kv_in_batch)
+        """The step time of d's batch now (d.step_s keeps it: call when the batch or speed changes)."""
+        return self.slowdown[d.pod] * (self._step_base + self._step_per_seq * d.n + self._step_per_kv * d.kv_in_batch)
 
-    def _advance(self, d: _Decode) -> None:
-        now = self.env.now
+    def _advance(self, d: _Decode, now: float) -> None:
         if d.n:
-            d.V += (now - d.t) / self._step_s(d)
+            d.V += (now - d.t) / d.step_s
         d.t = now
 
-    def _decode_join(self, req: Ticket) -> None:
+    def _decode_join(self, req: Ticket, now: float) -> None:
         d = self.decode[req.d_idx]
-        self._advance(d)
+        self._advance(d, now)
         d.n += 1
         d.kv_in_batch += req.prompt_tokens
+        d.step_s = self._step_s(d)
         self._seq += 1
         heapq.heappush(d.heap, (d.V + req.output_tokens, self._seq, req))
-        req.first_token_s = self.env.now + self._step_s(d)
-        self._decode_schedule(req.d_idx)
+        req.first_token_s = now + d.step_s
+        self._decode_schedule(d)
 
     def _decode_leave(self, d: _Decode, req: Ticket) -> None:
         d.n -= 1
         d.kv_in_batch -= req.prompt_tokens
+        d.step_s = self._step_s(d)
         d.reserved_slots -= 1
         d.reserved_kv -= req.prompt_tokens + req.output_tokens
 
-    def _decode_schedule(self, d_idx: int) -> None:
-        d = self.decode[d_idx]
+    def _decode_schedule(self, d: _Decode) -> None:
+        """(Re)schedule the end of the next sequence; a step-end event scheduled before is stale."""
         heap = d.heap
         while heap and heap[0][2].done:  # timed-out sequences leave lazily
             heapq.heappop(heap)
-        d.version += 1
         if not heap:
+            d.timer = None
             return
-        delay = max(0.0, (heap[0][0] - d.V) * self._step_s(d))
-        ev = self.env.timeout(delay)
-        ev.callbacks.append(lambda _e, d_idx=d_idx, v=d.version: self._decode_tick(d_idx, v))
+        delay = max(0.0, (heap[0][0] - d.V) * d.step_s)
+        d.timer = call_after(self.env, delay, self._decode_tick, d)
 
-    def _decode_tick(self, d_idx: int, version: int) -> None:
-        d = self.decode[d_idx]
-        if version != d.version:
+    def _decode_tick(self, ev: Call) -> None:
+        d = ev.data
+        if ev is not d.timer:
             return
-        self._advance(d)
+        now = self.env.now
+        self._advance(d, now)
         heap = d.heap
         eps = 1e-9 * max(1.0, d.V)
         while heap and heap[0][0] <= d.V + eps:
@@ -348,16 +417,20 @@ class ClusterSim:
             if req.done:
                 continue
             self._decode_leave(d, req)
-            req.finish(self.env.now, "ok")
-        self._admit(d_idx)
-        self._decode_schedule(d_idx)
+            req.finish(now, "ok")
+            self.reqs[req.request_id] = None  # the sweeps skip it; its memory goes now
+        if d.waiting:
+            self._admit(d, now)
+        self._decode_schedule(d)
 
     # --- endings -------------------------------------------------------------
     def _timeout(self, req: Ticket) -> None:
         """The deadline: the ticket records a timeout of the stage the request is in; the
         worker it occupied lets it go (queued ones are skipped lazily when reached)."""
+        now = self.env.now
         stage = req.stage
-        req.finish(self.env.now, "timeout")
+        req.finish(now, "timeout")
+        self.reqs[req.request_id] = None
         if stage == "kv_transfer":
             flow = self._flows.pop(req.request_id, None)
             if flow is not None:  # None: the bytes had arrived, the completion had not
@@ -365,21 +438,23 @@ class ClusterSim:
             d = self.decode[req.d_idx]
             d.reserved_slots -= 1
             d.reserved_kv -= req.prompt_tokens + req.output_tokens
-            self._admit(req.d_idx)
+            self._admit(d, now)
         elif stage == "decode":
             d = self.decode[req.d_idx]
-            self._advance(d)
+            self._advance(d, now)
             self._decode_leave(d, req)
-            self._admit(req.d_idx)
-            self._decode_schedule(req.d_idx)
+            self._admit(d, now)
+            self._decode_schedule(d)
 
     def _set_slowdown(self, pod: int, factor: float) -> None:
         """Compute degradation: decode batches of the pod advance at the new speed from now;
         a running prefill batch keeps the speed it started with (batches are short)."""
-        for i, d in enumerate(self.decode):
+        now = self.env.now
+        for d in self.decode:
             if d.pod == pod:
-                self._advance(d)
+                self._advance(d, now)
         self.slowdown[pod] = factor
-        for i, d in enumerate(self.decode):
+        for d in self.decode:
             if d.pod == pod:
-                self._decode_schedule(i)
+                d.step_s = self._step_s(d)
+                self._decode_schedule(d)

@@ -35,10 +35,22 @@ How a change is kept cheap:
   the last one); flow links are a ``(width, slots)`` int array padded with a
   sentinel link of infinite capacity, so per-flow work is a few elementwise
   calls over contiguous rows.
-* ONE pending SimPy timer, for the earliest completion (found vectorised); a
-  change that moves rates replaces it, a shortcut only if the new flow ends
-  first, and a superseded timer is ignored when it fires. Flows started or
-  aborted inside ``on_done`` callbacks share one recomputation.
+* What the shortcuts read and update one link at a time (flows and
+  bottleneck flows per link, allocated load, capacity and tolerance, the
+  solve order) is kept in Python lists, and each flow's path, id and callback
+  in a small object: a numpy element costs several times a list item, and a
+  shortcut touches some thirty of them. A link's place in the solve order is
+  looked up when needed (rare) rather than kept current on every change. The
+  vectorised paths build the arrays they need from these (a solve is rare: a
+  few per hundred changes), and Python floats round exactly as numpy's
+  float64 does, so both give the same numbers. A flow's remaining bytes,
+  finishing threshold and rate are one column of a ``(3, slots)`` array, so
+  moving a flow to another slot is one copy.
+* ONE pending timer (a :func:`simulator.events.call_after` callback), for the
+  earliest completion (found vectorised); a change that moves rates replaces
+  it, a shortcut only if the new flow ends first, and a superseded timer is
+  ignored when it fires. Flows started or aborted inside ``on_done`` callbacks
+  share one recomputation.
 """
 
 from __future__ import annotations
@@ -48,6 +60,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import simpy
 from scipy.linalg.lapack import dtrtrs
+
+from .events import Call, call_after
 
 __all__ = ["FlowNetwork"]
 
@@ -66,6 +80,18 @@ _TINY_RATE = 1e-200
 # Re-assignment rounds tried before falling back to progressive filling.
 _MAX_REPAIRS = 4
 _INITIAL_SLOTS = 64
+_INF = float("inf")
+# Shortcut starts after a solve from which the link loads are kept as a list (see _load_now).
+_LOADS_TO_LIST = 3
+
+
+class _Flow:
+    """What the network keeps of an active flow beside its slot's numbers."""
+
+    __slots__ = ("fid", "on_done", "size", "path")
+
+    def __init__(self, fid: int, on_done: Callable[[int], None], size: float, path: list[int]) -> None:
+        self.fid, self.on_done, self.size, self.path = fid, on_done, size, path
 
 
 class FlowNetwork:
@@ -90,6 +116,8 @@ class FlowNetwork:
         L1 = S + 1
         self._cap = np.append(cap, np.inf)
         self._tol = np.empty(L1)
+        self._capl: list[float] = []  # _cap and _tol as lists, for the scalar paths
+        self._toll: list[float] = []
         self._any_dead = False  # some link has capacity 0 (then rates can be 0)
         self._capacity_changed()
 
@@ -97,24 +125,26 @@ class FlowNetwork:
         self._width = 2  # link rows; grows if a longer path arrives
         slots = _INITIAL_SLOTS
         self._links = np.full((self._width, slots), S, dtype=np.intp)
-        self._size = np.zeros(slots)
-        self._rem = np.zeros(slots)
-        self._done_at = np.zeros(slots)  # remaining bytes that count as finished
-        self._rate = np.zeros(slots)
-        self._bl = np.zeros(slots, dtype=np.intp)  # slot -> its bottleneck link
-        self._fid: list[int] = []  # slot -> flow id
-        self._cb: list[Callable[[int], None]] = []  # slot -> on_done
+        self._pad = [[S] * (self._width - k) for k in range(self._width + 1)]  # path length -> padding
+        self._flows: list[_Flow] = []  # slot -> flow (its path: the column of _links without padding)
+        # Per slot: remaining bytes, remaining bytes that count as finished, rate. One array, so that
+        # moving a flow to another slot is one copy; _rem, _done_at and _rate are its rows.
+        self._flow = np.zeros((3, slots))
+        self._rem, self._done_at, self._rate = self._flow
+        self._bl = np.zeros(slots, dtype=np.intp)  # slot -> its bottleneck link (read whole by solves)
         self._slot: dict[int, int] = {}  # flow id -> slot
         self._zero: dict[int, Callable[[int], None]] = {}  # zero-byte flows awaiting their callback
 
         # Bottleneck structure (the level system's shape).
-        self._nb = np.zeros(L1, dtype=np.int64)  # flows each link limits
-        self._nfl = np.zeros(L1, dtype=np.int64)  # active flows per link
-        # Bottleneck links in a valid solve order: _obuf[:_k] (a buffer, so that
-        # adding or dropping one is a scalar update).
-        self._obuf = np.zeros(L1, dtype=np.intp)
-        self._k = 0
-        self._pos = np.full(L1, -1, dtype=np.intp)  # link -> its place in that order, or -1
+        self._nb = [0] * L1  # flows each link limits
+        self._nfl = [0] * L1  # active flows per link
+        # Bottleneck links in a valid solve order, a list: a shortcut appends or removes one. The
+        # order as an array and each link's place in it (-1: none) are derived when a solve or a
+        # non-shortcut change needs them (_order_array, _places), not kept current on every change.
+        self._order: list[int] = []
+        self._order_arr: np.ndarray | None = None  # None: derive again
+        self._pos = np.full(L1, -1, dtype=np.intp)
+        self._pos_for = np.zeros(0, dtype=np.intp)  # the order _pos holds places for
         # _AT[i, j]: flows limited by the i-th bottleneck that cross the j-th (so
         # _AT.T is the lower-triangular system, in the Fortran order LAPACK
         # wants). Kept in step with single flows; None: rebuild from the flows.
@@ -122,7 +152,13 @@ class FlowNetwork:
         self._need_sort = False  # a new flow's bottleneck comes after another of its links
         self._lam = np.full(L1, np.inf)  # level per link; inf: not a bottleneck
         self._lam_next = np.full(L1, np.inf)  # buffer for trial levels
-        self._load_now = np.zeros(L1)  # allocated bytes/s per link (valid unless _stale)
+        # Allocated bytes/s per link (valid unless _stale). A solve leaves its array here; the
+        # shortcuts read and update it item by item, which a list does several times faster, so
+        # it becomes a list once enough shortcuts have used it (a list costs a conversion of
+        # every link: not worth it when the next solve comes a few changes later). Either gives
+        # the same numbers: Python floats round as numpy's float64 do.
+        self._load_now: list[float] | np.ndarray = np.zeros(L1)
+        self._load_uses = 0  # shortcuts since the last solve
         self._trial: tuple[np.ndarray, np.ndarray] | None = None  # failed solve: levels, excess
         # Repair keys: level nudged by link number, so equal levels still give
         # one strict order (the nudge is far below the verification tolerance).
@@ -132,29 +168,28 @@ class FlowNetwork:
 
         self._next_id = 0
         self._t_last = env.now  # time up to which _rem is current
-        self._timer: simpy.Event | None = None  # the one pending completion timer
-        self._timer_at = np.inf  # when it fires
+        self._timer: Call | None = None  # the one pending completion timer
+        self._timer_at = _INF  # when it fires
         self._target = -1  # flow id it completes
         self._batching = False  # inside completion callbacks: defer recomputation
         self._stale = False  # rates do not reflect the current flows/capacities
-        # How allocations were found (benchmarks, tests): shortcuts taken,
-        # triangular solves, re-assignment rounds, full progressive fillings.
-        self.stats = {"shortcuts": 0, "solves": 0, "repairs": 0, "fills": 0}
+        # How allocations were found (see stats).
+        self._shortcuts = self._solves = self._repairs = self._fills = 0
 
     # ------------------------------------------------------------------ public
 
     def start(self, links: Sequence[int], nbytes: float, on_done: Callable[[int], None]) -> int:
         """Start a flow of ``nbytes`` over ``links``; returns its flow id."""
         nbytes = float(nbytes)
-        if not (nbytes >= 0.0 and nbytes != np.inf):
+        if not 0.0 <= nbytes < _INF:
             raise ValueError(f"flow size must be finite and >= 0 bytes, got {nbytes!r}")
-        path = [int(x) for x in links]
+        path = list(map(int, links))
         k = len(path)
         if k == 0:
             raise ValueError("a flow needs at least one link, got an empty path")
-        for x in path:
-            if not 0 <= x < self._n_links:
-                raise ValueError(f"link {x} out of range: the network has links 0..{self._n_links - 1}")
+        if min(path) < 0 or max(path) >= self._n_links:
+            x = next(x for x in path if not 0 <= x < self._n_links)
+            raise ValueError(f"link {x} out of range: the network has links 0..{self._n_links - 1}")
         if k > 1 and len(set(path)) != k:
             raise ValueError(f"path {path} crosses a link twice")
         fid = self._next_id
@@ -167,37 +202,34 @@ class FlowNetwork:
             return fid
 
         n = self._n
-        if n == self._size.size:
+        if n == self._rem.size:
             self._grow_slots()
         if k > self._width:
             self._grow_width(k)
-        col = self._links[:, n]
-        col[:k] = path
-        col[k:] = self._sentinel
-        self._size[n] = nbytes
+        self._links[:, n] = path + self._pad[k]
+        f = _Flow(fid, on_done, nbytes, path)
+        self._flows.append(f)
+        self._slot[fid] = n
         self._done_at[n] = _REL_BYTES_EPS * nbytes
+        self._rem[n] = nbytes  # slot n is not advanced below (it joins the active slots after)
         rate, m = (0.0, -1) if self._stale else self._spare_rate(path)
         if rate > 0.0:  # nobody else's rate changes
-            self._advance()
-            self._rem[n] = nbytes
-            self._add_alone(n, path, m, rate)
+            now = self._env.now
+            self._advance(now)
+            self._add_alone(n, f, m, rate)
+            self._n = n + 1
+            if not self._batching:
+                t_done = now + nbytes / rate
+                if t_done < self._timer_at:
+                    self._set_timer(t_done - now, fid, now)
         else:
-            self._rem[n] = nbytes
             self._rate[n] = 0.0
-            self._add_to_structure(n, path)
+            self._add_to_structure(n, f)
             self._stale = True
-        self._fid.append(fid)
-        self._cb.append(on_done)
-        self._slot[fid] = n
-        self._n = n + 1
-        if not self._batching:
-            if self._stale:
+            self._n = n + 1
+            if not self._batching:
                 self._reallocate()
                 self._schedule()
-            else:
-                t_done = self._env.now + nbytes / rate
-                if t_done < self._timer_at:
-                    self._set_timer(t_done - self._env.now, fid)
         return fid
 
     def abort(self, flow_id: int) -> float:
@@ -226,7 +258,7 @@ class FlowNetwork:
             raise ValueError(f"capacity of link {link} must be finite and >= 0 B/s, got {capacity_Bps!r}")
         if self._cap[link] == c:
             return
-        self._advance()  # rates change now (even if the recomputation is deferred)
+        self._advance(self._env.now)  # rates change now (even if the recomputation is deferred)
         self._cap[link] = c
         self._capacity_changed()
         self._stale = True
@@ -259,6 +291,13 @@ class FlowNetwork:
         return flow_id in self._slot or flow_id in self._zero
 
     @property
+    def stats(self) -> dict[str, int]:
+        """How allocations were found (benchmarks, tests): shortcuts taken, triangular solves,
+        re-assignment rounds, full progressive fillings."""
+        return {"shortcuts": self._shortcuts, "solves": self._solves, "repairs": self._repairs,
+                "fills": self._fills}
+
+    @property
     def n_active(self) -> int:
         """Number of flows with bytes still to move."""
         return self._n
@@ -278,13 +317,15 @@ class FlowNetwork:
             raise KeyError(f"flow {flow_id} is not active (finished, aborted or never started)") from None
 
     def _moved(self, s: int, dt: float) -> float:
-        size = float(self._size[s])
+        size = self._flows[s].size
         rem = float(self._rem[s]) - float(self._rate[s]) * dt
         return min(size, max(0.0, size - rem))
 
     def _capacity_changed(self) -> None:
         cap = self._cap
         self._tol[:] = _REL_LOAD_TOL * cap + _ABS_LOAD_TOL * float(cap[:-1].max())
+        self._capl = cap.tolist()
+        self._toll = self._tol.tolist()
         self._any_dead = bool(cap[:-1].min() == 0.0)
 
     def _load(self, r: np.ndarray) -> np.ndarray:
@@ -297,15 +338,20 @@ class FlowNetwork:
             out += np.bincount(links[j, :n], r, L1)
         return out
 
-    def _advance(self) -> None:
-        """Move every flow forward to now at its current rate."""
-        now = self._env.now
+    def _advance(self, now: float) -> np.ndarray:
+        """Move every flow forward to ``now`` (the clock's) at its current rate; returns the
+        active flows' remaining bytes (a view)."""
+        n = self._n
+        rem = self._rem[:n]
         dt = now - self._t_last
         if dt > 0.0:
-            n = self._n
             if n:
-                self._rem[:n] -= self._rate[:n] * dt
+                rem -= self._rate[:n] * dt  # in place on the view (``a[:n] -= x`` would copy it back onto itself)
             self._t_last = now
+        return rem
+
+    def _set_loads(self, load: np.ndarray) -> None:
+        self._load_now, self._load_uses = load, 0
 
     def _spare_rate(self, path: list[int]) -> tuple[float, int]:
         """Rate a new flow gets without changing any other flow's rate (else 0), and its link.
@@ -314,8 +360,8 @@ class FlowNetwork:
         already through a link that it would fill is faster than t (else
         max-min fairness would take from that flow).
         """
-        cap, load, tol, nb = self._cap, self._load_now, self._tol, self._nb
-        t = np.inf
+        cap, load, tol, nb = self._capl, self._load_now, self._toll, self._nb
+        t = _INF
         for x in path:
             if nb[x]:  # a bottleneck is full: the flow must take a share
                 return 0.0, -1
@@ -324,11 +370,12 @@ class FlowNetwork:
                 t, xs = spare, x
         if not t > tol[xs]:
             return 0.0, -1
+        nfl = self._nfl
         for x in path:
-            if cap[x] - load[x] <= t + tol[x] and self._nfl[x] > 0:
+            if nfl[x] and cap[x] - load[x] <= t + tol[x]:
                 if self._max_rate_on(x) > t * (1.0 + _REL_RATE_TOL):
                     return 0.0, -1
-        return float(t), xs
+        return t, xs
 
     def _max_rate_on(self, x: int) -> float:
         n = self._n
@@ -338,41 +385,50 @@ class FlowNetwork:
             on |= lk[j] == x
         return float(self._rate[:n][on].max())
 
-    def _add_alone(self, s: int, path: list[int], m: int, rate: float) -> None:
-        """Commit a new flow at its spare rate: its fullest link m becomes its bottleneck."""
-        self.stats["shortcuts"] += 1
-        load = self._load_now
+    def _add_alone(self, s: int, f: _Flow, m: int, rate: float) -> None:
+        """Commit the new flow f (slot s) at its spare rate: its fullest link m becomes its bottleneck."""
+        self._shortcuts += 1
         # m had spare capacity, so it limited no one: a new bottleneck, last in the
         # order (every flow through it is limited earlier, at a lower level).
-        self._append_order(m)
+        self._order.append(m)
+        self._order_arr = self._AT = None
         self._nb[m] = 1
-        for x in path:
-            self._nfl[x] += 1
+        nfl, load = self._nfl, self._load_now
+        if load.__class__ is not list:  # a solve's array: a list once enough shortcuts use it
+            self._load_uses += 1
+            if self._load_uses >= _LOADS_TO_LIST:
+                load = self._load_now = load.tolist()
+        for x in f.path:
+            nfl[x] += 1
             load[x] += rate
         self._bl[s] = m
         self._lam[m] = rate
         self._rate[s] = rate
 
-    def _add_to_structure(self, s: int, path: list[int]) -> None:
-        """Give the new flow in slot s its tightest link as bottleneck."""
-        lam, pos, nb = self._lam, self._pos, self._nb
+    def _add_to_structure(self, s: int, f: _Flow) -> None:
+        """Give the new flow f (slot s) its tightest link as bottleneck."""
+        lam, nb, path = self._lam, self._nb, f.path
+        pos = self._places()
         m = path[0] if len(path) == 1 else min(path, key=lambda x: (lam[x], pos[x]))
         if lam[m] == np.inf:
             # No link of it limits anyone yet: guess the smallest equal share.
-            cap, nfl = self._cap, self._nfl
+            cap, nfl = self._capl, self._nfl
             m = min(path, key=lambda x: (cap[x] / (nfl[x] + 1), x))
+        pm = pos[m]
         if not nb[m]:  # a new bottleneck: last in the order (its level is unknown)
-            self._append_order(m)
+            pm = len(self._order)
+            self._order.append(m)
+            self._order_arr = self._AT = None
         nb[m] += 1
         AT = self._AT
-        pm = pos[m]
         for x in path:
             if nb[x]:  # x is a bottleneck link
-                if pos[x] < pm:
+                px = pm if x == m else pos[x]
+                if px < pm:
                     self._need_sort = True  # m must come first in the solve order
                     self._AT = AT = None
                 elif AT is not None:
-                    AT[pm, pos[x]] += 1.0
+                    AT[pm, px] += 1.0
             self._nfl[x] += 1
         self._bl[s] = m
 
@@ -382,88 +438,85 @@ class FlowNetwork:
         Unchanged when the flow was the only one its bottleneck limited and it
         crosses no other bottleneck: then the capacity it frees was limiting no one.
         """
-        nb = self._nb
-        m = int(self._bl[s])
-        path = self._links[:, s].tolist()
+        f = self._flows[s]
+        nb, m, path = self._nb, int(self._bl[s]), f.path
         alone = not self._stale and nb[m] == 1
         if alone:
             for x in path:
-                if x != m and x != self._sentinel and nb[x]:
+                if x != m and nb[x]:
                     alone = False
                     break
         if alone:
-            self.stats["shortcuts"] += 1
-            r = float(self._rate[s])
-            load = self._load_now
-            for x in path:
-                if x != self._sentinel:
-                    load[x] -= r
+            self._shortcuts += 1
         else:
             self._stale = True
-        self._remove(s)
-
-    def _remove(self, s: int) -> None:
-        """Take the flow in slot s out of the structure; the last active flow moves in."""
-        col = self._links[:, s]
-        m = int(self._bl[s])
-        nb, AT, pos = self._nb, self._AT, self._pos
-        S = self._sentinel
-        for x in col.tolist():
-            if x == S:
-                break
-            if AT is not None and nb[x]:
-                AT[pos[m], pos[x]] -= 1.0
-            self._nfl[x] -= 1
-            if self._nfl[x] == 0:
-                self._load_now[x] = 0.0  # no drift from shortcut bookkeeping on idle links
+        AT = self._AT
+        if AT is not None:  # keep the system in step (its rows and columns: places in the order)
+            pos = self._places()
+            pm = pos[m]
+            for x in path:
+                if nb[x]:
+                    AT[pm, pos[x]] -= 1.0
+        nfl = self._nfl
+        if alone:
+            r, load = float(self._rate[s]), self._load_now
+            for x in path:
+                nfl[x] -= 1
+                # an idle link's load is exactly 0 (no drift from the shortcuts' bookkeeping)
+                load[x] = load[x] - r if nfl[x] else 0.0
+        else:  # the loads are recomputed before anything reads them
+            for x in path:
+                nfl[x] -= 1
         nb[m] -= 1
         if not nb[m]:  # m limits no flow any more
-            self._drop_from_order(m)
-            self._lam[m] = np.inf
+            self._order.remove(m)
+            self._order_arr = self._AT = None
+            self._lam[m] = _INF
+        self._vacate(s, f)
+
+    def _vacate(self, s: int, f: _Flow) -> None:
+        """Free flow f's slot s: the last active flow moves into it."""
         last = self._n - 1
-        del self._slot[self._fid[s]]
-        if s != last:
-            col[:] = self._links[:, last]
-            self._size[s] = self._size[last]
-            self._rem[s] = self._rem[last]
-            self._done_at[s] = self._done_at[last]
-            self._rate[s] = self._rate[last]
+        flows = self._flows
+        del self._slot[f.fid]
+        if s != last:  # the vacated column is rewritten whole by the next start
+            self._links[:, s] = self._links[:, last]
+            self._flow[:, s] = self._flow[:, last]
             self._bl[s] = self._bl[last]
-            moved = self._fid[last]
-            self._fid[s] = moved
-            self._cb[s] = self._cb[last]
-            self._slot[moved] = s
-        self._fid.pop()
-        self._cb.pop()
-        self._links[:, last] = S
+            moved = flows[s] = flows[last]
+            self._slot[moved.fid] = s
+        flows.pop()
         self._n = last
 
     def _grow_slots(self) -> None:
-        old = self._size.size
+        old = self._rem.size
         new = 2 * old
         links = np.full((self._width, new), self._sentinel, dtype=np.intp)
         links[:, :old] = self._links
         self._links = links
-        for name in ("_size", "_rem", "_done_at", "_rate", "_bl"):
-            a = getattr(self, name)
-            b = np.zeros(new, dtype=a.dtype)
-            b[:old] = a
-            setattr(self, name, b)
+        flow = np.zeros((3, new))
+        flow[:, :old] = self._flow
+        self._flow = flow
+        self._rem, self._done_at, self._rate = flow
+        bl = np.zeros(new, dtype=np.intp)
+        bl[:old] = self._bl
+        self._bl = bl
 
     def _grow_width(self, k: int) -> None:
-        links = np.full((k, self._size.size), self._sentinel, dtype=np.intp)
+        links = np.full((k, self._rem.size), self._sentinel, dtype=np.intp)
         links[: self._width] = self._links
         self._links = links
         self._width = k
+        self._pad = [[self._sentinel] * (k - j) for j in range(k + 1)]
 
     # ------------------------------------------------------------- allocation
 
     def _reallocate(self) -> None:
         """Max-min fair rates for the active flows: re-solve, repair, else fill afresh."""
         self._stale = False
-        self._advance()  # at the old rates, up to now
+        self._advance(self._env.now)  # at the old rates, up to now
         if self._n == 0:
-            self._load_now.fill(0.0)
+            self._set_loads(np.zeros(self._sentinel + 1))
             return
         if self._solve():
             return
@@ -480,18 +533,18 @@ class FlowNetwork:
         On success commits levels, rates and loads. On failure keeps the trial
         levels and link excess for ``_reassign``.
         """
-        self.stats["solves"] += 1
+        self._solves += 1
         self._trial = None
+        order = self._order_array()
         if self._need_sort:
             # A new flow's bottleneck sits after one of its other links: order
             # by level (stable: equal levels keep their valid relative order).
-            order = self._obuf[: self._k]
-            self._set_order(order.take(np.argsort(self._lam.take(order), kind="stable")))
+            order = order.take(np.argsort(self._lam.take(order), kind="stable"))
+            self._set_order(order)
             self._need_sort = False
-        order = self._obuf[: self._k]
         AT = self._AT
         if AT is None:
-            AT = self._AT = self._system()
+            AT = self._AT = self._system(order)
         cap = self._cap
         sol, info = dtrtrs(AT.T, cap.take(order), lower=1)
         if info != 0 or not sol[sol.argmin()] >= 0.0:
@@ -516,48 +569,45 @@ class FlowNetwork:
         self._rate[:n] = r
         self._lam_next = self._lam
         self._lam = lam
-        self._load_now = load
+        self._set_loads(load)
         return True
 
-    def _system(self) -> np.ndarray:
-        """_AT rebuilt from the flows: counts of (own bottleneck, bottleneck crossed)."""
-        n, k, pos = self._n, self._k, self._pos
+    def _system(self, order: np.ndarray) -> np.ndarray:
+        """_AT rebuilt from the flows: counts of (own bottleneck, bottleneck crossed), for the
+        solve order ``order`` (self._order as an array)."""
+        n, k = self._n, order.size
+        pos = self._places()
         pb = pos.take(self._bl[:n])
         px = pos[self._links[:, :n]]  # -1: not a bottleneck (or padding)
         on = px >= 0
         idx = (pb * k + px)[on]
         return np.bincount(idx, minlength=k * k).reshape(k, k).astype(np.float64)
 
+    def _order_array(self) -> np.ndarray:
+        if self._order_arr is None:
+            self._order_arr = np.array(self._order, dtype=np.intp)
+        return self._order_arr
+
+    def _places(self) -> np.ndarray:
+        """Each link's place in the solve order (-1: not a bottleneck)."""
+        order = self._order_array()
+        if self._pos_for is not order:
+            self._pos[self._pos_for] = -1
+            self._pos[order] = np.arange(order.size)
+            self._pos_for = order
+        return self._pos
+
     def _set_order(self, order: np.ndarray) -> None:
-        k = self._k = order.size
-        self._obuf[:k] = order
-        self._pos.fill(-1)
-        self._pos[order] = np.arange(k)
-        self._AT = None
-
-    def _append_order(self, m: int) -> None:
-        """m becomes a bottleneck, last in the order."""
-        self._obuf[self._k] = m
-        self._pos[m] = self._k
-        self._k += 1
-        self._AT = None
-
-    def _drop_from_order(self, m: int) -> None:
-        """m limits no flow any more."""
-        p, k = int(self._pos[m]), self._k - 1
-        ob = self._obuf
-        if p < k:
-            ob[p:k] = ob[p + 1 : k + 1]
-            self._pos[ob[p:k]] -= 1
-        self._pos[m] = -1
-        self._k = k
+        self._order = order.tolist()
+        self._order_arr = order
         self._AT = None
 
     def _set_structure(self, bl: np.ndarray) -> np.ndarray:
         """Adopt a bottleneck link per flow; returns the bottleneck links (ascending)."""
         self._bl[: self._n] = bl
-        self._nb = np.bincount(bl, minlength=self._sentinel + 1)
-        return np.flatnonzero(self._nb)
+        nb = np.bincount(bl, minlength=self._sentinel + 1)
+        self._nb = nb.tolist()
+        return np.flatnonzero(nb)
 
     def _reassign(self) -> bool:
         """After a failed solve: give every flow its tightest link under the trial levels.
@@ -568,11 +618,13 @@ class FlowNetwork:
         """
         if self._trial is None:
             return False
-        self.stats["repairs"] += 1
+        self._repairs += 1
         lam, excess = self._trial
         over = excess > self._tol
         if np.count_nonzero(over):
-            lam[over] = self._cap[over] / np.maximum(self._nfl[over], 1)
+            links = np.flatnonzero(over)
+            nfl = self._nfl
+            lam[over] = self._cap[over] / np.maximum(np.array([nfl[x] for x in links.tolist()], dtype=np.int64), 1)
         key = lam * self._pert + self._tiny
         n = self._n
         lk = self._links[:, :n]
@@ -599,7 +651,7 @@ class FlowNetwork:
         pass. A frozen flow's links are redirected to the sentinel, which takes
         it out of the counts without compacting the arrays.
         """
-        self.stats["fills"] += 1
+        self._fills += 1
         n = self._n
         S = self._sentinel
         L1 = S + 1
@@ -655,7 +707,7 @@ class FlowNetwork:
         self._set_order(bset.take(np.lexsort((bset, passno.take(bset), lam.take(bset)))))
         self._need_sort = False
         self._lam = lam
-        self._load_now = self._load(rate)
+        self._set_loads(self._load(rate))
 
     # ----------------------------------------------------------------- timer
 
@@ -663,42 +715,40 @@ class FlowNetwork:
         """Replace the pending timer by one for the earliest completion."""
         n = self._n
         if n == 0:
-            self._timer, self._timer_at = None, np.inf
+            self._timer, self._timer_at = None, _INF
             return
         rate = self._rate[:n]
         if self._any_dead:
             rate = np.maximum(rate, _TINY_RATE)
         t = self._rem[:n] / rate
         s = int(t.argmin())
-        dt = float(t[s]) - (self._env.now - self._t_last)
+        now = self._env.now
+        dt = float(t[s]) - (now - self._t_last)
         if dt > _NEVER:  # nothing moves (every flow crosses a dead link)
-            self._timer, self._timer_at = None, np.inf
+            self._timer, self._timer_at = None, _INF
             return
-        self._set_timer(dt if dt > 0.0 else 0.0, self._fid[s])
+        self._set_timer(dt if dt > 0.0 else 0.0, self._flows[s].fid, now)
 
-    def _set_timer(self, dt: float, fid: int) -> None:
-        ev = self._env.timeout(dt)
-        ev.callbacks.append(self._on_timer)
-        self._timer = ev
-        self._timer_at = self._env.now + dt
+    def _set_timer(self, dt: float, fid: int, now: float | None = None) -> None:
+        self._timer = call_after(self._env, dt, self._on_timer)
+        self._timer_at = (self._env.now if now is None else now) + dt
         self._target = fid
 
-    def _on_timer(self, ev: simpy.Event) -> None:
+    def _on_timer(self, ev: Call) -> None:
         if ev is not self._timer:
             return  # superseded by a later change
-        self._timer, self._timer_at = None, np.inf
-        self._advance()
-        n = self._n
-        done = self._rem[:n] <= self._done_at[:n]
+        self._timer, self._timer_at = None, _INF
+        rem = self._advance(self._env.now)
+        done = rem <= self._done_at[: self._n]
         done[self._slot[self._target]] = True  # the timer's own flow, whatever the rounding
         finished = []
-        for s in np.flatnonzero(done)[::-1].tolist():  # descending: the moved-in last flow is never done
-            finished.append((self._cb[s], self._fid[s]))
+        for s in reversed(done.nonzero()[0].tolist()):  # descending: the moved-in last flow is never done
+            finished.append(self._flows[s])
             self._drop(s)
         self._batching = True
         try:
-            for cb, fid in reversed(finished):
-                cb(fid)
+            for f in reversed(finished):
+                f.on_done(f.fid)
         finally:
             self._batching = False
             if self._stale:

@@ -2,24 +2,28 @@
 
 It picks a prefill worker first, then a decode worker, adding the path cost
 from the chosen prefill pod. Everything is numpy over candidates; what depends
-only on pod state is recomputed when the view's PodState object changes.
+only on pod state is recomputed when the view's PodState object changes. Both
+roles' scores live in one array (prefill workers, then decode workers), so a
+worker scorer that can (``BOTH_ROLES_SCORERS``) fills it in one pass, and the
+pod-level terms are added in one more; each role picks from its half.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..view import ClusterView, PodState
 from .filters import FILTERS
 from .pickers import PICKERS
-from .scorers import POD_SCORERS, WORKER_SCORERS
+from .scorers import BOTH_ROLES_SCORERS, POD_SCORERS, WORKER_SCORERS
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
+class Choice(NamedTuple):
+    """One decision (a named tuple: built once per request, where a frozen dataclass costs ~3x)."""
+
     prefill: int  # index into topo.prefill_ids
     decode: int  # index into topo.decode_ids
     score: float
@@ -40,13 +44,14 @@ class PolicyConfig:
 
 
 class _RoleCache:
-    """Per-role arrays derived from one PodState."""
+    """Per-role arrays derived from one PodState (``static`` and ``buf``: views of the policy's
+    arrays for both roles, prefill workers first)."""
 
     __slots__ = ("static", "allowed", "n_filtered", "buf")
 
-    def __init__(self, static: np.ndarray, allowed: np.ndarray, n_filtered: int) -> None:
+    def __init__(self, static: np.ndarray, allowed: np.ndarray, n_filtered: int, buf: np.ndarray) -> None:
         self.static, self.allowed, self.n_filtered = static, allowed, n_filtered
-        self.buf = np.empty_like(static)  # scores of one decision, reused
+        self.buf = buf  # scores of one decision, reused
 
 
 class Policy:
@@ -57,28 +62,43 @@ class Policy:
         self._filters: list[Callable[[PodState], np.ndarray]] = [FILTERS[f] for f in config.filters]
         self._pod_scorers = [(POD_SCORERS[s], w) for s, w in config.pod_scorers if w]
         self._worker = WORKER_SCORERS[config.worker_scorer] if config.worker_scorer else None
+        self._both = BOTH_ROLES_SCORERS.get(config.worker_scorer) if config.worker_scorer else None
         self._pick_p = PICKERS[config.picker]()
         self._pick_d = PICKERS[config.picker]()
         self._cached_for: PodState | None = None
         self._roles: tuple[_RoleCache, _RoleCache] | None = None
         self._path: np.ndarray | None = None
+        # Both roles at once (prefill workers, then decode workers): one decision's scores, each
+        # worker's 1 / slots (for a both-roles scorer), and the pod-level terms.
+        self._shape_for: tuple[object, object] | None = None  # (topology, capacity) they are for
+        self._buf = self._scale = self._static = np.empty(0)
+        self._add_static = False  # some pod-level term is not 0 (adding zeros changes no score)
+        self._n_filtered = 0
 
     def _refresh(self, view: ClusterView) -> tuple[_RoleCache, _RoleCache]:
-        pods = view.pods
-        keep = np.ones(view.topo.n_pods, bool)
+        pods, topo = view.pods, view.topo
+        keep = np.ones(topo.n_pods, bool)
         for f in self._filters:
             keep &= f(pods)
         if not keep.any():  # a filter that removes everything would stall the cluster
             keep[:] = True
-        pod_static = np.zeros(view.topo.n_pods)
+        pod_static = np.zeros(topo.n_pods)
         for fn, w in self._pod_scorers:
             pod_static += w * fn(pods)
         pod_static[~keep] = np.inf
+        n_p = topo.prefill_pod.size
+        if self._shape_for is None or self._shape_for[0] is not topo or self._shape_for[1] is not view.capacity:
+            self._shape_for = (topo, view.capacity)
+            self._buf = np.empty(n_p + topo.decode_pod.size)
+            self._scale = np.concatenate([np.full(n_p, 1.0 / view.capacity.prefill_slots),
+                                          np.full(topo.decode_pod.size, 1.0 / view.capacity.decode_slots)])
+        self._static = pod_static[np.concatenate([topo.prefill_pod, topo.decode_pod])]
+        self._add_static = bool(self._static.any())
         roles = []
-        for wp in (view.topo.prefill_pod, view.topo.decode_pod):
-            static = pod_static[wp]
+        for wp, part in ((topo.prefill_pod, slice(None, n_p)), (topo.decode_pod, slice(n_p, None))):
             allowed = np.flatnonzero(keep[wp])
-            roles.append(_RoleCache(static, allowed, int(wp.size - allowed.size)))
+            roles.append(_RoleCache(self._static[part], allowed, int(wp.size - allowed.size), self._buf[part]))
+        self._n_filtered = roles[0].n_filtered + roles[1].n_filtered
         if self.config.path_weight and self._path is None:
             # (P, P), gathered per decision: a (P, n_decode) table would be read from memory
             # a row at a time and cost more than the gather
@@ -91,16 +111,24 @@ class Policy:
         roles = self._roles if view.pods is self._cached_for else self._refresh(view)
         rp, rd = roles
         worker = self._worker
-        if worker is not None:
-            sp = worker(view.loads, view.capacity, False, rp.buf)
-            sp += rp.static
-            sd = worker(view.loads, view.capacity, True, rd.buf)
-            sd += rd.static
-        else:
+        if worker is None:
             sp, sd = rp.static, rd.static
+        else:
+            loads = view.loads
+            if self._both is not None and loads.outstanding is not None:  # both roles in one pass
+                self._both(loads, self._scale, self._buf)
+                if self._add_static:
+                    self._buf += self._static
+            else:
+                worker(loads, view.capacity, False, rp.buf)
+                worker(loads, view.capacity, True, rd.buf)
+                if self._add_static:
+                    rp.buf += rp.static
+                    rd.buf += rd.static
+            sp, sd = rp.buf, rd.buf
         p = self._pick_p.pick(sp, rp.allowed, self._rng)
         if self._path is not None:
             row = self._path[view.topo.prefill_pod[p]].take(view.topo.decode_pod)
             sd = np.add(sd, row, out=sd) if worker is not None else sd + row  # never into the cached static array
         d = self._pick_d.pick(sd, rd.allowed, self._rng)
-        return Choice(p, d, float(sp[p] + sd[d]), sp.size + sd.size, rp.n_filtered + rd.n_filtered)
+        return Choice(p, d, float(sp[p] + sd[d]), self._buf.size, self._n_filtered)

@@ -10,6 +10,8 @@ import numpy as np
 
 
 class ArgMin:
+    """The lowest score; among equal ones the first from a rotating start k (wrapping round)."""
+
     def __init__(self) -> None:
         self._turn = 0
 
@@ -17,12 +19,11 @@ class ArgMin:
         n = score.size
         k = self._turn % n
         self._turn += 1
-        i = k + int(score[k:].argmin())
-        if k:
-            j = int(score[:k].argmin())
-            if score[j] < score[i]:
-                return j
-        return i
+        j = int(score.argmin())  # the first lowest score overall
+        if j >= k:  # none before k is as low: j is also the first from k on
+            return j
+        i = k + int(score[k:].argmin())  # the first lowest from k on
+        return j if score[j] < score[i] else i
 
 
 class _Uniforms:

@@ -50,3 +50,14 @@ def banaserve(loads: Loads, cap: Capacity, decode: bool, out: np.ndarray) -> np.
 
 
 WORKER_SCORERS = {"load": outstanding, "banaserve": banaserve}
+
+
+# --- worker-level, both roles in one pass ---------------------------------
+def outstanding_both(loads: Loads, scale: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``outstanding`` of every worker at once: loads.outstanding (prefill workers, then decode
+    workers) times ``scale`` (each one's 1 / slots), the very numbers of the two calls."""
+    return np.multiply(loads.outstanding, scale, out=out)
+
+
+# Worker scorers that can score both roles in one pass, when the loads allow it (Loads.outstanding).
+BOTH_ROLES_SCORERS = {"load": outstanding_both}
