@@ -74,7 +74,7 @@ def test_ctrl_c_keeps_what_was_recorded(tmp_path):
     text = (REPO / "experiments" / "smoke.yaml").read_text()
     spec.write_text(text.replace("duration_s: 90", "duration_s: 200000").replace("seeds: [0, 1]", "seeds: [0]"))
     proc = subprocess.Popen([*TESTBED, "sim", spec, "--out", tmp_path / "runs", "--policies", "LC"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     run_dir = tmp_path / "runs" / "smoke" / "LC" / "seed-0"
     deadline = time.monotonic() + 120
     try:
@@ -177,3 +177,10 @@ def test_the_machine_check_counts_memory_and_cores():
         check_machine(spec, cores=2, available_bytes=7 * 2**30)
     with pytest.raises(ValueError, match=r"= 4 vLLM engines, but this machine's 1 cores hold at most 2"):
         check_machine(spec, cores=1, available_bytes=64 * 2**30)
+
+
+def _sigint_default() -> None:
+    """In the child: Ctrl-C's default disposition. A shell's background job (`cmd &`, as CI
+    runners and nohup start them) inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler: the test would send a signal nobody can receive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
