@@ -236,13 +236,13 @@ def _check_cache(cell: dict[str, Any], metrics: dict[str, Any], run_dir: Path) -
 
 def cell_finished(run_dir: Path, cell_id: str) -> bool:
     """A cell has finished when its run directory holds cell.json, a JSON object (the runner writes it
-    last), that names this cell's id or none: a cell.json of another id is a cell of an older version of
-    the spec at the same place, not this cell."""
+    last), that names this cell's id: a cell.json of another id is a cell of an older version of the spec
+    at the same place, not this cell. The runner (testbed/study.py) skips cells by this same check."""
     try:
         marker = json.loads((run_dir / CELL_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(marker, dict) and marker.get("cell", cell_id) == cell_id
+    return isinstance(marker, dict) and marker.get("cell") == cell_id
 
 
 def load_study(study_dir: Path | str) -> pd.DataFrame:

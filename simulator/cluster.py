@@ -158,22 +158,28 @@ class ClusterSim:
             yield self.env.timeout(period)
 
     def _arrivals(self, chain: Chain) -> None:
-        """Route the requests in arrival order, each at its arrival time. Woken for request
-        ``chain.data`` (None: at the start), it routes that one without looking at the clock
-        again (now may differ from its arrival time by rounding), then any due with it."""
+        """Route the requests in arrival order, each at its arrival time."""
+        self._walk(chain, 0.0, self._arrive)
+
+    def _walk(self, chain: Chain, offset: float, fn: Callable[[int, float], None]) -> None:
+        """Call ``fn(i, now)`` for request i at its arrival time + ``offset``, in arrival order.
+        Woken for request ``chain.data`` (None: at the start), it handles that one without
+        looking at the clock again (now may differ from the due time by rounding), then any due
+        with it, and sleeps until the next one is due."""
         arr, now = self._arr, self.env.now  # the clock stands still while a chain runs
         i = chain.data
         if i is None:
             i = 0
         else:
-            self._arrive(i, now)
+            fn(i, now)
             i += 1
         while i < len(arr):
-            if arr[i] > now:
+            due = arr[i] + offset
+            if due > now:
                 chain.data = i
-                chain.sleep(arr[i] - now)
+                chain.sleep(due - now)
                 return
-            self._arrive(i, now)
+            fn(i, now)
             i += 1
         chain.end()
 
@@ -210,24 +216,8 @@ class ClusterSim:
     def _first_token_limits(self, chain: Chain) -> None:
         """The time-to-first-token limit, swept in arrival order like the deadline: a request
         still without its first token then (not yet in decode, or its first step not done) times
-        out where it is. Woken for request ``chain.data`` (None: at the start), it checks that
-        one without looking at the clock again."""
-        arr, limit, now = self._arr, self.first_token_limit, self.env.now
-        i = chain.data
-        if i is None:
-            i = 0
-        else:
-            self._first_token_check(i, now)
-            i += 1
-        while i < len(arr):
-            due = arr[i] + limit
-            if due > now:
-                chain.data = i
-                chain.sleep(due - now)
-                return
-            self._first_token_check(i, now)
-            i += 1
-        chain.end()
+        out where it is."""
+        self._walk(chain, self.first_token_limit, self._first_token_check)
 
     def _first_token_check(self, i: int, now: float) -> None:
         req = self.reqs[i] if i < len(self.reqs) else None

@@ -71,12 +71,10 @@ def run_cell(spec_json: str, policy: str, seed: int, base_dir: str | None = None
 
 
 def cell_is_done(study_dir: Path, cell: Cell) -> bool:
-    """Finished: its run directory holds a cell.json naming this cell's id."""
-    marker = study_dir / cell.run_dir / "cell.json"
-    try:
-        return json.loads(marker.read_text()).get("cell") == cell.cell
-    except (OSError, ValueError):
-        return False
+    """Finished: its run directory holds a cell.json naming this cell's id (the report's own check)."""
+    from analysis.study import cell_finished
+
+    return cell_finished(study_dir / cell.run_dir, cell.cell)
 
 
 def _write_json(path: Path, data: Any) -> None:
