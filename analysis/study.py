@@ -4,9 +4,12 @@ The study directory (written by the grid runner)::
 
     STUDY_DIR/study.json   {"name", "axes": [axis names in spec order],
                             "cells": [{"cell", "point", "sweep", "axes": {axis: value}, "policy", "seed",
-                                       "run_dir": "cells/<point>/<policy>/seed-<seed>"}, ...]}
-    STUDY_DIR/cells/<point>/<policy>/seed-<seed>/   a run directory + cell.json (the cell finished)
+                                       "run", "run_dir": "cells/<point>/<policy>/seed-<seed>"}, ...]}
+    STUDY_DIR/cells/<point>/<policy>/seed-<seed>/   a run directory + cell.json (the run finished)
                                                      + metrics.json (:func:`cell_metrics`' cache)
+
+Cells whose records cannot differ share a run (core/study.py): the same ``run`` id and ``run_dir``, which is
+the first such cell's place; the others are rows of their own in the cells table, with the run's metrics.
 
 A cell lists only the axes its sweep varies; the others are at the base spec's value. A cell without
 cell.json has not finished and is left out (and counted). Per-cell metrics are computed once, right after
@@ -86,6 +89,8 @@ def _check_cell(c: Any, where: str) -> dict[str, Any]:
             raise StudyError(f"{where}: missing key {k!r}")
         if not isinstance(c[k], t) or (t is int and isinstance(c[k], bool)):
             raise StudyError(f"{where}: {k} must be {t.__name__}, got {c[k]!r}")
+    if not isinstance(c.setdefault("run", c["cell"]), str):  # a study without shared runs may omit it
+        raise StudyError(f"{where}: run must be str, got {c['run']!r}")
     return c
 
 
@@ -234,15 +239,15 @@ def _check_cache(cell: dict[str, Any], metrics: dict[str, Any], run_dir: Path) -
                          f"study.json says {cell['policy']} seed {cell['seed']}")
 
 
-def cell_finished(run_dir: Path, cell_id: str) -> bool:
+def cell_finished(run_dir: Path, run_id: str) -> bool:
     """A cell has finished when its run directory holds cell.json, a JSON object (the runner writes it
-    last), that names this cell's id: a cell.json of another id is a cell of an older version of the spec
-    at the same place, not this cell. The runner (testbed/study.py) skips cells by this same check."""
+    last), that names the cell's run id: a cell.json of another id is a run of an older version of the
+    spec at the same place, not this one. The runner (testbed/study.py) skips runs by this same check."""
     try:
         marker = json.loads((run_dir / CELL_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(marker, dict) and marker.get("cell") == cell_id
+    return isinstance(marker, dict) and marker.get("run", marker.get("cell")) == run_id
 
 
 def load_study(study_dir: Path | str) -> pd.DataFrame:
@@ -257,7 +262,7 @@ def load_study(study_dir: Path | str) -> pd.DataFrame:
     skipped: list[str] = []
     for c in study.cells:
         run_dir = study.path / c["run_dir"]
-        if not cell_finished(run_dir, c["cell"]):
+        if not cell_finished(run_dir, c["run"]):
             skipped.append(c["run_dir"])
             continue
         data = cell_metrics(run_dir)

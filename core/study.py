@@ -20,8 +20,14 @@ An axis is a named study variable (:data:`NAMED_AXES`) or any dotted path into
 the spec (``router.slow_loop_s``, ``faults.0.start_s``). Every point is
 validated as a whole spec before anything runs, and an error names the sweep
 and the point. A cell's id hashes its resolved spec, policy and seed, so a cell
-whose inputs are unchanged is the same cell across runs of the study (that is
-what resuming relies on) and a changed spec makes new cells.
+whose inputs are unchanged is the same cell across runs of the study and a
+changed spec makes new cells.
+
+Cells whose records cannot differ share one run: the same policy and seed at
+two points whose specs differ only in their names (a sweep that repeats
+another's point), or only in what feeds the risk price, for a policy that does
+not read it (LC at telemetry direct and none). A cell's *run* id hashes what
+its records depend on (:func:`run_inputs`); resuming skips finished runs.
 
 Pure: no Ray, no simulator; ``testbed/study.py`` runs the cells.
 """
@@ -34,12 +40,12 @@ import itertools
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["NAMED_AXES", "Cell", "StudySpec", "SweepSpec", "expand_study"]
+__all__ = ["NAMED_AXES", "PRICE_ONLY_SECTIONS", "Cell", "StudySpec", "SweepSpec", "expand_study", "run_inputs"]
 
 
 class _Spec(BaseModel):
@@ -177,7 +183,7 @@ def _axis_setter(name: str) -> Callable[[dict[str, Any], Any], None]:
 
 @dataclass(frozen=True)
 class Cell:
-    """One run of the grid."""
+    """One cell of the grid: a point, a policy, a seed; and the run that gives its records."""
 
     cell: str  # id: hash of the resolved point spec, policy and seed
     point: str  # the point's name (also its spec's name and the run directory's scenario)
@@ -186,16 +192,26 @@ class Cell:
     policy: str
     seed: int
     spec: Any  # the resolved ExperimentSpec of the point (without the study block)
+    # The run whose records are this cell's: a hash of what the run's records depend on
+    # (:func:`run_inputs`). Cells with the same run share one run directory, the first's.
+    run: str = ""
+    run_dir: str = ""  # relative to the study directory
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            object.__setattr__(self, "run", self.cell)
+        if not self.run_dir:  # core.experiment.run_dir_for with out = cells
+            object.__setattr__(self, "run_dir", f"cells/{self.point}/{self.policy}/seed-{self.seed}")
 
     @property
-    def run_dir(self) -> str:
-        """Relative to the study directory (core.experiment.run_dir_for with out = cells)."""
-        return f"cells/{self.point}/{self.policy}/seed-{self.seed}"
+    def shared(self) -> bool:
+        """True when another cell's run gives this cell's records."""
+        return self.run_dir != f"cells/{self.point}/{self.policy}/seed-{self.seed}"
 
     def index_row(self) -> dict[str, Any]:
         """The cell as study.json lists it."""
         return {"cell": self.cell, "point": self.point, "sweep": self.sweep, "axes": dict(self.axes),
-                "policy": self.policy, "seed": self.seed, "run_dir": self.run_dir}
+                "policy": self.policy, "seed": self.seed, "run": self.run, "run_dir": self.run_dir}
 
 
 def _fmt(v: AxisValue) -> str:
@@ -210,13 +226,40 @@ def point_name(sweep: str, axes: dict[str, AxisValue]) -> str:
     return f"{sweep}__{'_'.join(parts)}"
 
 
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def _cell_id(point_spec: dict[str, Any], policy: str, seed: int) -> str:
-    blob = json.dumps({"spec": point_spec, "policy": policy, "seed": seed}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return _digest({"spec": point_spec, "policy": policy, "seed": seed})
+
+
+# Spec sections that feed nothing but the risk price (bandwidth telemetry: core/routing.py hands it to
+# the price estimator only). A policy that does not read the price (core.policies.reads_price: LC,
+# FaultAwareLC, OracleAvoidance...) routes the same whatever they hold, so its requests, decisions,
+# health and faults are the same (tests/test_study.py checks it); only prices.parquet, the price it
+# ignored, differs.
+PRICE_ONLY_SECTIONS = ("telemetry",)
+
+
+def run_inputs(point_spec: Any, policy: str, seed: int) -> dict[str, Any]:
+    """What a run's records depend on: the resolved point spec without its name, description, seeds and
+    policy list (a run is one policy: only its weights count), without the price-only sections for a
+    policy that does not read the price; plus the policy and seed."""
+    from core.policies import reads_price
+
+    weights = point_spec.weights_for(policy)
+    inputs = point_spec.model_dump(mode="json", exclude={"name", "description", "seeds", "policies", "weights",
+                                                         "study"})
+    if not reads_price(policy, weights):
+        for section in PRICE_ONLY_SECTIONS:
+            inputs.pop(section, None)
+    return {"spec": inputs, "weights": weights.model_dump(mode="json"), "policy": policy, "seed": seed}
 
 
 def expand_study(spec: Any, source: str = "<spec>") -> list[Cell]:
-    """Every cell of ``spec.study``: per sweep, the product of its axes, then policies, then seeds.
+    """Every cell of ``spec.study``: per sweep, the product of its axes, then policies, then seeds. A cell
+    whose run an earlier cell already has (same run id) gets that cell's ``run_dir``.
 
     Raises a one-line ``core.spec.SpecError`` naming the sweep and point that cannot be built.
     """
@@ -229,6 +272,7 @@ def expand_study(spec: Any, source: str = "<spec>") -> list[Cell]:
     known = [p["name"] for p in base["policies"]]
     cells: list[Cell] = []
     seen: dict[str, str] = {}
+    runs: dict[str, Cell] = {}
     for i, sw in enumerate(study.sweeps):
         policies = sw.policies or study.policies or known
         seeds = sw.seeds or study.seeds or base["seeds"]
@@ -257,5 +301,8 @@ def expand_study(spec: Any, source: str = "<spec>") -> list[Cell]:
             seen[name] = sw.name
             for p in policies:
                 for s in seeds:
-                    cells.append(Cell(_cell_id(resolved, p, s), name, sw.name, axes, p, s, point_spec))
+                    cell = Cell(_cell_id(resolved, p, s), name, sw.name, axes, p, s, point_spec,
+                                run=_digest(run_inputs(point_spec, p, s)))
+                    first = runs.setdefault(cell.run, cell)  # the first cell of a run holds it
+                    cells.append(cell if first is cell else replace(cell, run_dir=first.run_dir))
     return cells

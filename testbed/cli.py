@@ -137,10 +137,10 @@ def _cmd_study(args: argparse.Namespace) -> int:
                         sweeps=_csv(args.sweeps) if args.sweeps else None, base_dir=Path(args.spec).resolve().parent, source=args.spec, console=console)
     except KeyboardInterrupt:
         done = sum(1 for _ in (Path(args.out) / spec.name).rglob("cell.json"))
-        console.print(f"interrupted: the {done} finished cell(s) are kept; the same command runs the rest")
+        console.print(f"interrupted: the {done} finished run(s) are kept; the same command runs the rest")
         return 130
-    console.print(f"{res.ran} cell(s) run in {res.wall_s:.0f} s ({res.cpu_s:.0f} CPU-s), {res.skipped} were "
-                  f"already finished, {len(res.failed)} failed; {res.cells} in the grid")
+    console.print(f"{res.ran} run(s) done in {res.wall_s:.0f} s ({res.cpu_s:.0f} CPU-s), {res.skipped} were "
+                  f"already finished, {len(res.failed)} failed; {res.cells} cells in {res.runs} runs")
     if res.failed:
         console.print("[red]failed cells[/] (rerun the same command to retry them):\n  " + "\n  ".join(res.failed))
         return 1

@@ -7,13 +7,17 @@ this package installed (``cluster.yaml``'s setup does that). A task simulates
 into a scratch directory on its node, computes the cell's metrics there
 (``analysis.study.cell_metrics``, so the report does not reload every run), and
 returns the run directory's files; the driver writes them under
-``STUDY/.partial/<cell>`` and renames that into place with ``cell.json`` in it.
-So a cell directory exists complete or not at all, whichever node ran it and
+``STUDY/.partial/<run>`` and renames that into place with ``cell.json`` in it.
+So a run directory exists complete or not at all, whichever node ran it and
 however the driver stopped, and:
 
-* a cell whose ``cell.json`` carries its id is finished and is skipped;
-* anything else (an interrupted cell, a cell of an older version of the spec
+* a run whose ``cell.json`` carries its run id is finished and is skipped;
+* anything else (an interrupted run, a run of an older version of the spec
   at the same place) is removed and run again.
+
+Cells whose records cannot differ (core/study.py: a point repeated by another
+sweep; LC, which ignores the risk price, at another telemetry mode) share one
+run, so the grid runs each distinct simulation once.
 
 Cells are deterministic: a run's records depend only on its spec, policy and
 seed (the simulator draws every random number from ``seed_streams(seed)``), so
@@ -46,22 +50,27 @@ __all__ = ["StudyResult", "cell_is_done", "run_cell", "run_study"]
 class StudyResult:
     study_dir: Path
     cells: int  # in the grid (the chosen sweeps)
-    skipped: int  # finished before this call
-    ran: int  # finished by this call
-    failed: list[str]  # "point policy seed: error" of cells whose task raised (not finished)
+    runs: int  # distinct runs behind those cells (cells with the same records share one)
+    skipped: int  # runs finished before this call
+    ran: int  # runs finished by this call
+    failed: list[str]  # "point policy seed: error" of runs whose task raised (not finished)
     wall_s: float
     cpu_s: float  # summed over the cells this call ran
 
 
-def run_cell(spec_json: str, policy: str, seed: int, base_dir: str | None = None) -> dict[str, Any]:
-    """Simulate one cell into a scratch directory; returns its files (path relative to the run
-    directory -> bytes) and what it cost. Plain function: the Ray task wraps it, tests call it."""
+def run_cell(spec_json: str, policy: str, seed: int, base_dir: str | None = None,
+             scratch: str | None = None) -> dict[str, Any]:
+    """Simulate one cell into a scratch directory (under ``scratch``, default the node's temp dir);
+    returns its files (path relative to the run directory -> bytes) and what it cost. Plain function:
+    the Ray task wraps it, tests call it."""
     from analysis.study import cell_metrics
     from core.spec import ExperimentSpec
     from simulator.run import run_sim
 
     spec = ExperimentSpec.model_validate_json(spec_json)
-    with tempfile.TemporaryDirectory(prefix="testbed-cell-") as tmp:
+    if scratch:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="testbed-cell-", dir=scratch) as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
         run_dir = run_sim(spec, policy, seed, Path(tmp), base_dir=Path(base_dir) if base_dir else None)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -71,10 +80,10 @@ def run_cell(spec_json: str, policy: str, seed: int, base_dir: str | None = None
 
 
 def cell_is_done(study_dir: Path, cell: Cell) -> bool:
-    """Finished: its run directory holds a cell.json naming this cell's id (the report's own check)."""
+    """Finished: its run directory holds a cell.json naming the cell's run id (the report's own check)."""
     from analysis.study import cell_finished
 
-    return cell_finished(study_dir / cell.run_dir, cell.cell)
+    return cell_finished(study_dir / cell.run_dir, cell.run)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -84,8 +93,9 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
-    """Write a finished cell's files, then move them into place in one rename."""
-    partial = study_dir / ".partial" / cell.cell
+    """Write a finished run's files, then move them into place in one rename (``cell``: the run's
+    first cell, whose place it takes)."""
+    partial = study_dir / ".partial" / cell.run
     shutil.rmtree(partial, ignore_errors=True)
     for rel, data in result["files"].items():
         p = partial / rel
@@ -130,35 +140,44 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
     chosen = [c for c in cells if sweeps is None or c.sweep in sweeps]
     study_dir = Path(out) / spec.name
     study_dir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(study_dir / ".partial", ignore_errors=True)  # cells a stopped driver was writing
+    partial = study_dir / ".partial"  # runs a stopped driver was writing, scratch space of local tasks
+    shutil.rmtree(partial, ignore_errors=True)
     _write_index(study_dir, spec, cells)
-    todo = [c for c in chosen if rerun or not cell_is_done(study_dir, c)]
-    skipped = len(chosen) - len(todo)
+    # One run per run id, at its first cell's place (which may lie in a sweep not chosen).
+    holders = {c.run: c for c in reversed(cells)}
+    runs = list({c.run: holders[c.run] for c in chosen}.values())
+    todo = [c for c in runs if rerun or not cell_is_done(study_dir, c)]
+    skipped = len(runs) - len(todo)
+    n_shared = len(chosen) - len(runs)
     console.print(f"[bold]{spec.name}[/]: {len(chosen)} cells ({len({c.point for c in chosen})} points x policies x "
-                  f"seeds{'' if sweeps is None else ', sweeps ' + ', '.join(sweeps)}), {skipped} already finished "
-                  f"-> {study_dir}")
+                  f"seeds{'' if sweeps is None else ', sweeps ' + ', '.join(sweeps)}) in {len(runs)} runs"
+                  f"{f' ({n_shared} cells share a run: same records)' if n_shared else ''}, {skipped} already "
+                  f"finished -> {study_dir}")
     t0 = time.perf_counter()
     cpu = 0.0
     ran = 0
     failed: list[str] = []
     if not todo:
-        return StudyResult(study_dir, len(chosen), skipped, 0, [], 0.0, 0.0)
+        return StudyResult(study_dir, len(chosen), len(runs), skipped, 0, [], 0.0, 0.0)
 
     if address:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        scratch = None  # the nodes' own temp dirs: the study directory may not exist there
     else:
         ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
                  logging_level="ERROR", log_to_driver=False)
+        scratch = str(partial / "scratch")  # removed below however the tasks end
     task = ray.remote(num_cpus=1, max_retries=1)(run_cell)
     # One spec per point, shipped once through the object store rather than once per cell.
     spec_refs = {p: ray.put(s) for p, s in {c.point: c.spec.model_dump_json() for c in todo}.items()}
     pending: dict[Any, Cell] = {}
     try:
         for c in todo:
-            pending[task.remote(spec_refs[c.point], c.policy, c.seed, str(base_dir) if base_dir else None)] = c
+            pending[task.remote(spec_refs[c.point], c.policy, c.seed, str(base_dir) if base_dir else None,
+                                scratch)] = c
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=console) as prog:
-            bar = prog.add_task("cells", total=len(chosen), completed=skipped)
+            bar = prog.add_task("runs", total=len(runs), completed=skipped)
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 cell = pending.pop(done[0])
@@ -174,11 +193,17 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
                 _commit(study_dir, cell, result)
                 cpu += result["cpu_s"]
                 ran += 1
-                prog.update(bar, advance=1, description=f"cells (last: {cell.point} {cell.policy} s{cell.seed})")
+                prog.update(bar, advance=1, description=f"runs (last: {cell.point} {cell.policy} s{cell.seed})")
     except BaseException:
+        # Interrupt the tasks first, so that each removes its scratch directory; kill what is left.
+        for ref in pending:
+            ray.cancel(ref)
+        if pending:
+            ray.wait(list(pending), num_returns=len(pending), timeout=5)
         for ref in pending:
             ray.cancel(ref, force=True)
         raise
     finally:
         ray.shutdown()
-    return StudyResult(study_dir, len(chosen), skipped, ran, failed, time.perf_counter() - t0, cpu)
+        shutil.rmtree(partial, ignore_errors=True)
+    return StudyResult(study_dir, len(chosen), len(runs), skipped, ran, failed, time.perf_counter() - t0, cpu)

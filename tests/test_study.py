@@ -15,6 +15,7 @@ import yaml
 
 from core.records import read_table
 from core.spec import SpecError, load_spec, parse_spec
+from analysis.study import load_study
 from core.study import expand_study
 from testbed.study import cell_is_done, run_cell, run_study
 
@@ -59,7 +60,49 @@ def test_expansion_is_the_product_of_each_sweeps_axes_times_policies_and_seeds()
     # label noise q: spurious episodes of length D at rate q / ((1 - q) D) are wrong q of the time.
     assert h.false_positive_rate_per_s == pytest.approx(0.2 / (0.8 * h.false_positive_duration_s))
     assert h.flap_rate_per_s == pytest.approx(0.2 / (0.8 * h.flap_duration_s))
-    assert len({c.run_dir for c in cells}) == len(cells)
+    # LC does not read the risk price, the only thing telemetry feeds: its cells at one severity and
+    # seed share one run, the first's (telemetry direct); FaultAwareOTF-R's do not.
+    lc = [c for c in cells if c.sweep == "sev" and c.policy == "LC" and c.seed == 1 and c.axes["severity"] == 0.01]
+    assert [c.axes["telemetry"] for c in lc] == ["direct", "delayed", "none"]
+    assert len({c.run for c in lc}) == 1 and {c.run_dir for c in lc} == {lc[0].run_dir}
+    assert [c.shared for c in lc] == [False, True, True] and lc[0].run_dir.startswith(f"cells/{lc[0].point}/")
+    priced = [c for c in cells if c.sweep == "sev" and c.policy == "FaultAwareOTF-R"]
+    assert len({c.run for c in priced}) == len(priced) and not any(c.shared for c in priced)
+    assert len({c.run_dir for c in cells}) == len({c.run for c in cells}) == len(cells) - 2 * 2 * 3
+
+
+def test_a_point_another_sweep_repeats_is_run_once():
+    spec = _spec({"sweeps": [{"name": "a", "axes": {"severity": [0.2, 0.01]}},
+                             {"name": "b", "axes": {"severity": [0.01], "deadline_s": [20, 30]}}]})
+    cells = expand_study(spec)
+    a = {(c.policy, c.seed): c for c in cells if c.sweep == "a" and c.axes["severity"] == 0.01}
+    same = [c for c in cells if c.sweep == "b" and c.axes["deadline_s"] == 20]  # the base spec's deadline
+    other = [c for c in cells if c.sweep == "b" and c.axes["deadline_s"] == 30]
+    assert same and all(c.shared and (c.run, c.run_dir) == (a[c.policy, c.seed].run, a[c.policy, c.seed].run_dir)
+                        and c.cell != a[c.policy, c.seed].cell for c in same)
+    assert not any(c.shared for c in other) and not {c.run for c in other} & {c.run for c in a.values()}
+
+
+def test_telemetry_changes_nothing_but_the_price_for_a_policy_that_ignores_it(tmp_path):
+    """What sharing LC's run across telemetry modes rests on: its requests, decisions, health and faults are
+    the same with the bandwidth seen directly and not at all; only the price it ignored differs."""
+    cells = expand_study(_spec({"sweeps": [{"name": "s", "axes": {"severity": [0.005],
+                                                                  "telemetry": ["direct", "none"]}}]}))
+    tables = {}
+    for c in cells:
+        if c.seed == 0:
+            res = run_cell(c.spec.model_dump_json(), c.policy, c.seed)
+            d = tmp_path / c.point / c.policy
+            for rel, data in res["files"].items():
+                (d / rel).parent.mkdir(parents=True, exist_ok=True)
+                (d / rel).write_bytes(data)
+            tables[c.policy, c.axes["telemetry"]] = _tables(d)
+    lc_direct, lc_none = tables["LC", "direct"], tables["LC", "none"]
+    assert (lc_direct["requests"]["outcome"] != "ok").any()
+    for t in ("requests", "decisions", "health", "faults"):
+        pd.testing.assert_frame_equal(lc_direct[t], lc_none[t], check_exact=True)
+    assert not lc_direct["prices"].equals(lc_none["prices"])
+    assert not tables["FaultAwareOTF-R", "direct"]["decisions"].equals(tables["FaultAwareOTF-R", "none"]["decisions"])
 
 
 def test_cell_ids_are_stable_and_follow_the_resolved_spec():
@@ -99,7 +142,10 @@ def test_the_shipped_study_expands_and_every_point_is_valid():
     spec = load_spec(REPO / "experiments" / "study.yaml")
     cells = expand_study(spec)
     by_sweep = pd.Series([c.sweep for c in cells]).value_counts().to_dict()
-    assert by_sweep == {"severity": 4 * 3 * 5 * 5, "labels": 4 * 3 * 2 * 5, "sensitivity": 4 * 3 * 3 * 2 * 3}
+    assert by_sweep == {"severity": 4 * 3 * 5 * 5, "labels": 4 * 3 * 2 * 5, "sensitivity": 4 * 3 * 3 * 2 * 5}
+    # Shared runs: the three price-blind policies at two more telemetry modes, and sensitivity's points at
+    # the base load and time-to-first-token limit (severity's telemetry direct points, LC and OTF-R).
+    assert len({c.run for c in cells}) == len(cells) - 3 * 2 * 4 * 5 - 2 * 4 * 5
 
 
 def _tables(run_dir: Path) -> dict[str, pd.DataFrame]:
@@ -161,15 +207,24 @@ def test_the_grid_runs_on_ray_and_resumes_without_redoing_finished_cells(tmp_pat
     assert cell_is_done(d, victim) and len(read_table(d / victim.run_dir, "requests")) > 100
     assert not (d / ".partial").exists() or not any((d / ".partial").iterdir())
 
-    # A grown grid runs only its new cells, and only the sweeps asked for; the index lists them all.
+    # A grown grid runs only its new runs, and only the sweeps asked for; the index lists every cell.
+    # Sweep u's LC cell has the records of s's LC cell at r = 0.01 (LC ignores telemetry): it is not run.
     grown = _spec({"sweeps": [{"name": "s", "axes": {"severity": [0.2, 0.01, 0.05]}},
-                              {"name": "t", "axes": {"load": [0.5]}}]})
-    with pytest.raises(ValueError, match="no sweep named 'u'; the study has s, t"):
-        run_study(grown, tmp_path, sweeps=["u"])
-    more = run_study(grown, tmp_path, workers=2, sweeps=["s"])
-    assert (more.cells, more.skipped, more.ran) == (6, 4, 2)
-    assert len(json.loads((d / "study.json").read_text())["cells"]) == 8
+                              {"name": "t", "axes": {"load": [0.5]}},
+                              {"name": "u", "axes": {"severity": [0.01], "telemetry": ["none"]}}]})
+    with pytest.raises(ValueError, match="no sweep named 'v'; the study has s, t, u"):
+        run_study(grown, tmp_path, sweeps=["v"])
+    more = run_study(grown, tmp_path, workers=2, sweeps=["s", "u"])
+    assert (more.cells, more.runs, more.skipped, more.ran) == (8, 7, 4, 3)
+    assert len(json.loads((d / "study.json").read_text())["cells"]) == 10
     assert not (d / "cells" / "t__load-0.5").exists()
+    assert not (d / "cells" / "u__severity-0.01_telemetry-none" / "LC").exists()
+    table = load_study(d).set_index(["point", "policy"])
+    assert len(table) == 8 and table.attrs["skipped"] == ["cells/t__load-0.5/LC/seed-0",
+                                                          "cells/t__load-0.5/FaultAwareOTF-R/seed-0"]
+    shared, own = table.loc[("u__severity-0.01_telemetry-none", "LC")], table.loc[("s__severity-0.01", "LC")]
+    assert shared["run_dir"] == own["run_dir"] and shared["failure_rate"] == own["failure_rate"]
+    assert shared["cell"] != own["cell"]
 
 
 @pytest.mark.slow
@@ -197,7 +252,8 @@ def test_ctrl_c_stops_the_grid_and_the_same_command_finishes_only_what_is_left(t
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     said = " ".join((res.stdout + res.stderr).split())  # rich wraps lines at the terminal's width
-    assert f"{36 - done} cell(s) run" in said and f"{done} were already finished" in said, said
+    assert f"{36 - done} run(s) done" in said and f"{done} were already finished" in said, said
+    assert not (study_dir / ".partial").exists()  # nor the tasks' scratch space under it
     assert len(list(study_dir.rglob("cell.json"))) == 36
     time.sleep(2)  # Ray's processes exit right after ray.shutdown() returns
     assert not _ray_pids() - ray_before, "a Ray process of the study outlived it"

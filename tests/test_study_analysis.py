@@ -168,10 +168,11 @@ AXES = ["severity", "telemetry", "label_delay_s", "label_noise", "load", "ttft_t
 def write_study(root: Path, cells, unrun=(), unfinished=(), cache=True) -> Path:
     """A study directory as the grid runner leaves it: study.json listing every cell; each run cell in
     cells/<point>/<policy>/seed-<seed> (run_sim's layout with out = cells, spec name = point) with
-    cell.json, except ``unfinished`` (ran, no cell.json) and ``unrun`` (nothing on disk)."""
+    cell.json, except ``unfinished`` (ran, no cell.json) and ``unrun`` (nothing on disk). A cell that shares
+    another's run (core/study.py) is not run again: it reads the other's directory."""
     root.mkdir(parents=True)
     for c in cells:
-        if c.cell in unrun:
+        if c.cell in unrun or c.shared:
             continue
         run_dir = run_sim(c.spec, c.policy, c.seed, root / "cells")
         assert run_dir == root / c.run_dir
@@ -214,7 +215,7 @@ def subset(src: Path, dst: Path, grid, keep) -> Path:
     chosen = [c for c in grid if keep(c)]
     dst.mkdir(parents=True)
     for c in chosen:
-        if (src / c.run_dir).is_dir():
+        if (src / c.run_dir).is_dir() and not (dst / c.run_dir).exists():  # cells may share a run
             shutil.copytree(src / c.run_dir, dst / c.run_dir)
     (dst / "study.json").write_text(json.dumps({"name": "sub", "axes": AXES, "cells": [c.index_row() for c in chosen]}))
     return dst

@@ -38,5 +38,10 @@ def check_policy_name(name: str) -> str:
     return name
 
 
+def reads_price(name: str, weights: Weights) -> bool:
+    """Whether the policy's choices depend on the risk price (a price term with a weight)."""
+    return any(scorer == "price" and w for scorer, w in _variants(weights)[check_policy_name(name)].pod_scorers)
+
+
 def make_policy(name: str, weights: Weights, rng: np.random.Generator) -> Policy:
     return Policy(_variants(weights)[check_policy_name(name)], rng)
