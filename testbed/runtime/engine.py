@@ -530,6 +530,19 @@ class Engine:
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
 
+    def gpu_uuid(self) -> str | None:
+        """NVML UUID (``GPU-...``) of the GPU this engine computes on; None for a CPU engine.
+
+        Resolved here, in the engine's process, where Ray set CUDA_VISIBLE_DEVICES: a
+        fault agent's NVML numbers GPUs physically, so the UUID is how it finds this one.
+        vLLM runs on CUDA device 0 of this process (one GPU per engine); its engine core,
+        a child, inherits the same CUDA_VISIBLE_DEVICES. It initialises CUDA in this process."""
+        if not self.config.gpu:
+            return None
+        from testbed.runtime.injection.gpu import visible_gpu_uuid
+
+        return visible_gpu_uuid(0)
+
     def _require(self) -> Any:
         if self._llm is None:
             raise RuntimeError(f"engine {self.config.name} is not started")

@@ -81,8 +81,8 @@ class FaultAgentActor:
         return self.agent.apply_link(key, ifname, sides, rate_bps, ttl_s, kv_only, delay_ms, loss)  # type: ignore[arg-type]
 
     def apply_compute(self, key: str, pids: list[int], factor: float, ttl_s: float, backend: Backend = "cpu",
-                      cores: float | None = None) -> float:
-        return self.agent.apply_compute(key, pids, factor, ttl_s, backend, cores)
+                      cores: float | None = None, gpu_uuids: Sequence[str] = ()) -> float:
+        return self.agent.apply_compute(key, pids, factor, ttl_s, backend, cores, gpu_uuids)
 
     def measure_uplink(self, ifname: str, peer: str, offered_bps: float, window_s: float = 0.4) -> float:
         return self.agent.measure_uplink(ifname, peer, offered_bps, window_s)
@@ -143,9 +143,11 @@ def clear_host_faults() -> list[str]:
 
     The root namespace and every testbed namespace lose the project's qdiscs and
     ifb devices (recognised by the project's handle and names, never anyone
-    else's); the project's cgroups are removed, their processes moved back."""
+    else's); the project's cgroups are removed, their processes moved back; GPUs whose clocks the
+    project locked (marker files, written before each lock) get their clocks reset."""
     from testbed.runtime.injection import shaping
     from testbed.runtime.injection.cpu import clear_project_cgroups
+    from testbed.runtime.injection.gpu import reset_project_gpu_locks
 
     from . import netns as nn
 
@@ -157,4 +159,5 @@ def clear_host_faults() -> list[str]:
         except nn.NetnsError:  # removed meanwhile
             pass
     removed += [f"cgroup:{c}" for c in clear_project_cgroups()]
+    removed += [f"gpu:{u}" for u in reset_project_gpu_locks()]
     return removed

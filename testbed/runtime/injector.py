@@ -25,7 +25,7 @@ a 10 Gbit/s baseline, so the row then reads 1.0, and the telemetry the baseline)
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -43,7 +43,9 @@ class PodTargets:
     """Where a pod's faults act: its agent, address, interface and engine processes, the
     device its engines run on (which picks the compute throttle: never the host's hardware)
     and, on the CPU, the cores its engines compute on (a slow-down's quota is that over the
-    factor; None: every core of the host)."""
+    factor; None: every core of the host); on the GPU, the NVML UUIDs of its engines' GPUs
+    (each engine's ``gpu_uuid()``: NVML indices ignore CUDA_VISIBLE_DEVICES, so an index
+    would aim at the wrong GPU; a GPU fault without UUIDs is refused by the agent)."""
 
     agent: Any
     ip: str
@@ -51,6 +53,7 @@ class PodTargets:
     pids: list[int]
     backend: str = "cpu"
     cores: float | None = None
+    gpu_uuids: list[str] = field(default_factory=list)
 
 
 class FaultInjector:
@@ -158,7 +161,7 @@ class FaultInjector:
         if slow != old_slow:
             if slow > 1:
                 out["compute"] = await tg.agent.apply_compute.remote("compute", tg.pids, float(slow), ttl, tg.backend,
-                                                                     tg.cores)
+                                                                     tg.cores, tg.gpu_uuids)
             else:
                 res = await tg.agent.clear.remote("compute")
                 out["compute"] = float(res) if res is not None else np.nan

@@ -161,24 +161,30 @@ class FaultAgent:
 
     # --- compute ----------------------------------------------------------
     def apply_compute(self, key: str, pids: Sequence[int], factor: float, ttl_s: float,
-                      backend: Backend = "cpu", cores: float | None = None) -> float:
+                      backend: Backend = "cpu", cores: float | None = None,
+                      gpu_uuids: Sequence[str] = ()) -> float:
         """Slow the processes ``pids`` (and their threads and later children) by ``factor``;
         returns the measured factor. ``backend`` is the device the engines run on
         (``"cpu"``: a CPU quota on ``pids`` of ``cores / factor``, ``cores`` being what they
-        compute on, every core of the host if None; ``"gpu"``: the GPU's clocks)."""
+        compute on, every core of the host if None; ``"gpu"``: the clocks of the GPUs
+        ``gpu_uuids``, the NVML UUIDs the engines resolved in their own processes: a GPU
+        fault without them is refused, never aimed at an index)."""
         from .throttle import make_throttle
 
         self.check_ttl(key, ttl_s)
+        gpus = list(gpu_uuids) if backend == "gpu" else []
         with self._lock:
             prev = self._active.get(key)
-            same = prev is not None and prev.kind == "compute" and prev.detail["backend"] == backend
+            same = (prev is not None and prev.kind == "compute" and prev.detail["backend"] == backend
+                    and prev.detail["gpu_uuids"] == gpus)
             # The cgroup is named for node, process and key: agents of several pods share one host here.
-            throttle = prev.detail["throttle"] if same else make_throttle(f"{self.node}-{os.getpid()}-{key}", backend, cores)
+            throttle = (prev.detail["throttle"] if same
+                        else make_throttle(f"{self.node}-{os.getpid()}-{key}", backend, cores, gpus))
             if prev and not same:
-                self.clear(key)  # another kind of fault, or the other backend, under this key
+                self.clear(key)  # another kind of fault, backend or GPU set under this key: undo it first
             measured = throttle.apply(list(pids), factor)
             self._register(key, "compute", ttl_s, throttle.clear, throttle=throttle, factor=factor,
-                           backend=backend)
+                           backend=backend, gpu_uuids=gpus)
         return measured
 
     # --- lifecycle --------------------------------------------------------

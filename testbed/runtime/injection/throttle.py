@@ -7,7 +7,7 @@ host happens to have:
 * ``"cpu"``: :class:`testbed.runtime.injection.cpu.CpuQuotaThrottle`, CFS
   bandwidth control on the worker's processes (cgroups, see ``cgroups``).
 * ``"gpu"``: :class:`testbed.runtime.injection.gpu.GpuClockThrottle`, locked SM
-  clocks through pynvml.
+  clocks through pynvml on the GPUs named by UUID (never by index).
 
 The factor a caller gets back is *measured*, never the one asked for.
 
@@ -66,17 +66,19 @@ def sanitize_key(key: str) -> str:
     return _KEY_RE.sub("_", key)
 
 
-def make_throttle(key: str, backend: Backend, cores: float | None = None) -> ComputeThrottle:
+def make_throttle(key: str, backend: Backend, cores: float | None = None,
+                  gpu_uuids: Sequence[str] = ()) -> ComputeThrottle:
     """The slow-down for engines running on ``backend``: ``"cpu"`` quota (of ``cores / factor``;
-    ``cores`` None: every core the processes may use) or ``"gpu"`` clocks.
+    ``cores`` None: every core the processes may use) or ``"gpu"`` clocks of ``gpu_uuids``.
 
     ``backend`` is the testbed's engine device: a CPU testbed on a host that has a
     GPU must still slow its CPU engines (and leave the GPU alone), so the host is
     never probed to choose. ``"gpu"`` without a usable NVML is a
     :class:`ComputeFaultError`; an unknown backend a :class:`ValueError`.
 
-    A GPU throttle acts on device 0 of the calling process (its CUDA_VISIBLE_DEVICES
-    view): on a GPU node the engine actor and the agent see the pod's GPU."""
+    ``gpu_uuids`` are the NVML UUIDs of the engines' GPUs, resolved in the engines'
+    processes (``Engine.gpu_uuid``). NVML indices ignore CUDA_VISIBLE_DEVICES, so
+    without UUIDs a GPU fault is refused rather than aimed at physical GPU 0."""
     # imported here: both backends import this module for the error and the registry
     if backend == "cpu":
         from .cpu import CpuQuotaThrottle
@@ -85,10 +87,13 @@ def make_throttle(key: str, backend: Backend, cores: float | None = None) -> Com
     if backend == "gpu":
         from .gpu import GpuClockThrottle, gpu_available
 
+        if not gpu_uuids:
+            raise ComputeFaultError(f"GPU throttle {key}: no GPU UUID given (the engines' gpu_uuid() must come "
+                                    "with a GPU compute fault): refused, nothing changed")
         reason = gpu_available()
         if reason is not None:
             raise ComputeFaultError(f"GPU throttle {key} unavailable: {' '.join(reason.split())}")
-        return GpuClockThrottle(key, 0)
+        return GpuClockThrottle(key, list(gpu_uuids))
     raise ValueError(f"unknown compute throttle backend {backend!r}: known are {', '.join(BACKENDS)}")
 
 
