@@ -10,9 +10,12 @@ single-node *local* mode: one Ray head on 127.0.0.1 that carries every pod's
 resource, so code that places work by pod resource runs unchanged (but
 nothing crosses a link).
 
-Nodes are ``ray start --block`` processes, each in its own session; they are
-stopped by process group, never with ``ray stop`` (which kills every Ray
-process on the host, other runs' included). PIDs go into a JSON state file
+In netns mode the nodes come up the way a real cluster does (``launcher="ray_up"``,
+testbed/runtime/rayup.py): an sshd per node, then ``ray up`` on a generated
+local-provider cluster file, ``ray down`` before the teardown. ``launcher="direct"``
+(and local mode) starts each node as a ``ray start --block`` process in its own
+session. Nodes are stopped by process group and by namespace, never with
+``ray stop`` (which kills every Ray process on the host, other runs' included). PIDs go into a JSON state file
 (``<state_dir>/<run_id>.json``) as they start, so ``down`` works for a
 crashed run too (``EmulatedCluster.attach`` or ``down_all``).
 
@@ -45,7 +48,8 @@ from testbed.runtime.injection.procs import all_pids, ppid, stat_fields
 from testbed.runtime.injection.shaping import KV_PORT_RANGE
 
 from . import netns as nn
-from .netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric
+from . import rayup
+from .netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric, NodeLink
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,7 @@ RAY_PORT = 6379
 MAX_TEMP_ROOT_CHARS = 32
 RUN_MARKER_ENV = "TESTBED_CLUSTER_RUN"  # set in every node's environment: finds the run's processes
 Mode = Literal["auto", "netns", "local"]
+Launcher = Literal["ray_up", "direct"]
 
 # Ray defaults that hurt an emulated cluster (FIELD-NOTES): SIGTERM would wait
 # 30 s for a drain, and slow links would make Ray resend object chunks.
@@ -218,6 +223,7 @@ class EmulatedCluster:
         temp_root: str | Path | None = None,
         ready_timeout_s: float = 120.0,
         stop_timeout_s: float = 10.0,
+        launcher: Launcher | None = None,
     ) -> None:
         self.run_id = nn.check_run_id(run_id if run_id is not None else uuid.uuid4().hex[:8])
         if mode not in ("auto", "netns", "local"):
@@ -230,6 +236,16 @@ class EmulatedCluster:
         elif mode == "netns":
             nn.require_privileges()
         self.mode: str = mode
+        # netns: through `ray up`, as a real cluster (testbed/runtime/rayup.py); local mode has no
+        # node addresses to ssh into, so its one node is started directly.
+        launcher = launcher or ("ray_up" if mode == "netns" else "direct")
+        if launcher not in ("ray_up", "direct"):
+            raise ValueError(f"launcher {launcher!r}: expected ray_up or direct")
+        if launcher == "ray_up" and mode != "netns":
+            raise ValueError("launcher ray_up needs the netns mode (a node address to ssh into per node)")
+        if launcher == "ray_up" and (why := rayup.missing_tools()):
+            raise ClusterError(why)
+        self.launcher: str = launcher
         self.n_pods = n_pods
         self.fabric = Fabric.plan(self.run_id, n_pods, subnet)  # validates n_pods and subnet in both modes
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
@@ -330,7 +346,8 @@ class EmulatedCluster:
             raise ClusterError("emulated cluster: Ray is not installed (pip install 'ray[default]')")
         started = time.monotonic()
         nn.update_state(self.state_path, run_id=self.run_id, mode=self.mode, n_pods=self.n_pods,
-                        temp_root=str(self.temp_root), creator_start_ticks=_self_start_ticks(), processes=[])
+                        temp_root=str(self.temp_root), creator_start_ticks=_self_start_ticks(), processes=[],
+                        launcher=self.launcher)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._write_auth_token()
@@ -341,11 +358,14 @@ class EmulatedCluster:
                 self._ports = {"gcs": gcs, "agent_http": rest[0], "agent_grpc": rest[1],
                                "runtime_env": rest[2], "metrics": rest[3]}
                 nn.update_state(self.state_path, ports=self._ports)
-            self._start_node(HEAD)
-            self._wait_gcs()
-            if self.mode == "netns":
-                for pod in self.fabric.pods:
-                    self._start_node(pod.name)
+            if self.launcher == "ray_up":
+                self._ray_up()
+            else:
+                self._start_node(HEAD)
+                self._wait_gcs()
+                if self.mode == "netns":
+                    for pod in self.fabric.pods:
+                        self._start_node(pod.name)
             self.info = self._wait_nodes()
         except BaseException:
             self.down(keep_logs=True)
@@ -399,12 +419,79 @@ class EmulatedCluster:
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(argv, env=self._node_env(name), stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=self.temp_root)
+        self._record_process(name, proc, log_path, self.fabric.node(name).netns if self.mode == "netns" else None)
+
+    def _record_process(self, name: str, proc: subprocess.Popen, log_path: Path, netns: str | None) -> None:
         self._popen[name] = proc
         st = _proc_stat(proc.pid)
         entry = {"node": name, "pid": proc.pid, "start_ticks": st[2] if st else -1, "log": str(log_path),
-                 "netns": self.fabric.node(name).netns if self.mode == "netns" else None}
+                 "netns": netns}
         state = nn.read_state(self.state_path)
         nn.update_state(self.state_path, processes=state.get("processes", []) + [entry])
+
+    def _ray_up(self) -> None:
+        """Every node's sshd, then ``ray up`` on the run's cluster file from the head's namespace."""
+        root = self.temp_root
+        rayup.make_keys(root, self.fabric)
+        (root / "fabric.json").write_text(json.dumps({"run_id": self.run_id, "nodes": [
+            {"name": n.name, "address": n.address} for n in self.fabric.nodes]}))
+        rayup.write_node_commands(root, {n.name: ([a for a in self._ray_argv(n.name) if a != "--block"],
+                                                  self._node_env(n.name)) for n in self.fabric.nodes})
+        for n in self.fabric.nodes:
+            log_path = self.log_dir / f"{n.name}.log"  # sshd's, and what the node's sessions print
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(nn.netns_exec_argv(n.netns, rayup.sshd_argv(rayup.sshd_config(root, n))),
+                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True, cwd=root)
+            self._record_process(n.name, proc, log_path, n.netns)
+        for n in self.fabric.nodes:
+            self._wait_port(n, 22, "sshd")
+        path = rayup.write_cluster_file(self.fabric, root)
+        log_path = self.log_dir / "ray-up.log"
+        env = self.driver_env({**rayup.RAY_UP_ENV, "TMPDIR": str(root)})
+        with open(log_path, "ab") as out:
+            try:
+                rc = subprocess.run(self.head_argv(rayup.ray_cli_argv("up", path)), env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, cwd=root,
+                                    timeout=self.ready_timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                raise ClusterError(f"ray up {path}: not done after {self.ready_timeout_s:.0f} s "
+                                   f"(log: {log_path})") from None
+        if rc != 0:
+            raise ClusterError(f"ray up {path} exited with status {rc} ({_log_tail(log_path) or 'no output'}; "
+                               f"log: {log_path})")
+        self._wait_gcs()
+
+    def _ray_down(self) -> None:
+        """``ray down`` on the run's cluster file (stops the head; the caller removes the rest)."""
+        path = self.temp_root / rayup.CLUSTER_FILE
+        if self.mode != "netns" or not path.exists() or not nn.netns_path(self.fabric.head.netns).exists():
+            return
+        log_path = self.temp_root / "logs" / "ray-down.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = self.driver_env({**rayup.RAY_UP_ENV, "TMPDIR": str(self.temp_root)})
+        with open(log_path, "ab") as out:
+            try:
+                subprocess.run(self.head_argv(rayup.ray_cli_argv("down", path)), env=env, stdin=subprocess.DEVNULL,
+                               stdout=out, stderr=subprocess.STDOUT, cwd=self.temp_root, timeout=60)
+            except subprocess.TimeoutExpired:
+                log.warning("ray down %s: not done after 60 s; removing the run's processes", path)
+        rayup.remove_bootstrap_files(self.fabric, self.temp_root)
+
+    def _wait_port(self, node: NodeLink, port: int, what: str) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            self._check_nodes_running()
+            try:
+                with nn.in_netns(self.fabric.head.netns):
+                    socket.create_connection((node.address, port), timeout=1.0).close()
+                return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{what} on {node.name} ({node.address}:{port}) not reachable after "
+                                   f"{self.ready_timeout_s:.0f} s (log: {self.log_dir / (node.name + '.log')})")
+            time.sleep(0.1)
 
     def _check_nodes_running(self) -> None:
         for name, proc in self._popen.items():
@@ -502,6 +589,8 @@ class EmulatedCluster:
         ``stop_timeout_s``), then remove the namespaces, the Ray temp dirs and the state
         file. Idempotent; works from the state file alone (see ``attach``)."""
         state = nn.read_state(self.state_path) if self.state_path.exists() else {}
+        if self.launcher == "ray_up":
+            self._ray_down()
         for p in state.get("processes", []):
             if _alive(p["pid"], p["start_ticks"]):
                 try:
@@ -535,6 +624,8 @@ class EmulatedCluster:
         self._popen.clear()
         if self.mode == "netns":
             nn.destroy_fabric(self.fabric)
+        if self.launcher == "ray_up":
+            rayup.remove_ssh_control_dir(self.fabric)
         if not keep_logs:
             shutil.rmtree(self.temp_root, ignore_errors=True)
         self.state_path.unlink(missing_ok=True)
@@ -568,6 +659,7 @@ class EmulatedCluster:
         obj = cls.__new__(cls)
         obj.run_id = run_id
         obj.mode = state.get("mode", "netns")
+        obj.launcher = state.get("launcher", "direct")
         obj.n_pods = state.get("n_pods", len(fabric.pods) if fabric else 1)
         obj.fabric = fabric if fabric is not None else Fabric.plan(run_id, obj.n_pods)
         obj.state_dir, obj.state_path = Path(state_dir), path
