@@ -110,6 +110,16 @@ class TestbedSpec(_Spec):
     # Every fault's time to live is its duration plus this margin; the node's agent
     # removes it then by itself, even if the driver that set it is gone.
     fault_ttl_margin_s: float = Field(10.0, gt=0)
+    # How the KV moves between pods (testbed/runtime/engine.py):
+    # * tcp: over the interface the link faults shape, fault_interfaces[0] (UCX_TLS=tcp,
+    #   UCX_NET_DEVICES set to it); the KV buffer is in host memory, also on GPUs, since UCX
+    #   needs a CUDA transport to read GPU memory and tcp with a CUDA buffer is refused by NIXL;
+    # * rdma: UCX's fast path (its own transport choice, a GPU KV buffer on GPUs). The NIC then
+    #   bypasses the kernel's qdiscs and /proc/net/dev, so tc-based link faults would act on
+    #   nothing: a spec with a link fault is refused in this mode.
+    transport: Literal["tcp", "rdma"] = "tcp"
+    # GPUs per vLLM engine (Ray's num_gpus on the engine actor); 0: vLLM's CPU build.
+    gpus_per_engine: int = Field(0, ge=0, le=8)
 
 
 class PolicyEntry(_Spec):
@@ -166,6 +176,10 @@ class ExperimentSpec(_Spec):
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policies lists a name twice: {names}")
+        links = [i for i, f in enumerate(self.faults) if f.kind == "link"]
+        if self.testbed.transport == "rdma" and links:
+            raise ValueError(f"faults[{links[0]}]: a link fault shapes with tc, which RDMA bypasses (the NIC reads "
+                             "and writes memory without the kernel's qdiscs); use testbed.transport: tcp")
         return self
 
     @property

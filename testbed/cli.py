@@ -17,6 +17,7 @@ error or Ctrl-C stay in their run directories (marked ``interrupted``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,16 +50,46 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec, default="testbed.yaml")
     policies, seeds = _selection(args, spec)
-    run_testbed(spec, Path(args.out), policies, seeds)
+    run_testbed(spec, Path(args.out), policies, seeds, address=args.address)
     console.print(f"report: testbed report {Path(args.out) / spec.name}")
     return 0
+
+
+# Set in a command re-run inside an emulated cluster's head namespace (see _in_cluster).
+_IN_HEAD_ENV = "TESTBED_IN_CLUSTER_HEAD"
+
+
+def _in_cluster(address: str, argv: list[str]) -> int | None:
+    """Connect to the Ray cluster at ``address``. An emulated cluster's head is reachable only from
+    its own namespace: there this command runs again (its exit status returned); else None, and Ray
+    is connected here."""
+    import ray
+
+    from .runtime.launch import emulated_cluster_at
+
+    if not os.environ.get(_IN_HEAD_ENV) and (c := emulated_cluster_at(address)) is not None:
+        return c.run_in_head([sys.executable, "-m", "testbed.cli", *argv], env={_IN_HEAD_ENV: "1"}).returncode
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    return None
 
 
 def _cmd_cluster(args: argparse.Namespace) -> int:
     from .runtime import emulated
 
+    if args.action == "check":
+        from .clusterfile import main as clusterfile_main
+
+        return clusterfile_main(["check", *(args.run_ids[:1] or ["cluster.yaml"])])
+    if args.action == "status" and args.address:
+        rc = _in_cluster(args.address, ["cluster", "status", "--address", args.address, "--interfaces", args.interfaces])
+        if rc is not None:
+            return rc
+        from .runtime.nodes import cluster_status, render
+
+        render(cluster_status(_csv(args.interfaces)), _out_console())  # the command's output: stdout
+        return 0
     if args.action == "up":
-        c = emulated.EmulatedCluster(args.pods, mode=args.mode)
+        c = emulated.EmulatedCluster(args.pods, mode=args.mode, launcher=args.launcher)
         info = c.up()
         print(f"run {info.run_id} ({info.mode}): head {c.address}; "
               + ", ".join(f"{n.name}={n.address}" for n in info.nodes))
@@ -83,6 +114,20 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def _cmd_faults(args: argparse.Namespace) -> int:
+    if args.address:
+        rc = _in_cluster(args.address, ["faults", "clear", "--address", args.address])
+        if rc is not None:
+            return rc
+        from .runtime.nodes import clear_cluster_faults
+
+        failed = 0
+        for r in clear_cluster_faults():
+            if r.ok:
+                print(f"{r.ip}: " + (f"cleared {', '.join(r.value)}" if r.value else "nothing to clear"))
+            else:
+                failed += 1
+                print(f"{r.ip}: FAILED: {r.error}")
+        return 1 if failed else 0
     from .runtime.fault_agents import clear_host_faults
 
     removed = clear_host_faults()
@@ -236,21 +281,37 @@ def build_parser() -> argparse.ArgumentParser:
     tw = _experiment_parser(sub, "twin", "one spec in both worlds: calibrate the testbed, run it, run the calibrated "
                             "simulator, compare", "the embedded testbed scenario", _cmd_twin, out="runs/twin")
     tw.add_argument("--calibration", help="use this calibration instead of measuring one first")
-    _experiment_parser(sub, "run", "run an experiment spec on the real testbed (Ray + vLLM engines)",
-                       "the embedded testbed scenario", _cmd_run)
+    ru = _experiment_parser(sub, "run", "run an experiment spec on the real testbed (Ray + vLLM engines)",
+                            "the embedded testbed scenario", _cmd_run)
+    ru.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                    help="a running Ray cluster (ray up cluster.yaml, or testbed cluster up): its pods are the "
+                         "nodes with a pod<i> resource (default: $RAY_ADDRESS; without either, an emulated "
+                         "cluster is brought up for the run and down after)")
     ca = sub.add_parser("calibrate", help="measure the testbed's engines and links and fit the simulator's parameters")
     ca.add_argument("spec", nargs="?", help="experiment YAML whose topology and engines to measure "
                                             "(default: the embedded testbed scenario)")
     ca.add_argument("--out", help="the calibration file (default: runs/<scenario>/calibration.json)")
     ca.set_defaults(fn=_cmd_calibrate)
-    c = sub.add_parser("cluster", help="bring an emulated cluster up or down, or show what is up")
-    c.add_argument("action", choices=["up", "down", "status"])
-    c.add_argument("run_ids", nargs="*", help="down: these runs (default: every recorded run)")
+    c = sub.add_parser("cluster", help="bring an emulated cluster up or down, show a cluster, check a cluster file")
+    c.add_argument("action", choices=["up", "down", "status", "check"])
+    c.add_argument("run_ids", nargs="*", help="down: these runs (default: every recorded run); check: the cluster "
+                                              "file (default: cluster.yaml)")
     c.add_argument("--pods", type=int, default=2)
     c.add_argument("--mode", choices=["auto", "netns", "local"], default="auto")
+    c.add_argument("--launcher", choices=["ray_up", "direct"],
+                   help="up: through ray up on a generated cluster file (netns default) or each node started "
+                        "directly")
+    c.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                   help="status: nodes, pods, GPUs and interfaces of this Ray cluster (default: $RAY_ADDRESS)")
+    c.add_argument("--interfaces", default="eth0",
+                   help="status: the fault interfaces' allowlist to check on each pod (default: eth0)")
     c.set_defaults(fn=_cmd_cluster)
-    f = sub.add_parser("faults", help="remove every fault (shaping, ifb, cgroup) the project set on this machine")
+    f = sub.add_parser("faults", help="remove every fault (shaping, ifb, cgroup, GPU clocks) the project set on "
+                                      "this machine, or on every node of a Ray cluster")
     f.add_argument("action", choices=["clear"])
+    f.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                   help="every node of this Ray cluster, a task per node (default: $RAY_ADDRESS; without "
+                        "either, this machine)")
     f.set_defaults(fn=_cmd_faults)
     sm = _experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario",
                             _cmd_sim)

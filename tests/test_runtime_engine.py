@@ -440,3 +440,23 @@ def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(eng
     assert slowed > 1.8 * base, (base, slowed)
     assert restored < 1.4 * base, (base, restored)
     assert not throttle.active
+
+
+@pytest.mark.parametrize("gpu, transport, tls, buffer", [
+    (False, "tcp", "tcp", "cpu"),
+    (True, "tcp", "tcp", "cpu"),  # UCX over TCP cannot read GPU memory: the KV stages through the host
+    (True, "rdma", None, "cuda"),  # UCX picks its fast transports; nothing pins it to the shaped NIC
+    (False, "rdma", None, "cpu"),
+])
+def test_transport_mode_sets_ucx_and_the_kv_buffer(tmp_path, gpu, transport, tls, buffer):
+    cfg = EngineConfig(model=tmp_path / "m", run_dir=tmp_path / "run", name="p0", side_channel_port=5601,
+                       net_device="eth1", transport=transport, gpu=gpu)
+    env = cfg.environment()
+    assert env.get("UCX_TLS") == tls
+    assert env.get("UCX_NET_DEVICES") == ("eth1" if transport == "tcp" else None)
+    from testbed.runtime.engine import Engine
+
+    args = Engine(cfg).engine_args()
+    assert args.kv_transfer_config.kv_buffer_device == buffer
+    with pytest.raises(ValueError, match="transport"):
+        EngineConfig(model=tmp_path, run_dir=tmp_path, name="x", side_channel_port=1, transport="ib")

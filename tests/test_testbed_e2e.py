@@ -1,7 +1,11 @@
 """The real testbed end to end: emulated cluster, real vLLM engines, NIXL KV across pods.
 
-One cluster and one set of engines (the embedded twin scenario's: 4 pods `by_pod`, one engine
-each) are calibrated, then serve three jobs: every policy on a short healthy workload, then
+The emulated cluster comes up the way a real one does, through `ray up` (sshd in every node's
+namespace), and everything runs against its address as on a real cluster: `testbed cluster
+status --address`, a spec bigger than the cluster refused by `testbed run --address`, the runs,
+`testbed faults clear --address`; then `testbed cluster down` must leave nothing behind.
+One set of engines (the embedded twin scenario's: 4 pods `by_pod`, one engine
+each) is calibrated, then serves three jobs: every policy on a short healthy workload, then
 requests whose decode outlives the deadline, then requests from a prefill pod whose link the
 fault agents throttle hard (the spec's fault schedule). The calibrated simulator then runs the
 throttled job as its twin. Slow (engine start-up dominates: several minutes on 2 cores); CI runs
@@ -12,6 +16,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,7 @@ pytest.importorskip("ray", reason="Ray is not installed (the README's install co
 
 from core.policies import POLICY_NAMES  # noqa: E402
 from core.records import read_meta, read_table  # noqa: E402
+from testbed.runtime.emulated import EmulatedCluster  # noqa: E402
 from testbed.runtime.launch import run_testbed  # noqa: E402
 from core.spec import load_spec, parse_spec  # noqa: E402
 from core.stages import STAGES  # noqa: E402
@@ -36,8 +42,20 @@ def _leftovers() -> dict[str, list[str]]:
     # reparented to PID 1, which reaps it when it gets to it (seen once with 4 pods); not left running.
     procs = [p for p in subprocess.run(["pgrep", "-af", "raylet|gcs_server|EngineCore|ray::"], capture_output=True,
                                        text=True).stdout.splitlines() if not p.endswith("<defunct>")]
+    procs += [p for p in subprocess.run(["pgrep", "-af", "sshd: .*tb-"], capture_output=True, text=True).stdout.splitlines()]
     tmp = [p.name for p in Path("/tmp").glob("tb-*")]
-    return {"namespaces": [n for n in ns if n.startswith("tb-")], "processes": procs, "tmp": tmp}
+    # the project's qdiscs (handle 7e57:) on the host's own interfaces
+    qdiscs = [q for q in subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout.splitlines()
+              if " 7e57:" in q]
+    home = Path(os.path.expanduser("~root"))
+    boot = [p.name for p in home.glob("ray_bootstrap_*")]
+    return {"namespaces": [n for n in ns if n.startswith("tb-")], "processes": procs, "tmp": tmp,
+            "qdiscs": qdiscs, "bootstrap": boot}
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +79,25 @@ def testbed_runs(tmp_path_factory):
                             "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": 60.0,
                                         "residual_bw": 0.008, "kv_only": True}],
                             "health": {"model": "alert", "detection_delay_s": 2.0, "clear_delay_s": 2.0}})
+    big = out / "too_big.yaml"
+    big.write_text(json.dumps({**base, "name": "too_big", "topology": {**base["topology"], "pods": 5}}))
     before = _leftovers()
+    cluster = EmulatedCluster(healthy.topology.pods, mode="netns", launcher="ray_up")
+    cli: dict[str, subprocess.CompletedProcess] = {}
     try:
+        cluster.up()
+        addr = cluster.address
+        cli["status"] = _cli("cluster", "status", "--address", addr)
+        cli["too_big"] = _cli("run", str(big), "--address", addr, "--out", str(out))
         run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0])],
-                    calibrate_to=out / "calibration.json")
+                    calibrate_to=out / "calibration.json", address=addr)
+        cli["clear"] = _cli("faults", "clear", "--address", addr)
+        cli["clear_again"] = _cli("faults", "clear", "--address", addr)
     finally:
+        cluster.down()
+        cli["down"] = _cli("cluster", "status")
         after = _leftovers()
-    return out, before, after, throttled
+    return out, before, after, throttled, cli
 
 
 def test_every_policy_completes_requests_across_pods(testbed_runs):
@@ -188,10 +218,31 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
 
 
 def test_nothing_is_left_behind(testbed_runs):
-    _, before, after, _ = testbed_runs
-    for key in ("namespaces", "processes"):
+    _, before, after, _, cli = testbed_runs
+    for key in ("namespaces", "processes", "qdiscs", "bootstrap"):
         assert after[key] == [], after
     assert set(after["tmp"]) <= set(before["tmp"])
+    assert "no emulated cluster recorded" in cli["down"].stdout
+
+
+def test_the_cluster_is_reached_by_its_address_like_a_real_one(testbed_runs):
+    """ray up brought it up; status shows its nodes and pods; a spec bigger than it is refused in one
+    line naming what was found; faults clear acts on every node and is idempotent."""
+    out, _, _, _, cli = testbed_runs
+    status = " ".join(cli["status"].stdout.split())
+    assert cli["status"].returncode == 0, cli["status"].stderr
+    for pod in ("pod0", "pod1", "pod2", "pod3"):
+        assert pod in status
+    assert "eth0" in status
+    too_big = cli["too_big"]
+    assert too_big.returncode != 0
+    assert "topology: 5 pods, but the cluster's alive nodes have pod0@" in too_big.stderr and "missing pod4" in too_big.stderr
+    assert not (out / "too_big").exists() or not list((out / "too_big").rglob("requests.parquet"))
+    for key in ("clear", "clear_again"):
+        assert cli[key].returncode == 0, cli[key].stdout + cli[key].stderr
+        assert len([l for l in cli[key].stdout.splitlines() if l.startswith("10.")]) == 5  # head + 4 pods
+    meta = json.loads((out / "e2e_policies" / "testbed.json").read_text())
+    assert meta["mode"] == "cluster" and meta["kv_path"]["crossed"], meta.get("kv_path")
 
 
 def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_fault(testbed_runs, tmp_path):
@@ -199,7 +250,7 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     from core.calibration import apply_calibration, load_calibration
     from simulator.run import run_sim
 
-    out, _, _, throttled = testbed_runs
+    out, _, _, throttled, _ = testbed_runs
     cal = load_calibration(out / "calibration.json")  # validated as the simulator reads it
     fits = cal.fits
     assert fits["prefill"].n >= 15 and fits["decode_step"].n >= 8 and fits["kv_pull_shaped"].n >= 8

@@ -41,10 +41,25 @@ class FaultTargets:
 
 @ray.remote(num_cpus=0)
 class EngineActor:
-    def __init__(self, config: dict[str, Any], net_device: str | None) -> None:
+    def __init__(self, config: dict[str, Any], net_device: str | None, build_model: bool = False) -> None:
+        from pathlib import Path
+
         from ray.util import get_node_ip_address
 
         from .engine import Engine, EngineConfig
+
+        if build_model and not (Path(config["model"]) / "config.json").is_file():
+            # A real cluster's node has no copy of the driver's tiny model: build the same one
+            # here (seeded weights, testbed/runtime/model.py), at the same path.
+            import fcntl
+
+            from .model import build_tiny_model
+
+            path = Path(config["model"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path.parent / f".{path.name}.lock", "w") as lock:  # one build per node
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                build_tiny_model(path)
 
         # The pod's own address: NIXL's side channel and UCX must use the pod's link.
         self.engine = Engine(EngineConfig(**config, host_ip=get_node_ip_address(), net_device=net_device))
@@ -78,6 +93,10 @@ class EngineActor:
 
     async def metrics(self) -> dict[str, Any]:
         return await self.engine.metrics()
+
+    async def gpu_uuid(self) -> str | None:
+        """NVML UUID of the GPU this engine uses (None on the CPU): what a GPU fault locks."""
+        return self.engine.gpu_uuid()
 
     async def reset_prefix_cache(self) -> bool:
         """Between runs: a later policy must not find the earlier one's prompts cached."""

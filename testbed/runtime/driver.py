@@ -1,9 +1,11 @@
 """The testbed's driver: runs inside the head's network namespace, connected to Ray.
 
-    python -m testbed.runtime.driver --job SPEC.json:A,B:0,1 --out DIR --model DIR --mode netns|local
+    python -m testbed.runtime.driver --job SPEC.json:A,B:0,1 --out DIR --model DIR --mode netns|local|cluster
         [--calibrate FILE] ...
 
-It starts every engine in parallel (one actor per topology worker, prefill or
+Connected to Ray (``RAY_ADDRESS``), it finds the pods among the nodes' resources
+(:func:`discover_pods`; a spec bigger than the cluster is refused, saying what was
+found), starts every engine in parallel (one actor per topology worker, prefill or
 decode as the topology places it), checks once that KV pulled across pods
 decodes like a single engine (the probe, recorded in ``testbed.json``), makes
 every engine pair's first NIXL transfer, calibrates if asked
@@ -46,6 +48,34 @@ SIDE_CHANNEL_BASE_PORT = 5600
 console = Console(stderr=True)
 
 
+def discover_pods(spec: ExperimentSpec, nodes: list[dict[str, Any]] | None = None) -> dict[int, dict[str, Any]]:
+    """The cluster's pods, from its alive nodes' resources (``pod<i>``: cluster.yaml's start
+    commands and the emulated cluster give them), checked against what ``spec`` needs: pods
+    0 .. topology.pods - 1, each on one node, with the GPUs its engines ask for. Returns pod
+    index -> {ip, node_id, CPU, GPU}; anything missing is one ValueError saying what was found."""
+    nodes = ray.nodes() if nodes is None else nodes
+    pods: dict[int, dict[str, Any]] = {}
+    for n in nodes:
+        if not n.get("Alive"):
+            continue
+        for r in n["Resources"]:
+            if r.startswith("pod") and r[3:].isdigit():
+                pods[int(r[3:])] = {"ip": n["NodeManagerAddress"], "node_id": n["NodeID"],
+                                    "CPU": n["Resources"].get("CPU", 0.0), "GPU": n["Resources"].get("GPU", 0.0)}
+    topo, t = spec.topology, spec.testbed
+    found = ", ".join(f"pod{i}@{p['ip']} ({p['GPU']:g} GPU)" for i, p in sorted(pods.items())) or "no pod resource"
+    missing = [i for i in range(topo.pods) if i not in pods]
+    if missing:
+        raise ValueError(f"topology: {topo.pods} pods, but the cluster's alive nodes have {found} "
+                         f"(missing pod{missing[0]}; a pod is a node with the custom resource pod<i>)")
+    need = topo.workers_per_pod * t.gpus_per_engine
+    short = [i for i in range(topo.pods) if pods[i]["GPU"] < need]
+    if short:
+        raise ValueError(f"testbed.gpus_per_engine: pod{short[0]} runs {topo.workers_per_pod} engines x "
+                         f"{t.gpus_per_engine} GPUs = {need}, but its node has {pods[short[0]]['GPU']:g} ({found})")
+    return {i: pods[i] for i in range(topo.pods)}
+
+
 def check_workload(wl: Workload, spec: ExperimentSpec) -> None:
     """Real engines refuse prompts longer than their context: say so before starting."""
     longest = int((wl.prompt_tokens + wl.output_tokens).max()) if len(wl) else 0
@@ -59,14 +89,16 @@ class Engines:
     and shut down together. ``prefill``/``decode`` follow the topology's worker order, so the
     router's candidate index picks the engine directly."""
 
-    def __init__(self, spec: ExperimentSpec, model: str, engine_root: Path, mode: str) -> None:
+    def __init__(self, spec: ExperimentSpec, model: str, engine_root: Path, mode: str,
+                 build_model: bool = False) -> None:
         t, e, topo = spec.testbed, spec.engine, build_topology(spec)
         self.topo = topo
         self.prefill: list[Any] = []
         self.decode: list[Any] = []
         self.names: list[str] = []  # in `all` order: prefill engines, then decode engines
-        self.gpu = False  # the emulated testbed serves from vLLM's CPU build (EngineConfig.gpu)
-        net_device = "eth0" if mode == "netns" else "lo"
+        self.gpu = t.gpus_per_engine > 0  # else vLLM's CPU build (EngineConfig.gpu)
+        # The interface KV crosses: on a real cluster the one the link faults shape.
+        net_device = {"netns": "eth0", "local": "lo"}.get(mode, t.fault_interfaces[0])
         # the pod's fault agent takes a sliver of the pod's resource; its engines share the rest
         share = 0.9 / topo.workers_per_pod
         for role, ids, out in (("prefill", topo.prefill_ids, self.prefill), ("decode", topo.decode_ids, self.decode)):
@@ -82,9 +114,12 @@ class Engines:
                            # the KV must outlive its pull, which ends before the first token
                            request_deadline_s=spec.first_token_limit_s, max_model_len=t.max_model_len,
                            kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
-                           max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs))
-                out.append(EngineActor.options(resources={f"pod{pod}": share}, name=f"engine-{name}")
-                           .remote(cfg, net_device))
+                           max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
+                           transport=t.transport, gpu=self.gpu)
+                # Ray sets CUDA_VISIBLE_DEVICES for an actor only when it asks for GPUs.
+                out.append(EngineActor.options(resources={f"pod{pod}": share}, num_gpus=t.gpus_per_engine,
+                                               name=f"engine-{name}")
+                           .remote(cfg, net_device, build_model=build_model))
 
     @property
     def all(self) -> list[Any]:
@@ -128,6 +163,14 @@ class Engines:
                 "verdict": verdict, "external_prefix_cache_hits": hits, "prompt_tokens": n_tokens,
                 "pd_tokens": list(pd.token_ids), "reference_tokens": list(ref.token_ids)}
 
+    def pod_gpu_uuids(self) -> list[list[str]]:
+        """Per pod, the NVML UUIDs of its engines' GPUs (each engine resolves its own); empty on CPUs."""
+        if not self.gpu:
+            return [[] for _ in range(self.topo.n_pods)]
+        uuids = ray.get([a.gpu_uuid.remote() for a in self.all])
+        pods = np.r_[self.topo.worker_pod[self.topo.prefill_ids], self.topo.worker_pod[self.topo.decode_ids]]
+        return [sorted({u for i in np.flatnonzero(pods == p) if (u := uuids[i])}) for p in range(self.topo.n_pods)]
+
     def pod_pids(self) -> list[list[int]]:
         """Per pod, the worker processes of its engines (what a compute fault slows)."""
         pids = ray.get([a.compute_pids.remote() for a in self.all])
@@ -150,8 +193,9 @@ def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -
     host = len(os.sched_getaffinity(0))
     per_pod = np.bincount(engines.topo.worker_pod, minlength=engines.topo.n_pods)
     cores = [float(host) if ENGINE_THREADS is None else min(float(n * ENGINE_THREADS), host) for n in per_pod]
-    pods = [PodTargets(agent, ip, ifname, pids, backend, c)
-            for agent, ip, pids, c in zip(agents.pods, agents.pod_ips, engines.pod_pids(), cores)]
+    pods = [PodTargets(agent, ip, ifname, pids, backend, c, gpus)
+            for agent, ip, pids, c, gpus in zip(agents.pods, agents.pod_ips, engines.pod_pids(), cores,
+                                                engines.pod_gpu_uuids())]
     return FaultTargets(pods, agents.head, agents.head_ip)
 
 
@@ -193,6 +237,33 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
     return run_dir
 
 
+def kv_path_counter(spec: ExperimentSpec, engines: Engines, agents: FaultAgents | None) -> Any:
+    """A reader of the transmit counter the probe's KV must move: the prefill pod's shaped interface
+    (decode pulls, so the bytes leave the prefill pod). None where no interface is shaped (local mode)
+    or the probe stays inside one pod."""
+    topo = engines.topo
+    src, dst = int(topo.worker_pod[topo.prefill_ids[0]]), int(topo.worker_pod[topo.decode_ids[-1]])
+    if agents is None or src == dst:
+        return None
+    agent, ifname = agents.pods[src], spec.testbed.fault_interfaces[0]
+    return lambda: ray.get(agent.tx_bytes.remote(ifname))
+
+
+def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int) -> dict[str, Any]:
+    """Did the probe's KV cross the interface the faults shape? With UCX over TCP it sends about
+    1.05 x the KV bytes there (FIELD-NOTES); much less means another path (shared memory, RDMA,
+    another NIC), where a link fault would not touch the KV. Warns then."""
+    ifname = spec.testbed.fault_interfaces[0]
+    crossed = tx_bytes >= 0.9 * kv_bytes
+    if not crossed:
+        console.print(f"[bold red]warning[/]: the probe moved {kv_bytes / 2**20:.1f} MiB of KV but only "
+                      f"{tx_bytes / 2**20:.2f} MiB left the prefill pod through {ifname}: the KV takes another "
+                      f"path (transport {spec.testbed.transport}), and link faults on {ifname} will not slow it")
+    else:
+        console.print(f"KV path: {tx_bytes / 2**20:.1f} MiB through {ifname} for {kv_bytes / 2**20:.1f} MiB of KV")
+    return {"interface": ifname, "kv_bytes": kv_bytes, "tx_bytes": tx_bytes, "crossed": crossed}
+
+
 def _cluster_pss(run_id: str | None) -> int | None:
     if not run_id:
         return None
@@ -209,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--model-meta", required=True, help="JSON: vocab, kv_bytes_per_token")
     ap.add_argument("--engine-root", required=True)
-    ap.add_argument("--mode", required=True, choices=["netns", "local"])
+    ap.add_argument("--mode", required=True, choices=["netns", "local", "cluster"],
+                    help="cluster: an existing Ray cluster (RAY_ADDRESS), its pods found from node resources")
     ap.add_argument("--cluster-run-id", help="for the memory figure in testbed.json")
     ap.add_argument("--calibrate", help="measure the engines and links first and write the calibration here")
     args = ap.parse_args(argv)
@@ -222,10 +294,19 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append((spec, [p for p in policies.split(",") if p], [int(x) for x in seeds.split(",") if x]))
     spec0 = jobs[0][0]
     model_meta = json.loads(args.model_meta)
-    if any(spec.faults for spec, _, _ in jobs) and args.mode != "netns":
+    if any(spec.faults for spec, _, _ in jobs) and args.mode == "local":
         raise SystemExit("testbed driver: faults need the netns mode (root): local mode has no links to shape")
     ray.init(log_to_driver=False)
-    engines = Engines(spec0, args.model, Path(args.engine_root), args.mode)
+    try:
+        pods = discover_pods(spec0)
+    except ValueError as e:  # before anything started: one line, nothing to tear down
+        console.print(f"testbed: error: {e}")
+        ray.shutdown()
+        return 2
+    console.print(f"{len(pods)} pods: " + ", ".join(f"pod{i}@{p['ip']}" for i, p in pods.items()))
+    # On a cluster the nodes may not share the driver's disk: each engine builds the tiny model itself.
+    engines = Engines(spec0, args.model, Path(args.engine_root), args.mode,
+                      build_model=args.mode == "cluster" and spec0.testbed.model is None)
     agents: FaultAgents | None = None
     summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
                                "placement": spec0.topology.placement, "model": args.model, **model_meta}
@@ -237,19 +318,25 @@ def main(argv: list[str] | None = None) -> int:
         summary["pss_bytes_ready"] = _cluster_pss(args.cluster_run_id)
         console.print(f"{len(started)} engines ready in {summary['engines_ready_s']:.0f} s: "
                       + ", ".join(f"{s['name']}@{s['host_ip']}" for s in started))
+        targets = None
+        if args.mode != "local":  # every node's agent: the KV check below reads its counters
+            agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
+            console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
+        tx = kv_path_counter(spec0, engines, agents)
+        before = tx() if tx else 0
         summary["pd_probe"] = probe = engines.probe(model_meta["vocab"])
         console.print(f"KV transfer probe ({engines.names[0]} -> {engines.names[-1]}): {probe['verdict']}, "
                       f"{probe['external_prefix_cache_hits']} external prefix-cache hits")
+        if tx:
+            summary["kv_path"] = kv_path_verdict(spec0, probe["prompt_tokens"] * model_meta["kv_bytes_per_token"],
+                                                  tx() - before)
         # Every pair's first NIXL transfer carries a handshake (FIELD-NOTES: 1-2 s): make it now,
         # so no run pays it and the simulator need not model it.
         summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"])
         console.print(f"{len(handshake)} engine pairs warmed up (first NIXL handshake "
                       f"{np.median(handshake) if handshake else float('nan'):.2f} s median)")
-        targets = None
-        if any(spec.faults for spec, _, _ in jobs) or args.calibrate:
-            agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
+        if agents is not None and (any(spec.faults for spec, _, _ in jobs) or args.calibrate):
             targets = fault_targets(spec0, agents, engines)
-            console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
         if args.calibrate:
             t1 = time.monotonic()
             cal = calibrate(spec0, engines.topo, engines.prefill, engines.decode, agents.pods,

@@ -82,7 +82,8 @@ class EngineConfig:
     role: str = "both"
     host_ip: str = "127.0.0.1"
     net_device: str | None = None
-    ucx_tls: str = "tcp"
+    # core.spec.TestbedSpec.transport: tcp (KV over net_device, host-memory buffer) or rdma
+    transport: str = "tcp"
     request_deadline_s: float = 60.0
     lease_margin_s: float = 10.0
     max_model_len: int = 4096
@@ -104,6 +105,8 @@ class EngineConfig:
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.transport not in ("tcp", "rdma"):
+            raise ValueError(f"transport={self.transport!r} must be 'tcp' or 'rdma'")
         if self.role not in ("prefill", "decode", "both"):
             raise ValueError(f"role={self.role!r} must be 'prefill', 'decode' or 'both'")
         if not 1 <= self.side_channel_port <= 65535:
@@ -138,7 +141,6 @@ class EngineConfig:
             "VLLM_HOST_IP": self.host_ip,
             "VLLM_NIXL_SIDE_CHANNEL_HOST": self.host_ip,
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port),
-            "UCX_TLS": self.ucx_tls,
             "TMPDIR": str(d / "tmp"),
             "VLLM_RPC_BASE_PATH": str(d / "tmp"),
             "VLLM_CACHE_ROOT": str(d / "cache"),
@@ -151,8 +153,12 @@ class EngineConfig:
             PROGRESS_DELAY_ENV: str(self.nixl_progress_delay_us),
             STAGE_LOG_ENV: str(self.stage_log_path),
         }
-        if self.net_device:
-            env["UCX_NET_DEVICES"] = self.net_device
+        if self.transport == "tcp":
+            # Only TCP: otherwise UCX sees engines of one host and copies across processes
+            # (CMA), and on real clusters it takes RDMA; either bypasses the shaped interface.
+            env["UCX_TLS"] = "tcp"
+            if self.net_device:
+                env["UCX_NET_DEVICES"] = self.net_device
         if self.omp_threads is not None:
             env["OMP_NUM_THREADS"] = str(self.omp_threads)
         env.update(self.extra_env)
@@ -476,7 +482,8 @@ class Engine:
             kv_connector="NixlConnector",
             kv_connector_module_path=__name__,
             kv_role="kv_both",
-            kv_buffer_device="cuda" if cfg.gpu else "cpu",
+            # tcp stages the KV through host memory: UCX over TCP cannot read GPU memory
+            kv_buffer_device="cuda" if cfg.gpu and cfg.transport == "rdma" else "cpu",
             kv_connector_extra_config=extra,
         )
         kwargs: dict[str, Any] = dict(

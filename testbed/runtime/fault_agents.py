@@ -13,9 +13,14 @@ set on this machine, in the root namespace and in every testbed namespace.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import signal
+import tempfile
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
@@ -87,6 +92,9 @@ class FaultAgentActor:
     def measure_uplink(self, ifname: str, peer: str, offered_bps: float, window_s: float = 0.4) -> float:
         return self.agent.measure_uplink(ifname, peer, offered_bps, window_s)
 
+    def tx_bytes(self, ifname: str) -> int:
+        return self.agent.tx_bytes(ifname)
+
     def measure_downlink(self, ifname: str, window_s: float = 0.4) -> float:
         return self.agent.measure_downlink(ifname, window_s)
 
@@ -138,26 +146,68 @@ class FaultAgents:
                 ray.kill(a)
 
 
+def clear_lock_path() -> Path:
+    """The host-wide lock file of :func:`clear_host_faults` (/run/testbed as root, else the temp dir)."""
+    from .netns import DEFAULT_STATE_DIR
+
+    if os.geteuid() == 0 and DEFAULT_STATE_DIR.parent.is_dir():
+        return DEFAULT_STATE_DIR / "clear-faults.lock"
+    return Path(tempfile.gettempdir()) / f"testbed-clear-faults-{os.geteuid()}.lock"
+
+
+@contextmanager
+def _host_lock() -> Iterator[None]:
+    """One clear at a time on this machine: the nodes of an emulated cluster are namespaces of one
+    host, and each one's clear sweeps every namespace. flock is released when the holder exits."""
+    path = clear_lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays (unlinking it would race a waiter)
+
+
+def _sweep(clear: Callable[[], list[str]], tries: int = 3) -> list[str]:
+    """``clear()`` again when netlink fails under it: an agent clearing its own fault meanwhile
+    (its TTL) makes a qdisc or ifb vanish between listing and deleting. Already gone is success;
+    a failure that persists is raised."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    for attempt in range(tries):
+        try:
+            return clear()
+        except NetlinkError:
+            if attempt == tries - 1:
+                raise
+    return []
+
+
 def clear_host_faults() -> list[str]:
     """Remove every fault the project set on this machine; idempotent. Returns what was removed.
 
     The root namespace and every testbed namespace lose the project's qdiscs and
     ifb devices (recognised by the project's handle and names, never anyone
     else's); the project's cgroups are removed, their processes moved back; GPUs whose clocks the
-    project locked (marker files, written before each lock) get their clocks reset."""
+    project locked (marker files, written before each lock) get their clocks reset. Runs under a
+    host-wide lock (:func:`clear_lock_path`), so concurrent calls (one per emulated node) never race.
+    "Root namespace" is the namespace of the calling thread: a Ray task on an emulated node sweeps
+    its node's namespace there, and every testbed namespace after it."""
     from testbed.runtime.injection import shaping
     from testbed.runtime.injection.cpu import clear_project_cgroups
     from testbed.runtime.injection.gpu import reset_project_gpu_locks
 
     from . import netns as nn
 
-    removed = [f"host:{r}" for r in shaping.clear_all()]
-    for ns in nn.list_namespaces():
-        try:
-            with nn.in_netns(ns):
-                removed += [f"{ns}:{r}" for r in shaping.clear_all()]
-        except nn.NetnsError:  # removed meanwhile
-            pass
-    removed += [f"cgroup:{c}" for c in clear_project_cgroups()]
-    removed += [f"gpu:{u}" for u in reset_project_gpu_locks()]
+    with _host_lock():
+        removed = [f"host:{r}" for r in _sweep(shaping.clear_all)]
+        for ns in nn.list_namespaces():
+            try:
+                with nn.in_netns(ns):
+                    removed += [f"{ns}:{r}" for r in _sweep(shaping.clear_all)]
+            except nn.NetnsError:  # removed meanwhile
+                pass
+        removed += [f"cgroup:{c}" for c in clear_project_cgroups()]
+        removed += [f"gpu:{u}" for u in reset_project_gpu_locks()]
     return removed

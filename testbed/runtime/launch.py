@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from rich.console import Console
 
@@ -101,10 +101,28 @@ def check_faults(jobs: Sequence[Job]) -> None:
                 raise ValueError(f"{s.name}: faults[{i}]: {why}")
 
 
+def emulated_cluster_at(address: str) -> Any:
+    """The recorded emulated cluster whose head has this address (its head's namespace is the only
+    place it can be reached from), or None."""
+    from .emulated import EmulatedCluster, default_state_dir
+
+    state_dir = default_state_dir()
+    for path in sorted(state_dir.glob("*.json")) if state_dir.exists() else []:
+        try:
+            c = EmulatedCluster.attach(state_dir, path.stem)
+        except Exception:  # a state file being written or removed meanwhile
+            continue
+        if c.status().up and c.address == address:
+            return c
+    return None
+
+
 def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
-                more: Sequence[Job] = (), calibrate_to: Path | None = None) -> int:
+                more: Sequence[Job] = (), calibrate_to: Path | None = None, address: str | None = None) -> int:
     """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines);
-    with ``calibrate_to``, measure the engines and links first and write the calibration there."""
+    with ``calibrate_to``, measure the engines and links first and write the calibration there.
+    ``address``: on that Ray cluster (pods from its nodes' resources) instead of an emulated
+    cluster brought up and down for the run."""
     from .emulated import EmulatedCluster
 
     jobs = [(spec, policies, seeds), *more]
@@ -112,7 +130,8 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         if (other.testbed, other.topology, engine_limits(other)) != (spec.testbed, spec.topology, engine_limits(spec)):
             raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block, topology and engine "
                              f"batch limits as {spec.name}")
-    check_machine(spec)
+    if address is None:
+        check_machine(spec)  # the engines run here; on a given cluster, on its nodes
     # Refuse a workload the engines cannot serve before spending minutes starting them.
     from workloads.generate import generate
 
@@ -122,6 +141,8 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     for s, _, sds in jobs:
         for seed in sds:
             check_workload(generate(s.workload, seed_streams(seed)["workload"]), s)
+    if address is not None:
+        return _run_on_cluster(spec, out, jobs, calibrate_to, address)
     check_faults(jobs)
     if calibrate_to is not None and (spec.testbed.mode == "local" or
                                      (spec.testbed.mode == "auto" and missing_privileges() is not None)):
@@ -139,28 +160,12 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     try:
         cluster.up()
         console.print(f"cluster up in {time.monotonic() - t0:.0f} s (run {cluster.run_id}, head {cluster.address})")
-        argv = [sys.executable, "-m", "testbed.runtime.driver", "--out", str(out.resolve()),
-                "--model", str(model), "--model-meta", json.dumps(model_meta),
-                "--engine-root", str(cluster.temp_root / "engines"), "--mode", cluster.mode,
-                "--cluster-run-id", cluster.run_id]
-        if calibrate_to is not None:
-            argv += ["--calibrate", str(Path(calibrate_to).resolve())]
-        for i, (s, pols, sds) in enumerate(jobs):
-            spec_file = cluster.temp_root / f"spec-{i}.json"
-            spec_file.write_text(json.dumps(s.model_dump(mode="json")))
-            argv += ["--job", f"{spec_file}:{','.join(pols)}:{','.join(map(str, sds))}"]
+        argv = _driver_argv(jobs, out, model, model_meta, cluster.temp_root, cluster.mode, calibrate_to,
+                            cluster.run_id)
         driver = cluster.popen_in_head(argv)
-        rc = driver.wait()
-        if rc != 0:
-            raise RuntimeError(f"testbed driver exited with status {rc} (see its messages above)")
-        return 0
+        return _wait_driver(driver)
     except KeyboardInterrupt:
-        if driver is not None and driver.poll() is None:
-            driver.send_signal(signal.SIGINT)  # it closes its runs as interrupted
-            try:
-                driver.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                driver.kill()
+        _stop_driver(driver)
         raise
     finally:
         signal.signal(signal.SIGTERM, old_term)
@@ -169,3 +174,72 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         # cgroups outlive their processes: drop the project's that the run's agents left empty
         left = clear_project_cgroups(only_empty=True)
         console.print(f"cluster down in {time.monotonic() - t1:.0f} s" + (f"; removed {len(left)} empty fault cgroups" if left else ""))
+
+
+def _driver_argv(jobs: Sequence[Job], out: Path, model: Path, model_meta: dict[str, int], work: Path, mode: str,
+                 calibrate_to: Path | None, cluster_run_id: str | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "testbed.runtime.driver", "--out", str(out.resolve()),
+            "--model", str(model), "--model-meta", json.dumps(model_meta),
+            "--engine-root", str(work / "engines"), "--mode", mode]
+    if cluster_run_id:
+        argv += ["--cluster-run-id", cluster_run_id]
+    if calibrate_to is not None:
+        argv += ["--calibrate", str(Path(calibrate_to).resolve())]
+    work.mkdir(parents=True, exist_ok=True)
+    for i, (s, pols, sds) in enumerate(jobs):
+        spec_file = work / f"spec-{i}.json"
+        spec_file.write_text(json.dumps(s.model_dump(mode="json")))
+        argv += ["--job", f"{spec_file}:{','.join(pols)}:{','.join(map(str, sds))}"]
+    return argv
+
+
+def _wait_driver(driver: subprocess.Popen) -> int:
+    rc = driver.wait()
+    if rc != 0:
+        raise RuntimeError(f"testbed driver exited with status {rc} (see its messages above)")
+    return 0
+
+
+def _stop_driver(driver: subprocess.Popen | None) -> None:
+    if driver is not None and driver.poll() is None:
+        driver.send_signal(signal.SIGINT)  # it closes its runs as interrupted
+        try:
+            driver.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+
+
+def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[Job], calibrate_to: Path | None,
+                    address: str) -> int:
+    """The driver against a running Ray cluster: the same driver as on the emulated cluster, with
+    pods found from the nodes' resources. An emulated cluster's head is reachable only from its
+    namespace: the driver then runs there, with that cluster's token."""
+    import tempfile
+
+    if any(f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and netem_missing() for s, _, _ in jobs for f in s.faults):
+        raise ValueError("a link fault with delay or loss needs netem, which this kernel lacks")
+    model, model_meta = prepare_model(spec)
+    emulated = emulated_cluster_at(address)
+    work = Path(tempfile.mkdtemp(prefix="testbed-run-"))
+    console.print(f"[bold]{spec.name}[/] on the Ray cluster at {address}"
+                  + (f" (emulated run {emulated.run_id})" if emulated else "")
+                  + f" -> {out / spec.name}")
+    argv = _driver_argv(jobs, out, model, model_meta, work, "cluster", calibrate_to,
+                        emulated.run_id if emulated else None)
+    driver = None
+    old_term = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        if emulated is not None:
+            driver = emulated.popen_in_head(argv)
+        else:
+            driver = subprocess.Popen(argv, env={**os.environ, "RAY_ADDRESS": address})
+        return _wait_driver(driver)
+    except KeyboardInterrupt:
+        _stop_driver(driver)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)

@@ -115,6 +115,12 @@ class FaultAgent:
         return self._rate_while(lambda: shaping.sent_bytes(ifname),
                                 lambda: shaping.blast(peer, offered_bps, window_s + 0.2), window_s)
 
+    def tx_bytes(self, ifname: str) -> int:
+        """Bytes ``ifname`` has transmitted (read-only; allowlisted interfaces only): the
+        start-up check that the KV crosses the interface the faults shape reads it."""
+        self.check_interface(ifname)
+        return shaping.tx_bytes(ifname)
+
     def measure_downlink(self, ifname: str, window_s: float = 0.4) -> float:
         """Rate (bit/s) into the node through ``ifname`` over ``window_s``: call it while a peer
         offers traffic (``blast``). Read after the ingress shaper (its ifb) when there is one,

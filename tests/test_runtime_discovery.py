@@ -1,0 +1,51 @@
+"""Pods found from a Ray cluster's node resources, and what a spec may ask of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.spec import load_spec, parse_spec
+from testbed.runtime.driver import discover_pods
+
+
+def _node(ip: str, *, alive: bool = True, gpus: float = 0, **res: float) -> dict:
+    return {"Alive": alive, "NodeManagerAddress": ip, "NodeID": f"id-{ip}",
+            "Resources": {"CPU": 4.0, **({"GPU": gpus} if gpus else {}), **res}}
+
+
+def _spec(pods: int = 2, workers: int = 2, gpus: int = 0, **testbed) -> object:
+    base = load_spec(None, default="testbed.yaml").model_dump(mode="json")
+    return parse_spec({**base, "faults": [], "topology": {**base["topology"], "pods": pods, "workers_per_pod": workers,
+                                                         "placement": "within_pod"},
+                       "testbed": {**base["testbed"], "gpus_per_engine": gpus, **testbed}})
+
+
+def test_pods_come_from_node_resources_and_extra_nodes_are_ignored():
+    nodes = [_node("10.0.0.1", head=1), _node("10.0.0.3", pod1=1, gpus=2), _node("10.0.0.2", pod0=1, gpus=2),
+             _node("10.0.0.4", pod2=1), _node("10.0.0.9", alive=False, pod0=1)]
+    pods = discover_pods(_spec(gpus=1), nodes)
+    assert {i: p["ip"] for i, p in pods.items()} == {0: "10.0.0.2", 1: "10.0.0.3"}
+
+
+def test_a_spec_bigger_than_the_cluster_is_refused_saying_what_was_found():
+    nodes = [_node("10.0.0.1", head=1), _node("10.0.0.2", pod0=1), _node("10.0.0.3", alive=False, pod1=1)]
+    with pytest.raises(ValueError) as e:
+        discover_pods(_spec(pods=2), nodes)
+    assert str(e.value) == ("topology: 2 pods, but the cluster's alive nodes have pod0@10.0.0.2 (0 GPU) "
+                            "(missing pod1; a pod is a node with the custom resource pod<i>)")
+
+
+def test_engines_asking_for_more_gpus_than_a_pod_has_are_refused():
+    nodes = [_node("10.0.0.2", pod0=1, gpus=2), _node("10.0.0.3", pod1=1, gpus=1)]
+    with pytest.raises(ValueError, match=r"pod1 runs 2 engines x 1 GPUs = 2, but its node has 1"):
+        discover_pods(_spec(gpus=1), nodes)
+
+
+def test_rdma_refuses_a_link_fault_in_one_line():
+    base = load_spec(None, default="testbed.yaml").model_dump(mode="json")
+    assert any(f["kind"] == "link" for f in base["faults"])
+    from core.spec import SpecError
+
+    with pytest.raises(SpecError) as e:
+        parse_spec({**base, "testbed": {**base["testbed"], "transport": "rdma"}}, "x.yaml")
+    assert "RDMA bypasses" in str(e.value) and "\n" not in str(e.value)
