@@ -1,10 +1,12 @@
 """Request streams for both worlds: synthetic (Poisson, bursty Gamma, length
-distributions, presets) and trace replay. Pure: given a spec and a
+distributions, presets) and trace replay (the native format and the public
+Azure, BurstGPT and Mooncake traces, `workloads.formats`). Pure: given a spec and a
 `numpy.random.Generator`, never a clock."""
 
 from workloads.generate import Request, Workload, generate, sample_lengths
 from workloads.spec import (
     CHAT,
+    TRACE_FORMATS,
     LONG_CONTEXT,
     PRESETS,
     ArrivalSpec,
@@ -27,6 +29,7 @@ __all__ = [
     "CHAT",
     "LONG_CONTEXT",
     "PRESETS",
+    "TRACE_FORMATS",
     "ArrivalSpec",
     "ChoiceLength",
     "FixedLength",

@@ -9,9 +9,9 @@ request arrives one inter-arrival time after 0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from workloads.spec import (
     WorkloadError,
     WorkloadSpec,
 )
-from workloads.trace import load_trace
+from workloads.trace import Trace, load_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +44,15 @@ class Workload:
     `duration_s` is the window the stream covers (the spec's duration_s, or
     the last arrival when none was given); the rate helpers divide by it.
     The arrays are made read-only so the dataclass is frozen in substance.
+    `trace` describes a replayed trace (file, format, rows read, dropped,
+    clipped); empty for synthetic arrivals.
     """
 
     arrival_s: np.ndarray  # float64, ascending
     prompt_tokens: np.ndarray  # int64 >= 1
     output_tokens: np.ndarray  # int64 >= 1
     duration_s: float
+    trace: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         a = np.array(self.arrival_s, dtype=np.float64)
@@ -111,6 +114,7 @@ class Workload:
             "offered_output_tokens_per_s": self.offered_output_tokens_per_s(),
             "median_prompt_tokens": med(self.prompt_tokens),
             "median_output_tokens": med(self.output_tokens),
+            **({"trace": dict(self.trace)} if self.trace else {}),
         }
 
     def to_frame(self):
@@ -183,15 +187,69 @@ def _synthetic_arrivals(spec: WorkloadSpec, rng: np.random.Generator) -> np.ndar
     return times[:cap] if cap is not None else times
 
 
+def _window(tr: Trace, arrival: TraceArrival, path: Path):
+    """Row indices of the trace inside [start_s, end_s) of its own clock."""
+    a = tr.arrival_s
+    lo = int(np.searchsorted(a, arrival.start_s, side="left")) if arrival.start_s > 0 else 0
+    hi = int(np.searchsorted(a, arrival.end_s, side="left")) if arrival.end_s is not None else len(a)
+    if hi <= lo:
+        end = f"{arrival.end_s:g}" if arrival.end_s is not None else "end"
+        raise WorkloadError(
+            f"trace {path}: no requests in the window [{arrival.start_s:g}, {end}) s; "
+            f"its {len(a)} requests lie in [{a[0]:g}, {a[-1]:g}] s"
+        )
+    return np.arange(lo, hi)
+
+
+def _too_long(tr: Trace, idx: np.ndarray, limit: int, path: Path) -> WorkloadError:
+    """The refusal of the first row (in replay order) needing more than `limit` tokens."""
+    j = int(idx[0])
+    p, o = int(tr.prompt_tokens[j]), int(tr.output_tokens[j])
+    pc, oc = tr.columns[1], tr.columns[2]
+    return WorkloadError(
+        f"trace {path}, {tr.where(j)}: {pc} + {oc} = {p} + {o} = {p + o} tokens, more than "
+        f"max_context_tokens {limit} (too_long: refuse; clip or drop replays the trace)"
+    )
+
+
 def _trace_workload(spec: WorkloadSpec, base_dir: str | Path | None) -> Workload:
     arrival: TraceArrival = spec.arrival
     path = Path(arrival.path)
     if base_dir is not None and not path.is_absolute():
         path = Path(base_dir) / path
-    tr = load_trace(path)
-    a = tr.arrival_s * arrival.time_scale
-    p, o = tr.prompt_tokens, tr.output_tokens
-    n = len(tr)
+    tr = load_trace(path, arrival.format)
+    info: dict[str, Any] = {"path": str(path), "format": tr.format, "rows": len(tr)}
+    info.update({f"dropped_{k}": v for k, v in tr.dropped.items()})
+
+    # Window on the trace's clock; `idx` maps each request back to its trace row.
+    idx = np.arange(len(tr))
+    if arrival.start_s > 0 or arrival.end_s is not None:
+        idx = _window(tr, arrival, path)
+        info["in_window"] = len(idx)
+    a = tr.arrival_s[idx] - arrival.start_s if arrival.start_s > 0 else tr.arrival_s[idx]
+    p, o = tr.prompt_tokens[idx], tr.output_tokens[idx]
+
+    limit = arrival.max_context_tokens
+    if limit is not None and arrival.too_long != "refuse":
+        over = p + o > limit
+        n_over = int(over.sum())
+        if arrival.too_long == "drop" and n_over:
+            if n_over == len(idx):
+                raise WorkloadError(
+                    f"trace {path}: all {n_over} requests need more than max_context_tokens {limit} "
+                    "tokens (too_long: drop)"
+                )
+            keep = ~over
+            a, p, o, idx = a[keep], p[keep], o[keep], idx[keep]
+            info["dropped_too_long"] = n_over
+        elif arrival.too_long == "clip" and n_over:
+            # Cut the prompt first; the output only where it alone fills the context.
+            o = np.minimum(o, limit - 1)
+            p = np.minimum(p, limit - o)
+            info["clipped_too_long"] = n_over
+
+    a = a / arrival.speedup if arrival.speedup is not None else a * arrival.time_scale
+    n = len(a)
     if arrival.loop:
         # One copy lasts from 0 to the last arrival plus one mean gap, so the
         # seam between copies looks like the trace's own spacing.
@@ -206,15 +264,20 @@ def _trace_workload(spec: WorkloadSpec, base_dir: str | Path | None) -> Workload
             copies.append(math.ceil(spec.max_requests / n))
         k = min(copies)
         a = (a[None, :] + period * np.arange(k)[:, None]).ravel()
-        p, o = np.tile(p, k), np.tile(o, k)
+        p, o, idx = np.tile(p, k), np.tile(o, k), np.tile(idx, k)
     m = len(a)
     if spec.duration_s is not None:
         m = int(np.searchsorted(a, spec.duration_s, side="left"))
     if spec.max_requests is not None:
         m = min(m, spec.max_requests)
-    a, p, o = a[:m], p[:m], o[:m]
+    a, p, o, idx = a[:m], p[:m], o[:m], idx[:m]
+    if limit is not None and arrival.too_long == "refuse":
+        # Only what is replayed is checked: a long row past the cut is no reason to refuse.
+        over = p + o > limit
+        if over.any():
+            raise _too_long(tr, idx[over], limit, path)
     duration = spec.duration_s if spec.duration_s is not None else (float(a[-1]) if m else 0.0)
-    return Workload(a, p, o, duration)
+    return Workload(a, p, o, duration, info)
 
 
 def generate(
@@ -223,8 +286,10 @@ def generate(
     """The request stream a spec describes.
 
     Synthetic: arrivals in [0, duration_s) (at most max_requests), then
-    lengths. Trace: the file's rows (sorted), arrival times times time_scale,
-    looped if asked, cut to [0, duration_s) and max_requests; `rng` is unused.
+    lengths. Trace: the file's rows (sorted), the window [start_s, end_s)
+    shifted to 0, the context rule, arrival times times time_scale (or over
+    speedup), looped if asked, cut to [0, duration_s) and max_requests; `rng`
+    is unused.
     A relative trace path is resolved against `base_dir` when given (e.g. the
     experiment file's folder), else against the working directory.
     """

@@ -10,8 +10,15 @@ Arrival processes (`arrival.kind`):
 * ``gamma``: Gamma inter-arrival times with mean ``1 / rate_rps`` and
   coefficient of variation ``cv`` (a renewal process; cv=1 is Poisson,
   cv>1 is burstier, cv<1 more regular);
-* ``trace``: replay of a CSV / JSONL / Parquet file with columns
-  ``arrival_s, prompt_tokens, output_tokens`` (see `workloads.trace`).
+* ``trace``: replay of a file: this project's own CSV / JSONL / Parquet with
+  columns ``arrival_s, prompt_tokens, output_tokens`` (see `workloads.trace`),
+  or a public trace read as published: the Azure LLM inference traces
+  (2023, 2024), BurstGPT's CSV, Mooncake's JSONL (see `workloads.formats`).
+  The format is detected from the columns unless ``format`` names it; a time
+  window (``start_s``, ``end_s``), a rate scaling (``speedup`` or
+  ``time_scale``) and a context rule (``max_context_tokens``, ``too_long``)
+  select what is replayed; the workload's ``duration_s`` / ``max_requests``
+  cap it as for any arrival process.
 
 Length distributions (`prompt`, `output`; `kind`): ``fixed``, ``uniform``
 (integers, both ends inclusive), ``lognormal`` (by ``median`` and the
@@ -50,13 +57,57 @@ class GammaArrival(_Spec):
     cv: PositiveFloat  # std / mean of the inter-arrival time
 
 
+# "auto" first; then the formats of workloads.formats, in its detection order.
+TRACE_FORMATS = ("auto", "native", "azure", "burstgpt", "mooncake")
+TraceFormat = Literal["auto", "native", "azure", "burstgpt", "mooncake"]
+
+
 class TraceArrival(_Spec):
+    """Replay of a trace file.
+
+    In order: the file's rows (public formats rebased so the earliest request
+    is at 0 s; native files keep their ``arrival_s``), then the window
+    [start_s, end_s) of the trace's own clock, shifted so start_s is run time 0,
+    then the context rule, then arrival times times ``time_scale`` (or divided
+    by ``speedup``), then ``loop`` and the workload's duration_s / max_requests.
+
+    Context rule: a request needs prompt + output tokens of context (vLLM
+    refuses a request whose prompt plus max_tokens exceeds max_model_len, and
+    the testbed checks the same). With ``max_context_tokens`` set, a longer
+    request is, by ``too_long``:
+
+    * ``refuse`` (default): an error naming the file, the line and the values
+      (only requests that are actually replayed are checked);
+    * ``drop``: left out (counted in the workload summary);
+    * ``clip``: the prompt is cut to fit (max_context_tokens - output), and the
+      output too when it alone fills the context (to max_context_tokens - 1).
+    """
+
     kind: Literal["trace"]
     path: Annotated[str, Field(min_length=1)]
+    format: TraceFormat = "auto"
     # Multiplies every arrival time: 0.5 replays twice as fast.
     time_scale: PositiveFloat = 1.0
+    # Divides every arrival time: 2 replays twice as fast (twice the rate); give this or time_scale.
+    speedup: PositiveFloat | None = None
+    # The window replayed, in seconds of the trace's own clock (see the class docstring).
+    start_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
+    end_s: PositiveFloat | None = None
     # Repeat the trace back to back until duration_s / max_requests is reached.
     loop: bool = False
+    # The model's context length in tokens (prompt + output); None: no rule.
+    max_context_tokens: Annotated[int, Field(ge=2)] | None = None
+    too_long: Literal["refuse", "clip", "drop"] = "refuse"
+
+    @model_validator(mode="after")
+    def _check_options(self):
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"end_s ({self.end_s:g}) must be greater than start_s ({self.start_s:g})")
+        if self.speedup is not None and self.time_scale != 1.0:
+            raise ValueError("give speedup or time_scale, not both (speedup k is time_scale 1/k)")
+        if "too_long" in self.model_fields_set and self.max_context_tokens is None:
+            raise ValueError("too_long needs max_context_tokens (the model's context length in tokens)")
+        return self
 
 
 ArrivalSpec = Annotated[
