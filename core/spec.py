@@ -158,6 +158,22 @@ class ExperimentSpec(_Spec):
     # The study's grid (core/study.py): `testbed study` runs it; `sim` and `run` ignore it.
     study: StudySpec | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _trace_context(cls, data: Any) -> Any:
+        # A trace's too_long rule without its own limit uses the testbed engines' context
+        # (testbed.max_model_len): what vLLM would refuse there. Not filled without the rule,
+        # so a simulated trace keeps every request unless the spec asks otherwise.
+        if isinstance(data, dict):
+            arrival = (data.get("workload") or {}).get("arrival") if isinstance(data.get("workload"), dict) else None
+            if isinstance(arrival, dict) and arrival.get("kind") == "trace" and "too_long" in arrival \
+                    and arrival.get("max_context_tokens") is None:
+                t = data.get("testbed") or {}
+                limit = t.get("max_model_len", TestbedSpec.model_fields["max_model_len"].default) \
+                    if isinstance(t, dict) else TestbedSpec.model_fields["max_model_len"].default
+                data = {**data, "workload": {**data["workload"], "arrival": {**arrival, "max_context_tokens": limit}}}
+        return data
+
     @field_validator("policies", mode="before")
     @classmethod
     def _names_as_entries(cls, v: Any) -> Any:

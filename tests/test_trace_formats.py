@@ -391,3 +391,18 @@ def test_simulator_replays_an_azure_sample(samples, tmp_path):
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["workload"]["trace"]["format"] == "azure"
     assert meta["spec"]["workload"]["arrival"]["format"] == "auto"
+
+
+def test_a_too_long_rule_without_a_limit_takes_the_testbed_engines_context():
+    from core.spec import load_spec, parse_spec
+
+    base = load_spec(None).model_dump(mode="json")
+    wl = {k: v for k, v in base["workload"].items() if k != "duration_s"}
+
+    def arrival(**kw):
+        return parse_spec({**base, "testbed": {**base["testbed"], "max_model_len": 2048},
+                           "workload": {**wl, "arrival": {"kind": "trace", "path": "t.csv", **kw}}}).workload.arrival
+
+    assert arrival(too_long="clip").max_context_tokens == 2048
+    assert arrival(too_long="clip", max_context_tokens=512).max_context_tokens == 512
+    assert arrival().max_context_tokens is None  # no rule: the simulator keeps every request
