@@ -22,7 +22,7 @@ from faults.health import HealthLabelModel
 from faults.telemetry import BandwidthTelemetry
 
 from .policies import Policy
-from .records import DecisionRecord, HealthRecord, PriceRecord
+from .records import DecisionRecord, HealthRecord, PriceRecord, make_row
 from .risk import RiskPriceEstimator
 from .stages import blamed_pods
 from .ticket import Ticket
@@ -71,8 +71,9 @@ class Router:
         loads.prefill_tokens[p] += prompt_tokens
         loads.decode_outstanding[d] += 1
         loads.decode_kv_tokens[d] += prompt_tokens + output_tokens
-        self.sink(DecisionRecord(now, request_id, self.policy.name, c.n_candidates, c.n_filtered, latency,
-                                 pw, dw, pp, dp, c.score))
+        # every field in order (make_row: without the named tuple's constructor, once per request)
+        self.sink(make_row(DecisionRecord, (now, request_id, self.policy.name, c.n_candidates, c.n_filtered, latency,
+                                            pw, dw, pp, dp, c.score)))
         return Ticket(self, now, request_id, arrival_s, prompt_tokens, output_tokens, p, d, pw, dw, pp, dp)
 
     # Called by Ticket only: a world marks stages and finishes tickets, never these.
@@ -117,4 +118,4 @@ class Router:
         columns = (comp.price.tolist(), comp.util.tolist(), comp.bw_term.tolist(), comp.timeout_rate.tolist(),
                    comp.failure_rate.tolist())
         for p, row in enumerate(zip(*columns)):
-            self.sink(PriceRecord(now, p, *row))
+            self.sink(make_row(PriceRecord, (now, p, *row)))

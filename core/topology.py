@@ -15,7 +15,7 @@ Link index layout (``n_workers = W``, ``n_pods = P``)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -44,6 +44,14 @@ class Topology:
     uplink_Bps: float
     # What a link fault's residual factor r is relative to (see core_link_Bps).
     fault_baseline_Bps: float
+    # Derived from worker_pod for path(), which runs once per KV transfer: Python numbers, not
+    # numpy scalars (set by __post_init__; no argument, and left out of repr and comparisons).
+    _pod_of: list[int] = field(init=False, repr=False, compare=False)
+    _n_w: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_pod_of", self.worker_pod.tolist())
+        object.__setattr__(self, "_n_w", int(self.worker_pod.size))
 
     @classmethod
     def build(
@@ -117,10 +125,12 @@ class Topology:
 
     def path(self, src_worker: int, dst_worker: int) -> tuple[int, ...]:
         """Links a KV transfer from ``src_worker`` to ``dst_worker`` crosses."""
-        sp, dp = int(self.worker_pod[src_worker]), int(self.worker_pod[dst_worker])
+        pod_of, w = self._pod_of, self._n_w
+        sp, dp = pod_of[src_worker], pod_of[dst_worker]
         if sp == dp:
-            return (src_worker, self.n_workers + dst_worker)
-        return (src_worker, self.uplink(sp), self.downlink(dp), self.n_workers + dst_worker)
+            return (src_worker, w + dst_worker)
+        # what uplink(sp) and downlink(dp) give, written out (this runs once per transfer)
+        return (src_worker, 2 * w + sp, 2 * w + self.n_pods + dp, w + dst_worker)
 
     def path_cost(self) -> np.ndarray:
         """(P, P) normalised path cost between pods: 0 inside a pod, 1 across the core

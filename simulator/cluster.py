@@ -33,14 +33,15 @@ queue; the arrivals and the sweeps of the two per-request limits are chains
 (one pending wake-up each) that :func:`simulator.events.run_until` runs beside
 it. The hot path reads Python numbers (the workload's columns, the engine's
 constants, the pods' slow-down, each decode batch's step time, kept current)
-rather than numpy scalars or pydantic fields, and a finished request's ticket
-is dropped at once (the sweeps skip it).
+rather than numpy scalars or pydantic fields, reads the clock as ``env._now``
+(what SimPy's ``now`` property returns, without the call), and a finished
+request's ticket is dropped at once (the sweeps skip it).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
+from heapq import heappop, heappush
 from typing import Callable
 
 import numpy as np
@@ -166,7 +167,7 @@ class ClusterSim:
         Woken for request ``chain.data`` (None: at the start), it handles that one without
         looking at the clock again (now may differ from the due time by rounding), then any due
         with it, and sleeps until the next one is due."""
-        arr, now = self._arr, self.env.now  # the clock stands still while a chain runs
+        arr, now = self._arr, self.env._now  # the clock stands still while a chain runs
         i = chain.data
         if i is None:
             i = 0
@@ -194,7 +195,7 @@ class ClusterSim:
         """Time out, in arrival order (= deadline order, the deadline being the same for all),
         every request from ``chain.data`` on that is due by now and not done, then sleep until
         the next one is due (and look at the clock again then)."""
-        arr, reqs, deadline, now = self._arr, self.reqs, self.deadline, self.env.now
+        arr, reqs, deadline, now = self._arr, self.reqs, self.deadline, self.env._now
         i = chain.data or 0
         while i < len(arr):
             due = arr[i] + deadline
@@ -299,7 +300,7 @@ class ClusterSim:
 
     def _end_prefill(self, ev: Call) -> None:
         idx, batch = ev.data
-        now = self.env.now
+        now = self.env._now
         decode = self.decode
         for req in batch:
             if req.done:
@@ -351,7 +352,7 @@ class ClusterSim:
     def _end_transfer(self, req: Ticket) -> None:
         if req.done:  # timed out while the completion was on its way
             return
-        now = self.env.now
+        now = self.env._now
         req.enter("decode", now)
         self._decode_join(req, now)
 
@@ -372,7 +373,7 @@ class ClusterSim:
         d.kv_in_batch += req.prompt_tokens
         d.step_s = self._step_s(d)
         self._seq += 1
-        heapq.heappush(d.heap, (d.V + req.output_tokens, self._seq, req))
+        heappush(d.heap, (d.V + req.output_tokens, self._seq, req))
         req.first_token_s = now + d.step_s
         self._decode_schedule(d)
 
@@ -387,7 +388,7 @@ class ClusterSim:
         """(Re)schedule the end of the next sequence; a step-end event scheduled before is stale."""
         heap = d.heap
         while heap and heap[0][2].done:  # timed-out sequences leave lazily
-            heapq.heappop(heap)
+            heappop(heap)
         if not heap:
             d.timer = None
             return
@@ -398,12 +399,12 @@ class ClusterSim:
         d = ev.data
         if ev is not d.timer:
             return
-        now = self.env.now
+        now = self.env._now
         self._advance(d, now)
         heap = d.heap
         eps = 1e-9 * max(1.0, d.V)
         while heap and heap[0][0] <= d.V + eps:
-            _, _, req = heapq.heappop(heap)
+            _, _, req = heappop(heap)
             if req.done:
                 continue
             self._decode_leave(d, req)
@@ -417,7 +418,7 @@ class ClusterSim:
     def _timeout(self, req: Ticket) -> None:
         """The deadline: the ticket records a timeout of the stage the request is in; the
         worker it occupied lets it go (queued ones are skipped lazily when reached)."""
-        now = self.env.now
+        now = self.env._now
         stage = req.stage
         req.finish(now, "timeout")
         self.reqs[req.request_id] = None

@@ -22,7 +22,9 @@ would be with timeouts and processes:
 would: it has one callback and cannot fail) and hands every other event to
 ``step``. This module reads and writes SimPy's queue, event-id counter and clock
 (``_queue``, ``_eid``, ``_now``: SimPy 4's ``Environment``); nothing else in the
-simulator does, and tests/test_sim_events.py checks that the order is SimPy's.
+simulator does (the model's hot paths only read the clock as ``env._now``, what
+``env.now`` returns without a property call), and tests/test_sim_events.py checks
+that the order is SimPy's.
 """
 
 from __future__ import annotations
@@ -52,9 +54,14 @@ class Call:
         self.data = data
 
 
+_new_call = object.__new__
+
+
 def call_after(env: simpy.Environment, delay: float, fn: Callable[[Call], None], data: Any = None) -> Call:
     """Run ``fn(event)`` ``delay`` seconds from now, where a ``env.timeout(delay)`` made now would fire."""
-    ev = Call(fn, data)
+    ev = _new_call(Call)  # Call(fn, data), without the call of __init__ (a few events per request)
+    ev.callbacks = (fn,)
+    ev.data = data
     # What env.schedule(ev, NORMAL, delay) does, without the call.
     heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), ev))
     return ev
@@ -101,18 +108,20 @@ def run_until(env: simpy.Environment, until: float, chains: Sequence[Chain]) -> 
     heapify(pending)
     due = pending[0]
     while True:
-        if queue and queue[0] < due:  # keys differ in their event ids, so never tie
+        if queue:
             entry = queue[0]
-            event = entry[3]
-            if event.__class__ is Call:  # step()'s work for an event with one callback that cannot fail
-                heappop(queue)
-                env._now = entry[0]
-                fn = event.callbacks[0]
-                event.callbacks = None
-                fn(event)
-            else:
-                step()
-        elif due is stop:
+            if entry < due:  # keys differ in their event ids, so never tie
+                event = entry[3]
+                if event.__class__ is Call:  # step()'s work for an event with one callback that cannot fail
+                    heappop(queue)
+                    env._now = entry[0]
+                    fn = event.callbacks[0]
+                    event.callbacks = None
+                    fn(event)
+                else:
+                    step()
+                continue
+        if due is stop:
             break
         else:
             env._now = due[0]

@@ -34,7 +34,9 @@ How a change is kept cheap:
 * Active flows live densely in slots ``0..n-1`` (a finished flow's slot takes
   the last one); flow links are a ``(width, slots)`` int array padded with a
   sentinel link of infinite capacity, so per-flow work is a few elementwise
-  calls over contiguous rows.
+  calls over contiguous rows. Its columns (and each flow's bottleneck link)
+  are written only when a vectorised path needs them: a shortcut reads each
+  flow's path and bottleneck from Python lists.
 * What the shortcuts read and update one link at a time (flows and
   bottleneck flows per link, allocated load, capacity and tolerance, the
   solve order) is kept in Python lists, and each flow's path, id and callback
@@ -56,6 +58,7 @@ How a change is kept cheap:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -81,17 +84,27 @@ _TINY_RATE = 1e-200
 _MAX_REPAIRS = 4
 _INITIAL_SLOTS = 64
 _INF = float("inf")
-# Shortcut starts after a solve from which the link loads are kept as a list (see _load_now).
+# Shortcut starts after a solve from which the link loads are kept as a list (see _load_now):
+# at least _LOADS_TO_LIST, more in a large network (_LINKS_PER_LOAD_USE).
 _LOADS_TO_LIST = 3
+# A list costs a conversion of every link (some 10 ns each, freeing included) and saves some
+# 0.7 us per shortcut that reads and updates it: it pays once the shortcuts number about the
+# links / 64 (33 with the flagship's 2,112 links, where a list after 3 cost the LC study cell 5%).
+_LINKS_PER_LOAD_USE = 64
 
 
-class _Flow:
-    """What the network keeps of an active flow beside its slot's numbers."""
+class _Flow(NamedTuple):
+    """What the network keeps of an active flow beside its slot's numbers: fixed at its start, so
+    a named tuple, which start() builds with ``tuple.__new__`` (every field, in order): a fraction
+    of the cost of an object with an ``__init__``, or of the named tuple's own constructor."""
 
-    __slots__ = ("fid", "on_done", "size", "path")
+    fid: int
+    on_done: Callable[[int], None]
+    size: float
+    path: list[int]
 
-    def __init__(self, fid: int, on_done: Callable[[int], None], size: float, path: list[int]) -> None:
-        self.fid, self.on_done, self.size, self.path = fid, on_done, size, path
+
+_make_tuple = tuple.__new__
 
 
 class FlowNetwork:
@@ -112,6 +125,7 @@ class FlowNetwork:
             )
         self._env = env
         self._n_links = cap.size
+        self._link_ids = frozenset(range(cap.size))  # the valid link numbers (start checks paths against it)
         S = self._sentinel = cap.size  # padding link: infinite capacity, never a bottleneck
         L1 = S + 1
         self._cap = np.append(cap, np.inf)
@@ -124,14 +138,20 @@ class FlowNetwork:
         self._n = 0  # active flows occupy slots 0..n-1
         self._width = 2  # link rows; grows if a longer path arrives
         slots = _INITIAL_SLOTS
-        self._links = np.full((self._width, slots), S, dtype=np.intp)
-        self._pad = [[S] * (self._width - k) for k in range(self._width + 1)]  # path length -> padding
         self._flows: list[_Flow] = []  # slot -> flow (its path: the column of _links without padding)
-        # Per slot: remaining bytes, remaining bytes that count as finished, rate. One array, so that
-        # moving a flow to another slot is one copy; _rem, _done_at and _rate are its rows.
+        self._bottleneck: list[int] = []  # slot -> the link that limits its flow
+        # The same per slot as an array for the vectorised paths: its bottleneck link, then its
+        # links, padded (_bl and _links are its rows). Written lazily: start and moves only note
+        # the slots whose column is stale (_dirty), and _sync_columns writes those before a
+        # vectorised path reads the array (a few times per hundred changes).
+        self._ints = np.full((1 + self._width, slots), S, dtype=np.intp)
+        self._bl, self._links = self._ints[0], self._ints[1:]
+        self._dirty: set[int] = set()
+        self._pad = [[S] * (self._width - k) for k in range(self._width + 1)]  # path length -> padding
+        # Per slot: remaining bytes, remaining bytes that count as finished, rate. Likewise one
+        # array; _rem, _done_at and _rate are its rows.
         self._flow = np.zeros((3, slots))
         self._rem, self._done_at, self._rate = self._flow
-        self._bl = np.zeros(slots, dtype=np.intp)  # slot -> its bottleneck link (read whole by solves)
         self._slot: dict[int, int] = {}  # flow id -> slot
         self._zero: dict[int, Callable[[int], None]] = {}  # zero-byte flows awaiting their callback
 
@@ -159,6 +179,7 @@ class FlowNetwork:
         # the same numbers: Python floats round as numpy's float64 do.
         self._load_now: list[float] | np.ndarray = np.zeros(L1)
         self._load_uses = 0  # shortcuts since the last solve
+        self._loads_to_list = max(_LOADS_TO_LIST, L1 // _LINKS_PER_LOAD_USE)
         self._trial: tuple[np.ndarray, np.ndarray] | None = None  # failed solve: levels, excess
         # Repair keys: level nudged by link number, so equal levels still give
         # one strict order (the nudge is far below the verification tolerance).
@@ -187,10 +208,11 @@ class FlowNetwork:
         k = len(path)
         if k == 0:
             raise ValueError("a flow needs at least one link, got an empty path")
-        if min(path) < 0 or max(path) >= self._n_links:
+        distinct = set(path)  # one set checks both the range and repeats (cheaper than min, max and a set)
+        if not distinct <= self._link_ids:
             x = next(x for x in path if not 0 <= x < self._n_links)
             raise ValueError(f"link {x} out of range: the network has links 0..{self._n_links - 1}")
-        if k > 1 and len(set(path)) != k:
+        if len(distinct) != k:
             raise ValueError(f"path {path} crosses a link twice")
         fid = self._next_id
         self._next_id += 1
@@ -206,15 +228,15 @@ class FlowNetwork:
             self._grow_slots()
         if k > self._width:
             self._grow_width(k)
-        self._links[:, n] = path + self._pad[k]
-        f = _Flow(fid, on_done, nbytes, path)
+        f: _Flow = _make_tuple(_Flow, (fid, on_done, nbytes, path))
         self._flows.append(f)
         self._slot[fid] = n
         self._done_at[n] = _REL_BYTES_EPS * nbytes
         self._rem[n] = nbytes  # slot n is not advanced below (it joins the active slots after)
         rate, m = (0.0, -1) if self._stale else self._spare_rate(path)
+        self._dirty.add(n)  # its column of _ints, written when next needed (not before: slot n is not active yet)
         if rate > 0.0:  # nobody else's rate changes
-            now = self._env.now
+            now = self._env._now  # SimPy's clock (its ``now`` property reads this, at a call's cost)
             self._advance(now)
             self._add_alone(n, f, m, rate)
             self._n = n + 1
@@ -306,6 +328,7 @@ class FlowNetwork:
         """Bytes/second currently allocated on each link."""
         if self._stale:
             self._reallocate()
+        self._sync_columns()
         return self._load(self._rate[: self._n])[: self._n_links]
 
     # ------------------------------------------------------- flow bookkeeping
@@ -375,14 +398,14 @@ class FlowNetwork:
             if nfl[x] and cap[x] - load[x] <= t + tol[x]:
                 if self._max_rate_on(x) > t * (1.0 + _REL_RATE_TOL):
                     return 0.0, -1
-        return t, xs
+        # a Python float even when the loads are still an array: a numpy scalar would make the
+        # flow's rate, its timer and so the clock numpy scalars (the same values, slower to use)
+        return float(t), xs
 
     def _max_rate_on(self, x: int) -> float:
+        self._sync_columns()
         n = self._n
-        lk = self._links[:, :n]
-        on = lk[0] == x
-        for j in range(1, self._width):
-            on |= lk[j] == x
+        on = (self._links[:, :n] == x).any(axis=0)
         return float(self._rate[:n][on].max())
 
     def _add_alone(self, s: int, f: _Flow, m: int, rate: float) -> None:
@@ -396,12 +419,12 @@ class FlowNetwork:
         nfl, load = self._nfl, self._load_now
         if load.__class__ is not list:  # a solve's array: a list once enough shortcuts use it
             self._load_uses += 1
-            if self._load_uses >= _LOADS_TO_LIST:
+            if self._load_uses >= self._loads_to_list:
                 load = self._load_now = load.tolist()
         for x in f.path:
             nfl[x] += 1
             load[x] += rate
-        self._bl[s] = m
+        self._bottleneck.append(m)  # slot s, the new last one
         self._lam[m] = rate
         self._rate[s] = rate
 
@@ -430,7 +453,7 @@ class FlowNetwork:
                 elif AT is not None:
                     AT[pm, px] += 1.0
             self._nfl[x] += 1
-        self._bl[s] = m
+        self._bottleneck.append(m)  # slot s, the new last one
 
     def _drop(self, s: int) -> None:
         """Remove the flow in slot s; mark the allocation stale unless provably unchanged.
@@ -439,13 +462,16 @@ class FlowNetwork:
         crosses no other bottleneck: then the capacity it frees was limiting no one.
         """
         f = self._flows[s]
-        nb, m, path = self._nb, int(self._bl[s]), f.path
+        nb, nfl, m, path = self._nb, self._nfl, self._bottleneck[s], f.path
+        r, load = float(self._rate[s]), self._load_now
         alone = not self._stale and nb[m] == 1
-        if alone:
-            for x in path:
-                if x != m and nb[x]:
-                    alone = False
-                    break
+        for x in path:  # one pass: whether it is alone, and the loads as a shortcut keeps them
+            if x != m and nb[x]:
+                alone = False
+            nfl[x] -= 1
+            # An idle link's load is exactly 0 (no drift from the shortcuts' bookkeeping). Not
+            # alone, the allocation is stale: the loads are recomputed before anything reads them.
+            load[x] = load[x] - r if nfl[x] else 0.0
         if alone:
             self._shortcuts += 1
         else:
@@ -457,16 +483,6 @@ class FlowNetwork:
             for x in path:
                 if nb[x]:
                     AT[pm, pos[x]] -= 1.0
-        nfl = self._nfl
-        if alone:
-            r, load = float(self._rate[s]), self._load_now
-            for x in path:
-                nfl[x] -= 1
-                # an idle link's load is exactly 0 (no drift from the shortcuts' bookkeeping)
-                load[x] = load[x] - r if nfl[x] else 0.0
-        else:  # the loads are recomputed before anything reads them
-            for x in path:
-                nfl[x] -= 1
         nb[m] -= 1
         if not nb[m]:  # m limits no flow any more
             self._order.remove(m)
@@ -479,33 +495,46 @@ class FlowNetwork:
         last = self._n - 1
         flows = self._flows
         del self._slot[f.fid]
-        if s != last:  # the vacated column is rewritten whole by the next start
-            self._links[:, s] = self._links[:, last]
+        bottleneck = self._bottleneck
+        if s != last:
             self._flow[:, s] = self._flow[:, last]
-            self._bl[s] = self._bl[last]
             moved = flows[s] = flows[last]
+            bottleneck[s] = bottleneck[last]
             self._slot[moved.fid] = s
+            self._dirty.add(s)  # (the last slot's column is rewritten whole by the next start)
         flows.pop()
+        bottleneck.pop()
         self._n = last
+
+    def _sync_columns(self) -> None:
+        """Write the columns of _ints that start and moves left stale (see __init__)."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        n, ints, flows, bottleneck, pad = self._n, self._ints, self._flows, self._bottleneck, self._pad
+        for s in dirty:
+            if s < n:  # a slot at or past n is free now: nothing to write
+                path = flows[s].path
+                ints[:, s] = [bottleneck[s], *path, *pad[len(path)]]  # (one by one: cheaper than gathering)
+        dirty.clear()
 
     def _grow_slots(self) -> None:
         old = self._rem.size
         new = 2 * old
-        links = np.full((self._width, new), self._sentinel, dtype=np.intp)
-        links[:, :old] = self._links
-        self._links = links
+        ints = np.full((1 + self._width, new), self._sentinel, dtype=np.intp)
+        ints[:, :old] = self._ints
+        self._ints = ints
+        self._bl, self._links = ints[0], ints[1:]
         flow = np.zeros((3, new))
         flow[:, :old] = self._flow
         self._flow = flow
         self._rem, self._done_at, self._rate = flow
-        bl = np.zeros(new, dtype=np.intp)
-        bl[:old] = self._bl
-        self._bl = bl
 
     def _grow_width(self, k: int) -> None:
-        links = np.full((k, self._rem.size), self._sentinel, dtype=np.intp)
-        links[: self._width] = self._links
-        self._links = links
+        ints = np.full((1 + k, self._rem.size), self._sentinel, dtype=np.intp)
+        ints[: 1 + self._width] = self._ints
+        self._ints = ints
+        self._bl, self._links = ints[0], ints[1:]
         self._width = k
         self._pad = [[self._sentinel] * (k - j) for j in range(k + 1)]
 
@@ -515,6 +544,7 @@ class FlowNetwork:
         """Max-min fair rates for the active flows: re-solve, repair, else fill afresh."""
         self._stale = False
         self._advance(self._env.now)  # at the old rates, up to now
+        self._sync_columns()
         if self._n == 0:
             self._set_loads(np.zeros(self._sentinel + 1))
             return
@@ -553,10 +583,8 @@ class FlowNetwork:
         lam.fill(np.inf)
         lam[order] = sol
         n = self._n
-        lf = lam[self._links[:, :n]]
-        r = lf[0]
-        for j in range(1, self._width):
-            r = np.minimum(r, lf[j])
+        # take() gathers several times faster than fancy indexing; min is exact in any order
+        r = lam.take(self._links[:, :n]).min(axis=0)
         load = self._load(r)
         excess = load - cap
         # Each flow at its assigned level and every link within capacity:
@@ -578,10 +606,11 @@ class FlowNetwork:
         n, k = self._n, order.size
         pos = self._places()
         pb = pos.take(self._bl[:n])
-        px = pos[self._links[:, :n]]  # -1: not a bottleneck (or padding)
-        on = px >= 0
-        idx = (pb * k + px)[on]
-        return np.bincount(idx, minlength=k * k).reshape(k, k).astype(np.float64)
+        px = pos.take(self._links[:, :n])  # -1: not a bottleneck (or padding)
+        # Counted in a (k, k + 1) table whose column 0 takes the links that are no bottleneck
+        # (cheaper than selecting the others first), then dropped.
+        counts = np.bincount((pb * (k + 1) + 1 + px).ravel(), minlength=k * (k + 1))
+        return counts.reshape(k, k + 1)[:, 1:].astype(np.float64)
 
     def _order_array(self) -> np.ndarray:
         if self._order_arr is None:
@@ -605,6 +634,7 @@ class FlowNetwork:
     def _set_structure(self, bl: np.ndarray) -> np.ndarray:
         """Adopt a bottleneck link per flow; returns the bottleneck links (ascending)."""
         self._bl[: self._n] = bl
+        self._bottleneck = bl.tolist()
         nb = np.bincount(bl, minlength=self._sentinel + 1)
         self._nb = nb.tolist()
         return np.flatnonzero(nb)
@@ -722,7 +752,7 @@ class FlowNetwork:
             rate = np.maximum(rate, _TINY_RATE)
         t = self._rem[:n] / rate
         s = int(t.argmin())
-        now = self._env.now
+        now = self._env._now
         dt = float(t[s]) - (now - self._t_last)
         if dt > _NEVER:  # nothing moves (every flow crosses a dead link)
             self._timer, self._timer_at = None, _INF
@@ -731,14 +761,14 @@ class FlowNetwork:
 
     def _set_timer(self, dt: float, fid: int, now: float | None = None) -> None:
         self._timer = call_after(self._env, dt, self._on_timer)
-        self._timer_at = (self._env.now if now is None else now) + dt
+        self._timer_at = (self._env._now if now is None else now) + dt
         self._target = fid
 
     def _on_timer(self, ev: Call) -> None:
         if ev is not self._timer:
             return  # superseded by a later change
         self._timer, self._timer_at = None, _INF
-        rem = self._advance(self._env.now)
+        rem = self._advance(self._env._now)
         done = rem <= self._done_at[: self._n]
         done[self._slot[self._target]] = True  # the timer's own flow, whatever the rounding
         finished = []

@@ -120,3 +120,43 @@ def test_records_keep_nan_and_none_through_a_flush(tmp_path):
     assert np.isnan(df.first_token_s).all() and df.end_s.isna().tolist() == [True, False]
     assert df.failed_stage.isna().tolist() == [True, False] and df.failed_stage[1] == "decode"
     assert df.outcome.tolist() == ["timeout", "timeout"]
+
+
+def test_topology_path_is_uplink_and_downlink_across_pods():
+    for topo in (_topology(), Topology.build(3, 4, placement="by_pod", prefill_fraction=0.34)):
+        w = topo.n_workers
+        for src in range(w):
+            for dst in range(w):
+                sp, dp = int(topo.worker_pod[src]), int(topo.worker_pod[dst])
+                want = (src, w + dst) if sp == dp else (src, topo.uplink(sp), topo.downlink(dp), w + dst)
+                assert topo.path(src, dst) == want
+
+
+def test_hot_path_records_are_the_schema_rows(tmp_path):
+    """Decisions and prices are built without the named tuples' constructors (core.records.make_row):
+    like a request's record, each has every field of its table and writes and reads back."""
+    from core.records import DecisionRecord, PriceRecord
+    from core.routing import Router
+    from core.experiment import make_router, seed_streams
+    from core.spec import load_spec
+
+    topo = _topology()
+    spec = load_spec()
+    rows = []
+    router = make_router(spec, topo, "FaultAwareOTF-R", seed_streams(0), rows.append)
+    assert isinstance(router, Router)
+    t = router.route(0.5, 7, 0.25, 100, 20)
+    t.enter("prefill", 0.75)
+    rec = t.finish(2.0, "timeout")
+    router.slow_tick(1.0)
+    kinds = {type(r) for r in rows}
+    assert {RequestRecord, DecisionRecord, PriceRecord} <= kinds
+    for r in rows:
+        assert len(r) == len(type(r)._fields)
+        assert r == type(r)(*r)
+    assert rec.failed_stage == "prefill" and rec.end_s != rec.end_s and rec.prefill_start_s == 0.75
+    with RunWriter(tmp_path, {}) as w:
+        for r in rows:
+            w.write(r)
+        assert w.writers["requests"].count == 1 and w.writers["prices"].count == topo.n_pods
+    assert read_table(tmp_path, "decisions").request_id.tolist() == [7]

@@ -201,6 +201,8 @@ def test_transferred_and_rate_mid_flight():
     "call, match",
     [
         (lambda n: n.start([5], 1.0, print), "link 5 out of range"),
+        (lambda n: n.start([0, -1], 1.0, print), "link -1 out of range"),
+        (lambda n: n.start((1, np.int64(2)), 1.0, print), "link 2 out of range"),
         (lambda n: n.start([], 1.0, print), "at least one link"),
         (lambda n: n.start([0], -1.0, print), "flow size"),
         (lambda n: n.start([0, 1, 0], 1.0, print), "twice"),

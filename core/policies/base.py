@@ -21,6 +21,9 @@ from .pickers import PICKERS
 from .scorers import BOTH_ROLES_SCORERS, POD_SCORERS, WORKER_SCORERS
 
 
+_make_tuple = tuple.__new__
+
+
 class Choice(NamedTuple):
     """One decision (a named tuple: built once per request, where a frozen dataclass costs ~3x)."""
 
@@ -131,4 +134,5 @@ class Policy:
             row = self._path[view.topo.prefill_pod[p]].take(view.topo.decode_pod)
             sd = np.add(sd, row, out=sd) if worker is not None else sd + row  # never into the cached static array
         d = self._pick_d.pick(sd, rd.allowed, self._rng)
-        return Choice(p, d, float(sp[p] + sd[d]), self._buf.size, self._n_filtered)
+        # Choice's fields in order, without the named tuple's constructor (a Python call)
+        return _make_tuple(Choice, (p, d, float(sp[p] + sd[d]), self._buf.size, self._n_filtered))
