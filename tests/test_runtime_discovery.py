@@ -49,3 +49,15 @@ def test_rdma_refuses_a_link_fault_in_one_line():
     with pytest.raises(SpecError) as e:
         parse_spec({**base, "testbed": {**base["testbed"], "transport": "rdma"}}, "x.yaml")
     assert "RDMA bypasses" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_each_node_shapes_the_first_allowlisted_interface_it_has():
+    from testbed.runtime.injection.agent import pick_interface
+
+    allow = ["eth0", "ens1f0"]
+    assert pick_interface(allow, ["lo", "ens1f0"]) == "ens1f0"
+    assert pick_interface(allow, ["lo", "ens1f0", "eth0"]) == "eth0"  # allowlist order decides
+    with pytest.raises(ValueError) as e:
+        pick_interface(allow, ["lo", "ib0"], "pod1's node (10.0.0.3)")
+    assert str(e.value) == "pod1's node (10.0.0.3) has none of testbed.fault_interfaces (eth0, ens1f0); it has ib0, lo"
+    assert pick_interface(["lo"]) == "lo"  # this process's own interfaces by default

@@ -41,7 +41,7 @@ class FaultTargets:
 
 @ray.remote(num_cpus=0)
 class EngineActor:
-    def __init__(self, config: dict[str, Any], net_device: str | None, build_model: bool = False) -> None:
+    def __init__(self, config: dict[str, Any], net_device: str | list[str] | None, build_model: bool = False) -> None:
         from pathlib import Path
 
         from ray.util import get_node_ip_address
@@ -61,6 +61,10 @@ class EngineActor:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 build_tiny_model(path)
 
+        if isinstance(net_device, list):  # an allowlist: the first interface this node has
+            from .injection.agent import pick_interface
+
+            net_device = pick_interface(net_device, where=f"engine {config['name']}'s node")
         # The pod's own address: NIXL's side channel and UCX must use the pod's link.
         self.engine = Engine(EngineConfig(**config, host_ip=get_node_ip_address(), net_device=net_device))
 

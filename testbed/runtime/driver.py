@@ -98,7 +98,8 @@ class Engines:
         self.names: list[str] = []  # in `all` order: prefill engines, then decode engines
         self.gpu = t.gpus_per_engine > 0  # else vLLM's CPU build (EngineConfig.gpu)
         # The interface KV crosses: on a real cluster the one the link faults shape.
-        net_device = {"netns": "eth0", "local": "lo"}.get(mode, t.fault_interfaces[0])
+        # (the first allowlisted one the engine's node has: EngineActor resolves it there).
+        net_device = {"netns": "eth0", "local": "lo"}.get(mode, list(t.fault_interfaces))
         # the pod's fault agent takes a sliver of the pod's resource; its engines share the rest
         share = 0.9 / topo.workers_per_pod
         for role, ids, out in (("prefill", topo.prefill_ids, self.prefill), ("decode", topo.decode_ids, self.decode)):
@@ -186,7 +187,6 @@ class Engines:
 
 
 def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -> FaultTargets:
-    ifname = spec.testbed.fault_interfaces[0]  # the pods' link; the allowlist is checked by the agents
     backend = "gpu" if engines.gpu else "cpu"  # the engines' device, not what the host has
     # Each CPU engine computes on one torch thread (EngineConfig.omp_threads): a slow-down by f
     # gives the pod's engines their threads' worth of cores over f, never more than the host has.
@@ -194,8 +194,8 @@ def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -
     per_pod = np.bincount(engines.topo.worker_pod, minlength=engines.topo.n_pods)
     cores = [float(host) if ENGINE_THREADS is None else min(float(n * ENGINE_THREADS), host) for n in per_pod]
     pods = [PodTargets(agent, ip, ifname, pids, backend, c, gpus)
-            for agent, ip, pids, c, gpus in zip(agents.pods, agents.pod_ips, engines.pod_pids(), cores,
-                                                engines.pod_gpu_uuids())]
+            for agent, ip, ifname, pids, c, gpus in zip(agents.pods, agents.pod_ips, agents.pod_ifnames,
+                                                        engines.pod_pids(), cores, engines.pod_gpu_uuids())]
     return FaultTargets(pods, agents.head, agents.head_ip)
 
 
@@ -245,15 +245,16 @@ def kv_path_counter(spec: ExperimentSpec, engines: Engines, agents: FaultAgents 
     src, dst = int(topo.worker_pod[topo.prefill_ids[0]]), int(topo.worker_pod[topo.decode_ids[-1]])
     if agents is None or src == dst:
         return None
-    agent, ifname = agents.pods[src], spec.testbed.fault_interfaces[0]
-    return lambda: ray.get(agent.tx_bytes.remote(ifname))
+    agent, ifname = agents.pods[src], agents.pod_ifnames[src]
+    reader = lambda: ray.get(agent.tx_bytes.remote(ifname))  # noqa: E731
+    reader.ifname = ifname  # type: ignore[attr-defined]
+    return reader
 
 
-def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int) -> dict[str, Any]:
+def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: str) -> dict[str, Any]:
     """Did the probe's KV cross the interface the faults shape? With UCX over TCP it sends about
     1.05 x the KV bytes there (FIELD-NOTES); much less means another path (shared memory, RDMA,
     another NIC), where a link fault would not touch the KV. Warns then."""
-    ifname = spec.testbed.fault_interfaces[0]
     crossed = tx_bytes >= 0.9 * kv_bytes
     if not crossed:
         console.print(f"[bold red]warning[/]: the probe moved {kv_bytes / 2**20:.1f} MiB of KV but only "
@@ -329,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{probe['external_prefix_cache_hits']} external prefix-cache hits")
         if tx:
             summary["kv_path"] = kv_path_verdict(spec0, probe["prompt_tokens"] * model_meta["kv_bytes_per_token"],
-                                                  tx() - before)
+                                                  tx() - before, tx.ifname)
         # Every pair's first NIXL transfer carries a handshake (FIELD-NOTES: 1-2 s): make it now,
         # so no run pays it and the simulator need not model it.
         summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"])

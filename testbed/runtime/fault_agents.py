@@ -79,7 +79,10 @@ class FaultAgentActor:
         return installed
 
     def info(self) -> dict[str, Any]:
-        return {"node": self.agent.node, "ip": self.ip, "pid": os.getpid(), "signals": self.signals}
+        import socket
+
+        return {"node": self.agent.node, "ip": self.ip, "pid": os.getpid(), "signals": self.signals,
+                "interfaces": [name for _, name in socket.if_nameindex()]}
 
     def apply_link(self, key: str, ifname: str, sides: list[str], rate_bps: float, ttl_s: float,
                    kv_only: bool = False, delay_ms: float = 0.0, loss: float = 0.0) -> dict[str, Any]:
@@ -129,6 +132,11 @@ class FaultAgents:
         infos = ray.get([a.info.remote() for a in self.all])
         self.pod_ips = [i["ip"] for i in infos[:pods]]
         self.head_ip = infos[-1]["ip"]
+        # Per pod, the interface its faults shape: the first allowlisted one its node has.
+        from testbed.runtime.injection.agent import pick_interface
+
+        self.pod_ifnames = [pick_interface(allowlist, i["interfaces"], f"pod{k}'s node ({i['ip']})")
+                            for k, i in enumerate(infos[:pods])]
 
     @property
     def all(self) -> list[Any]:
