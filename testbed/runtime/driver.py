@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pods = discover_pods(spec0)
     except ValueError as e:  # before anything started: one line, nothing to tear down
-        console.print(f"testbed: error: {e}")
+        print(f"testbed: error: {e}", file=sys.stderr)  # not rich: it would wrap the line
         ray.shutdown()
         return 2
     console.print(f"{len(pods)} pods: " + ", ".join(f"pod{i}@{p['ip']}" for i, p in pods.items()))

@@ -1,7 +1,7 @@
 """The emulated cluster brought up the way a real one is: ``ray up`` on a local-provider cluster file.
 
-Each node of the fabric (``netns``) runs its own sshd, inside the node's network namespace and a PID
-namespace of its own, listening on the node's address only and accepting one key made for the run.
+Each node of the fabric (``netns``) runs its own sshd, inside the node's network namespace, listening
+on the node's address only and accepting one key made for the run.
 Then ``ray up`` runs in the head's namespace on a cluster file generated for the run, exactly as a
 user runs it against ``cluster.yaml``: Ray's local provider sshes into the head, starts it, and the
 head's autoscaler sshes into every worker and starts it. Verified with Ray 2.60 (FIELD-NOTES and
@@ -17,8 +17,8 @@ What differs from a real cluster, and why:
   emulated cluster at a time is brought up this way on a machine;
 * a worker finds its own start command by its address (:func:`start_node`), since the local
   provider gives every worker the same ``worker_start_ray_commands``;
-* no ``ray stop`` in the start commands: it would kill every Ray process it can see. In a node's own
-  PID namespace it could see only that node's, but nothing needs it.
+* no ``ray stop`` in the start commands: it would kill every Ray process it can see, every other
+  node's too, since the nodes share the host's PID namespace (see :func:`sshd_argv`).
 
 ``ray down`` stops the head only (its worker raylets stay alive, seen here and in the issue), so
 :meth:`EmulatedCluster.down` calls it and then removes every process left in the run's namespaces.
@@ -42,7 +42,7 @@ import yaml
 from .netns import Fabric, NodeLink
 
 SSHD = "/usr/sbin/sshd"
-TOOLS = {"sshd": SSHD, "rsync": "rsync", "ssh": "ssh", "ssh-keygen": "ssh-keygen", "unshare": "unshare"}
+TOOLS = {"sshd": SSHD, "rsync": "rsync", "ssh": "ssh", "ssh-keygen": "ssh-keygen"}
 # Ray 2.60's v2 autoscaler started only one of two local-provider workers (issue 11): use v1.
 RAY_UP_ENV = {"RAY_UP_enable_autoscaler_v2": "0"}
 CLUSTER_FILE = "cluster.yaml"
@@ -56,7 +56,7 @@ def missing_tools() -> str | None:
     """None when this machine can run ``ray up`` against namespaces, else what is missing."""
     missing = [name for name, path in TOOLS.items() if shutil.which(path) is None]
     if missing:
-        return (f"ray up needs {', '.join(missing)} (Debian: openssh-server openssh-client rsync util-linux; "
+        return (f"ray up needs {', '.join(missing)} (Debian: openssh-server openssh-client rsync; "
                 "./install.sh installs them when run as root)")
     return None
 
@@ -95,9 +95,11 @@ def sshd_config(temp_root: Path, node: NodeLink) -> Path:
 
 
 def sshd_argv(config: Path) -> list[str]:
-    """sshd in the foreground as PID 1 of a new PID namespace (with its own /proc): whatever a
-    session starts on the node lives in that namespace, and killing sshd kills all of it."""
-    return ["unshare", "--pid", "--fork", "--mount-proc", SSHD, "-D", "-e", "-f", str(config)]
+    """sshd in the foreground. In the host's PID namespace, not one of its own: a process's PID
+    then means the same on the node and on the host, which the host-side tools rely on (status,
+    teardown, tests that signal an agent by the PID it reports); nothing here runs `ray stop`,
+    the one reason to hide the nodes' processes from each other."""
+    return [SSHD, "-D", "-e", "-f", str(config)]
 
 
 # What belongs to the ssh session on the node, not to the process that planned the node: HOME
