@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import ray
@@ -237,8 +237,8 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
     return run_dir
 
 
-def kv_path_counter(spec: ExperimentSpec, engines: Engines, agents: FaultAgents | None) -> Any:
-    """A reader of the transmit counter the probe's KV must move: the prefill pod's shaped interface
+def kv_path_counter(engines: Engines, agents: FaultAgents | None) -> tuple[str, Callable[[], int]] | None:
+    """The interface and a reader of the transmit counter the probe's KV must move: the prefill pod's shaped interface
     (decode pulls, so the bytes leave the prefill pod). None where no interface is shaped (local mode)
     or the probe stays inside one pod."""
     topo = engines.topo
@@ -246,9 +246,7 @@ def kv_path_counter(spec: ExperimentSpec, engines: Engines, agents: FaultAgents 
     if agents is None or src == dst:
         return None
     agent, ifname = agents.pods[src], agents.pod_ifnames[src]
-    reader = lambda: ray.get(agent.tx_bytes.remote(ifname))  # noqa: E731
-    reader.ifname = ifname  # type: ignore[attr-defined]
-    return reader
+    return ifname, lambda: ray.get(agent.tx_bytes.remote(ifname))
 
 
 def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: str) -> dict[str, Any]:
@@ -323,14 +321,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode != "local":  # every node's agent: the KV check below reads its counters
             agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
             console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
-        tx = kv_path_counter(spec0, engines, agents)
-        before = tx() if tx else 0
+        counter = kv_path_counter(engines, agents)
+        before = counter[1]() if counter else 0
         summary["pd_probe"] = probe = engines.probe(model_meta["vocab"])
         console.print(f"KV transfer probe ({engines.names[0]} -> {engines.names[-1]}): {probe['verdict']}, "
                       f"{probe['external_prefix_cache_hits']} external prefix-cache hits")
-        if tx:
+        if counter:
+            ifname, tx = counter
             summary["kv_path"] = kv_path_verdict(spec0, probe["prompt_tokens"] * model_meta["kv_bytes_per_token"],
-                                                  tx() - before, tx.ifname)
+                                                  tx() - before, ifname)
         # Every pair's first NIXL transfer carries a handshake (FIELD-NOTES: 1-2 s): make it now,
         # so no run pays it and the simulator need not model it.
         summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"])

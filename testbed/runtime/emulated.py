@@ -479,19 +479,27 @@ class EmulatedCluster:
         rayup.remove_bootstrap_files(self.fabric, self.temp_root)
 
     def _wait_port(self, node: NodeLink, port: int, what: str) -> None:
+        self._wait_reachable(node.address, port, f"{what} on {node.name} ({node.address}:{port}) not reachable",
+                             self.log_dir / f"{node.name}.log", 0.1)
+
+    def _wait_reachable(self, ip: str, port: int, failure: str, log_path: Path, every_s: float) -> None:
+        """Until ``ip:port`` accepts a connection from the head's namespace (this one in local mode),
+        failing early when a node process exits and after ``ready_timeout_s``."""
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             self._check_nodes_running()
             try:
-                with nn.in_netns(self.fabric.head.netns):
-                    socket.create_connection((node.address, port), timeout=1.0).close()
+                if self.mode == "netns":
+                    with nn.in_netns(self.fabric.head.netns):  # the socket belongs to the head's namespace
+                        socket.create_connection((ip, port), timeout=1.0).close()
+                else:
+                    socket.create_connection((ip, port), timeout=1.0).close()
                 return
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise ClusterError(f"{what} on {node.name} ({node.address}:{port}) not reachable after "
-                                   f"{self.ready_timeout_s:.0f} s (log: {self.log_dir / (node.name + '.log')})")
-            time.sleep(0.1)
+                raise ClusterError(f"{failure} after {self.ready_timeout_s:.0f} s (log: {log_path})")
+            time.sleep(every_s)
 
     def _check_nodes_running(self) -> None:
         for name, proc in self._popen.items():
@@ -501,24 +509,9 @@ class EmulatedCluster:
                                    f"({_log_tail(log_path) or 'no output'}; log: {log_path})")
 
     def _wait_gcs(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
         port = self._ports.get("gcs", RAY_PORT)
-        while True:
-            self._check_nodes_running()
-            try:
-                if self.mode == "netns":
-                    with nn.in_netns(self.fabric.head.netns):  # the socket belongs to the head's namespace
-                        sock = socket.create_connection((self.head_ip, port), timeout=1.0)
-                else:
-                    sock = socket.create_connection((self.head_ip, port), timeout=1.0)
-                sock.close()
-                return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise ClusterError(f"ray head: GCS port {self.head_ip}:{port} not open after {self.ready_timeout_s:.0f} s "
-                                   f"(log: {self.log_dir / 'head.log'})")
-            time.sleep(0.2)
+        self._wait_reachable(self.head_ip, port, f"ray head: GCS port {self.head_ip}:{port} not open",
+                             self.log_dir / "head.log", 0.2)
 
     def _wait_nodes(self) -> ClusterInfo:
         want = [HEAD] + [p.name for p in self.fabric.pods]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
@@ -154,7 +155,6 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     console.print(f"[bold]{spec.name}[/] on the testbed: {topo.pods} pods x {topo.workers_per_pod} vLLM engines "
                   f"({topo.placement}), "
                   f"{cluster.mode} mode, {len(policies)} policies x {len(seeds)} seeds -> {out / spec.name}")
-    driver = None
     old_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM tears down like Ctrl-C
     try:
@@ -162,11 +162,7 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         console.print(f"cluster up in {time.monotonic() - t0:.0f} s (run {cluster.run_id}, head {cluster.address})")
         argv = _driver_argv(jobs, out, model, model_meta, cluster.temp_root, cluster.mode, calibrate_to,
                             cluster.run_id)
-        driver = cluster.popen_in_head(argv)
-        return _wait_driver(driver)
-    except KeyboardInterrupt:
-        _stop_driver(driver)
-        raise
+        return _drive(lambda: cluster.popen_in_head(argv))
     finally:
         signal.signal(signal.SIGTERM, old_term)
         t1 = time.monotonic()
@@ -193,20 +189,24 @@ def _driver_argv(jobs: Sequence[Job], out: Path, model: Path, model_meta: dict[s
     return argv
 
 
-def _wait_driver(driver: subprocess.Popen) -> int:
-    rc = driver.wait()
+def _drive(start: Callable[[], subprocess.Popen]) -> int:
+    """Start the driver and wait for it; Ctrl-C (and SIGTERM, which callers map to it) is passed
+    on as SIGINT, so it closes its runs as interrupted, before the caller tears down."""
+    driver = None
+    try:
+        driver = start()
+        rc = driver.wait()
+    except KeyboardInterrupt:
+        if driver is not None and driver.poll() is None:
+            driver.send_signal(signal.SIGINT)
+            try:
+                driver.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                driver.kill()
+        raise
     if rc != 0:
         raise RuntimeError(f"testbed driver exited with status {rc} (see its messages above)")
     return 0
-
-
-def _stop_driver(driver: subprocess.Popen | None) -> None:
-    if driver is not None and driver.poll() is None:
-        driver.send_signal(signal.SIGINT)  # it closes its runs as interrupted
-        try:
-            driver.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            driver.kill()
 
 
 def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[Job], calibrate_to: Path | None,
@@ -225,20 +225,12 @@ def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[Job], calibr
                   + f" -> {out / spec.name}")
     argv = _driver_argv(jobs, out, model, model_meta, work, "cluster", calibrate_to,
                         emulated.run_id if emulated else None)
-    driver = None
     old_term = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the runs like Ctrl-C
     try:
         if emulated is not None:
-            driver = emulated.popen_in_head(argv)
-        else:
-            driver = subprocess.Popen(argv, env={**os.environ, "RAY_ADDRESS": address})
-        return _wait_driver(driver)
-    except KeyboardInterrupt:
-        _stop_driver(driver)
-        raise
+            return _drive(lambda: emulated.popen_in_head(argv))
+        return _drive(lambda: subprocess.Popen(argv, env={**os.environ, "RAY_ADDRESS": address}))
     finally:
         signal.signal(signal.SIGTERM, old_term)
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
