@@ -6,7 +6,9 @@ Runs experiments/core_link_degradation.yaml (32 pods x 32 workers, faults on)
 for a fixed number of requests in a fresh process, and reports simulated
 requests per CPU second (the run is single-threaded) and the process's peak
 resident memory. Targets: >= 20,000 requests/s per core; < 2 GiB for 100,000
-requests. A single run varies by a few percent on a shared machine.
+requests. A single run varies by a few percent on a shared machine. The hot modules run
+compiled where the install built them (core/compiled.py); TESTBED_PURE_PYTHON=1 measures them
+as Python.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ def _child(requests: int, policy: str, out: str) -> None:
     run_sim(spec, policy, 0, Path(out))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"requests": requests, "wall_s": wall, "cpu_s": cpu, "peak_bytes": peak}))
+    from core.compiled import COMPILED_MODULES, is_compiled
+    compiled = sum(is_compiled(sys.modules[m]) for m in COMPILED_MODULES if m in sys.modules)
+    print(json.dumps({"requests": requests, "wall_s": wall, "cpu_s": cpu, "peak_bytes": peak,
+                      "compiled": compiled, "hot_modules": len(COMPILED_MODULES)}))
 
 
 def main() -> None:
@@ -53,7 +58,8 @@ def main() -> None:
         res = subprocess.run([sys.executable, __file__, "--child", "--requests", str(args.requests),
                               "--policy", args.policy, "--out", out], capture_output=True, text=True, check=True)
     r = json.loads(res.stdout.strip().splitlines()[-1])
-    print(f"policy {args.policy}, 1024 workers, {r['requests']} requests")
+    print(f"policy {args.policy}, 1024 workers, {r['requests']} requests, "
+          f"{r['compiled']} of {r['hot_modules']} hot modules compiled")
     print(f"  wall {r['wall_s']:.1f} s, cpu {r['cpu_s']:.1f} s")
     print(f"  speed {r['requests'] / r['cpu_s']:,.0f} simulated requests per CPU second (target >= 20,000)")
     print(f"  peak memory {r['peak_bytes'] / 2**30:.2f} GiB (target < 2 GiB)")

@@ -8,3 +8,7 @@ request ticket (``ticket``), what a policy sees (``view``), the policies, the ri
 It imports the pure fault and workload models, and neither world: the simulator and
 ``testbed.runtime`` import it, and only the CLI imports both of them.
 """
+
+from core.compiled import install as _install_compiled_finder
+
+_install_compiled_finder()  # before any compiled module is imported (core/compiled.py)

@@ -4,7 +4,8 @@ Each cell is one simulator run, executed as a Ray task with one CPU: on a local
 Ray started for the study (``address="local"``: never a cluster that happens to
 run on this machine), or on any Ray cluster given its address, whose nodes have
 this package installed (``cluster.yaml``'s setup does that). A task simulates
-into a scratch directory on its node, computes the cell's metrics there
+(in a child interpreter the Ray worker keeps for its cells: testbed/clean_process.py says
+why) into a scratch directory on its node, computes the cell's metrics there
 (``analysis.study.cell_metrics``, so the report does not reload every run), and
 returns the run directory's files; the driver writes them under
 ``STUDY/.partial/<run>`` and renames that into place with ``cell.json`` in it.
@@ -43,7 +44,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from core.study import Cell, expand_study
 
-__all__ = ["StudyResult", "cell_is_done", "run_cell", "run_study"]
+__all__ = ["StudyResult", "cell_is_done", "run_cell", "run_cell_in_clean_process", "run_study"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,28 @@ def run_cell(spec_json: str, policy: str, seed: int, base_dir: str | None = None
         cell_metrics(run_dir)  # cached in the run directory as metrics.json
         files = {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
     return {"files": files, "wall_s": wall, "cpu_s": cpu, "node": socket.gethostname()}
+
+
+def run_cell_in_clean_process(spec_json: str, policy: str, seed: int, base_dir: str | None = None,
+                              scratch: str | None = None) -> dict[str, Any]:
+    """:func:`run_cell` in this process's clean child (testbed/clean_process.py): the Ray task of a
+    cell. A Ray worker simulates 15-20% slower than a fresh interpreter does."""
+    from testbed.clean_process import shared
+
+    child = shared()
+    if scratch:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+    # The task's own scratch directory: removed here even when the child is killed mid-run.
+    with tempfile.TemporaryDirectory(prefix="testbed-cell-", dir=scratch) as tmp:
+        try:
+            return child.call(run_cell, spec_json, policy, seed, base_dir, tmp)
+        except Exception:  # the cell failed in the child (it lives on), or the child died
+            if not child.alive():
+                child.kill()
+            raise
+        except BaseException:  # interrupted (ray.cancel raises KeyboardInterrupt here): stop the cell
+            child.kill()  # the next cell starts a new child
+            raise
 
 
 def cell_is_done(study_dir: Path, cell: Cell) -> bool:
@@ -167,7 +190,7 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
         ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
                  logging_level="ERROR", log_to_driver=False)
         scratch = str(partial / "scratch")  # removed below however the tasks end
-    task = ray.remote(num_cpus=1, max_retries=1)(run_cell)
+    task = ray.remote(num_cpus=1, max_retries=1)(run_cell_in_clean_process)
     # One spec per point, shipped once through the object store rather than once per cell.
     spec_refs = {p: ray.put(s) for p, s in {c.point: c.spec.model_dump_json() for c in todo}.items()}
     pending: dict[Any, Cell] = {}
