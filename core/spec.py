@@ -120,6 +120,11 @@ class TestbedSpec(_Spec):
     transport: Literal["tcp", "rdma"] = "tcp"
     # GPUs per vLLM engine (Ray's num_gpus on the engine actor); 0: vLLM's CPU build.
     gpus_per_engine: int = Field(0, ge=0, le=8)
+    # Prometheus metrics of the run while it runs (testbed/runtime/exporter.py), served by the
+    # router actor on the head node at http://metrics_host:metrics_port/metrics; 0: none. 9464 is
+    # the port OpenTelemetry's Prometheus exporter uses by default; localhost unless opened up.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=0, le=65535)
 
 
 class PolicyEntry(_Spec):

@@ -122,6 +122,13 @@ class RouterActor:
         self.flow = RequestFlow(self.ctx, [RayEngine(h) for h in prefill], [RayEngine(h) for h in decode],
                                 spec.deadline_s, self.now, vocab, kv_bytes_per_token, salt=seed,
                                 first_token_limit_s=spec.first_token_limit_s)
+        # Every record the router emits also updates the run's Prometheus metrics (served in run()).
+        from .exporter import RunMetrics
+
+        router = self.ctx.router
+        self.metrics = RunMetrics(topo, lambda: router.view.loads)
+        router.sink = self.metrics.tee(router.sink)
+        self._metrics_server: Any = None
         self.sent = 0
         self.total = 0
         self._tasks: set[asyncio.Task] = set()
@@ -146,6 +153,10 @@ class RouterActor:
         """Replay the workload open loop at wall-clock time; returns outcome counts."""
         self.total = len(arrival_s)
         self.t0 = time.monotonic()  # the run starts now: arrival times are relative to this
+        if self.spec.testbed.metrics_port and self._metrics_server is None:
+            from .exporter import serve
+
+            self._metrics_server = serve(self.metrics, self.spec.testbed.metrics_host, self.spec.testbed.metrics_port)
         self._loops = [asyncio.ensure_future(self._every(period, fn)) for period, fn in self.ctx.periodic]
         if self.injector:
             self._injecting = asyncio.ensure_future(self.injector.run())
@@ -186,5 +197,9 @@ class RouterActor:
         finally:
             for t in self._loops:
                 t.cancel()
+            if self._metrics_server is not None:
+                self._metrics_server.shutdown()
+                self._metrics_server.server_close()
+                self._metrics_server = None
         return self.ctx.close(status, testbed_end_s=self.now(), unseparated_decode_calls=self.flow.unseparated,
                               **extra)
