@@ -219,11 +219,15 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
                 prog.update(bar, advance=1, description=f"runs (last: {cell.point} {cell.policy} s{cell.seed})")
     except BaseException:
         # Interrupt the tasks first, so that each removes its scratch directory; kill what is left.
-        for ref in pending:
+        # Newest first: a queued task is cancelled before the running one ahead of it frees its
+        # worker, so none is being dispatched while it is cancelled (Ray 2.60's driver can abort
+        # on that race: "Tried to complete task that was not pending", seen once in this test suite).
+        refs = list(pending)
+        for ref in reversed(refs):
             ray.cancel(ref)
-        if pending:
-            ray.wait(list(pending), num_returns=len(pending), timeout=5)
-        for ref in pending:
+        if refs:
+            _, refs = ray.wait(refs, num_returns=len(refs), timeout=5)
+        for ref in refs:  # still not ended
             ray.cancel(ref, force=True)
         raise
     finally:

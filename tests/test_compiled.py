@@ -20,20 +20,9 @@ from core.records import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A run that takes every hot path: KV flows on a throttled link, deadlines, health labels, the price.
-SPEC = {
-    "name": "compiled",
-    "seeds": [0],
-    "topology": {"pods": 4, "workers_per_pod": 4, "uplink_gbps": 400.0},
-    "workload": {"arrival": {"kind": "poisson", "rate_rps": 6.0}, "profile": "long_context", "duration_s": 60},
-    "faults": [{"kind": "link", "pods": [1], "residual_bw": 0.01, "start_s": 10.0, "duration_s": 30.0}],
-    "deadline_s": 20.0,
-    "policies": ["FaultAwareOTF-R"],
-}
 
-
-def _simulate(out: Path, pure: bool) -> tuple[Path, int]:
-    """Simulate SPEC with FaultAwareOTF-R in a fresh process; the run directory and how many
+def _simulate(spec: dict, out: Path, pure: bool) -> tuple[Path, int]:
+    """Simulate ``spec`` with FaultAwareOTF-R in a fresh process; the run directory and how many
     hot modules ran compiled."""
     code = (
         "import json, sys\n"
@@ -47,7 +36,7 @@ def _simulate(out: Path, pure: bool) -> tuple[Path, int]:
     env = {k: v for k, v in os.environ.items() if k != compiled.PURE_ENV}
     if pure:
         env[compiled.PURE_ENV] = "1"
-    res = subprocess.run([sys.executable, "-c", code, json.dumps(SPEC), str(out)], env=env, cwd=ROOT,
+    res = subprocess.run([sys.executable, "-c", code, json.dumps(spec), str(out)], env=env, cwd=ROOT,
                          capture_output=True, text=True, check=True)
     run_dir, n = json.loads(res.stdout.strip().splitlines()[-1])
     return Path(run_dir), n
@@ -65,11 +54,11 @@ def test_the_install_compiled_every_hot_module():
     assert _built() == list(compiled.COMPILED_MODULES)
 
 
-def test_compiled_and_python_runs_give_identical_records(tmp_path):
+def test_compiled_and_python_runs_give_identical_records(tmp_path, faulted_spec):
     if not _built():
         pytest.skip("the install built no compiled modules (no C compiler)")
-    fast, n_fast = _simulate(tmp_path / "compiled", pure=False)
-    slow, n_slow = _simulate(tmp_path / "python", pure=True)
+    fast, n_fast = _simulate(faulted_spec, tmp_path / "compiled", pure=False)
+    slow, n_slow = _simulate(faulted_spec, tmp_path / "python", pure=True)
     assert (n_fast, n_slow) == (len(_built()), 0)
     requests = read_table(fast, "requests")
     assert (requests.outcome != "ok").any() and requests.kv_bytes.sum() > 0  # the fault bit: not a trivial run

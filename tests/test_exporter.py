@@ -16,18 +16,6 @@ from core.view import Loads
 from simulator.run import run_sim
 from testbed.runtime.exporter import RunMetrics, serve
 
-SPEC = {
-    "name": "exported",
-    "seeds": [0],
-    "topology": {"pods": 4, "workers_per_pod": 4, "uplink_gbps": 400.0},
-    "workload": {"arrival": {"kind": "poisson", "rate_rps": 6.0}, "profile": "long_context", "duration_s": 60},
-    "faults": [{"kind": "link", "pods": [1], "residual_bw": 0.01, "start_s": 10.0, "duration_s": 30.0}],
-    "deadline_s": 20.0,
-    "health": {"model": "alert"},
-    "policies": ["FaultAwareOTF-R"],
-}
-
-
 def _records(run_dir) -> list[tuple]:
     """Every router record of the run, in time order (requests at their end)."""
     out = []
@@ -48,8 +36,8 @@ def _scrape(url: str) -> dict[tuple[str, tuple], float]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    spec = parse_spec(SPEC)
+def run(tmp_path_factory, faulted_spec):
+    spec = parse_spec(faulted_spec)
     run_dir = run_sim(spec, "FaultAwareOTF-R", 0, tmp_path_factory.mktemp("run"))
     return spec, run_dir
 
