@@ -17,6 +17,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -84,20 +85,42 @@ def testbed_runs(tmp_path_factory):
     before = _leftovers()
     cluster = EmulatedCluster(healthy.topology.pods, mode="netns", launcher="ray_up")
     cli: dict[str, subprocess.CompletedProcess] = {}
+    scrapes: list[str] = []
+    stop = threading.Event()
     try:
         cluster.up()
         addr = cluster.address
         cli["status"] = _cli("cluster", "status", "--address", addr)
         cli["too_big"] = _cli("run", str(big), "--address", addr, "--out", str(out))
-        run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0])],
-                    calibrate_to=out / "calibration.json", address=addr)
+        # What an outside Prometheus on the head node sees while the runs go on.
+        poller = threading.Thread(target=_scrape_while, args=(cluster, stop, scrapes), daemon=True)
+        poller.start()
+        try:
+            run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0])],
+                        calibrate_to=out / "calibration.json", address=addr)
+        finally:
+            stop.set()
+            poller.join(30)
         cli["clear"] = _cli("faults", "clear", "--address", addr)
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
     finally:
         cluster.down()
         cli["down"] = _cli("cluster", "status")
         after = _leftovers()
+    cli["scrapes"] = scrapes
     return out, before, after, throttled, cli
+
+
+def _scrape_while(cluster: EmulatedCluster, stop: threading.Event, scrapes: list[str]) -> None:
+    """Scrape the router actor's metrics from inside the head's namespace every few seconds."""
+    code = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())"
+    while not stop.wait(5.0):
+        try:
+            res = cluster.run_in_head([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            continue
+        if res.returncode == 0:
+            scrapes.append(res.stdout)
 
 
 def test_every_policy_completes_requests_across_pods(testbed_runs):
@@ -124,6 +147,24 @@ def test_every_policy_completes_requests_across_pods(testbed_runs):
     # which can take all 3 requests of one policy; never of two.
     assert all_timed_out <= 1, f"{all_timed_out} policies completed no request"
     assert n_ok >= 22, f"only {n_ok} of 27 requests completed"
+
+
+def test_metrics_are_served_while_a_run_goes_on(testbed_runs):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scrapes = testbed_runs[4]["scrapes"]
+    assert scrapes, "no scrape of http://127.0.0.1:9464/metrics in the head's namespace answered during the runs"
+    seen: dict[str, float] = {}
+    for text in scrapes:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                seen[s.name] = max(seen.get(s.name, 0.0), s.value)
+    # The router's records as they happen: decisions and their latency, finished requests, prices,
+    # labels, and in-flight counts for the 4 pods' workers.
+    assert seen.get("testbed_decisions_total", 0) >= 1 and seen.get("testbed_requests_total", 0) >= 1
+    assert seen.get("testbed_decision_latency_seconds_count", 0) >= 1
+    for name in ("testbed_risk_price", "testbed_health_label", "testbed_health_truth", "testbed_in_flight"):
+        assert name in seen, name
 
 
 def test_kv_was_transferred_not_recomputed(testbed_runs):
