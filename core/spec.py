@@ -125,6 +125,10 @@ class TestbedSpec(_Spec):
     # the port OpenTelemetry's Prometheus exporter uses by default; localhost unless opened up.
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
+    # The OpenAI-compatible ingress of `testbed run --serve` (testbed/runtime/ingress.py), on the
+    # head node; 8000 is vLLM's own server's default port. Localhost unless opened up.
+    ingress_host: str = "127.0.0.1"
+    ingress_port: int = Field(8000, ge=1, le=65535)
 
 
 class PolicyEntry(_Spec):

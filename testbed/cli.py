@@ -50,7 +50,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec, default="testbed.yaml")
     policies, seeds = _selection(args, spec)
-    run_testbed(spec, Path(args.out), policies, seeds, address=args.address)
+    if args.serve and (len(policies), len(seeds)) != (1, 1):
+        raise ValueError(f"--serve: one router serves, so one policy and one seed (got {len(policies)} policies "
+                         f"and {len(seeds)} seeds; choose with --policies and --seeds)")
+    run_testbed(spec, Path(args.out), policies, seeds, address=args.address, serve=args.serve)
     console.print(f"report: testbed report {Path(args.out) / spec.name}")
     return 0
 
@@ -287,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a running Ray cluster (ray up cluster.yaml, or testbed cluster up): its pods are the "
                          "nodes with a pod<i> resource (default: $RAY_ADDRESS; without either, an emulated "
                          "cluster is brought up for the run and down after)")
+    ru.add_argument("--serve", action="store_true",
+                    help="instead of the spec's workload, serve outside clients through an OpenAI-compatible API "
+                         "(testbed.ingress_host:ingress_port, default 127.0.0.1:8000) until Ctrl-C, the spec's "
+                         "faults on their schedule; one policy and one seed")
     ca = sub.add_parser("calibrate", help="measure the testbed's engines and links and fit the simulator's parameters")
     ca.add_argument("spec", nargs="?", help="experiment YAML whose topology and engines to measure "
                                             "(default: the embedded testbed scenario)")

@@ -15,6 +15,8 @@ it all the same.
 import json
 import math
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -103,12 +105,69 @@ def testbed_runs(tmp_path_factory):
             poller.join(30)
         cli["clear"] = _cli("faults", "clear", "--address", addr)
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
+        cli["serve"] = _serve_and_query(base, addr, out)
     finally:
         cluster.down()
         cli["down"] = _cli("cluster", "status")
         after = _leftovers()
     cli["scrapes"] = scrapes
     return out, before, after, throttled, cli
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
+    """`testbed run --serve` on the cluster, as a user starts it; the `openai` client on the host
+    (through the forwarder into the head's namespace) sends a completion and a streamed chat, then
+    Ctrl-C (SIGINT) stops it. Returns what the clients and the command saw."""
+    import httpx
+    import openai
+
+    port = _free_port()
+    spec_file = out / "e2e_serve.yaml"
+    spec_file.write_text(json.dumps({**base, "name": "e2e_serve", "testbed": {**base["testbed"], "ingress_port": port}}))
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--serve", "--address", addr,
+                             "--policies", "LC", "--seeds", "0", "--out", str(out)],
+                            stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("serving "):
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    seen: dict = {}
+    try:
+        assert ready.wait(600) or proc.poll() is not None, "".join(lines)
+        assert proc.poll() is None, "".join(lines)
+        base_url = f"http://127.0.0.1:{port}"
+        seen["health"] = httpx.get(f"{base_url}/health", timeout=30).json()
+        c = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+        seen["models"] = [m.id for m in c.models.list().data]
+        r = c.completions.with_raw_response.create(model=seen["models"][0], prompt="The router sends this prompt",
+                                                   max_tokens=8, temperature=0.0, extra_body={"ignore_eos": True})
+        seen["completion"], seen["completion_id"] = r.parse(), int(r.headers["x-testbed-request-id"])
+        seen["chunks"] = list(c.chat.completions.create(
+            model=seen["models"][0], messages=[{"role": "user", "content": "Hello, testbed"}], max_tokens=8,
+            stream=True, extra_body={"ignore_eos": True}))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            seen["rc"] = proc.wait(300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            seen["rc"] = proc.wait()
+        reader.join(10)
+        seen["stderr"] = "".join(lines)
+    return seen
 
 
 def _scrape_while(cluster: EmulatedCluster, stop: threading.Event, scrapes: list[str]) -> None:
@@ -165,6 +224,35 @@ def test_metrics_are_served_while_a_run_goes_on(testbed_runs):
     assert seen.get("testbed_decision_latency_seconds_count", 0) >= 1
     for name in ("testbed_risk_price", "testbed_health_label", "testbed_health_truth", "testbed_in_flight"):
         assert name in seen, name
+
+
+def test_the_openai_client_is_served_through_the_ingress_and_recorded(testbed_runs):
+    """`testbed run --serve`: stock `openai` client calls, streaming and not, routed by the policy
+    to real engines, recorded with their stages; Ctrl-C ends the run as finished."""
+    out, cli = testbed_runs[0], testbed_runs[4]
+    seen = cli["serve"]
+    assert seen["rc"] == 0, seen["stderr"][-3000:]
+    assert seen["health"]["status"] == "ok" and len(seen["health"]["engines"]) == 4
+    assert all(e["healthy"] for e in seen["health"]["engines"].values())
+    comp = seen["completion"]
+    assert comp.usage.completion_tokens == 8 and comp.choices[0].text and comp.choices[0].finish_reason == "length"
+    chunks = seen["chunks"]
+    assert len(chunks) >= 3 and chunks[0].choices[0].delta.role == "assistant"  # streamed, not one blob
+    assert chunks[-1].choices[0].finish_reason == "length"
+    d = out / "e2e_serve" / "LC" / "seed-0"
+    assert read_meta(d)["status"] == "finished"
+    req = read_table(d, "requests").sort_values("request_id")
+    assert len(req) == 2 and req.request_id.iloc[0] == seen["completion_id"]
+    assert (req.output_tokens == 8).all()
+    # a real run's request: ok (or the documented host stall's timeout), with its stages in order
+    for _, r in req.iterrows():
+        if r.outcome == "ok":
+            times = [r[c] for c in TIME_COLUMNS]
+            assert not any(math.isnan(t) for t in times) and all(b >= a - 1e-6 for a, b in zip(times, times[1:])), r
+        else:
+            assert r.outcome == "timeout", r
+    assert (req.outcome == "ok").any()
+    assert len(read_table(d, "decisions")) == 2
 
 
 def test_kv_was_transferred_not_recomputed(testbed_runs):

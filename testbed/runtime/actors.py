@@ -17,6 +17,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -26,7 +27,11 @@ from core.spec import ExperimentSpec
 from core.topology import Topology
 from core.view import Capacity
 from .injector import FaultInjector, PodTargets
-from .serve import RayEngine, RequestFlow
+from .serve import ABORT_GRACE_S, RayEngine, RequestFlow
+
+# /health's wait for an engine's answer. Kubernetes probes default to 1 s; an engine actor's
+# call here can queue behind a busy engine step on 2 shared cores, so a few seconds.
+HEALTH_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -39,27 +44,31 @@ class FaultTargets:
     head_ip: str
 
 
+def ensure_tiny_model(path: str | Path) -> None:
+    """A real cluster's node has no copy of the driver's tiny model: build the same one here
+    (seeded weights, testbed/runtime/model.py), at the same path, once per node."""
+    import fcntl
+
+    from .model import build_tiny_model
+
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build_tiny_model(path)
+
+
 @ray.remote(num_cpus=0)
 class EngineActor:
     def __init__(self, config: dict[str, Any], net_device: str | list[str] | None, build_model: bool = False) -> None:
-        from pathlib import Path
-
         from ray.util import get_node_ip_address
 
         from .engine import Engine, EngineConfig
 
-        if build_model and not (Path(config["model"]) / "config.json").is_file():
-            # A real cluster's node has no copy of the driver's tiny model: build the same one
-            # here (seeded weights, testbed/runtime/model.py), at the same path.
-            import fcntl
-
-            from .model import build_tiny_model
-
-            path = Path(config["model"])
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path.parent / f".{path.name}.lock", "w") as lock:  # one build per node
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                build_tiny_model(path)
+        if build_model:
+            ensure_tiny_model(config["model"])
 
         if isinstance(net_device, list):  # an allowlist: the first interface this node has
             from .injection.agent import pick_interface
@@ -79,8 +88,18 @@ class EngineActor:
                      kv_transfer_params: Any = None, logprobs: int | None = None) -> Any:
         return await self.engine.decode(request_id, prompt_token_ids, max_tokens, kv_transfer_params, logprobs=logprobs)
 
+    async def decode_stream(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
+                            kv_transfer_params: Any = None, sampling: dict[str, Any] | None = None) -> Any:
+        """Call with ``.options(num_returns="streaming")``: Ray relays each chunk as it comes."""
+        async for item in self.engine.decode_stream(request_id, prompt_token_ids, max_tokens, kv_transfer_params,
+                                                    sampling=sampling):
+            yield item
+
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
+
+    async def health(self) -> dict[str, Any]:
+        return await self.engine.health()
 
     async def load(self) -> dict[str, Any]:
         return await self.engine.load()
@@ -114,7 +133,8 @@ class EngineActor:
 class RouterActor:
     def __init__(self, spec_json: dict[str, Any], policy: str, seed: int, out: str, workload_summary: dict[str, Any],
                  meta: dict[str, Any], prefill: list[Any], decode: list[Any], topo: Topology, capacity: Capacity,
-                 vocab: int, kv_bytes_per_token: int, fault_targets: FaultTargets | None = None) -> None:
+                 vocab: int, kv_bytes_per_token: int, fault_targets: FaultTargets | None = None,
+                 engine_names: list[str] | None = None) -> None:
         spec = ExperimentSpec.model_validate(spec_json)
         self.spec = spec
         self.ctx = RunContext(spec, "testbed", policy, seed, out, topo, workload_summary, capacity, meta, flush_s=1.0)
@@ -133,6 +153,11 @@ class RouterActor:
         self.total = 0
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
+        self.ingress: Any = None
+        self._ingress_count = 0
+        self._stop = asyncio.Event()
+        self._serving: asyncio.Future | None = None  # made in serve(), in the actor's event loop
+        self.engine_names = engine_names or [f"engine{i}" for i in range(len(prefill) + len(decode))]
         self.injector: FaultInjector | None = None
         self._injecting: asyncio.Future | None = None
         if self.ctx.steps:
@@ -149,10 +174,10 @@ class RouterActor:
             fn(self.now())
             await asyncio.sleep(period)
 
-    async def run(self, arrival_s: list[float], prompt_tokens: list[int], output_tokens: list[int]) -> dict[str, int]:
-        """Replay the workload open loop at wall-clock time; returns outcome counts."""
-        self.total = len(arrival_s)
-        self.t0 = time.monotonic()  # the run starts now: arrival times are relative to this
+    def _begin(self) -> None:
+        """The run starts now (arrival times are relative to this): metrics, the router's
+        periodic loops and the fault schedule."""
+        self.t0 = time.monotonic()
         if self.spec.testbed.metrics_port and self._metrics_server is None:
             from .exporter import serve
 
@@ -160,18 +185,91 @@ class RouterActor:
         self._loops = [asyncio.ensure_future(self._every(period, fn)) for period, fn in self.ctx.periodic]
         if self.injector:
             self._injecting = asyncio.ensure_future(self.injector.run())
+
+    def _track(self, task: asyncio.Task) -> asyncio.Task:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self.sent += 1
+        return task
+
+    async def run(self, arrival_s: list[float], prompt_tokens: list[int], output_tokens: list[int]) -> dict[str, int]:
+        """Replay the workload open loop at wall-clock time; returns outcome counts."""
+        self.total = len(arrival_s)
+        self._begin()
         for i, (t, p, o) in enumerate(zip(arrival_s, prompt_tokens, output_tokens)):
             delay = t - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.ensure_future(self.flow.handle(i, float(t), int(p), int(o)))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            self.sent += 1
+            self._track(asyncio.ensure_future(self.flow.handle(i, float(t), int(p), int(o))))
         while self._tasks:
             await asyncio.wait(set(self._tasks))
         await self._end_faults()
         return dict(self.flow.outcomes)
+
+    # ---- serve mode: the OpenAI-compatible ingress (ingress.py) until stop()
+
+    async def serve(self, model: str, host: str, port: int, build_model: bool = False) -> dict[str, int]:
+        """Serve outside clients through the ingress, the fault schedule running, until
+        :meth:`stop`; then refuse new requests, let those in flight end (each within its
+        deadline and abort grace) and return outcome counts."""
+        from transformers import AutoTokenizer
+
+        from .ingress import Ingress
+
+        self._serving = asyncio.get_running_loop().create_future()
+        try:
+            if build_model:  # the tokenizer too is the tiny model's: a node without the driver's disk builds it
+                await asyncio.to_thread(ensure_tiny_model, model)
+            tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model)
+            self.ingress = Ingress(self._submit, self._health, Path(model).name, tokenizer,
+                                   self.spec.testbed.max_model_len, self.spec.deadline_s)
+            self._begin()
+            self._serving.set_result(await self.ingress.start(host, port))
+        except BaseException as e:
+            if not self._serving.done():
+                self._serving.set_exception(e)
+            raise
+        await self._stop.wait()
+        self.ingress.accepting = False  # 503 from now on
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.spec.deadline_s + ABORT_GRACE_S)
+        await self.ingress.stop()
+        await self._end_faults()
+        return dict(self.flow.outcomes)
+
+    async def ingress_address(self) -> tuple[str, int]:
+        """Where the ingress listens, once it does (its start error if it could not)."""
+        while self._serving is None:
+            await asyncio.sleep(0.05)
+        return await asyncio.shield(self._serving)
+
+    async def stop(self) -> None:
+        self._stop.set()
+
+    def _submit(self, ids: list[int], max_tokens: int, sampling: dict[str, Any], on_tokens: Any) -> Any:
+        from .ingress import Submitted
+
+        # ids continue after the workload's, so an ingress request never shares a record's id
+        rid = self.total + self._ingress_count
+        self._ingress_count += 1
+        now = self.now()
+        task = self._track(asyncio.ensure_future(self.flow.handle(
+            rid, now, len(ids), max_tokens, ids=ids, on_tokens=on_tokens, sampling=sampling)))
+        return Submitted(rid, task)
+
+    async def _health(self) -> tuple[bool, dict[str, Any]]:
+        """Every engine's own health check (vLLM's: its core alive), with its load, and the
+        router's health label of each pod."""
+        engines = [*self.flow.prefill, *self.flow.decode]
+        answers = await asyncio.gather(*(asyncio.wait_for(e.health(), HEALTH_TIMEOUT_S) for e in engines),
+                                       return_exceptions=True)
+        out: dict[str, Any] = {}
+        for name, a in zip(self.engine_names, answers):
+            out[name] = {"healthy": False, "error": f"{type(a).__name__}: {a}"} if isinstance(a, BaseException) \
+                else {"healthy": True, **{k: a[k] for k in ("unfinished", "running", "waiting", "kv_usage")}}
+        labels = self.ctx.router.view.pods.unhealthy
+        pods = {f"pod{p}": {"unhealthy_label": bool(labels[p])} for p in range(len(labels))}
+        return all(e["healthy"] for e in out.values()), {"engines": out, "pods": pods}
 
     async def _end_faults(self) -> None:
         """Stop the schedule after its current step and clear what is still on, recording it."""
@@ -197,6 +295,8 @@ class RouterActor:
         finally:
             for t in self._loops:
                 t.cancel()
+            if self.ingress is not None:
+                await self.ingress.stop()
             if self._metrics_server is not None:
                 self._metrics_server.shutdown()
                 self._metrics_server.server_close()

@@ -210,7 +210,7 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
         spec.model_dump(mode="json"), policy, seed, str(out), wl.summary(), {"model": model_meta},
         engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
-        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None)
+        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names)
     task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
     done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
     status = "interrupted"
@@ -234,6 +234,49 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
                 agents.clear_all()  # whatever the run left (it clears its own): the next run starts clean
         progress.update(task, visible=False)
     progress.console.print(f"  {policy:<16} seed {seed}: {outcomes} -> {run_dir}")
+    return run_dir
+
+
+def serve_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: Engines, model_meta: dict[str, Any],
+              model: str, build_model: bool, targets: FaultTargets | None = None,
+              agents: FaultAgents | None = None) -> Path:
+    """The serve mode: one router actor serves outside clients through its OpenAI-compatible
+    ingress (ingress.py), the spec's faults on their schedule from now, until Ctrl-C; then it
+    drains and the run directory is closed as finished, like a workload's."""
+    run_dir = run_dir_for(out, spec, policy, seed)
+    engines.reset()
+    before = engines.metrics()
+    router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
+        spec.model_dump(mode="json"), policy, seed, str(out), {"source": "ingress"}, {"model": model_meta},
+        engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
+        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names)
+    t = spec.testbed
+    done = router.serve.remote(model, t.ingress_host, t.ingress_port, build_model)
+    status = "interrupted"
+    try:
+        host, port = ray.get(router.ingress_address.remote())
+        # the marker line tests and scripts wait for (flushed: the driver's stderr may be a pipe)
+        console.print(f"serving {policy} (seed {seed}) at http://{host}:{port}/v1 -> {run_dir}; Ctrl-C stops")
+        sys.stderr.flush()
+        try:
+            while not ray.wait([done], timeout=1.0)[0]:
+                pass
+        except KeyboardInterrupt:
+            console.print("stopping: new requests get 503, those in flight finish")
+            ray.get(router.stop.remote())
+        outcomes = ray.get(done)
+        status = "finished"
+    finally:
+        after = engines.metrics()
+        deltas = {name: {k: a[k] - b[k] for k in a if isinstance(a[k], (int, float)) and isinstance(b.get(k), (int, float))}
+                  for name, a, b in zip(engines.names, after, before)}
+        try:
+            ray.get(router.close.remote(status, engines=deltas, engines_after=dict(zip(engines.names, engines.loads()))))
+        finally:
+            ray.kill(router)
+            if agents is not None:
+                agents.clear_all()
+    console.print(f"  {policy:<16} seed {seed}: {outcomes} -> {run_dir}")
     return run_dir
 
 
@@ -263,6 +306,16 @@ def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: 
     return {"interface": ifname, "kv_bytes": kv_bytes, "tx_bytes": tx_bytes, "crossed": crossed}
 
 
+def _run_jobs(jobs: list[tuple[ExperimentSpec, list[str], list[int]]], out: Path, engines: Engines,
+              model_meta: dict[str, Any], targets: FaultTargets | None, agents: FaultAgents | None) -> None:
+    with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        for spec, policies, seeds in jobs:
+            for policy in policies:
+                for seed in seeds:
+                    run_one(spec, policy, seed, out, engines, model_meta, progress, targets, agents)
+
+
 def _cluster_pss(run_id: str | None) -> int | None:
     if not run_id:
         return None
@@ -283,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="cluster: an existing Ray cluster (RAY_ADDRESS), its pods found from node resources")
     ap.add_argument("--cluster-run-id", help="for the memory figure in testbed.json")
     ap.add_argument("--calibrate", help="measure the engines and links first and write the calibration here")
+    ap.add_argument("--serve", action="store_true", help="serve the first job's policy and seed through the ingress "
+                                                          "until SIGINT, instead of the workloads")
     args = ap.parse_args(argv)
     # SIGTERM from `testbed run` (or a CI timeout) unwinds like Ctrl-C: runs are closed as interrupted.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -304,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     console.print(f"{len(pods)} pods: " + ", ".join(f"pod{i}@{p['ip']}" for i, p in pods.items()))
     # On a cluster the nodes may not share the driver's disk: each engine builds the tiny model itself.
-    engines = Engines(spec0, args.model, Path(args.engine_root), args.mode,
-                      build_model=args.mode == "cluster" and spec0.testbed.model is None)
+    build_model = args.mode == "cluster" and spec0.testbed.model is None
+    engines = Engines(spec0, args.model, Path(args.engine_root), args.mode, build_model=build_model)
     agents: FaultAgents | None = None
     summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
                                "placement": spec0.topology.placement, "model": args.model, **model_meta}
@@ -344,12 +399,12 @@ def main(argv: list[str] | None = None) -> int:
             save_calibration(cal, args.calibrate)
             summary["calibration"] = {"path": args.calibrate, "measure_s": time.monotonic() - t1}
             console.print(f"calibrated in {time.monotonic() - t1:.0f} s -> {args.calibrate}")
-        with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as progress:
-            for spec, policies, seeds in jobs:
-                for policy in policies:
-                    for seed in seeds:
-                        run_one(spec, policy, seed, Path(args.out), engines, model_meta, progress, targets, agents)
+        if args.serve:
+            spec, policies, seeds = jobs[0]
+            serve_one(spec, policies[0], seeds[0], Path(args.out), engines, model_meta, args.model, build_model,
+                      targets, agents)
+        else:
+            _run_jobs(jobs, Path(args.out), engines, model_meta, targets, agents)
         summary["pss_bytes_end"] = _cluster_pss(args.cluster_run_id)
     finally:
         summary_path = Path(args.out) / spec0.name / "testbed.json"

@@ -44,7 +44,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,8 @@ from typing import Any
 PROGRESS_DELAY_ENV = "TESTBED_NIXL_PROGRESS_DELAY_US"
 STAGE_LOG_ENV = "TESTBED_STAGE_LOG"
 _DELAY_LOCK = threading.Lock()
+# Receives each output's new token ids and its finish reason (None until the last).
+TokenSink = Callable[[list[int], "str | None"], None]
 MiB = 1 << 20
 
 
@@ -558,9 +560,11 @@ class Engine:
     # ---- requests
 
     async def _generate(self, request_id: str, prompt_token_ids: Sequence[int], params: Any,
-                        times: list[float] | None = None) -> tuple[float | None, Any, dict[str, float]]:
+                        times: list[float] | None = None, on_tokens: TokenSink | None = None,
+                        ) -> tuple[float | None, Any, dict[str, float]]:
         """(first token time, last output, the scheduler's events as offsets from the call's start);
-        ``times`` gets the arrival time of every output that brought new tokens."""
+        ``times`` gets the arrival time of every output that brought new tokens, ``on_tokens``
+        those new tokens (and the finish reason on the last)."""
         llm = self._require()
         first: float | None = None
         last = None
@@ -578,6 +582,9 @@ class Engine:
                         first = self._first[request_id] = now
                     if times is not None:
                         times.append(now)
+                    if on_tokens is not None:
+                        comp = out.outputs[0]
+                        on_tokens(list(comp.token_ids[seen:n]), comp.finish_reason)
                     seen = n
                 last = out
         finally:
@@ -621,10 +628,13 @@ class Engine:
 
     async def decode(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
                      kv_transfer_params: Mapping[str, Any] | None = None, *,
-                     logprobs: int | None = None, ignore_eos: bool = True) -> DecodeResult:
+                     logprobs: int | None = None, ignore_eos: bool = True,
+                     sampling: Mapping[str, Any] | None = None, on_tokens: TokenSink | None = None) -> DecodeResult:
         """Greedy-decode `max_tokens` tokens; with `kv_transfer_params` the prompt's KV is pulled.
 
         Without params the engine computes the prompt itself (a single-engine run).
+        ``sampling``: further `SamplingParams` fields (an OpenAI request's temperature, top_p,
+        seed, ignore_eos), over the greedy defaults; ``on_tokens`` gets tokens as they come.
         """
         from vllm import SamplingParams
 
@@ -632,11 +642,12 @@ class Engine:
             raise ValueError(f"max_tokens={max_tokens} must be >= 1")
         extra = None if kv_transfer_params is None else {
             "kv_transfer_params": dict(kv_transfer_params)}
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
-                                ignore_eos=ignore_eos, logprobs=logprobs, extra_args=extra)
+        fields: dict[str, Any] = dict(temperature=0.0, ignore_eos=ignore_eos, logprobs=logprobs)
+        fields.update(sampling or {})
+        params = SamplingParams(max_tokens=max_tokens, detokenize=False, extra_args=extra, **fields)
         t0 = self._clock()
         times: list[float] = []
-        first, last, stages = await self._generate(request_id, prompt_token_ids, params, times)
+        first, last, stages = await self._generate(request_id, prompt_token_ids, params, times, on_tokens)
         end = self._clock()
         if last is None or not last.outputs:
             return DecodeResult(request_id, (), t0, first, end, "abort", stages=stages, token_times=tuple(times))
@@ -647,6 +658,25 @@ class Engine:
                          for step in comp.logprobs)
         return DecodeResult(request_id, tuple(comp.token_ids), t0, first, end,
                             comp.finish_reason, tops, stages, tuple(times))
+
+    async def decode_stream(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
+                            kv_transfer_params: Mapping[str, Any] | None = None, *,
+                            sampling: Mapping[str, Any] | None = None) -> AsyncIterator[Any]:
+        """`decode` as a stream: (new token ids, finish reason) for each output that brought
+        tokens, then the `DecodeResult`. What a Ray streaming call relays to the router."""
+        chunks: asyncio.Queue = asyncio.Queue()
+        call = asyncio.ensure_future(self.decode(
+            request_id, prompt_token_ids, max_tokens, kv_transfer_params, sampling=sampling,
+            on_tokens=lambda ids, reason: chunks.put_nowait((ids, reason))))
+        call.add_done_callback(lambda _: chunks.put_nowait(None))
+        try:
+            while (chunk := await chunks.get()) is not None:
+                yield chunk
+            yield call.result()
+        finally:
+            if not call.done():  # the consumer went away: the request must not run on unseen
+                await self.abort(request_id)
+                call.cancel()
 
     async def abort(self, request_id: str) -> None:
         """Cancel a request (the router's deadline); its `decode` returns with `aborted`."""
@@ -681,6 +711,12 @@ class Engine:
             "kv_fetching": snap.get("kv_fetching", {}),
             "stats_age_s": age,
         }
+
+    async def health(self) -> dict[str, Any]:
+        """vLLM's own health check (the engine core alive and not errored: what vLLM's
+        ``/health`` answers), then the load: a dead core raises here."""
+        await self._require().check_health()
+        return await self.load()
 
     async def metrics(self) -> dict[str, float | None]:
         """Cumulative counters since start, named like vLLM's Prometheus series."""

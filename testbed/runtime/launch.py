@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from rich.console import Console
 
@@ -24,6 +25,7 @@ from testbed.runtime.injection.shaping import netem_missing
 
 from core.spec import ExperimentSpec
 from .netns import missing_privileges
+from .serve import ABORT_GRACE_S
 
 console = Console(stderr=True)
 
@@ -119,11 +121,13 @@ def emulated_cluster_at(address: str) -> Any:
 
 
 def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
-                more: Sequence[Job] = (), calibrate_to: Path | None = None, address: str | None = None) -> int:
+                more: Sequence[Job] = (), calibrate_to: Path | None = None, address: str | None = None,
+                serve: bool = False) -> int:
     """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines);
     with ``calibrate_to``, measure the engines and links first and write the calibration there.
     ``address``: on that Ray cluster (pods from its nodes' resources) instead of an emulated
-    cluster brought up and down for the run."""
+    cluster brought up and down for the run. ``serve``: one policy and seed serve outside
+    clients through the ingress instead of the workload, until Ctrl-C (a normal end)."""
     from .emulated import EmulatedCluster
 
     jobs = [(spec, policies, seeds), *more]
@@ -139,11 +143,11 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     from core.experiment import seed_streams
     from .driver import check_workload
 
-    for s, _, sds in jobs:
+    for s, _, sds in [] if serve else jobs:
         for seed in sds:
             check_workload(generate(s.workload, seed_streams(seed)["workload"]), s)
     if address is not None:
-        return _run_on_cluster(spec, out, jobs, calibrate_to, address)
+        return _run_on_cluster(spec, out, jobs, calibrate_to, address, serve)
     check_faults(jobs)
     if calibrate_to is not None and (spec.testbed.mode == "local" or
                                      (spec.testbed.mode == "auto" and missing_privileges() is not None)):
@@ -161,8 +165,9 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         cluster.up()
         console.print(f"cluster up in {time.monotonic() - t0:.0f} s (run {cluster.run_id}, head {cluster.address})")
         argv = _driver_argv(jobs, out, model, model_meta, cluster.temp_root, cluster.mode, calibrate_to,
-                            cluster.run_id)
-        return _drive(lambda: cluster.popen_in_head(argv))
+                            cluster.run_id, serve)
+        with _ingress_forwarder(spec, cluster if serve else None):
+            return _drive(lambda: cluster.popen_in_head(argv), spec if serve else None)
     finally:
         signal.signal(signal.SIGTERM, old_term)
         t1 = time.monotonic()
@@ -172,11 +177,29 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         console.print(f"cluster down in {time.monotonic() - t1:.0f} s" + (f"; removed {len(left)} empty fault cgroups" if left else ""))
 
 
+@contextmanager
+def _ingress_forwarder(spec: ExperimentSpec, cluster: Any) -> Iterator[None]:
+    """Serving on an emulated cluster in namespaces: the ingress listens in the head's namespace,
+    so the same address on the host forwards there (testbed/runtime/forward.py)."""
+    if cluster is None or cluster.mode != "netns":
+        yield
+        return
+    from .forward import NetnsForwarder
+
+    t = spec.testbed
+    inner = "127.0.0.1" if t.ingress_host in ("0.0.0.0", "") else t.ingress_host
+    fwd = NetnsForwarder((t.ingress_host, t.ingress_port), cluster.fabric.head.netns, (inner, t.ingress_port)).start()
+    try:
+        yield
+    finally:
+        fwd.stop()
+
+
 def _driver_argv(jobs: Sequence[Job], out: Path, model: Path, model_meta: dict[str, int], work: Path, mode: str,
-                 calibrate_to: Path | None, cluster_run_id: str | None = None) -> list[str]:
+                 calibrate_to: Path | None, cluster_run_id: str | None = None, serve: bool = False) -> list[str]:
     argv = [sys.executable, "-m", "testbed.runtime.driver", "--out", str(out.resolve()),
             "--model", str(model), "--model-meta", json.dumps(model_meta),
-            "--engine-root", str(work / "engines"), "--mode", mode]
+            "--engine-root", str(work / "engines"), "--mode", mode] + (["--serve"] if serve else [])
     if cluster_run_id:
         argv += ["--cluster-run-id", cluster_run_id]
     if calibrate_to is not None:
@@ -189,9 +212,10 @@ def _driver_argv(jobs: Sequence[Job], out: Path, model: Path, model_meta: dict[s
     return argv
 
 
-def _drive(start: Callable[[], subprocess.Popen]) -> int:
+def _drive(start: Callable[[], subprocess.Popen], serve: ExperimentSpec | None = None) -> int:
     """Start the driver and wait for it; Ctrl-C (and SIGTERM, which callers map to it) is passed
-    on as SIGINT, so it closes its runs as interrupted, before the caller tears down."""
+    on as SIGINT, so it closes its runs as interrupted, before the caller tears down. Serving,
+    Ctrl-C is the normal end: the driver drains and closes the run as finished."""
     driver = None
     try:
         driver = start()
@@ -200,9 +224,13 @@ def _drive(start: Callable[[], subprocess.Popen]) -> int:
         if driver is not None and driver.poll() is None:
             driver.send_signal(signal.SIGINT)
             try:
-                driver.wait(timeout=120)
+                # serving, the requests in flight end within their deadline and the abort's grace
+                rc = driver.wait(timeout=120 + (serve.deadline_s + ABORT_GRACE_S if serve else 0))
             except subprocess.TimeoutExpired:
                 driver.kill()
+                raise
+            if serve is not None and rc == 0:
+                return 0
         raise
     if rc != 0:
         raise RuntimeError(f"testbed driver exited with status {rc} (see its messages above)")
@@ -210,7 +238,7 @@ def _drive(start: Callable[[], subprocess.Popen]) -> int:
 
 
 def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[Job], calibrate_to: Path | None,
-                    address: str) -> int:
+                    address: str, serve: bool = False) -> int:
     """The driver against a running Ray cluster: the same driver as on the emulated cluster, with
     pods found from the nodes' resources. An emulated cluster's head is reachable only from its
     namespace: the driver then runs there, with that cluster's token."""
@@ -224,13 +252,15 @@ def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[Job], calibr
                   + (f" (emulated run {emulated.run_id})" if emulated else "")
                   + f" -> {out / spec.name}")
     argv = _driver_argv(jobs, out, model, model_meta, work, "cluster", calibrate_to,
-                        emulated.run_id if emulated else None)
+                        emulated.run_id if emulated else None, serve)
     old_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the runs like Ctrl-C
     try:
         if emulated is not None:
-            return _drive(lambda: emulated.popen_in_head(argv))
-        return _drive(lambda: subprocess.Popen(argv, env={**os.environ, "RAY_ADDRESS": address}))
+            with _ingress_forwarder(spec, emulated if serve else None):
+                return _drive(lambda: emulated.popen_in_head(argv), spec if serve else None)
+        return _drive(lambda: subprocess.Popen(argv, env={**os.environ, "RAY_ADDRESS": address}),
+                      spec if serve else None)
     finally:
         signal.signal(signal.SIGTERM, old_term)
         shutil.rmtree(work, ignore_errors=True)

@@ -40,6 +40,7 @@ import numpy as np
 from core.run import RunContext
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
+from .engine import TokenSink  # (engine.py imports vLLM only when an engine starts)
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,26 @@ class RayEngine:
         return await self.handle.prefill.remote(request_id, list(prompt_token_ids))
 
     async def decode(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
-                     kv_transfer_params: Any = None) -> Any:
-        return await self.handle.decode.remote(request_id, list(prompt_token_ids), max_tokens, kv_transfer_params)
+                     kv_transfer_params: Any = None, *, on_tokens: TokenSink | None = None,
+                     sampling: dict[str, Any] | None = None) -> Any:
+        """The `DecodeResult`; with ``on_tokens``, tokens are relayed as the engine makes them
+        (a Ray streaming call: one object per engine output)."""
+        if on_tokens is None and sampling is None:
+            return await self.handle.decode.remote(request_id, list(prompt_token_ids), max_tokens, kv_transfer_params)
+        result = None
+        stream = self.handle.decode_stream.options(num_returns="streaming").remote(
+            request_id, list(prompt_token_ids), max_tokens, kv_transfer_params, sampling)
+        async for ref in stream:
+            item = await ref
+            if isinstance(item, tuple):
+                if on_tokens is not None:
+                    on_tokens(*item)
+            else:
+                result = item
+        return result
+
+    async def health(self) -> dict[str, Any]:
+        return await self.handle.health.remote()
 
     async def abort(self, request_id: str) -> None:
         await self.handle.abort.remote(request_id)
@@ -149,13 +168,22 @@ class RequestFlow:
         if received is not None and admitted is not None:
             t.enter("decode", received)
 
-    async def handle(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> str:
-        """Serve one request end to end; returns its outcome."""
+    async def handle(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, *,
+                     ids: Sequence[int] | None = None, on_tokens: TokenSink | None = None,
+                     sampling: dict[str, Any] | None = None) -> str:
+        """Serve one request end to end; returns its outcome.
+
+        A workload's request gets deterministic prompt tokens; an ingress request brings its own
+        ``ids`` (its prompt tokenised), ``sampling`` fields and an ``on_tokens`` receiver of its
+        output as the decode engine makes it. Both are routed, limited and recorded alike."""
         t = self.ctx.route(self.clock(), request_id, arrival_s, prompt_tokens, output_tokens)
         deadline = arrival_s + self.deadline_s
         first_by = arrival_s + self.first_token_s  # the time-to-first-token limit
         rid = f"req-{self.salt}-{request_id}"
-        ids = prompt_ids(request_id, prompt_tokens, self.vocab, self.salt)
+        if ids is None:
+            ids = prompt_ids(request_id, prompt_tokens, self.vocab, self.salt)
+        # only when asked: the workload's calls (and scripted engines in tests) keep the plain signature
+        extra = {k: v for k, v in (("on_tokens", on_tokens), ("sampling", sampling)) if v is not None}
         p_eng, d_eng = self.prefill[t.p_idx], self.decode[t.d_idx]
         try:
             # --- prefill_queue, prefill ---------------------------------------------------
@@ -175,7 +203,7 @@ class RequestFlow:
             t.enter("decode_queue", self.clock())  # the prefill engine holds the KV for the decoder now
             # --- decode_queue, kv_transfer, decode on the decode engine ------------------
             sent = self.clock()
-            call = d_eng.decode(rid, ids, output_tokens, res.kv_transfer_params)
+            call = d_eng.decode(rid, ids, output_tokens, res.kv_transfer_params, **extra)
             limit = first_by
             ok, res = await self._until(first_by, call)
             if not ok and first_by < deadline:
