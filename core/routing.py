@@ -100,6 +100,7 @@ class Router:
         if link_Bps is not None:
             self._link_Bps = np.asarray(link_Bps, float).copy()
         self.view.pods = self.view.pods.replace(degraded=self._truth)
+        self.policy.prepare(self.view)  # off the next decision's path
 
     def observe_bandwidth(self, now: float, bw: np.ndarray) -> None:
         self.telemetry.observe(now, np.asarray(bw, float))
@@ -110,11 +111,13 @@ class Router:
             for ch in changes:
                 self.sink(HealthRecord(ch.time_s, ch.pod, ch.unhealthy, ch.truth_degraded))
             self.view.pods = self.view.pods.replace(unhealthy=self.health.labels.copy())
+            self.policy.prepare(self.view)  # off the next decision's path
 
     # --- slow loop --------------------------------------------------------
     def slow_tick(self, now: float) -> None:
         comp = self.estimator.update(now, self.view.pod_util(), self.telemetry.view(now), self.bw0)
         self.view.pods = self.view.pods.replace(price=comp.price)
+        self.policy.prepare(self.view)  # off the next decision's path
         columns = (comp.price.tolist(), comp.util.tolist(), comp.bw_term.tolist(), comp.timeout_rate.tolist(),
                    comp.failure_rate.tolist())
         for p, row in enumerate(zip(*columns)):

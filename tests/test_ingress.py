@@ -248,3 +248,20 @@ def test_an_occupied_port_is_a_one_line_error(tmp_path, tokenizer):
 
         with pytest.raises(OSError, match=rf"^ingress: cannot listen on 127.0.0.1:{port}: "):
             asyncio.run(start())
+
+
+def test_streamed_text_adds_up_to_the_whole_decode_even_across_split_characters(tokenizer):
+    import random
+
+    from testbed.runtime.ingress import _Detok
+
+    # byte-level BPE splits multi-byte characters across tokens: held back, never garbled
+    text = "héllo wörld — ünïcode ✓ 漢字, spaces  kept"
+    cases = [tokenizer.encode(text)] + [[random.Random(i).randrange(512) for _ in range(30)] for i in range(50)]
+    for n, ids in enumerate(cases):
+        rng, d, out, i = random.Random(n), _Detok(tokenizer), "", 0
+        while i < len(ids):
+            k = rng.randrange(1, 4)
+            i += k
+            out += d.add(ids[i - k:i], final=i >= len(ids))
+        assert out == tokenizer.decode(ids, skip_special_tokens=True)

@@ -115,19 +115,25 @@ _FAILED = {"timeout": (504, "Timeout", "timed out"), "error": (502, "EngineError
 
 
 class _Detok:
-    """Incremental detokenisation: the text so far, less a trailing partial UTF-8 character
-    (byte-level BPE splits characters across tokens; vLLM holds those back the same way)."""
+    """Incremental detokenisation as vLLM does it (``detokenize_incrementally``): each step
+    decodes only the tokens since the last emitted text plus a few before them (their context
+    decides spaces), and holds back a trailing partial UTF-8 character (byte-level BPE splits
+    characters across tokens). Decoding the whole output each step would cost O(n^2)."""
+
+    CONTEXT = 5  # tokens of context before the new ones (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET)
 
     def __init__(self, tokenizer: Any) -> None:
-        self.tok, self.ids, self.sent = tokenizer, [], 0
+        self.tok, self.ids = tokenizer, []
+        self.prefix, self.read = 0, 0  # decode from `prefix`; text up to `read` is emitted
 
     def add(self, ids: list[int], final: bool = False) -> str:
         self.ids.extend(ids)
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if not final and text.endswith("\ufffd"):
+        before = self.tok.decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
+        text = self.tok.decode(self.ids[self.prefix:], skip_special_tokens=True)
+        if len(text) <= len(before) or (not final and text.endswith("\ufffd")):
             return ""
-        delta, self.sent = text[self.sent:], len(text)
-        return delta
+        self.prefix, self.read = max(len(self.ids) - self.CONTEXT, 0), len(self.ids)
+        return text[len(before):]
 
 
 class Ingress:
@@ -154,6 +160,10 @@ class Ingress:
 
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit it (Linux): uvicorn writes a response's head and body
+        # apart, and with Nagle the body waits for the client's delayed ACK of the head, 40 ms
+        # on every keep-alive request (measured: 44 ms a request, 1 ms with this).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sock.bind((host, port))
         except OSError as e:
