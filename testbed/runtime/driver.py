@@ -254,7 +254,10 @@ def serve_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: 
     done = router.serve.remote(model, t.ingress_host, t.ingress_port, build_model)
     status = "interrupted"
     try:
-        host, port = ray.get(router.ingress_address.remote())
+        try:
+            host, port = ray.get(router.ingress_address.remote())
+        except ray.exceptions.RayTaskError as e:  # e.g. the port is taken: its one line, no traceback
+            raise SystemExit(f"testbed: error: {getattr(e, 'cause', e)}") from None
         # the marker line tests and scripts wait for (flushed: the driver's stderr may be a pipe)
         console.print(f"serving {policy} (seed {seed}) at http://{host}:{port}/v1 -> {run_dir}; Ctrl-C stops")
         sys.stderr.flush()
