@@ -61,6 +61,45 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
     assert len(lines) == 1 and needle in lines[0], res.stderr
 
 
+def test_serve_takes_one_policy_and_one_seed():
+    res = _run("run", "--serve", "--policies", "LC,OTF-R", cwd=REPO)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "--serve: one router serves" in lines[0], res.stderr
+
+
+@pytest.mark.parametrize("serve", [False, True])
+def test_ctrl_c_ends_a_served_run_normally_and_a_workload_run_as_interrupted(serve):
+    """`testbed run` passes Ctrl-C on to its driver; serving, a driver that drains and exits 0
+    makes it a normal end, while a workload run still reports the interruption."""
+    import threading
+
+    from core.spec import load_spec
+    from testbed.runtime.launch import _drive
+
+    child = ("import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: sys.exit(0)); "
+             "print('ready', flush=True); time.sleep(60)")
+    proc: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        proc.append(subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True))
+        return proc[0]
+
+    def interrupt() -> None:
+        while not proc:
+            time.sleep(0.01)
+        proc[0].stdout.readline()  # its handler is in place
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    spec = load_spec(None, default="testbed.yaml") if serve else None
+    if serve:
+        assert _drive(start, spec) == 0
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            _drive(start, spec)
+    assert proc[0].poll() == 0  # the driver got SIGINT and ended by itself
+
+
 def test_malformed_spec_names_the_field(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO / "experiments" / "smoke.yaml").read_text().replace("rate_rps: 4", "rate_rps: -4"))
