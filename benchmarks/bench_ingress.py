@@ -11,7 +11,8 @@ speed hits both alike):
   decode engine, through the very engine-call code the router uses
   (:class:`testbed.runtime.serve.RayEngine`), cycling over every (prefill, decode) pair;
 * **through the ingress and the router**: an HTTP streaming ``/v1/completions`` with the
-  prompt as token ids, served by the router actor (policy LC, every record written).
+  prompt as token ids, served by the router actor (policy Random, so that it spreads the
+  requests over the pairs as the direct path does; every record written).
 
 TTFT is the first streamed token's arrival at the client, E2E the last's. The difference
 is what the project adds: HTTP, routing, records, the router actor's hop. Next to it: the
@@ -38,6 +39,9 @@ from rich.table import Table
 
 console = Console(stderr=True)
 POLICY = "LC"
+# On real engines the router spreads requests over the pairs at random, as the direct path cycles
+# over them: LC sends idle sequential requests to the pair of its own choosing, and pairs differ.
+ENGINE_POLICY = "Random"
 
 
 def _quantiles(x: list[float]) -> tuple[float, float]:
@@ -206,7 +210,7 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
         warm_pairs(engines.prefill, engines.decode, meta["vocab"])
         console.print(f"engines ready and paired in {time.monotonic() - t0:.0f} s")
         router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
-            spec.model_dump(mode="json"), POLICY, 0, str(out), {"source": "bench_ingress"}, {"model": meta},
+            spec.model_dump(mode="json"), ENGINE_POLICY, 0, str(out), {"source": "bench_ingress"}, {"model": meta},
             engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, meta["kv_bytes_per_token"]),
             meta["vocab"], meta["kv_bytes_per_token"], None, engines.names)
         serving = router.serve.remote(str(model), "127.0.0.1", 0)
@@ -235,7 +239,7 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
         ray.get(router.stop.remote())
         ray.get(serving)
         ray.get(router.close.remote("finished"))
-        dec = read_table(out / spec.name / POLICY / "seed-0", "decisions")
+        dec = read_table(out / spec.name / ENGINE_POLICY / "seed-0", "decisions")
         return {"res": res, "decision_latency_s": dec.latency_s.tolist()[4:],
                 "pods": spec.topology.pods, "workers_per_pod": spec.topology.workers_per_pod}
     finally:
@@ -307,7 +311,7 @@ def main() -> None:
     table.add_row("added", *(f"{a - b:+.1f}" for a, b in zip(rows["ingress"], rows["direct"])), "")
     out.print(table)
     rec = np.array(r["decision_latency_s"]) * 1e6
-    out.print(f"decision latency recorded by the router actor on the testbed ({POLICY}, {r['pods']} pods x "
+    out.print(f"decision latency recorded by the router actor on the testbed ({ENGINE_POLICY}, {r['pods']} pods x "
               f"{r['workers_per_pod']}): p50 {np.percentile(rec, 50):.1f} us, p99 {np.percentile(rec, 99):.1f} us")
 
 

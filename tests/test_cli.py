@@ -90,13 +90,18 @@ def test_ctrl_c_ends_a_served_run_normally_and_a_workload_run_as_interrupted(ser
         proc[0].stdout.readline()  # its handler is in place
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt, daemon=True).start()
     spec = load_spec(None, default="testbed.yaml") if serve else None
-    if serve:
-        assert _drive(start, spec) == 0
-    else:
-        with pytest.raises(KeyboardInterrupt):
-            _drive(start, spec)
+    # as from a terminal: a test run in the background inherits SIGINT ignored
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        if serve:
+            assert _drive(start, spec) == 0
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                _drive(start, spec)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert proc[0].poll() == 0  # the driver got SIGINT and ended by itself
 
 

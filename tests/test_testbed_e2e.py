@@ -132,7 +132,9 @@ def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
     spec_file.write_text(json.dumps({**base, "name": "e2e_serve", "testbed": {**base["testbed"], "ingress_port": port}}))
     proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--serve", "--address", addr,
                              "--policies", "LC", "--seeds", "0", "--out", str(out)],
-                            stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+                            stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+                            # as from a terminal: a test run in the background inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     ready = threading.Event()
 

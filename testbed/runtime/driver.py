@@ -344,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     # SIGTERM from `testbed run` (or a CI timeout) unwinds like Ctrl-C: runs are closed as interrupted.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # `testbed run` stops its driver with SIGINT: it must act on it even where it was started with
+    # SIGINT ignored (what a shell does to a background job), as the serve mode's stop relies on it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     jobs = []
     for job in args.job:
         path, policies, seeds = job.rsplit(":", 2)
