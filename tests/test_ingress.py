@@ -198,6 +198,7 @@ def test_bad_requests_get_openais_error_body_and_reach_no_engine(tmp_path, token
             "context": lambda: c.completions.create(model="tiny", prompt=[5] * 500, max_tokens=20),
             "n": lambda: c.completions.create(model="tiny", prompt="x", max_tokens=2, n=2),
             "max_tokens": lambda: c.completions.create(model="tiny", prompt="x", max_tokens=0),
+            "vocab": lambda: c.completions.create(model="tiny", prompt=[5, 100000], max_tokens=2),
             "messages": lambda: c.chat.completions.create(model="tiny", messages=[]),
         }.items():
             try:
@@ -212,6 +213,7 @@ def test_bad_requests_get_openais_error_body_and_reach_no_engine(tmp_path, token
     assert out["n"][0] == 400 and "one choice" in out["n"][1]
     assert out["max_tokens"][0] == 400 and out["max_tokens"][1].startswith("max_tokens:")
     assert out["messages"][0] == 400 and out["messages"][1].startswith("messages:")
+    assert out["vocab"] == (400, "prompt: token id 100000 is out of vocabulary (0..511)")
     assert not (run_dir / "requests.parquet").exists() or read_table(run_dir, "requests").empty
     assert engine.sampling == []
 

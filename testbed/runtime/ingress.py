@@ -247,7 +247,11 @@ class Ingress:
             p = p[0]
         if isinstance(p, str):
             return list(self.tok.encode(p))
-        return [int(x) for x in p]
+        vocab = len(self.tok)
+        if (bad := next((x for x in p if not 0 <= x < vocab), None)) is not None:
+            # refused here, as vLLM does: the engine would fail it and the run would record an error
+            raise IngressError(400, f"prompt: token id {bad} is out of vocabulary (0..{vocab - 1})")
+        return list(p)
 
     def _chat_ids(self, body: ChatBody) -> list[int]:
         messages = []
@@ -275,7 +279,7 @@ class Ingress:
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             return _EventStream(self._sse(rid, len(ids), chunks, outcome, chat, include_usage),
-                                     media_type="text/event-stream", headers=headers)
+                                media_type="text/event-stream", headers=headers)
         out_ids: list[int] = []
         reason = None
         while (item := await chunks.get()) is not None:
