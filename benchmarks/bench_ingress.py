@@ -189,12 +189,10 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
     import ray
 
-    from core.experiment import testbed_capacity
     from core.records import read_table
     from core.spec import load_spec
-    from testbed.runtime.actors import RouterActor
     from testbed.runtime.calibrate import warm_pairs
-    from testbed.runtime.driver import HEAD_RESOURCE, Engines
+    from testbed.runtime.driver import Engines, start_router
     from testbed.runtime.launch import prepare_model
     from testbed.runtime.serve import RayEngine, prompt_ids
 
@@ -209,10 +207,7 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
         engines.start(spec.testbed.engine_start_timeout_s)
         warm_pairs(engines.prefill, engines.decode, meta["vocab"])
         console.print(f"engines ready and paired in {time.monotonic() - t0:.0f} s")
-        router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
-            spec.model_dump(mode="json"), ENGINE_POLICY, 0, str(out), {"source": "bench_ingress"}, {"model": meta},
-            engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, meta["kv_bytes_per_token"]),
-            meta["vocab"], meta["kv_bytes_per_token"], None, engines.names)
+        router, _ = start_router(spec, ENGINE_POLICY, 0, out, {"source": "bench_ingress"}, engines, meta)
         serving = router.serve.remote(str(model), "127.0.0.1", 0)
         host, port = ray.get(router.ingress_address.remote())
         pairs = [(RayEngine(p), RayEngine(d)) for p in engines.prefill for d in engines.decode]
@@ -238,7 +233,7 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
         res = asyncio.run(both())
         ray.get(router.stop.remote())
         ray.get(serving)
-        ray.get(router.close.remote("finished"))
+        ray.get(router.close.remote("finished"))  # (its engine counters are not this benchmark's subject)
         dec = read_table(out / spec.name / ENGINE_POLICY / "seed-0", "decisions")
         return {"res": res, "decision_latency_s": dec.latency_s.tolist()[4:],
                 "pods": spec.topology.pods, "workers_per_pod": spec.topology.workers_per_pod}

@@ -199,18 +199,44 @@ def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -
     return FaultTargets(pods, agents.head, agents.head_ip)
 
 
+def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, workload_summary: dict[str, Any],
+                 engines: Engines, model_meta: dict[str, Any], targets: FaultTargets | None = None,
+                 ) -> tuple[Any, list[dict[str, Any]]]:
+    """One run's router actor on the head node, over engines with their prefix caches reset
+    (no run finds an earlier one's prompts cached); also the engines' counters at its start."""
+    engines.reset()
+    before = engines.metrics()
+    router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
+        spec.model_dump(mode="json"), policy, seed, str(out), workload_summary, {"model": model_meta},
+        engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
+        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names)
+    return router, before
+
+
+def close_router(router: Any, status: str, engines: Engines, before: list[dict[str, Any]],
+                 agents: FaultAgents | None) -> None:
+    """Close the run directory with the engines' counters over the run, then end the actor and
+    clear whatever faults the run left (it clears its own): the next run starts clean."""
+    after = engines.metrics()
+    names = engines.names
+    # per-run engine counters: e.g. external prefix-cache hits on a decode engine prove KV was pulled
+    deltas = {name: {k: a[k] - b[k] for k in a if isinstance(a[k], (int, float)) and isinstance(b.get(k), (int, float))}
+              for name, a, b in zip(names, after, before)}
+    try:
+        ray.get(router.close.remote(status, engines=deltas, engines_after=dict(zip(names, engines.loads()))))
+    finally:
+        ray.kill(router)
+        if agents is not None:
+            agents.clear_all()
+
+
 def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: Engines, model_meta: dict[str, Any],
             progress: Progress, targets: FaultTargets | None = None, agents: FaultAgents | None = None) -> Path:
     rngs = seed_streams(seed)
     wl = generate(spec.workload, rngs["workload"])
     check_workload(wl, spec)
     run_dir = run_dir_for(out, spec, policy, seed)
-    engines.reset()
-    before = engines.metrics()
-    router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
-        spec.model_dump(mode="json"), policy, seed, str(out), wl.summary(), {"model": model_meta},
-        engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
-        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names)
+    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets)
     task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
     done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
     status = "interrupted"
@@ -221,17 +247,7 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
         outcomes = ray.get(done)
         status = "finished"
     finally:
-        after = engines.metrics()
-        names = engines.names
-        # per-run engine counters: e.g. external prefix-cache hits on a decode engine prove KV was pulled
-        deltas = {name: {k: a[k] - b[k] for k in a if isinstance(a[k], (int, float)) and isinstance(b.get(k), (int, float))}
-                  for name, a, b in zip(names, after, before)}
-        try:
-            ray.get(router.close.remote(status, engines=deltas, engines_after=dict(zip(names, engines.loads()))))
-        finally:
-            ray.kill(router)
-            if agents is not None:
-                agents.clear_all()  # whatever the run left (it clears its own): the next run starts clean
+        close_router(router, status, engines, before, agents)
         progress.update(task, visible=False)
     progress.console.print(f"  {policy:<16} seed {seed}: {outcomes} -> {run_dir}")
     return run_dir
@@ -244,12 +260,7 @@ def serve_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: 
     ingress (ingress.py), the spec's faults on their schedule from now, until Ctrl-C; then it
     drains and the run directory is closed as finished, like a workload's."""
     run_dir = run_dir_for(out, spec, policy, seed)
-    engines.reset()
-    before = engines.metrics()
-    router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
-        spec.model_dump(mode="json"), policy, seed, str(out), {"source": "ingress"}, {"model": model_meta},
-        engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
-        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names)
+    router, before = start_router(spec, policy, seed, out, {"source": "ingress"}, engines, model_meta, targets)
     t = spec.testbed
     done = router.serve.remote(model, t.ingress_host, t.ingress_port, build_model)
     status = "interrupted"
@@ -270,15 +281,7 @@ def serve_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: 
         outcomes = ray.get(done)
         status = "finished"
     finally:
-        after = engines.metrics()
-        deltas = {name: {k: a[k] - b[k] for k in a if isinstance(a[k], (int, float)) and isinstance(b.get(k), (int, float))}
-                  for name, a, b in zip(engines.names, after, before)}
-        try:
-            ray.get(router.close.remote(status, engines=deltas, engines_after=dict(zip(engines.names, engines.loads()))))
-        finally:
-            ray.kill(router)
-            if agents is not None:
-                agents.clear_all()
+        close_router(router, status, engines, before, agents)
     console.print(f"  {policy:<16} seed {seed}: {outcomes} -> {run_dir}")
     return run_dir
 
