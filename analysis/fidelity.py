@@ -51,12 +51,12 @@ from analysis.plots import RunCurves, run_curves
 from analysis.summary import discover_runs, mean_ci, runs_frame
 from core.metrics_spec import FidelityTolerances
 from core.records import read_meta
-from core.stages import STAGES
+from core.stages import FAILURE_STAGES
 
 NAN = math.nan
 EPS = 1e-12  # float rounding allowed in tolerance checks and ties
 WORLDS = ("sim", "testbed")
-COMPOSITION_STAGES = (*STAGES, "unknown")
+COMPOSITION_STAGES = (*FAILURE_STAGES, "unknown")
 LATENCY_METRICS = ("ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")
 # What defines a scenario. Engine speeds, link rates and KV parameters may differ: the simulator's side
 # is calibrated to the testbed's hardware.

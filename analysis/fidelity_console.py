@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from core.stages import STAGES
+from core.stages import FAILURE_STAGES
 
 if TYPE_CHECKING:  # only for annotations: analysis.fidelity imports this module
     from analysis.fidelity import Fidelity, Order
@@ -82,7 +82,7 @@ def _tail_table(fid: Fidelity) -> Table:
 
 def _composition_table(fid: Fidelity) -> Table:
     t = Table(title="Failure composition by stage (share of failures, mean over seeds)")
-    stages = [*STAGES, "unknown"]
+    stages = [*FAILURE_STAGES, "unknown"]
     t.add_column("policy")
     t.add_column("world")
     for s in stages:

@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from core.metrics_spec import MetricsSpec, parse_metrics_spec
-from core.records import read_meta, read_table
-from core.stages import STAGES
+from core.records import SCHEMAS, read_meta, read_table
+from core.stages import FAILURE_STAGES
 
 NAN = math.nan
 ORACLE = "OracleAvoidance"
@@ -57,15 +57,16 @@ def timeout_share(requests: pd.DataFrame) -> float:
 
 
 def failure_composition(requests: pd.DataFrame) -> dict[str, float]:
-    """failure composition = for each stage of core.stages (prefill_queue, prefill, decode_queue, kv_transfer,
-    decode), failed requests whose failed_stage is that stage / failed requests; failures with no or an unknown
-    stage count as "unknown", so the shares sum to 1. All NaN with no failures."""
+    """failure composition = for admission (requests the router's admission limit rejected) and each stage
+    of core.stages (prefill_queue, prefill, decode_queue, kv_transfer, decode), failed requests whose
+    failed_stage is that one / failed requests; failures with no or an unknown stage count as "unknown", so
+    the shares sum to 1. All NaN with no failures."""
     failed = ~_ok(requests)
     n = int(failed.sum())
     stage = requests["failed_stage"].to_numpy(dtype=object)[failed]
     out: dict[str, float] = {}
     known = np.zeros(n, dtype=bool)
-    for s in STAGES:
+    for s in FAILURE_STAGES:
         hit = stage == s
         known |= hit
         out[s] = float(hit.sum() / n) if n else NAN
@@ -401,6 +402,7 @@ class RunData:
     decisions: pd.DataFrame
     faults: pd.DataFrame
     prices: pd.DataFrame
+    dead_pulls: pd.DataFrame  # empty for a run directory written before the table existed
 
     @property
     def scenario(self) -> str:
@@ -434,7 +436,19 @@ def load_run(run_dir: Path | str) -> RunData:
         raise ValueError(f"{where}: spec must be a mapping, got {type(spec_raw).__name__}")
     spec = parse_metrics_spec(spec_raw.get("metrics"), f"{where}: spec")
     tables = {t: read_table(path, t) for t in RUN_TABLES}
-    return RunData(path=path, meta=meta, spec=spec, **tables)
+    dead = read_table(path, "dead_pulls") if (path / "dead_pulls.parquet").exists() \
+        else SCHEMAS["dead_pulls"].empty_table().to_pandas()
+    return RunData(path=path, meta=meta, spec=spec, dead_pulls=dead, **tables)
+
+
+def dead_work(dead_pulls: pd.DataFrame) -> dict[str, float]:
+    """Dead work: pulls of requests given up in kv_transfer that went on after it (ended later,
+    or not seen to end), and the KV bytes they moved after it (as far as known: the testbed
+    estimates a finished pull's share at its mean rate and cannot know a failed one's)."""
+    d = dead_pulls
+    going = d["end_s"].isna() | (d["end_s"] > d["given_up_s"])
+    return {"n_dead_pulls": int(going.sum()), "dead_kv_bytes": float(d.loc[going, "bytes_after"].sum()),
+            "n_dead_pulls_unknown_bytes": int((going & d["bytes_after"].isna()).sum())}
 
 
 def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
@@ -476,6 +490,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out.update(latency_percentiles(req, sorted(set(spec.percentiles) | {50.0, 99.0})))
     out["goodput_rps"] = goodput_rps(req, spec.ttft_slo_s, spec.tpot_slo_s)
     dl = _latency_us(run.decisions["latency_s"].to_numpy(dtype=float), (50, 99))
+    out.update(dead_work(run.dead_pulls))
     out["n_decisions"] = dl["n_decisions"]
     out["decision_latency_p50_us"] = dl["latency_p50_us"]
     out["decision_latency_p99_us"] = dl["latency_p99_us"]

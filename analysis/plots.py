@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from analysis.metrics import FaultWindow, RunData, fault_window, price_contrast, success_series
-from core.stages import STAGES
+from core.stages import FAILURE_STAGES
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,8 @@ def plot_failure_composition(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     paths = []
     if runs.empty:
         return paths
-    stages = [*STAGES, "unknown"]
-    colors = ["tab:gray", "tab:blue", "tab:red", "tab:green", "k"]
+    stages = [*FAILURE_STAGES, "unknown"]
+    colors = ["tab:purple", "tab:gray", "tab:blue", "tab:orange", "tab:red", "tab:green", "k"]
     for (scenario, world), g in runs.groupby(["scenario", "world"], sort=True):
         policies = sorted(g["policy"].unique())
         fr = g["failure_rate"].to_numpy(dtype=float)
@@ -157,7 +157,7 @@ def plot_failure_composition(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
             # A run without failures has NaN shares but contributes 0 to every stage.
             part = np.where(fr > 0, fr * g[f"fail_share_{stage}"].to_numpy(dtype=float), 0.0)
             h = pd.Series(part, index=g.index).groupby(g["policy"]).mean().reindex(policies).fillna(0.0).to_numpy()
-            if stage == "unknown" and not h.any():
+            if stage in ("admission", "unknown") and not h.any():  # only where there are any
                 continue
             ax.bar(policies, h, bottom=bottom, color=color, label=stage)
             bottom += h

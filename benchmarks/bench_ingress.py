@@ -16,9 +16,13 @@ speed hits both alike):
 
 TTFT is the first streamed token's arrival at the client, E2E the last's. The difference
 is what the project adds: HTTP, routing, records, the router actor's hop. Next to it: the
-decision latency the router recorded for these requests, and the same policy's
-``policy.choose`` alone on the same topology (benchmarks/bench_policies.py's measure).
-Target: router + ingress add at most 1 ms p99 to TTFT. Takes 4-6 minutes on 2 cores.
+decision latency the router recorded for these requests.
+
+Before that, with engines that answer at once (``--no-engines``: only this part), the
+project's own time alone: the ingress and the router's flow in a process of their own (as
+the router actor is), driven by a minimal raw-socket client (the target's measure), by httpx
+(what the ``openai`` client adds on top), and the flow without HTTP in the server's loop.
+Target: router + ingress add at most 1 ms p99 to TTFT. Takes 6-8 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -106,29 +111,25 @@ class InstantEngine:
         return {}
 
 
-def scripted(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """The ingress and the router's flow on the embedded spec with instant engines, served from
-    a thread of their own; the client sends streamed requests one at a time from this one."""
-    import threading
-
-    import httpx
+def _instant_server(conn: Any, work: str, prompt_tokens: int, max_tokens: int) -> None:
+    """The router actor's part with instant engines, in a process of its own as the router actor
+    is (a client in the same process would share its GIL): the ingress and the router's flow on
+    the embedded spec. Answers the client process through ``conn``."""
     from transformers import AutoTokenizer
 
     from core.experiment import build_topology, testbed_capacity
     from core.records import read_table
     from core.run import RunContext
     from core.spec import load_spec
-    from testbed.runtime.ingress import Ingress, Submitted
+    from testbed.runtime.ingress import Ingress
     from testbed.runtime.launch import prepare_model
-    from testbed.runtime.serve import RequestFlow, prompt_ids
+    from testbed.runtime.serve import RequestFlow, Submitted, prompt_ids
 
     spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
     model, meta = prepare_model(spec)
     tokenizer = AutoTokenizer.from_pretrained(model)
     topo = build_topology(spec)
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    ctx = RunContext(spec, "testbed", POLICY, 0, work / "scripted", topo, {"source": "bench_ingress"},
+    ctx = RunContext(spec, "testbed", POLICY, 0, Path(work) / "scripted", topo, {"source": "bench_ingress"},
                      testbed_capacity(spec, meta["kv_bytes_per_token"]), flush_s=1.0)  # flush_s: RouterActor's
     t0 = time.monotonic()
     clock = lambda: time.monotonic() - t0  # noqa: E731
@@ -138,50 +139,115 @@ def scripted(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     count = iter(range(10**9))
 
     def submit(ids: list[int], max_tokens: int, sampling: dict[str, Any], on_tokens: Any) -> Submitted:
-        rid = next(count)
-        return Submitted(rid, asyncio.ensure_future(flow.handle(rid, clock(), len(ids), max_tokens, ids=ids,
-                                                               on_tokens=on_tokens, sampling=sampling)))
+        return flow.submit(next(count), clock(), ids, max_tokens, on_tokens=on_tokens, sampling=sampling)
 
     async def healthy() -> tuple[bool, dict[str, Any]]:
         return True, {}
 
-    ingress = Ingress(submit, healthy, Path(model).name, tokenizer, spec.testbed.max_model_len, spec.deadline_s)
-    host, port = asyncio.run_coroutine_threadsafe(ingress.start("127.0.0.1", 0), loop).result()
-    res = []
-    body = {"max_tokens": args.max_tokens, "stream": True, "temperature": 0.0, "ignore_eos": True}
-    with httpx.Client(base_url=f"http://{host}:{port}", timeout=30) as client:
-        for i in range(args.scripted_requests + 100):  # the first 100 warm the path up
-            ids = prompt_ids(i, args.prompt_tokens, meta["vocab"], salt=4242)
-            start = time.perf_counter()
-            first = None
-            with client.stream("POST", "/v1/completions", json={**body, "prompt": ids}) as r:
-                for line in r.iter_lines():
-                    if first is None and line.startswith("data: {"):
-                        first = time.perf_counter()
-            if i >= 100:
-                res.append((first - start, time.perf_counter() - start))
-        bare = []  # the HTTP floor: a round trip that routes nothing
-        for i in range(args.scripted_requests + 100):
-            start = time.perf_counter()
-            client.get("/health")
-            bare.append(time.perf_counter() - start)
     async def router_alone(i: int) -> tuple[float, float]:
-        """The same request handed to the router's flow in its own loop: no HTTP, no SSE."""
+        """A request handed to the router's flow in this loop: no HTTP, no SSE."""
         first: list[float] = []
         start = time.perf_counter()
-        sub = submit(prompt_ids(i, args.prompt_tokens, meta["vocab"], salt=4242), args.max_tokens,
+        sub = submit(prompt_ids(i, prompt_tokens, meta["vocab"], salt=4242), max_tokens,
                      {"temperature": 0.0, "ignore_eos": True},
                      lambda toks, reason: first or first.append(time.perf_counter()))
         await sub.outcome
         return first[0] - start, time.perf_counter() - start
 
-    alone = [asyncio.run_coroutine_threadsafe(router_alone(i), loop).result()
-             for i in range(args.scripted_requests + 100)][100:]
-    asyncio.run_coroutine_threadsafe(ingress.stop(), loop).result()
-    loop.call_soon_threadsafe(loop.stop)
+    async def serve() -> dict[str, Any]:
+        ingress = Ingress(submit, healthy, Path(model).name, tokenizer, spec.testbed.max_model_len, spec.deadline_s)
+        app, inside = ingress.app, []
+
+        async def timed(scope: Any, receive: Any, send: Any) -> None:
+            """The server's own part of TTFT: the request's arrival in the app to its first event's send."""
+            start, sent = time.perf_counter(), []
+
+            async def send_timed(message: Any) -> None:
+                if not sent and message.get("body", b"").startswith(b"data: {"):
+                    sent.append(time.perf_counter() - start)
+                await send(message)
+
+            await app(scope, receive, send_timed)
+            if sent and scope["method"] == "POST":
+                inside.append(sent[0])
+
+        ingress.app = timed
+        conn.send((await ingress.start("127.0.0.1", 0), meta["vocab"]))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, conn.recv)  # the client is done
+        await ingress.stop()
+        alone = [await router_alone(i) for i in range(len(inside))]
+        return {"inside_s": inside, "alone": alone}
+
+    out = asyncio.run(serve())
     ctx.close()
-    dec = read_table(work / "scripted" / spec.name / POLICY / "seed-0", "decisions")
-    return {"res": res, "alone": alone, "bare_s": bare[100:], "decision_latency_s": dec.latency_s.tolist()[100:]}
+    dec = read_table(Path(work) / "scripted" / spec.name / POLICY / "seed-0", "decisions")
+    conn.send({**out, "decision_latency_s": dec.latency_s.tolist()})
+
+
+def _raw_stream(sock: Any, request: bytes) -> tuple[float, float]:
+    """One streamed completion over a kept-alive socket by a client that costs next to nothing
+    (prebuilt request bytes, a byte search for the events): (TTFT, E2E) in seconds."""
+    start = time.perf_counter()
+    sock.sendall(request)
+    got, first = b"", None
+    while not got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):  # the last event, then chunked's end
+        got += sock.recv(65536)
+        if first is None and b"data: {" in got:
+            first = time.perf_counter()
+    if not got.startswith(b"HTTP/1.1 200"):
+        raise SystemExit(f"bench_ingress: the ingress answered {got[:60]!r}")
+    return first - start, time.perf_counter() - start
+
+
+def scripted(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Streamed requests one at a time through the ingress (in its own process) with instant
+    engines; then, in the server's process, the same requests handed to the router's flow alone."""
+    import multiprocessing
+
+    import httpx
+
+    from testbed.runtime.serve import prompt_ids
+
+    warm = 100  # requests that warm each path up, left out of the figures
+    ours, theirs = multiprocessing.Pipe()
+    server = multiprocessing.get_context("spawn").Process(
+        target=_instant_server, args=(theirs, str(work), args.prompt_tokens, args.max_tokens), daemon=True)
+    server.start()
+    try:
+        (host, port), vocab = ours.recv()
+        res, bare = [], []
+        body = {"max_tokens": args.max_tokens, "stream": True, "temperature": 0.0, "ignore_eos": True}
+        with httpx.Client(base_url=f"http://{host}:{port}", timeout=30) as client:
+            for i in range(args.scripted_requests + warm):
+                ids = prompt_ids(i, args.prompt_tokens, vocab, salt=4242)
+                start = time.perf_counter()
+                first = None
+                with client.stream("POST", "/v1/completions", json={**body, "prompt": ids}) as r:
+                    for line in r.iter_lines():
+                        if first is None and line.startswith("data: {"):
+                            first = time.perf_counter()
+                res.append((first - start, time.perf_counter() - start))
+            for i in range(args.scripted_requests + warm):  # the HTTP floor: a round trip that routes nothing
+                start = time.perf_counter()
+                client.get("/health")
+                bare.append(time.perf_counter() - start)
+        raw = []  # the same requests from a client that costs next to nothing: what the project adds
+        with socket.create_connection((host, port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for i in range(args.scripted_requests + warm):
+                payload = json.dumps({**body, "prompt": prompt_ids(i, args.prompt_tokens, vocab, salt=4242)}).encode()
+                request = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+                raw.append(_raw_stream(sock, request))
+        ours.send("done")
+        out = ours.recv()
+    finally:
+        server.join(timeout=60)
+        if server.is_alive():
+            server.kill()
+    return {"res": res[warm:], "raw": raw[warm:], "bare_s": bare[warm:], "inside_s": out["inside_s"][warm:],
+            "alone": out["alone"][warm:], "decision_latency_s": out["decision_latency_s"][warm:]}
 
 
 def inner(args: argparse.Namespace) -> dict[str, Any]:
@@ -263,17 +329,22 @@ def main() -> None:
     out = Console(width=120)
     work = Path(tempfile.mkdtemp(prefix="bench-ingress-"))
     sc = scripted(args, work)
-    ttft, e2e = zip(*sc["res"])
-    table = Table(title=f"instant engines: {args.scripted_requests} streamed requests, one at a time, "
+    table = Table(title=f"instant engines: {args.scripted_requests} streamed requests per client, one at a time, "
                         f"{args.prompt_tokens}-token prompts, {args.max_tokens} output tokens (milliseconds)")
     for col in ("what the project adds", "TTFT p50", "TTFT p99", "E2E p50", "E2E p99"):
         table.add_column(col, justify="right" if col.startswith(("T", "E")) else "left")
-    table.add_row("HTTP client + ingress + router + records", *(f"{v:.2f}" for v in (*_quantiles(list(ttft)),
-                                                                                    *_quantiles(list(e2e)))))
-    a_ttft, a_e2e = zip(*sc["alone"])
-    table.add_row("of which the router and records (no HTTP)",
-                  *(f"{v:.2f}" for v in (*_quantiles(list(a_ttft)), *_quantiles(list(a_e2e)))))
-    table.add_row("for scale: a bare GET /health, same client", *(f"{v:.2f}" for v in _quantiles(sc["bare_s"])), "", "")
+
+    def row(label: str, pairs: list[tuple[float, float]]) -> None:
+        ttft, e2e = zip(*pairs)
+        table.add_row(label, *(f"{v:.2f}" for v in (*_quantiles(list(ttft)), *_quantiles(list(e2e)))))
+
+    row("minimal client + ingress + router + records (target: 1 ms p99)", sc["raw"])
+    table.add_row("of which in the server (request in, first event sent)",
+                  *(f"{v:.2f}" for v in _quantiles(sc["inside_s"])), "", "")
+    row("of which the router and records (no HTTP)", sc["alone"])
+    row("the same through httpx (the openai client's HTTP library)", sc["res"])
+    table.add_row("for scale: a bare GET /health through httpx", *(f"{v:.2f}" for v in _quantiles(sc["bare_s"])),
+                  "", "")
     out.print(table)
     rec = np.array(sc["decision_latency_s"]) * 1e6
     out.print(f"decision latency recorded meanwhile ({POLICY}, back to back): p50 {np.percentile(rec, 50):.1f} us, "

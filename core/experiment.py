@@ -66,4 +66,5 @@ def make_router(spec: ExperimentSpec, topo: Topology, policy: str, rngs: dict[st
         BandwidthTelemetry(spec.telemetry, bw0),
         bw0,
         sink,
+        spec.router.max_in_flight,
     )

@@ -102,7 +102,33 @@ class PriceRecord(NamedTuple):
     table = "prices"  # a class attribute, not a column
 
 
-RECORD_TYPES: tuple[type, ...] = (RequestRecord, DecisionRecord, FaultEvent, HealthRecord, PriceRecord)
+class DeadPullRecord(NamedTuple):
+    """The KV pull of a request given up in ``kv_transfer`` (its deadline or first-token limit),
+    from that moment on: dead work, since nothing will use that KV. vLLM 0.32 cannot cancel a NIXL
+    read in flight, so on the testbed the pull goes on, loading the link and holding the decode
+    engine's blocks; the simulator does either (``engine.kv_pull_on_abort``)."""
+
+    request_id: int
+    prefill_pod: int
+    decode_pod: int
+    given_up_s: float  # when the router gave the request up (its record: timeout in kv_transfer)
+    end_s: float  # when the decode engine saw the pull end; NaN: not seen to end
+    # "done": all of its KV arrived; "failed": the transfer failed (UCX gave it up); "cancelled":
+    # stopped at the abort; "unseen": still going DEAD_PULL_WATCH_S after given_up_s
+    ending: str
+    kv_bytes: int  # the pull's size
+    bytes_after: float  # of those, the bytes that moved after given_up_s; NaN: not known
+    table = "dead_pulls"  # a class attribute, not a column
+
+
+PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
+# How long after a request was given up both worlds keep looking for its dead pull's end; past it
+# the pull is "unseen". UCX over TCP gave a dead link's pulls up after about 47 s on the testbed
+# (README "A link down"): a bound above that sees them fail.
+DEAD_PULL_WATCH_S = 60.0
+
+RECORD_TYPES: tuple[type, ...] = (RequestRecord, DecisionRecord, FaultEvent, HealthRecord, PriceRecord,
+                                  DeadPullRecord)
 
 # ``make_row(DecisionRecord, (every field, in order))`` builds the record without the named tuple's
 # ``__new__``, a Python function that only forwards its arguments to this (it costs as much as the
@@ -162,6 +188,12 @@ class TableWriter:
         rows = self._rows
         rows.append(rec)
         if len(rows) >= self._flush_rows or time.monotonic() >= self._flush_due:
+            self.flush()
+
+    def flush_if_due(self) -> None:
+        """Flush rows that have waited ``flush_s``: a table appended to rarely (faults) would
+        otherwise keep them until its next row, and a killed process would lose them."""
+        if self._rows and time.monotonic() >= self._flush_due:
             self.flush()
 
     def flush(self) -> None:
@@ -228,6 +260,12 @@ class RunWriter:
     def flush(self) -> None:
         for w in self.writers.values():
             w.flush()
+
+    def flush_due(self) -> None:
+        """Flush every table whose oldest unwritten row has waited ``flush_s`` (a wall-clock world
+        calls this on a timer, so that a SIGKILL loses at most that much)."""
+        for w in self.writers.values():
+            w.flush_if_due()
 
     def close(self, status: str = "finished", **extra: Any) -> None:
         self.flush()

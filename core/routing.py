@@ -25,7 +25,7 @@ from .policies import Policy
 from .records import DecisionRecord, HealthRecord, PriceRecord, make_row
 from .risk import RiskPriceEstimator
 from .stages import blamed_pods
-from .ticket import Ticket
+from .ticket import Ticket, rejected_record
 from .topology import Topology
 from .view import Capacity, ClusterView, Loads, PodState
 
@@ -41,6 +41,7 @@ class Router:
         telemetry: BandwidthTelemetry,
         bw0: np.ndarray,
         sink: Callable[[Any], None],
+        max_in_flight: int | None = None,
     ) -> None:
         self.topo = topo
         self.policy = policy
@@ -56,8 +57,20 @@ class Router:
         self._worker_pod: list[int] = topo.worker_pod.tolist()
         self._truth = np.zeros(topo.n_pods, bool)
         self._link_Bps: np.ndarray | None = None  # None: every core link intact
+        self.max_in_flight = max_in_flight  # None: no admission limit
+        self.in_flight = 0  # routed and not yet ended
+        self.rejected = 0
 
     # --- fast loop --------------------------------------------------------
+    def admit(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> bool:
+        """Whether the request may be routed (the admission limit); a refused one is recorded at
+        once as ``rejected`` in ``admission`` (never routed: no worker, no stage times)."""
+        if self.max_in_flight is None or self.in_flight < self.max_in_flight:
+            return True
+        self.rejected += 1
+        self.sink(rejected_record(request_id, arrival_s, prompt_tokens, output_tokens))
+        return False
+
     def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> Ticket:
         """Choose the request's prefill and decode workers; its ticket starts in ``prefill_queue``."""
         t0 = time.perf_counter()
@@ -71,6 +84,7 @@ class Router:
         loads.prefill_tokens[p] += prompt_tokens
         loads.decode_outstanding[d] += 1
         loads.decode_kv_tokens[d] += prompt_tokens + output_tokens
+        self.in_flight += 1
         # every field in order (make_row: without the named tuple's constructor, once per request)
         self.sink(make_row(DecisionRecord, (now, request_id, self.policy.name, c.n_candidates, c.n_filtered, latency,
                                             pw, dw, pp, dp, c.score)))
@@ -85,6 +99,7 @@ class Router:
 
     def finished(self, now: float, t: Ticket, outcome: str, stage: str | None) -> None:
         """The request ended (its prefill counters are already released)."""
+        self.in_flight -= 1
         loads = self.view.loads
         loads.decode_outstanding[t.d_idx] -= 1
         loads.decode_kv_tokens[t.d_idx] -= t.prompt_tokens + t.output_tokens

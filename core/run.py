@@ -20,6 +20,7 @@ it acts on links and CPUs, and what it measured.
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import numpy as np
 from faults.schedule import FaultSchedule, FaultStep, ScheduledEvent
 
 from .experiment import make_router, run_dir_for, seed_streams
-from .records import FaultEvent, RunWriter
+from .records import PULL_ENDINGS, DeadPullRecord, FaultEvent, RunWriter
 from .spec import ExperimentSpec
 from .ticket import Ticket
 from .topology import Topology
@@ -62,6 +63,10 @@ class RunContext:
         return [(self.spec.health.period_s, self.router.health_tick),
                 (self.spec.router.slow_loop_s, self.router.slow_tick)]
 
+    def admit(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> bool:
+        """False (and the request recorded as ``rejected``) past the spec's admission limit."""
+        return self.router.admit(now, request_id, arrival_s, prompt_tokens, output_tokens)
+
     def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> Ticket:
         return self.router.route(now, request_id, arrival_s, prompt_tokens, output_tokens)
 
@@ -93,8 +98,26 @@ class RunContext:
         """How long what a step applies may live without the driver: until its scheduled end, plus a margin."""
         return step.until_s - step.time_s + margin_s
 
+    # --- dead work -----------------------------------------------------------------
+    def dead_pull(self, t: Ticket, given_up_s: float, end_s: float, ending: str, bytes_after: float) -> None:
+        """Record what became of the KV pull of ``t``, a request given up in kv_transfer at
+        ``given_up_s`` (both worlds call this once per such request)."""
+        if ending not in PULL_ENDINGS:
+            raise ValueError(f"unknown pull ending {ending!r} (known: {', '.join(PULL_ENDINGS)})")
+        self.writer.write(DeadPullRecord(t.request_id, t.prefill_pod, t.decode_pod, given_up_s, end_s, ending,
+                                         int(t.kv_bytes), bytes_after))
+
     # --- the end -----------------------------------------------------------------
+    def _final_meta(self) -> None:
+        """What run.json says of the run's load on its process: requests the admission limit
+        rejected, and the peak resident memory of the process that ran the router (the router
+        actor on the testbed; the simulator's process, whose earlier runs count too when one
+        process runs several, as `testbed sim` does)."""
+        self.writer.meta["rejected"] = self.router.rejected
+        self.writer.meta["router_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
     def close(self, status: str = "finished", **extra: Any) -> dict[str, Any]:
+        self._final_meta()
         self.writer.close(status, **extra)
         return self.writer.meta
 
@@ -102,4 +125,5 @@ class RunContext:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._final_meta()
         self.writer.__exit__(exc_type, exc, tb)

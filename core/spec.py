@@ -79,12 +79,28 @@ class EngineSpec(_Spec):
     # Fixed cost of one KV pull beside its bytes (descriptor set-up, the completion notice):
     # not modelled for GPUs (0); `testbed calibrate` measures it on the testbed's engines.
     kv_transfer_latency_s: float = Field(0.0, ge=0)
+    # What the abort of a request in kv_transfer (its deadline) does to its KV pull, in the
+    # simulator (the testbed's engines do what vLLM does):
+    # * cancel: the pull stops there, its link share and decode blocks are free at once (an engine
+    #   that can release a read in flight; the simulator's behaviour so far, hence the default);
+    # * finish: the pull goes on to its end, loading the links and holding its decode blocks until
+    #   then, as vLLM 0.32 with NIXL does (Scheduler.finish_requests in
+    #   vllm/v1/core/sched/scheduler.py frees an aborted WAITING_FOR_REMOTE_KVS request's blocks
+    #   only once its read has finished: delay_free_blocks). Both record the pull's fate in
+    #   dead_pulls.parquet.
+    kv_pull_on_abort: Literal["cancel", "finish"] = "cancel"
 
 
 class RouterSpec(_Spec):
     slow_loop_s: float = Field(1.0, gt=0, description="T_slow: period of the risk-price update")
     history_window_s: float = Field(30.0, gt=0, description="window of the timeout and failure rates")
     history_bucket_s: float = Field(1.0, gt=0)
+    # Admission limit: requests in flight (routed, not yet ended) past which a new one is refused
+    # at once, outcome `rejected` (the ingress answers 429), as sgl-router's --max-concurrent-requests
+    # and vllm-router's rate limits do. None: no limit (theirs are off by default too). The engines'
+    # batch capacity (prefill_slots x prefill workers + decode_max_batch x decode workers) is the
+    # natural value: what lies beyond it only queues (README "Overload").
+    max_in_flight: int | None = Field(None, ge=1)
 
 
 class TestbedSpec(_Spec):

@@ -29,6 +29,12 @@ Stage = Literal["prefill_queue", "prefill", "decode_queue", "kv_transfer", "deco
 
 STAGES: tuple[str, ...] = ("prefill_queue", "prefill", "decode_queue", "kv_transfer", "decode")
 
+# Where a request the router's admission limit refused ends (outcome "rejected", never routed):
+# not a stage a routed request passes through, and charged to no pod.
+ADMISSION = "admission"
+# What a failure's composition counts (analysis): admission, then the stages.
+FAILURE_STAGES: tuple[str, ...] = (ADMISSION, *STAGES)
+
 # The record column at which each stage starts (the previous stage ends there).
 STAGE_START: dict[str, str] = {
     "prefill_queue": "routed_s",

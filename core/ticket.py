@@ -19,13 +19,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .records import NAN, OUTCOMES, RequestRecord
-from .stages import AFTER_PREFILL, STAGE_START
+from .stages import ADMISSION, AFTER_PREFILL, STAGE_START
 
 if TYPE_CHECKING:
     from .routing import Router
 
 
 _ENTER = {s: (STAGE_START[s], s in AFTER_PREFILL) for s in STAGE_START}
+
+
+def rejected_record(request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> RequestRecord:
+    """The record of a request the admission limit refused: never routed, so no ticket."""
+    return _record(request_id, arrival_s, prompt_tokens, output_tokens, -1, -1, -1, -1, NAN, NAN, NAN, NAN, NAN,
+                   NAN, NAN, "rejected", ADMISSION, 0)
+
+
+def _record(*fields: object) -> RequestRecord:
+    # Positional, in the schema's column order (core.records.RequestRecord): keywords would cost
+    # as much again as building the record, once per request. The one place a record is built.
+    return RequestRecord(*fields)
 
 
 class Ticket:
@@ -75,9 +87,7 @@ class Ticket:
         router = self.router
         router.finished(now, self, outcome, failed)
         first = self.first_token_s if self.first_token_s <= now else NAN  # a first token after the end never came
-        # Positional, in the schema's column order (core.records.RequestRecord): keywords would cost
-        # as much again as building the record, once per request.
-        rec = RequestRecord(
+        rec = _record(
             self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens,
             self.prefill_worker, self.decode_worker, self.prefill_pod, self.decode_pod,
             self.routed_s, self.prefill_start_s, self.prefill_end_s, self.kv_start_s, self.kv_end_s, first,

@@ -41,10 +41,14 @@ class _FaultBase(BaseModel):
 
 
 class LinkFault(_FaultBase):
-    """The pods' core links (simulator) or NICs (testbed) keep ``residual_bw`` of their bandwidth."""
+    """The pods' core links (simulator) or NICs (testbed) keep ``residual_bw`` of their bandwidth.
+
+    ``residual_bw: 0`` is a link down, the commonest real link fault: nothing crosses it, so a
+    KV pull across it never completes (its request times out). On the testbed the shaped
+    traffic is dropped whole (testbed/runtime/injection/shaping.py)."""
 
     kind: Literal["link"] = "link"
-    residual_bw: float = Field(gt=0, le=1)  # r: 0.2, 0.1, 0.05, 0.01 in the study
+    residual_bw: float = Field(ge=0, le=1)  # r: 0.2, 0.1, 0.05, 0.01 in the study; 0: down
     # uplink: traffic leaving the pod (KV its prefill engines serve, since decode
     # pulls); downlink: traffic entering it (KV its decode engines pull).
     direction: Literal["both", "uplink", "downlink"] = "both"
@@ -54,6 +58,12 @@ class LinkFault(_FaultBase):
     # Testbed only, where the kernel has netem: added one-way delay and packet loss.
     delay_ms: float = Field(0.0, ge=0)
     loss: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _down_carries_nothing(self) -> "LinkFault":
+        if self.residual_bw == 0 and (self.delay_ms > 0 or self.loss > 0):
+            raise ValueError("a link down (residual_bw 0) carries nothing to delay or lose: drop delay_ms and loss")
+        return self
 
     @property
     def uplink(self) -> bool:

@@ -47,7 +47,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from core.records import NAN
+from core.records import DEAD_PULL_WATCH_S, NAN
 from core.run import RunContext
 from core.spec import EngineSpec
 from core.ticket import Ticket
@@ -117,6 +117,10 @@ class ClusterSim:
         self._measured_at = 0.0  # when the last of them ends
         self.reqs: list[Ticket | None] = []  # by request id (= arrival order); None once done
         self._flows: dict[int, int] = {}  # request id -> its KV flow, while in kv_transfer
+        # engine.kv_pull_on_abort "finish": a request given up in kv_transfer keeps its flow and its
+        # decode blocks until the pull ends. Its ticket and the KV bytes moved by then, by request id.
+        self._finish_pulls = engine.kv_pull_on_abort == "finish"
+        self._dead: dict[int, tuple[Ticket, float, float]] = {}
         self._seq = 0
         self.end_time = (float(workload.arrival_s[-1]) if len(workload) else 0.0) + deadline_s + 1.0
         # Per-request columns and the engine's constants as Python numbers: the hot path never
@@ -148,6 +152,18 @@ class ClusterSim:
         run_until(self.env, self.end_time, self._chains)
         while self._measuring:  # measurements still running at the end: they end now
             self._end_step()
+        # Dead pulls still going: the run goes on (as the testbed's router watches them) until they
+        # end, for up to DEAD_PULL_WATCH_S after each was given up; then as far as they got.
+        if self._dead:
+            watch_until = max(given_up for _, given_up, _ in self._dead.values()) + DEAD_PULL_WATCH_S
+            env = self.env
+            while self._dead and env.peek() <= watch_until:
+                env.step()
+        for rid in list(self._dead):
+            req, given_up, moved = self._dead.pop(rid)
+            flow = self._flows.pop(rid, None)  # None: its bytes are there, the completion is not
+            now_moved = req.kv_bytes if flow is None else self.net.transferred(flow) / self.wire_overhead
+            self.ctx.dead_pull(req, given_up, NAN, "unseen", now_moved - moved)
         closing = self.ctx.closing_step(self.env.now)  # faults still on when the run ends are cleared, recorded
         if closing is not None:
             self._apply(closing, measure=False)
@@ -185,6 +201,9 @@ class ClusterSim:
         chain.end()
 
     def _arrive(self, i: int, now: float) -> None:
+        if not self.ctx.admit(now, i, self._arr[i], self._pt[i], self._ot[i]):
+            self.reqs.append(None)  # recorded as rejected; nothing to time out
+            return
         req = self.ctx.route(now, i, self._arr[i], self._pt[i], self._ot[i])
         self.reqs.append(req)
         self._dispatch(req, now)
@@ -337,7 +356,7 @@ class ClusterSim:
                                                      lambda _fid, req=req: self._end_flow(req))
 
     def _end_flow(self, req: Ticket) -> None:
-        if req.done:
+        if req.done and req.request_id not in self._dead:
             return
         del self._flows[req.request_id]
         latency = self._pull_latency
@@ -350,7 +369,13 @@ class ClusterSim:
         self._end_transfer(ev.data)
 
     def _end_transfer(self, req: Ticket) -> None:
-        if req.done:  # timed out while the completion was on its way
+        if req.done:  # timed out while the completion was on its way, or a dead pull's end
+            dead = self._dead.pop(req.request_id, None)
+            if dead is not None:
+                now = self.env._now
+                _, given_up, moved = dead
+                self.ctx.dead_pull(req, given_up, now, "done", req.kv_bytes - moved)
+                self._release(self.decode[req.d_idx], req, now)
             return
         now = self.env._now
         req.enter("decode", now)
@@ -423,19 +448,28 @@ class ClusterSim:
         req.finish(now, "timeout")
         self.reqs[req.request_id] = None
         if stage == "kv_transfer":
-            flow = self._flows.pop(req.request_id, None)
+            flow = self._flows.get(req.request_id)
+            moved = req.kv_bytes if flow is None else self.net.transferred(flow) / self.wire_overhead
+            if flow is not None and self._finish_pulls:
+                # vLLM cannot cancel the read: it goes on, and the blocks stay held until it ends
+                self._dead[req.request_id] = (req, now, moved)
+                return
             if flow is not None:  # None: the bytes had arrived, the completion had not
-                self.net.abort(flow)
-            d = self.decode[req.d_idx]
-            d.reserved_slots -= 1
-            d.reserved_kv -= req.prompt_tokens + req.output_tokens
-            self._admit(d, now)
+                self.net.abort(self._flows.pop(req.request_id))
+            self.ctx.dead_pull(req, now, now, "cancelled" if flow is not None else "done", 0.0)
+            self._release(self.decode[req.d_idx], req, now)
         elif stage == "decode":
             d = self.decode[req.d_idx]
             self._advance(d, now)
             self._decode_leave(d, req)
             self._admit(d, now)
             self._decode_schedule(d)
+
+    def _release(self, d: _Decode, req: Ticket, now: float) -> None:
+        """A request that never joined the batch gives its decode blocks and slot back."""
+        d.reserved_slots -= 1
+        d.reserved_kv -= req.prompt_tokens + req.output_tokens
+        self._admit(d, now)
 
     def _set_slowdown(self, pod: int, factor: float) -> None:
         """Compute degradation: decode batches of the pod advance at the new speed from now;

@@ -6,6 +6,7 @@
     testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
     testbed cluster up|down|status
     testbed faults clear
+    testbed leftovers
     testbed report PATH... [--out DIR]
     testbed compare SIM_PATH TESTBED_PATH [--out DIR] [--calibration FILE]
     testbed policies
@@ -44,6 +45,13 @@ def _selection(args: argparse.Namespace, spec) -> tuple[list[str], list[int]]:
     return policies, seeds
 
 
+def _check_sizes(spec: Any, world: str, runs: int, args: argparse.Namespace) -> None:
+    """Refuse, before anything is built, what cannot fit this machine or the time allowed."""
+    from core.sizes import check_fits
+
+    check_fits(spec, world, runs, max_hours=args.max_hours)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .runtime.launch import run_testbed
     from core.spec import load_spec
@@ -53,6 +61,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.serve and (len(policies), len(seeds)) != (1, 1):
         raise ValueError(f"--serve: one router serves, so one policy and one seed (got {len(policies)} policies "
                          f"and {len(seeds)} seeds; choose with --policies and --seeds)")
+    _check_sizes(spec, "testbed", len(policies) * len(seeds), args)
     run_testbed(spec, Path(args.out), policies, seeds, address=args.address, serve=args.serve)
     console.print(f"report: testbed report {Path(args.out) / spec.name}")
     return 0
@@ -116,6 +125,17 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_leftovers(args: argparse.Namespace) -> int:
+    from .runtime.leftovers import find_leftovers
+
+    found = find_leftovers()
+    for item in found:
+        print(item.line())
+    if not found:
+        print("nothing of the project's is left on this machine")
+    return 1 if found else 0
+
+
 def _cmd_faults(args: argparse.Namespace) -> int:
     if args.address:
         rc = _in_cluster(args.address, ["faults", "clear", "--address", args.address])
@@ -144,6 +164,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     policies, seeds = _selection(args, spec)
+    _check_sizes(spec, "sim", len(policies) * len(seeds), args)
     cal = load_calibration(args.calibration) if args.calibration else None
     _simulate(spec, policies, seeds, Path(args.out), Path(args.spec).resolve().parent if args.spec else None, cal)
     console.print(f"report: testbed report {Path(args.out) / spec.name}")
@@ -157,6 +178,14 @@ def _simulate(spec: Any, policies: list[str], seeds: list[int], out: Path, base_
 
     if cal is not None:
         spec = apply_calibration(spec, cal)
+    trace = None
+    if spec.workload.arrival.kind == "trace":
+        # read once, before anything is printed or written: a bad file is one line, and every
+        # run replays the same requests (a trace takes no randomness)
+        from core.experiment import seed_streams
+        from workloads.generate import generate
+
+        trace = generate(spec.workload, seed_streams(seeds[0])["workload"], base_dir=base_dir)
     runs = [(p, s) for p in policies for s in seeds]
     console.print(f"[bold]{spec.name}[/]: {spec.topology.pods} pods x {spec.topology.workers_per_pod} workers"
                   f"{' (calibrated)' if cal is not None else ''}, "
@@ -166,7 +195,7 @@ def _simulate(spec: Any, policies: list[str], seeds: list[int], out: Path, base_
         overall = prog.add_task("all runs", total=len(runs))
         for policy, seed in runs:
             task = prog.add_task(f"{policy} seed {seed}", total=1.0)
-            run_dir = run_sim(spec, policy, seed, out, base_dir=base_dir,
+            run_dir = run_sim(spec, policy, seed, out, workload=trace, base_dir=base_dir,
                               progress=lambda f, task=task: prog.update(task, completed=f))
             prog.update(task, completed=1.0, visible=False)
             prog.advance(overall)
@@ -182,7 +211,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     try:
         res = run_study(spec, Path(args.out), address=args.address, workers=args.workers, rerun=args.rerun,
-                        sweeps=_csv(args.sweeps) if args.sweeps else None, base_dir=Path(args.spec).resolve().parent, source=args.spec, console=console)
+                        sweeps=_csv(args.sweeps) if args.sweeps else None, base_dir=Path(args.spec).resolve().parent,
+                        source=args.spec, console=console, max_hours=args.max_hours)
     except KeyboardInterrupt:
         done = sum(1 for _ in (Path(args.out) / spec.name).rglob("cell.json"))
         console.print(f"interrupted: the {done} finished run(s) are kept; the same command runs the rest")
@@ -253,6 +283,8 @@ def _cmd_twin(args: argparse.Namespace) -> int:
     cal_path = Path(args.calibration) if args.calibration else out / "calibration.json"
     if args.calibration:
         load_calibration(cal_path)  # a bad file is refused before minutes of engine start-up
+    for world in ("testbed", "sim"):
+        _check_sizes(spec, world, len(policies) * len(seeds), args)
     run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else cal_path)
     cal = load_calibration(cal_path)
     _simulate(spec, policies, seeds, out / "sim", Path(args.spec).resolve().parent if args.spec else None, cal)
@@ -274,6 +306,8 @@ def _experiment_parser(sub: Any, name: str, help: str, default: str, fn: Any, ou
     p.add_argument("--out", default=out, help=f"parent folder of the run directories (default: {out})")
     p.add_argument("--policies", help="comma-separated subset of the spec's policies")
     p.add_argument("--seeds", help="comma-separated seeds (default: the spec's)")
+    p.add_argument("--max-hours", type=float, default=24.0,
+                   help="refuse a spec whose runs are estimated to take longer (default 24; core/sizes.py)")
     p.set_defaults(fn=fn)
     return p
 
@@ -320,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every node of this Ray cluster, a task per node (default: $RAY_ADDRESS; without "
                         "either, this machine)")
     f.set_defaults(fn=_cmd_faults)
+    lo = sub.add_parser("leftovers", help="list anything the project left on this machine (namespaces, qdiscs, "
+                                          "cgroups, processes, files); exit status 1 if there is any")
+    lo.set_defaults(fn=_cmd_leftovers)
     sm = _experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario",
                             _cmd_sim)
     sm.add_argument("--calibration", help="a file `testbed calibrate` wrote: simulate the calibrated testbed")
@@ -330,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--workers", type=int, help="local Ray: cells at once (default: every CPU)")
     st.add_argument("--rerun", action="store_true", help="run finished cells again")
     st.add_argument("--sweeps", help="comma-separated subset of the study's sweeps (default: all)")
+    st.add_argument("--max-hours", type=float, default=24.0,
+                    help="refuse a study whose runs are estimated to take longer here (default 24; core/sizes.py)")
     st.set_defaults(fn=_cmd_study)
     r = sub.add_parser("report", help="metrics table and plots of run directories, or a study's figures")
     r.add_argument("paths", nargs="+", help="run directories, or folders holding them, or one study directory")

@@ -43,6 +43,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from core.study import Cell, expand_study
+from core.sizes import DEFAULT_MAX_HOURS, check_study_fits
 
 __all__ = ["StudyResult", "cell_is_done", "run_cell", "run_cell_in_clean_process", "run_study"]
 
@@ -144,10 +145,12 @@ def _write_index(study_dir: Path, spec: Any, cells: list[Cell]) -> None:
 
 def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int | None = None,
               rerun: bool = False, sweeps: list[str] | None = None, base_dir: Path | None = None,
-              source: str = "<spec>", console: Console | None = None) -> StudyResult:
+              source: str = "<spec>", console: Console | None = None,
+              max_hours: float = DEFAULT_MAX_HOURS) -> StudyResult:
     """Run every unfinished cell of ``spec.study`` under ``out/<spec name>``; returns what was done.
 
     ``address``: a Ray cluster to run on (None: a local Ray with ``workers`` CPUs, default all);
+    ``max_hours``: refuse (core/sizes.py) a study whose runs would take longer on this machine;
     ``rerun``: run finished cells again; ``sweeps``: run only these sweeps' cells (the index
     still lists every cell, so a report counts the others as unfinished). Ctrl-C cancels the cells in flight and keeps every
     finished one; the same command resumes.
@@ -162,14 +165,16 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
         raise ValueError(f"{source}: no sweep named {unknown[0]!r}; the study has {', '.join(names)}")
     chosen = [c for c in cells if sweeps is None or c.sweep in sweeps]
     study_dir = Path(out) / spec.name
-    study_dir.mkdir(parents=True, exist_ok=True)
-    partial = study_dir / ".partial"  # runs a stopped driver was writing, scratch space of local tasks
-    shutil.rmtree(partial, ignore_errors=True)
-    _write_index(study_dir, spec, cells)
     # One run per run id, at its first cell's place (which may lie in a sweep not chosen).
     holders = {c.run: c for c in reversed(cells)}
     runs = list({c.run: holders[c.run] for c in chosen}.values())
     todo = [c for c in runs if rerun or not cell_is_done(study_dir, c)]
+    if not address:  # a cluster's nodes are not this machine's to estimate
+        check_study_fits([c.spec for c in todo], workers or os.cpu_count() or 1, max_hours)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    partial = study_dir / ".partial"  # runs a stopped driver was writing, scratch space of local tasks
+    shutil.rmtree(partial, ignore_errors=True)
+    _write_index(study_dir, spec, cells)
     skipped = len(runs) - len(todo)
     n_shared = len(chosen) - len(runs)
     console.print(f"[bold]{spec.name}[/]: {len(chosen)} cells ({len({c.point for c in chosen})} points x policies x "

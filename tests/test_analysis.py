@@ -102,7 +102,7 @@ def test_failure_rate_timeout_share_and_composition(tmp_path):
     assert failure_rate(run.requests) == pytest.approx(0.3)
     assert timeout_share(run.requests) == pytest.approx(2 / 3)
     comp = failure_composition(run.requests)
-    assert comp == pytest.approx({"prefill_queue": 0.0, "prefill": 1 / 3, "decode_queue": 0.0, "kv_transfer": 2 / 3,
+    assert comp == pytest.approx({"admission": 0.0, "prefill_queue": 0.0, "prefill": 1 / 3, "decode_queue": 0.0, "kv_transfer": 2 / 3,
                                   "decode": 0.0, "unknown": 0.0})
     m = run_metrics(run)
     assert (m["n_requests"], m["n_failed"]) == (10, 3)

@@ -168,6 +168,8 @@ def test_run_refuses_a_workload_longer_than_the_engines_context_before_starting_
      "faults[0]: "),
     ("{mode: netns}", "{kind: compute, pods: [3], slowdown: 2, start_s: 1, duration_s: 5}",
      "targets pod 3, but the topology has pods 0..1"),
+    ("{mode: netns}", "{kind: link, pods: [0], residual_bw: 0, start_s: 1, duration_s: 5}",
+     "a link down on the testbed needs kv_only: true"),
 ])
 def test_run_refuses_faults_it_cannot_apply_before_starting_anything(tmp_path, testbed, fault, needle):
     pytest.importorskip("pyroute2", reason="pyroute2 is not installed (the README's install command installs it)")
@@ -182,7 +184,8 @@ def test_run_refuses_faults_it_cannot_apply_before_starting_anything(tmp_path, t
     res = _run("run", spec, "--out", tmp_path / "runs")
     assert res.returncode == 2
     last = res.stderr.strip().splitlines()[-1]
-    assert needle in last and ("netem" in last or "local" in last or "topology has pods" in last), last
+    assert needle in last and ("netem" in last or "local" in last or "topology has pods" in last
+                               or "kv_only" in last), last
     assert not (tmp_path / "runs").exists()
 
 

@@ -514,3 +514,14 @@ def test_down_removes_only_this_runs_bootstrap_files(tmp_path):
     (home / "ray_bootstrap_config.yaml").write_text(json.dumps({"cluster_name": "tb-ab12cd34"}))
     (home / "ray_bootstrap_key.pem").write_text("run key\n")
     assert len(rayup.remove_bootstrap_files(fabric, tmp_path, home)) == 2 and not list(home.iterdir())
+
+
+def test_sshds_privilege_separation_directory_is_made_when_missing(tmp_path):
+    """A fresh container: openssh-server installed, its service never started, so the directory
+    its start script makes at boot is missing and every node's sshd would exit at once."""
+    from testbed.runtime import rayup
+
+    d = tmp_path / "run" / "sshd"
+    assert rayup.ensure_privsep_dir(d) is True
+    assert d.is_dir() and (d.stat().st_mode & 0o777) == 0o755
+    assert rayup.ensure_privsep_dir(d) is False  # there already: left as it is

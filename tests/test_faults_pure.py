@@ -75,11 +75,14 @@ def test_fault_list_parses_by_kind_and_rejects_bad_values():
         {"kind": "compute", "pods": [1, 2], "start_s": 0, "duration_s": 4, "slowdown": 3},
     ])
     assert isinstance(fs[0], LinkFault) and isinstance(fs[1], ComputeFault)
+    down = FAULT_LIST.validate_python([{"kind": "link", "pods": [0], "start_s": 0, "duration_s": 1, "residual_bw": 0}])
+    assert down[0].residual_bw == 0.0  # a link down
     bad = [
         {"kind": "link", "pods": [], "start_s": 0, "duration_s": 1, "residual_bw": 0.1},
         {"kind": "link", "pods": [0], "start_s": 0, "duration_s": 0, "residual_bw": 0.1},
         {"kind": "link", "pods": [0], "start_s": 0, "duration_s": math.inf, "residual_bw": 0.1},
-        {"kind": "link", "pods": [0], "start_s": 0, "duration_s": 1, "residual_bw": 0.0},
+        {"kind": "link", "pods": [0], "start_s": 0, "duration_s": 1, "residual_bw": -0.1},
+        {"kind": "link", "pods": [0], "start_s": 0, "duration_s": 1, "residual_bw": 0.0, "delay_ms": 5},  # down: no delay
         {"kind": "link", "pods": [0, 0], "start_s": 0, "duration_s": 1, "residual_bw": 0.1},
         {"kind": "compute", "pods": [0], "start_s": 0, "duration_s": 1, "slowdown": 0.5},
         {"kind": "disk", "pods": [0], "start_s": 0, "duration_s": 1},

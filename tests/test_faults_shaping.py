@@ -6,6 +6,7 @@ ifb and qdisc is removed in the fixture's ``finally``, pass or fail.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -115,6 +116,36 @@ def test_kv_only_shapes_the_kv_port_range_and_leaves_other_traffic_at_line_rate(
     assert abs(measured / 20e6 - 1) < 0.10, measured
     with in_netns(fabric.node("pod0").netns):
         agent.clear_all()
+
+
+def test_a_link_down_drops_everything_it_shapes_both_ways_and_comes_back_when_cleared(fabric):
+    """residual_bw 0: htb cannot go to zero, so the shaped class drops all (a pfifo of no room).
+    With kv_only the KV ports go dark while other traffic (Ray's) keeps the line rate."""
+    agent = FaultAgent("pod0", ["eth0"])
+    pod0 = fabric.node("pod0").netns
+    with stream(fabric, "pod0", "pod1", KV_PORT) as kv, stream(fabric, "pod0", "pod1", OTHER_PORT) as other:
+        time.sleep(0.5)
+        with in_netns(pod0):
+            agent.apply_link("down", "eth0", ["uplink", "downlink"], 0.0, ttl_s=60, kv_only=True)
+            assert shaping.installed("eth0") == {"egress": 0.0, "ingress": 0.0}
+        time.sleep(1.5)
+        assert kv.last(1.0) == 0.0, "nothing crosses a link that is down"
+        assert other.last(1.0) > 100e6, "kv_only: the rest keeps the line rate"
+        with in_netns(pod0):
+            # the agent's own probe reads the same: nothing gets through (the KV port range)
+            assert agent.measure_uplink("eth0", fabric.node("pod1").address, 1.5e6) == 0.0
+            agent.clear("down")
+            assert shaping.installed("eth0") == {}
+        # TCP comes back after its retransmission back-off (up to a few seconds after a second of loss)
+        assert restored(kv, 100e6, within_s=8.0), "clearing the link brings the stream back"
+    # and without kv_only nothing leaves: a connection's SYN is lost (not refused) on any port
+    with in_netns(pod0):
+        agent.apply_link("down", "eth0", ["uplink"], 0.0, ttl_s=60)
+        with pytest.raises(TimeoutError):
+            socket.create_connection((fabric.node("pod1").address, OTHER_PORT + 1), timeout=1.5)
+        assert agent.clear_all() == ["down"]
+        with pytest.raises(ConnectionRefusedError):  # the same SYN, the link up: no listener answers it
+            socket.create_connection((fabric.node("pod1").address, OTHER_PORT + 1), timeout=1.5)
 
 
 def test_agent_measures_both_directions_from_the_counters(fabric):

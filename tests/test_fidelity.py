@@ -208,7 +208,7 @@ def test_files_are_written(fid):
     csv = pd.read_csv(out / "fidelity.csv")
     assert len(csv) == 3 * 6 and set(csv["policy"]) == set(POLICIES)
     assert csv.loc[(csv.policy == "OTF-R") & (csv.metric == "failure_rate"), "verdict"].item() == "fail"
-    assert len(pd.read_csv(out / "fidelity_composition.csv")) == 3 * 6
+    assert len(pd.read_csv(out / "fidelity_composition.csv")) == 3 * 7
     assert pd.read_csv(out / "fidelity_rank.csv")["kendall_tau"].item() == pytest.approx(1.0)
     png = out / "fidelity_success_ratio_link.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -17,7 +17,7 @@ from core.records import read_table
 from core.run import RunContext
 from core.spec import parse_spec
 from testbed.runtime.engine import DecodeResult, PrefillResult
-from testbed.runtime.ingress import Ingress, Submitted
+from testbed.runtime.ingress import Ingress
 from testbed.runtime.serve import RequestFlow
 
 MAX_LEN = 512
@@ -77,20 +77,21 @@ class StreamingEngine:
         return {"alloc_remote": 0.0, "recv_done": 0.001} if rid in self._t0 else {}
 
 
-def _spec(deadline_s: float = 30.0):
+def _spec(deadline_s: float = 30.0, max_in_flight: int | None = None):
     return parse_spec({
         "name": "ingress",
         "topology": {"pods": 1, "workers_per_pod": 2, "nic_gbps": 8.0},
         "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "prompt": {"kind": "fixed", "value": 16},
                      "output": {"kind": "fixed", "value": 4}, "max_requests": 1},
+        "router": {"max_in_flight": max_in_flight},
         "deadline_s": deadline_s, "policies": ["LC"]})
 
 
 async def _serving(tmp_path: Path, tokenizer, engine: StreamingEngine, client_fn, deadline_s: float = 30.0,
-                   healthy: bool = True, workload_requests: int = 7):
+                   healthy: bool = True, workload_requests: int = 7, max_in_flight: int | None = None):
     """Run ``client_fn(base_url, ingress)`` against an ingress over the real flow; returns
     its result and the run directory."""
-    spec = _spec(deadline_s)
+    spec = _spec(deadline_s, max_in_flight)
     topo = build_topology(spec)
     with RunContext(spec, "testbed", "LC", 0, tmp_path, topo, {"source": "ingress"}) as ctx:
         t0 = time.monotonic()
@@ -99,10 +100,7 @@ async def _serving(tmp_path: Path, tokenizer, engine: StreamingEngine, client_fn
         count = iter(range(workload_requests, 10**6))  # as the router actor: after the workload's ids
 
         def submit(ids, max_tokens, sampling, on_tokens):
-            rid = next(count)
-            task = asyncio.ensure_future(flow.handle(rid, clock(), len(ids), max_tokens, ids=ids,
-                                                     on_tokens=on_tokens, sampling=sampling))
-            return Submitted(rid, task)
+            return flow.submit(next(count), clock(), ids, max_tokens, on_tokens=on_tokens, sampling=sampling)
 
         async def health():
             return healthy, {"engines": {"pod0-prefill": {"healthy": healthy}}}
@@ -187,6 +185,38 @@ def test_a_request_past_its_deadline_gets_504_or_an_error_event_and_is_a_recorde
     assert len(engine.aborted) == 2  # aborted in the engine, as the workload's requests are
 
 
+def test_past_the_admission_limit_a_request_gets_429_at_once_and_is_recorded_rejected(tmp_path, tokenizer):
+    engine = StreamingEngine(first_s=0.5)  # two requests in flight for half a second
+
+    async def client_fn(base, _):
+        c = _client(base)
+        slow = [asyncio.ensure_future(c.completions.create(model="tiny", prompt=f"first {i}", max_tokens=2))
+                for i in range(2)]
+        await asyncio.sleep(0.2)  # both routed and in flight
+        refused = []
+        for stream in (False, True):
+            t0 = time.monotonic()
+            try:
+                await c.completions.create(model="tiny", prompt="one too many", max_tokens=2, stream=stream)
+            except openai.APIStatusError as e:
+                refused.append((e.status_code, e.body["message"], time.monotonic() - t0))
+        done = await asyncio.gather(*slow)
+        after = await c.completions.create(model="tiny", prompt="room again", max_tokens=2)
+        return refused, done, after
+
+    (refused, done, after), run_dir = asyncio.run(_serving(tmp_path, tokenizer, engine, client_fn, max_in_flight=2))
+    assert [r[0] for r in refused] == [429, 429]  # a stream too: refused before its first event
+    assert all("admission limit" in r[1] and r[2] < 0.3 for r in refused), refused  # at once, not after a wait
+    assert len(done) == 2 and after.choices[0].finish_reason == "length"
+    req = read_table(run_dir, "requests").sort_values("request_id")
+    assert req.outcome.tolist() == ["ok", "ok", "rejected", "rejected", "ok"]
+    rejected = req[req.outcome == "rejected"]
+    assert (rejected.failed_stage == "admission").all() and (rejected.prefill_pod == -1).all()
+    assert rejected.routed_s.isna().all()
+    assert len(read_table(run_dir, "decisions")) == 3  # a rejected request is never routed
+    assert len(engine.sampling) == 3
+
+
 def test_bad_requests_get_openais_error_body_and_reach_no_engine(tmp_path, tokenizer):
     engine = StreamingEngine()
 
@@ -205,6 +235,10 @@ def test_bad_requests_get_openais_error_body_and_reach_no_engine(tmp_path, token
                 await call()
             except openai.APIStatusError as e:
                 out[name] = (e.status_code, e.body["message"] if isinstance(e.body, dict) else str(e.body))
+        async with httpx.AsyncClient(base_url=base) as h:  # what no OpenAI client sends
+            for name, r in {"json": await h.post("/v1/completions", content=b'{"prompt": [5, 6'),
+                            "get": await h.get("/v1/chat/completions")}.items():
+                out[name] = (r.status_code, r.json()["error"]["message"])
         return out
 
     out, run_dir = asyncio.run(_serving(tmp_path, tokenizer, engine, client_fn))
@@ -214,6 +248,8 @@ def test_bad_requests_get_openais_error_body_and_reach_no_engine(tmp_path, token
     assert out["max_tokens"][0] == 400 and out["max_tokens"][1].startswith("max_tokens:")
     assert out["messages"][0] == 400 and out["messages"][1].startswith("messages:")
     assert out["vocab"] == (400, "prompt: token id 100000 is out of vocabulary (0..511)")
+    assert out["json"][0] == 400 and out["json"][1].startswith("Invalid JSON") and "\n" not in out["json"][1]
+    assert out["get"] == (405, "GET /v1/chat/completions: only POST")
     assert not (run_dir / "requests.parquet").exists() or read_table(run_dir, "requests").empty
     assert engine.sampling == []
 

@@ -264,3 +264,106 @@ def test_production_health_checks_flag_only_a_degradation_that_fails_requests(tm
     # the ejection ends: Envoy's 30 s base ejection x times ejected, re-checked at 1 s labels
     cleared = health[(health.pod == 1) & ~health.unhealthy & (health.time_s > first)]
     assert not cleared.empty and cleared.time_s.min() - first == pytest.approx(30.0, abs=1.0)
+
+
+def test_a_link_down_stalls_every_pull_across_it_until_it_is_back(tmp_path):
+    # residual_bw 0 on pod 1 from 20 s to 50 s (CORE's fault, down): no byte crosses its core
+    # links, so a pull across them never completes and its request times out in kv_transfer;
+    # the production health checks' probe fails on a dead link (round trip infinite).
+    data = {**CORE, "health": {}, "faults": [{**CORE["faults"][0], "residual_bw": 0.0}]}
+    d, r = _run(tmp_path, parse_spec(data), "LC", 3)
+    crosses = (r.prefill_pod != r.decode_pod) & ((r.prefill_pod == 1) | (r.decode_pod == 1))
+    during = crosses & (r.kv_start_s >= 20.0) & (r.kv_start_s < 50.0)
+    # not one pull that started while the link was down ended before it was back up
+    assert during.sum() >= 3 and not (r.kv_end_s[during] < 50.0).any()
+    doomed = during & (r.arrival_s + data["deadline_s"] < 50.0)  # their deadline passes while it is down
+    assert doomed.sum() >= 3
+    assert (r.outcome[doomed] == "timeout").all() and (r.failed_stage[doomed] == "kv_transfer").all()
+    # before the fault and once it is over, the same paths carry KV again
+    after = crosses & (r.kv_start_s >= 50.0)
+    assert after.sum() >= 3 and (r.outcome[after] == "ok").all()
+    # the faults table shows the link at 0, and the price's bandwidth term at its maximum
+    faults = read_table(d, "faults")
+    assert faults[(faults.pod == 1) & (faults.event == "apply")].severity.tolist() == [0.0]
+    prices = read_table(d, "prices")
+    mid = prices[(prices.pod == 1) & (prices.time_s > 25.0) & (prices.time_s < 50.0)]
+    assert not mid.empty and (mid.bw_term == 1.0).all()
+    # the probe cannot cross a dead link: the production checks flag the pod while it is down
+    health = read_table(d, "health")
+    assert health[(health.pod == 1) & (health.time_s > 20.0) & (health.time_s < 50.0)].unhealthy.any()
+
+
+def test_the_admission_limit_bounds_what_is_in_flight_and_records_the_rest_as_rejected(tmp_path):
+    # CORE at 10x its rate: far past what 4 x 4 workers serve within the deadline
+    over = {**CORE, "workload": {**CORE["workload"], "arrival": {"kind": "poisson", "rate_rps": 40.0}}}
+    _, free = _run(tmp_path / "free", parse_spec(over), "LC", 3)
+    d, r = _run(tmp_path / "limited", parse_spec({**over, "router": {"max_in_flight": 24}}), "LC", 3)
+    assert "rejected" not in set(free.outcome)
+    rejected = r[r.outcome == "rejected"]
+    assert len(rejected) > 0.2 * len(r)
+    assert (rejected.failed_stage == "admission").all() and (rejected.prefill_pod == -1).all()
+    assert rejected.routed_s.isna().all() and rejected.end_s.isna().all()
+    # in flight (routed, not yet ended) never above the limit: rebuilt from the records
+    routed = r[r.outcome != "rejected"]
+    ends = routed.end_s.fillna(routed.arrival_s + CORE["deadline_s"])  # a failure ends at its limit at the latest
+    events = sorted([(t, 1) for t in routed.routed_s] + [(t, -1) for t in ends], key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    assert peak <= 24
+    # every request is in the records, and only routed ones were decided
+    assert len(r) == len(free) and len(read_table(d, "decisions")) == len(routed)
+    # a rejection is cheap: the limited run's admitted requests fail less than the free run's requests
+    assert (routed.outcome != "ok").mean() < (free.outcome != "ok").mean()
+
+
+def _dead_pull_spec(tmp_path, on_abort: str, rows: str, r: float, deadline_s: float, max_batch: int = 256):
+    """by_pod, one worker a pod (pod 0 prefills, pod 1 decodes): every pull crosses pod 0's slowed uplink."""
+    trace = tmp_path / f"trace-{on_abort}.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows)
+    return _spec(topology={"pods": 2, "workers_per_pod": 1, "placement": "by_pod", "nic_gbps": 8.0, "uplink_gbps": 8.0},
+                 engine={"kv_pull_on_abort": on_abort, "decode_max_batch": max_batch},
+                 workload={"arrival": {"kind": "trace", "path": str(trace)}, "max_requests": None,
+                           "prompt": None, "output": None},
+                 faults=[{"kind": "link", "pods": [0], "residual_bw": r, "start_s": 0.0, "duration_s": 1000.0}],
+                 deadline_s=deadline_s)
+
+
+@pytest.mark.parametrize("on_abort", ["cancel", "finish"])
+def test_a_pull_given_up_at_its_deadline_is_cancelled_or_finishes_as_dead_work(tmp_path, on_abort):
+    # prefill 0-1 s; the pull of 1008 tokens' KV at r = 0.1 of 8 Gbit/s takes 10 x 0.132 s; the
+    # deadline (1.5 s) comes 0.5 s into it
+    d, r = _run(tmp_path, _dead_pull_spec(tmp_path, on_abort, "0.0,1000,10\n", 0.1, 1.5))
+    (row,) = r.itertuples()
+    assert row.outcome == "timeout" and row.failed_stage == "kv_transfer"
+    (dead,) = read_table(d, "dead_pulls").itertuples()
+    nbytes = 1008 * KV
+    pull_s = nbytes / (0.1 * 8.0 * GBPS)
+    assert (dead.request_id, dead.prefill_pod, dead.decode_pod, dead.kv_bytes) == (0, 0, 1, nbytes)
+    assert dead.given_up_s == pytest.approx(1.5)
+    if on_abort == "cancel":
+        assert (dead.ending, dead.end_s, dead.bytes_after) == ("cancelled", pytest.approx(1.5), 0.0)
+    else:  # the rest of the pull, at the link's rate, after the request was given up
+        assert dead.ending == "done" and dead.end_s == pytest.approx(1.0 + pull_s)
+        assert dead.bytes_after == pytest.approx(nbytes * (1.0 + pull_s - 1.5) / pull_s)
+    from analysis.metrics import run_metrics
+
+    m = run_metrics(d)  # what the report counts as dead work
+    assert (m["n_dead_pulls"], m["dead_kv_bytes"]) == ((0, 0.0) if on_abort == "cancel" else (1, dead.bytes_after))
+
+
+@pytest.mark.parametrize("on_abort, second", [("cancel", "kv_transfer"), ("finish", "decode_queue")])
+def test_a_dead_pull_holds_its_decode_slot_until_it_ends(tmp_path, on_abort, second):
+    # one decode slot; request 0's pull (13.2 s at r = 0.01) is given up at 5 s; request 1, prefilled
+    # by 1.1 s, waits for the slot: freed at 5 s when cancelled, at 14.2 s when the pull goes on
+    # (past request 1's own deadline, 5.5 s: it never leaves the decode queue)
+    d, r = _run(tmp_path, _dead_pull_spec(tmp_path, on_abort, "0.0,1000,10\n0.5,100,10\n", 0.01, 5.0, max_batch=1))
+    assert r.outcome.tolist() == ["timeout", "timeout"]
+    assert r.failed_stage.tolist() == ["kv_transfer", second]
+    if on_abort == "cancel":
+        assert r.kv_start_s[1] == pytest.approx(5.0)  # admitted the moment request 0's pull stopped
+    dead = read_table(d, "dead_pulls").sort_values("request_id")
+    assert dead.request_id.tolist() == ([0, 1] if on_abort == "cancel" else [0])
+    if on_abort == "finish":
+        assert dead.ending.tolist() == ["done"] and dead.end_s.item() == pytest.approx(1.0 + 1008 * KV / (0.01 * 8.0 * GBPS))

@@ -294,3 +294,59 @@ def test_the_first_token_limit_cuts_only_a_request_without_its_first_token_in_bo
                      faults=[{"kind": "link", "pods": [0], "residual_bw": 0.0001, "start_s": 0.0, "duration_s": 100.0}])
     sim = _sim(tmp_path / "c", sim_spec).iloc[0]
     assert sim.outcome == "timeout" and sim.failed_stage == "kv_transfer"
+
+
+# --- dead work: the pull of a request given up in kv_transfer ----------------------------------------
+
+
+class DeadPullEngine(ScriptedEngine):
+    """A decode engine whose KV read cannot be cancelled, as vLLM's: the call returns at the abort,
+    the read ends ``ends_at`` after the call (``how``: "recv_done" or "recv_failed"; None: never)."""
+
+    def __init__(self, ends_at: float, how: str | None) -> None:
+        super().__init__({"alloc_remote": 0.05}, end=60.0)
+        self.ends_at, self.how, self.forgotten = ends_at, how, []
+
+    async def pull_end(self, rid, forget=False):
+        if forget:
+            self.forgotten.append(rid)
+        done = self.how is not None and time.monotonic() - self._t0[rid] >= self.ends_at
+        return {self.how: self.ends_at} if done else {}
+
+
+@pytest.mark.parametrize("how, ending", [("recv_done", "done"), ("recv_failed", "failed"), (None, "unseen")])
+def test_a_dead_pull_is_watched_after_the_deadline_and_recorded(tmp_path, monkeypatch, how, ending):
+    from testbed.runtime import serve
+
+    monkeypatch.setattr(serve, "DEAD_PULL_WATCH_S", 2.0)  # "unseen" after 2 s rather than a minute
+    monkeypatch.setattr(serve, "DEAD_PULL_POLL_S", 0.05)
+    spec = _spec(deadline_s=1.0)
+    decode = DeadPullEngine(ends_at=2.0, how=how)
+    topo = build_topology(spec)
+    with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", topo, {"requests": 1}) as ctx:
+        t0 = time.monotonic()
+        flow = RequestFlow(ctx, [ScriptedEngine({"alloc": 0.0}, end=0.05)], [decode], spec.deadline_s,
+                           lambda: time.monotonic() - t0, vocab=2048, kv_bytes_per_token=KV)
+
+        async def go():
+            out = await flow.handle(0, 0.0, 256, 10)
+            assert flow.watches  # the request has ended; its pull is still watched
+            await flow.drain()
+            return out
+
+        assert asyncio.run(go()) == "timeout"
+    (row,) = read_table(ctx.run_dir, "requests").itertuples()
+    assert row.failed_stage == "kv_transfer"
+    (dead,) = read_table(ctx.run_dir, "dead_pulls").itertuples()
+    assert dead.ending == ending and dead.kv_bytes == row.kv_bytes > 0
+    assert dead.given_up_s == pytest.approx(1.0)
+    if how is None:
+        assert math.isnan(dead.end_s) and math.isnan(dead.bytes_after) and decode.forgotten == ["req-0-0"]
+        return
+    sent = row.kv_start_s - 0.05  # the decode call's start (alloc_remote 0.05 s after it)
+    assert dead.end_s == pytest.approx(sent + 2.0, abs=0.01)
+    if how == "recv_done":  # the pull's mean rate over its 1.95 s, of which ~1 s came after the deadline
+        share = (dead.end_s - 1.0) / (dead.end_s - row.kv_start_s)
+        assert dead.bytes_after == pytest.approx(row.kv_bytes * share)
+    else:
+        assert math.isnan(dead.bytes_after)

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -84,9 +85,11 @@ def testbed_runs(tmp_path_factory):
                             "health": {"model": "alert", "detection_delay_s": 2.0, "clear_delay_s": 2.0}})
     big = out / "too_big.yaml"
     big.write_text(json.dumps({**base, "name": "too_big", "topology": {**base["topology"], "pods": 5}}))
+    # What is on the machine already (another run's, a crashed session's) is not this test's to judge.
     before = _leftovers()
+    cli: dict[str, subprocess.CompletedProcess] = {"leftovers_before": _cli("leftovers")}
     cluster = EmulatedCluster(healthy.topology.pods, mode="netns", launcher="ray_up")
-    cli: dict[str, subprocess.CompletedProcess] = {}
+    cli["run_id"] = cluster.run_id
     scrapes: list[str] = []
     stop = threading.Event()
     try:
@@ -106,10 +109,12 @@ def testbed_runs(tmp_path_factory):
         cli["clear"] = _cli("faults", "clear", "--address", addr)
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
         cli["serve"] = _serve_and_query(base, addr, out)
+        cli["killed"] = _kill_mid_run(base, addr, out)
     finally:
         cluster.down()
         cli["down"] = _cli("cluster", "status")
         after = _leftovers()
+        cli["leftovers"] = _cli("leftovers")
     cli["scrapes"] = scrapes
     return out, before, after, throttled, cli
 
@@ -169,6 +174,65 @@ def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
             seen["rc"] = proc.wait()
         reader.join(10)
         seen["stderr"] = "".join(lines)
+    return seen
+
+
+KILL_FAULT_S = 90.0  # the faults of the killed run: applied at 0 s, for this long
+KILL_AFTER_S = 65.0  # the kill, this long after they were applied: past the ~47 s after which UCX gives up
+
+
+def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
+    """`testbed run` with pod 0's KV link down, SIGKILLed (the command
+    and its driver, one process group, as a terminal's kill would) mid-run. Then, the cluster still
+    up: what is left right after, and once the faults' time to live has passed (the agents remove
+    them by themselves, the driver being gone)."""
+    from testbed.runtime.leftovers import find_leftovers
+
+    spec_file = out / "e2e_killed.yaml"
+    spec_file.write_text(json.dumps({
+        **base, "name": "e2e_killed", "deadline_s": 8.0, "policies": ["Random"],
+        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 200,
+                     "prompt": {"kind": "uniform", "low": 300, "high": 400}, "output": {"kind": "fixed", "value": 4}},
+        # (no compute fault: on nodes `ray up` starts, `ip netns exec` remounts /sys and hides the
+        # cgroup mounts from the agent; the session note has it)
+        "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": KILL_FAULT_S, "residual_bw": 0.0,
+                    "kv_only": True}]}))
+    run_dir = out / "e2e_killed" / "Random" / "seed-0"
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--address", addr,
+                             "--policies", "Random", "--seeds", "0", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    seen: dict = {}
+    try:
+        deadline = time.monotonic() + 600  # engines start, then the faults are applied at 0 s
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                faults = read_table(run_dir, "faults")
+                if (faults.event == "apply").sum() >= 2:  # pod 0's egress and ingress
+                    break
+            except Exception:  # not written yet
+                pass
+            time.sleep(1.0)
+        applied_at = time.monotonic()
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(KILL_AFTER_S)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        killed_at = time.monotonic()
+        time.sleep(5.0)  # Ray ends the actors the dead driver owned
+        seen["right_after"] = [x.line() for x in find_leftovers()]
+        seen["engines_after_kill"] = subprocess.run(["pgrep", "-af", "EngineCore"], capture_output=True,
+                                                    text=True).stdout.splitlines()
+        # the faults' time to live: their scheduled end (KILL_FAULT_S after the run's start) plus the margin
+        ttl_end = applied_at + KILL_FAULT_S + base["testbed"].get("fault_ttl_margin_s", 10.0) + 5.0
+        time.sleep(max(0.0, ttl_end - time.monotonic()))
+        seen["after_ttl"] = [x.line() for x in find_leftovers()]
+        seen["killed_after_s"] = killed_at - applied_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    seen["run_dir"] = run_dir
     return seen
 
 
@@ -327,6 +391,14 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
     # Nothing failed in any other way. (On 2 cores a pending pull costs its engines CPU and
     # a co-located engine can miss the deadline too: such a request is a timeout as well.)
     assert set(req.outcome) <= {"ok", "timeout"}
+    # Dead work: vLLM cannot cancel the reads; each given-up pull was watched to its end. At 2 Mbit/s
+    # a 5 MB pull takes about 21 s, twice the deadline: the ones that ended moved bytes after it.
+    dead = read_table(d, "dead_pulls")
+    in_kv = req[(req.outcome == "timeout") & (req.failed_stage == "kv_transfer")]
+    assert sorted(dead.request_id) == sorted(in_kv.request_id), (dead, in_kv)
+    done = dead[dead.ending == "done"]
+    assert len(done) > 0 and (done.end_s > done.given_up_s).all(), dead
+    assert ((done.bytes_after > 0) & (done.bytes_after <= done.kv_bytes)).all(), dead
     for event in ("apply", "clear"):
         rows = faults[faults.event == event]
         assert set(rows.target) == {"pod0:eth0/egress", "pod0:eth0/ingress"}, faults
@@ -348,12 +420,62 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
     assert prices[prices.pod == 0].bw_term.max() > 0.99 and prices[prices.pod == 1].bw_term.max() < 0.01
 
 
+def _new_leftovers(cli: dict) -> list[str]:
+    """`testbed leftovers` lines after the cluster's down that were not there before it came up."""
+    before = set(cli["leftovers_before"].stdout.splitlines())
+    return [x for x in cli["leftovers"].stdout.splitlines() if x not in before]
+
+
 def test_nothing_is_left_behind(testbed_runs):
     _, before, after, _, cli = testbed_runs
-    for key in ("namespaces", "processes", "qdiscs", "bootstrap"):
-        assert after[key] == [], after
-    assert set(after["tmp"]) <= set(before["tmp"])
-    assert "no emulated cluster recorded" in cli["down"].stdout
+    for key in ("namespaces", "processes", "qdiscs", "bootstrap", "tmp"):
+        assert sorted(set(after[key]) - set(before[key])) == [], (before, after)
+        assert not [x for x in after[key] if cli["run_id"] in x], after
+    if not before["namespaces"]:  # (a machine with another cluster on it lists that one)
+        assert "no emulated cluster recorded" in cli["down"].stdout
+    assert cli["run_id"] not in cli["down"].stdout
+
+
+def test_a_killed_driver_leaves_its_faults_to_their_ttl_and_nothing_after_cluster_down(testbed_runs):
+    """SIGKILLed mid-run: the run directory keeps what was flushed (status still "running": nobody
+    closed it), the agents still hold the faults (the cluster is up), their time to live removes
+    them, and `testbed cluster down` leaves nothing at all, by the project's own inventory."""
+    *_, cli = testbed_runs
+    k = cli["killed"]
+    assert read_meta(k["run_dir"])["status"] == "running"
+    right_after = "\n".join(k["right_after"])
+    assert "qdisc" in right_after, right_after  # held by the live agents
+    assert not [x for x in k["after_ttl"] if x.startswith(("qdisc", "cgroup", "link"))], k["after_ttl"]
+    assert _new_leftovers(cli) == [], cli["leftovers"].stdout
+    assert cli["run_id"] not in cli["leftovers"].stdout
+    if cli["leftovers_before"].returncode == 0:  # a clean machine before: a clean one after
+        assert cli["leftovers"].returncode == 0, cli["leftovers"].stdout
+        assert "nothing of the project's is left" in cli["leftovers"].stdout
+
+
+def test_a_link_down_on_the_testbed_stalls_every_pull_across_it(testbed_runs):
+    """residual_bw 0 (kv_only) on pod 0: not one request whose KV leaves pod 0 gets a first
+    token, while pulls from the other prefill pod go on. How they fail differs from the
+    simulator's dead link: the first pulls hang until their deadline (timeouts in kv_transfer),
+    then UCX gives the connection up and later pulls fail at once (NIXL's failed transfers,
+    errors); see the session note."""
+    *_, cli = testbed_runs
+    d = cli["killed"]["run_dir"]
+    req = read_table(d, "requests")
+    faults = read_table(d, "faults")
+    applied_s = faults[(faults.event == "apply") & (faults.kind == "link")].time_s.min()
+    link = faults[(faults.event == "apply") & (faults.kind == "link")]
+    assert (link.severity == 0.0).all() and (link.measured_bps == 0.0).all(), link  # the probe got nothing through
+    across = req[(req.prefill_pod == 0) & (req.kv_start_s > applied_s)]
+    assert len(across) > 0, req
+    assert across.first_token_s.isna().all() and (across.outcome != "ok").all(), across  # not one got through
+    assert set(across.outcome) <= {"timeout", "error"}
+    timed_out = across[across.outcome == "timeout"]
+    assert len(timed_out) > 0
+    # a pull that hung (timeout) or that NIXL gave up on (error): either way it failed in kv_transfer
+    assert (across.failed_stage == "kv_transfer").all(), across
+    elsewhere = req[(req.prefill_pod != 0) & (req.outcome == "ok")]
+    assert len(elsewhere) > 0, req
 
 
 def test_the_cluster_is_reached_by_its_address_like_a_real_one(testbed_runs):

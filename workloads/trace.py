@@ -188,6 +188,8 @@ def load_trace(path: str | Path, format: str = "auto") -> Trace:
     p = Path(path)
     if format not in TRACE_FORMATS:
         raise WorkloadError(f"trace {p}: unknown format {format!r}; known: {', '.join(TRACE_FORMATS)}")
+    if p.is_dir():
+        raise WorkloadError(f"trace {p}: a directory, not a file")
     public = FORMATS.get(format) if format not in ("auto", "native") else None
     if public is not None:
         container = public.container

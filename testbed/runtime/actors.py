@@ -14,6 +14,7 @@ still awaiting, and nothing blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -22,12 +23,15 @@ from typing import Any
 
 import ray
 
+from core.records import DEAD_PULL_WATCH_S
 from core.run import RunContext
 from core.spec import ExperimentSpec
 from core.topology import Topology
 from core.view import Capacity
 from .injector import FaultInjector, PodTargets
 from .serve import ABORT_GRACE_S, RayEngine, RequestFlow
+
+log = logging.getLogger(__name__)
 
 # /health's wait for an engine's answer. Kubernetes probes default to 1 s; an engine actor's
 # call here can queue behind a busy engine step on 2 shared cores, so a few seconds.
@@ -107,6 +111,9 @@ class EngineActor:
     async def stages(self, request_id: str) -> dict[str, float]:
         return await self.engine.stages(request_id)
 
+    async def pull_end(self, request_id: str, forget: bool = False) -> dict[str, float]:
+        return await self.engine.pull_end(request_id, forget)
+
     async def compute_pids(self) -> list[int]:
         """The engine's worker processes (vLLM's engine core and its children): what a
         compute fault slows. The actor's own process (the API front end) is left alone."""
@@ -183,6 +190,9 @@ class RouterActor:
 
             self._metrics_server = serve(self.metrics, self.spec.testbed.metrics_host, self.spec.testbed.metrics_port)
         self._loops = [asyncio.ensure_future(self._every(period, fn)) for period, fn in self.ctx.periodic]
+        # every table on disk within about flush_s of its rows, even one that gets no new row to
+        # flush it (a SIGKILLed driver's run keeps its fault rows: tests/test_testbed_e2e.py)
+        self._loops.append(asyncio.ensure_future(self._every(self.ctx.writer.flush_s, lambda _: self.ctx.writer.flush_due())))
         if self.injector:
             self._injecting = asyncio.ensure_future(self.injector.run())
 
@@ -203,6 +213,7 @@ class RouterActor:
             self._track(asyncio.ensure_future(self.flow.handle(i, float(t), int(p), int(o))))
         while self._tasks:
             await asyncio.wait(set(self._tasks))
+        await self._drain_dead_pulls()
         await self._end_faults()
         return dict(self.flow.outcomes)
 
@@ -233,6 +244,7 @@ class RouterActor:
         self.ingress.accepting = False  # 503 from now on
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.spec.deadline_s + ABORT_GRACE_S)
+        await self._drain_dead_pulls()
         await self.ingress.stop()
         await self._end_faults()
         return dict(self.flow.outcomes)
@@ -247,15 +259,13 @@ class RouterActor:
         self._stop.set()
 
     def _submit(self, ids: list[int], max_tokens: int, sampling: dict[str, Any], on_tokens: Any) -> Any:
-        from .ingress import Submitted
-
         # ids continue after the workload's, so an ingress request never shares a record's id
         rid = self.total + self._ingress_count
         self._ingress_count += 1
-        now = self.now()
-        task = self._track(asyncio.ensure_future(self.flow.handle(
-            rid, now, len(ids), max_tokens, ids=ids, on_tokens=on_tokens, sampling=sampling)))
-        return Submitted(rid, task)
+        sub = self.flow.submit(rid, self.now(), ids, max_tokens, on_tokens=on_tokens, sampling=sampling)
+        if isinstance(sub.outcome, asyncio.Task):
+            self._track(sub.outcome)
+        return sub
 
     async def _health(self) -> tuple[bool, dict[str, Any]]:
         """Every engine's own health check (vLLM's: its core alive), with its load, and the
@@ -271,6 +281,14 @@ class RouterActor:
         pods = {f"pod{p}": {"unhealthy_label": bool(labels[p])} for p in range(len(labels))}
         return all(e["healthy"] for e in out.values()), {"engines": out, "pods": pods}
 
+    async def _drain_dead_pulls(self) -> None:
+        """The run ends once every dead pull's fate is recorded (each is watched for at most
+        DEAD_PULL_WATCH_S; the margin covers a last call to a stuck engine)."""
+        try:
+            await asyncio.wait_for(self.flow.drain(), DEAD_PULL_WATCH_S + 10.0)
+        except asyncio.TimeoutError:
+            log.warning("%d dead pulls still watched at the run's end", len(self.flow.watches))
+
     async def _end_faults(self) -> None:
         """Stop the schedule after its current step and clear what is still on, recording it."""
         if self.injector is None or self._injecting is None:
@@ -285,7 +303,7 @@ class RouterActor:
                 "outcomes": dict(self.flow.outcomes), "now_s": self.now()}
 
     async def close(self, status: str = "finished", **extra: Any) -> dict[str, Any]:
-        for t in list(self._tasks):
+        for t in [*self._tasks, *self.flow.watches]:
             t.cancel()
         try:
             await asyncio.wait_for(self._end_faults(), 60)

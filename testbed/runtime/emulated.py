@@ -437,6 +437,7 @@ class EmulatedCluster:
             {"name": n.name, "address": n.address} for n in self.fabric.nodes]}))
         rayup.write_node_commands(root, {n.name: ([a for a in self._ray_argv(n.name) if a != "--block"],
                                                   self._node_env(n.name)) for n in self.fabric.nodes})
+        rayup.ensure_privsep_dir()
         for n in self.fabric.nodes:
             log_path = self.log_dir / f"{n.name}.log"  # sshd's, and what the node's sessions print
             with open(log_path, "ab") as out:
@@ -580,7 +581,9 @@ class EmulatedCluster:
     def down(self, keep_logs: bool = False) -> None:
         """Stop every process of the run (SIGTERM to the node sessions, SIGKILL after
         ``stop_timeout_s``), then remove the namespaces, the Ray temp dirs and the state
-        file. Idempotent; works from the state file alone (see ``attach``)."""
+        file, and the compute faults' cgroups the run's processes left empty (a cgroup outlives
+        its processes, and the agent whose time to live would remove it is gone with them).
+        Idempotent; works from the state file alone (see ``attach``)."""
         state = nn.read_state(self.state_path) if self.state_path.exists() else {}
         if self.launcher == "ray_up":
             self._ray_down()
@@ -623,6 +626,9 @@ class EmulatedCluster:
             shutil.rmtree(self.temp_root, ignore_errors=True)
         self.state_path.unlink(missing_ok=True)
         self.info = None
+        from testbed.runtime.injection.cpu import clear_project_cgroups
+
+        clear_project_cgroups(only_empty=True)  # another run's live throttles stay
 
     def status(self) -> ClusterStatus:
         """Which of the run's namespaces and processes exist (from the state file)."""

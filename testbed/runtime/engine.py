@@ -282,6 +282,10 @@ def install_nixl_progress_delay(delay_us: int | None = None) -> bool:
 # (same node, same monotonic clock) reads it back (`StageLog`).
 
 
+# The stage log's events that end a KV pull (NIXL reports a failed read as finished too).
+PULL_ENDS = frozenset({"recv_done", "recv_failed"})
+
+
 def _stage_logging(base: type) -> type:
     class StageLoggingNixlConnector(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -306,8 +310,12 @@ def _stage_logging(base: type) -> type:
 
         def update_connector_output(self, connector_output: Any) -> None:
             super().update_connector_output(connector_output)
-            for rid in connector_output.finished_recving or ():
-                self._testbed_event(rid, "recv_done")
+            # A failed pull is "finished" too (NIXL's worker puts it in both sets): told apart, so
+            # that the request's failure stays in kv_transfer rather than looking decoded.
+            failed = set(getattr(connector_output, "failed_recving", None) or ())
+            finished = set(connector_output.finished_recving or ())
+            for rid in finished | failed:
+                self._testbed_event(rid, "recv_failed" if rid in failed else "recv_done")
 
     StageLoggingNixlConnector.__name__ = StageLoggingNixlConnector.__qualname__ = "NixlConnector"
     return StageLoggingNixlConnector
@@ -346,6 +354,11 @@ class StageLog:
     def pop(self, request_id: str) -> dict[str, float]:
         self._catch_up()
         return self._events.pop(request_id, {})
+
+    def forget(self, request_id: str) -> None:
+        """Drop what was logged for the request since it was popped (an aborted pull's end)."""
+        self._catch_up()
+        self._events.pop(request_id, None)
 
 
 def __getattr__(name: str) -> Any:
@@ -466,6 +479,9 @@ class Engine:
         self._submitted: dict[str, float] = {}  # request id -> when its call reached this engine
         self._first: dict[str, float] = {}  # request id -> when its first token reached the front end
         self._stage_log = StageLog(config.stage_log_path)
+        # Aborted requests whose KV pull had started and not ended: when their call reached this
+        # engine. vLLM cannot cancel the read; its end comes later (pull_end).
+        self._dead_pulls: dict[str, float] = {}
         self.startup_s: float | None = None
         self.warmup_s: float | None = None
 
@@ -679,8 +695,28 @@ class Engine:
                 call.cancel()
 
     async def abort(self, request_id: str) -> None:
-        """Cancel a request (the router's deadline); its `decode` returns with `aborted`."""
+        """Cancel a request (the router's deadline); its `decode` returns with `aborted` at once.
+        A KV pull in flight goes on regardless (vLLM 0.32 frees an aborted request's blocks only
+        once its NIXL read has ended): its end is kept for :meth:`pull_end`."""
+        t0 = self._submitted.get(request_id)
+        if t0 is not None:
+            events = self._stage_log.get(request_id)
+            if "alloc_remote" in events and not PULL_ENDS & events.keys():
+                self._dead_pulls[request_id] = t0
         await self._require().abort(request_id)
+
+    async def pull_end(self, request_id: str, forget: bool = False) -> dict[str, float]:
+        """How an aborted request's KV pull ended ("recv_done" or "recv_failed", in seconds after
+        its call reached this engine), once the scheduler has logged it; {} until then (or for a
+        request without a pull in flight at its abort). Found, or with ``forget``, it is dropped."""
+        t0 = self._dead_pulls.get(request_id)
+        if t0 is None:
+            return {}
+        out = {k: t - t0 for k, t in self._stage_log.get(request_id).items() if k in PULL_ENDS}
+        if out or forget:
+            del self._dead_pulls[request_id]
+            self._stage_log.forget(request_id)
+        return out
 
     async def reset_prefix_cache(self) -> bool:
         """Drop cached prefixes, so one run's prompts cannot speed up the next run's."""

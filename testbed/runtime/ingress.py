@@ -30,14 +30,14 @@ import json
 import logging
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
-from pydantic import BaseModel, ConfigDict, Field
+
+from .serve import Submitted
 
 log = logging.getLogger(__name__)
 
@@ -111,21 +111,15 @@ class IngressError(Exception):
 # --------------------------------------------------------------------------- what the router provides
 
 
-@dataclass
-class Submitted:
-    """A request handed to the router: its id in the run's records and its flow's outcome."""
-
-    request_id: int
-    outcome: Awaitable[str]
-
-
 # (prompt token ids, max output tokens, sampling fields, token receiver) -> the request in flight
 Submit = Callable[[list[int], int, dict[str, Any], Callable[[list[int], "str | None"], None]], Submitted]
 # -> (every engine healthy, what to show)
 Health = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 
-# How the flow's outcomes answer a client (the record says more: stage, times).
-_FAILED = {"timeout": (504, "Timeout", "timed out"), "error": (502, "EngineError", "failed in an engine")}
+# How the flow's outcomes answer a client (the record says more: stage, times). A rejection is
+# OpenAI's (and sgl-router's) 429: the client may retry later.
+_FAILED = {"timeout": (504, "Timeout", "timed out"), "error": (502, "EngineError", "failed in an engine"),
+           "rejected": (429, "RateLimitError", "was rejected: the router's admission limit is reached")}
 
 
 class _Detok:
@@ -164,7 +158,10 @@ class Ingress:
         self._server: Any = None
         self._task: asyncio.Task | None = None
         self.address: tuple[str, int] | None = None
-        self.app = self._build()
+        self._api = self._build()
+        self._generating = {"/v1/completions": (CompletionBody, self._completions),
+                            "/v1/chat/completions": (ChatBody, self._chat)}
+        self.app = self._asgi
 
     # ---- server
 
@@ -183,8 +180,9 @@ class Ingress:
         except OSError as e:
             sock.close()
             raise OSError(f"ingress: cannot listen on {host}:{port}: {e.strerror}") from None
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=5, timeout_keep_alive=30)
+        # asgi3 named: uvicorn's detection takes a bound async method for an ASGI2 app
+        config = uvicorn.Config(self.app, interface="asgi3", log_level="warning", access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=5, timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -272,6 +270,10 @@ class Ingress:
         chunks: asyncio.Queue = asyncio.Queue()
         sub = self.submit(ids, max_tokens, self._sampling(body), lambda t, r: chunks.put_nowait((t, r)))
         self.served += 1
+        if isinstance(sub.outcome, asyncio.Future) and sub.outcome.done() and sub.outcome.result() == "rejected":
+            # refused before anything started: a status, also for a stream (no event sent yet)
+            status, kind, what = _FAILED["rejected"]
+            return IngressError(status, self._failure(sub.request_id, what), kind).response()
         outcome = asyncio.ensure_future(sub.outcome)
         outcome.add_done_callback(lambda _: chunks.put_nowait(None))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{sub.request_id}"
@@ -343,18 +345,49 @@ class Ingress:
 
     # ---- the app
 
+    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI app uvicorn serves. The two generating endpoints are served here, straight
+        from ASGI: FastAPI's middleware, routing and dependency layers cost 80-100 us a request
+        (measured, bench_ingress), as much as the router's whole flow. The rest is FastAPI's."""
+        endpoint = self._generating.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None:
+            return await self._api(scope, receive, send)
+        if scope["method"] != "POST":
+            refused = IngressError(405, f"{scope['method']} {scope['path']}: only POST", "MethodNotAllowed").response()
+            refused.headers["Allow"] = "POST"
+            return await refused(scope, receive, send)
+        model, handler = endpoint
+        raw = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            raw.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        try:
+            response = await handler(model.model_validate_json(b"".join(raw)))
+        except ValidationError as e:
+            response = IngressError(400, _first_error(e.errors())).response()
+        except IngressError as e:
+            response = e.response()
+        await response(scope, receive, send)
+
+    async def _completions(self, body: CompletionBody) -> Any:
+        self._check_model(body)
+        self._check_supported(body)
+        ids = self._completion_ids(body)
+        return await self._run(ids, self._limit(ids, body.max_tokens, COMPLETION_MAX_TOKENS), body, chat=False)
+
+    async def _chat(self, body: ChatBody) -> Any:
+        self._check_model(body)
+        self._check_supported(body)
+        ids = self._chat_ids(body)
+        return await self._run(ids, self._limit(ids, body.max_completion_tokens or body.max_tokens, None), body,
+                               chat=True)
+
     def _build(self) -> FastAPI:
         app = FastAPI(title="testbed ingress", docs_url=None, redoc_url=None, openapi_url=None)
-
-        @app.exception_handler(IngressError)
-        async def _refused(_: Request, e: IngressError) -> JSONResponse:
-            return e.response()
-
-        @app.exception_handler(RequestValidationError)
-        async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-            first = e.errors()[0] if e.errors() else {}
-            where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-            return IngressError(400, f"{where}: {first.get('msg', 'invalid request')}").response()
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
@@ -369,20 +402,12 @@ class Ingress:
             ok, detail = await self.health()
             return JSONResponse({"status": "ok" if ok else "unhealthy", **detail}, status_code=200 if ok else 503)
 
-        @app.post("/v1/completions")
-        async def completions(body: CompletionBody) -> Any:
-            self._check_model(body)
-            self._check_supported(body)
-            ids = self._completion_ids(body)
-            return await self._run(ids, self._limit(ids, body.max_tokens, COMPLETION_MAX_TOKENS), body, chat=False)
-
-        @app.post("/v1/chat/completions")
-        async def chat(body: ChatBody) -> Any:
-            self._check_model(body)
-            self._check_supported(body)
-            ids = self._chat_ids(body)
-            return await self._run(ids, self._limit(ids, body.max_completion_tokens or body.max_tokens, None), body,
-                                   chat=True)
-
         return app
 
+
+def _first_error(errors: list[Any]) -> str:
+    """A validation failure in one line, as the field it names and what is wrong with it."""
+    first = errors[0] if errors else {}
+    where = ".".join(str(x) for x in first.get("loc", ()))
+    what = first.get("msg", "invalid request")
+    return f"{where}: {what}" if where else what

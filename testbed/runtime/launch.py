@@ -20,10 +20,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 from rich.console import Console
 
-from testbed.runtime.injection.cpu import clear_project_cgroups
 from testbed.runtime.injection.shaping import netem_missing
 
 from core.spec import ExperimentSpec
+from core.sizes import available_memory_bytes
 from .netns import missing_privileges
 from .serve import ABORT_GRACE_S
 
@@ -67,20 +67,13 @@ CLUSTER_BYTES = 2**30
 ENGINES_PER_CORE = 2
 
 
-def _available_bytes() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def check_machine(spec: ExperimentSpec, cores: int | None = None, available_bytes: int | None = None) -> None:
     """Refuse a topology this machine cannot hold before starting anything: one vLLM engine per
     topology worker, each needing memory and a share of the CPU."""
     topo = spec.topology
     n = topo.pods * topo.workers_per_pod
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    have = available_bytes if available_bytes is not None else _available_bytes()
+    have = available_bytes if available_bytes is not None else available_memory_bytes()
     need = n * (ENGINE_BASE_BYTES + spec.testbed.kv_cache_bytes) + CLUSTER_BYTES
     if n > ENGINES_PER_CORE * cores:
         raise ValueError(f"topology: {topo.pods} pods x {topo.workers_per_pod} workers = {n} vLLM engines, but this "
@@ -102,6 +95,13 @@ def check_faults(jobs: Sequence[Job]) -> None:
         for i, f in enumerate(s.faults):
             if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
                 raise ValueError(f"{s.name}: faults[{i}]: {why}")
+            if f.kind == "link" and f.residual_bw == 0 and not f.kv_only:
+                # Ray's control traffic to the pod would go down with it: the GCS declares the node
+                # dead and its raylet exits, taking the pod's engines and the fault agent that
+                # would clear the fault (engine death is a run's end on the testbed today).
+                raise ValueError(f"{s.name}: faults[{i}]: a link down on the testbed needs kv_only: true (the KV "
+                                 "traffic dropped, Ray's control traffic kept; with it down too the pod's Ray node "
+                                 "is declared dead)")
 
 
 def emulated_cluster_at(address: str) -> Any:
@@ -171,10 +171,8 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     finally:
         signal.signal(signal.SIGTERM, old_term)
         t1 = time.monotonic()
-        cluster.down()  # the run's namespaces go, and with them every qdisc and ifb in them
-        # cgroups outlive their processes: drop the project's that the run's agents left empty
-        left = clear_project_cgroups(only_empty=True)
-        console.print(f"cluster down in {time.monotonic() - t1:.0f} s" + (f"; removed {len(left)} empty fault cgroups" if left else ""))
+        cluster.down()  # the run's namespaces go, and with them every qdisc and ifb in them; its empty cgroups
+        console.print(f"cluster down in {time.monotonic() - t1:.0f} s")
 
 
 @contextmanager
@@ -247,7 +245,9 @@ def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[Job], calibr
     # (netem for delay/loss is the nodes' kernels' business: their agents refuse it when missing)
     model, model_meta = prepare_model(spec)
     emulated = emulated_cluster_at(address)
-    work = Path(tempfile.mkdtemp(prefix="testbed-run-"))
+    # On an emulated cluster, in its temp root: `testbed cluster down` removes it even when this
+    # process was killed and its finally never ran.
+    work = Path(tempfile.mkdtemp(prefix="testbed-run-", dir=emulated.temp_root if emulated else None))
     console.print(f"[bold]{spec.name}[/] on the Ray cluster at {address}"
                   + (f" (emulated run {emulated.run_id})" if emulated else "")
                   + f" -> {out / spec.name}")

@@ -94,6 +94,23 @@ def sshd_config(temp_root: Path, node: NodeLink) -> Path:
     return path
 
 
+# sshd's privilege separation directory (compiled in; Debian's path). Its service's start script
+# creates it at boot (it lives on the /run tmpfs); without that service, as on a fresh container
+# with openssh-server installed but never started, sshd exits at once: "Missing privilege
+# separation directory: /run/sshd".
+PRIVSEP_DIR = Path("/run/sshd")
+
+
+def ensure_privsep_dir(path: Path = PRIVSEP_DIR) -> bool:
+    """Create sshd's privilege separation directory as its service would (root's, mode 0755) if it
+    is missing; True when it was created. It is the system's, not the run's: it stays."""
+    if path.is_dir():
+        return False
+    path.mkdir(mode=0o755, parents=True)
+    os.chmod(path, 0o755)
+    return True
+
+
 def sshd_argv(config: Path) -> list[str]:
     """sshd in the foreground. In the host's PID namespace, not one of its own: a process's PID
     then means the same on the node and on the host, which the host-side tools rely on (status,

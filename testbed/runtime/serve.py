@@ -33,10 +33,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, Callable, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import numpy as np
 
+from core.records import DEAD_PULL_WATCH_S, NAN
 from core.run import RunContext
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
@@ -48,6 +50,9 @@ log = logging.getLogger(__name__)
 ABORT_GRACE_S = 30.0
 # vLLM's CPU build stores KV in blocks of 128 tokens (FIELD-NOTES); NIXL pulls whole blocks.
 CPU_BLOCK_TOKENS = 128
+# How often the router asks a decode engine whether a dead pull (see _watch_dead_pull) has ended:
+# its end is then known to this much, a small fraction of the throttled pulls' tens of seconds.
+DEAD_PULL_POLL_S = 0.5
 
 
 class EngineClient(Protocol):
@@ -95,6 +100,9 @@ class RayEngine:
     async def stages(self, request_id: str) -> dict[str, float]:
         return await self.handle.stages.remote(request_id)
 
+    async def pull_end(self, request_id: str, forget: bool = False) -> dict[str, float]:
+        return await self.handle.pull_end.remote(request_id, forget)
+
 
 def prompt_ids(request_id: int, n_tokens: int, vocab: int, salt: int = 0) -> list[int]:
     """Deterministic prompt tokens for a request (ids 4.. avoid special tokens)."""
@@ -108,6 +116,15 @@ def _at(sent: float, offsets: dict[str, float], event: str, limit: float = math.
     if off is None or sent + off > limit:
         return None
     return sent + max(off, 0.0)
+
+
+@dataclass
+class Submitted:
+    """A request handed to the flow: its id in the run's records and its outcome (a future; done
+    at once, ``rejected``, when the admission limit refused it)."""
+
+    request_id: int
+    outcome: Awaitable[str]
 
 
 class RequestFlow:
@@ -133,6 +150,7 @@ class RequestFlow:
         self.salt = salt
         self.outcomes: dict[str, int] = {}
         self.unseparated = 0  # decode calls whose engine reported no admission time
+        self.watches: set[asyncio.Task] = set()  # dead pulls being watched (drain() waits for them)
 
     async def _until(self, deadline: float, coro: Any) -> tuple[bool, Any]:
         """Run ``coro`` until ``deadline`` (run time); (finished, result or task)."""
@@ -168,14 +186,39 @@ class RequestFlow:
         if received is not None and admitted is not None:
             t.enter("decode", received)
 
+    def _admit(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> bool:
+        if self.ctx.admit(self.clock(), request_id, arrival_s, prompt_tokens, output_tokens):
+            return True
+        self.outcomes["rejected"] = self.outcomes.get("rejected", 0) + 1
+        return False
+
+    def submit(self, request_id: int, arrival_s: float, ids: Sequence[int], output_tokens: int, *,
+               on_tokens: TokenSink | None = None, sampling: dict[str, Any] | None = None) -> Submitted:
+        """Hand over a tokenised request (the ingress's): admitted or refused now, so that a
+        refusal can still be an HTTP status; if admitted, served by a task of this loop."""
+        if not self._admit(request_id, arrival_s, len(ids), output_tokens):
+            done: asyncio.Future = asyncio.get_running_loop().create_future()
+            done.set_result("rejected")
+            return Submitted(request_id, done)
+        return Submitted(request_id, asyncio.ensure_future(self._serve(
+            request_id, arrival_s, len(ids), output_tokens, ids=ids, on_tokens=on_tokens, sampling=sampling)))
+
     async def handle(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, *,
                      ids: Sequence[int] | None = None, on_tokens: TokenSink | None = None,
                      sampling: dict[str, Any] | None = None) -> str:
-        """Serve one request end to end; returns its outcome.
+        """Serve one request end to end (after the admission limit); returns its outcome.
 
         A workload's request gets deterministic prompt tokens; an ingress request brings its own
         ``ids`` (its prompt tokenised), ``sampling`` fields and an ``on_tokens`` receiver of its
         output as the decode engine makes it. Both are routed, limited and recorded alike."""
+        if not self._admit(request_id, arrival_s, prompt_tokens, output_tokens):
+            return "rejected"
+        return await self._serve(request_id, arrival_s, prompt_tokens, output_tokens, ids=ids, on_tokens=on_tokens,
+                                 sampling=sampling)
+
+    async def _serve(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, *,
+                     ids: Sequence[int] | None = None, on_tokens: TokenSink | None = None,
+                     sampling: dict[str, Any] | None = None) -> str:
         t = self.ctx.route(self.clock(), request_id, arrival_s, prompt_tokens, output_tokens)
         deadline = arrival_s + self.deadline_s
         first_by = arrival_s + self.first_token_s  # the time-to-first-token limit
@@ -217,11 +260,15 @@ class RequestFlow:
                 self._mark_decode(t, sent, await self._where(d_eng, rid), limit)
                 res = await self._abort(d_eng, rid, res)
                 first = getattr(res, "first_token_s", None) if res is not None else None
-                # vLLM cannot cancel a NIXL read in flight: the abort takes effect once the KV
-                # has arrived, and a first token can follow after the deadline; it never counts.
                 if first is not None and t.stage == "decode" and sent + (first - res.submitted_s) <= limit:
                     t.first_token_s = sent + (first - res.submitted_s)
-                return self._end(t, "timeout")
+                outcome = self._end(t, "timeout")
+                if t.stage == "kv_transfer":
+                    # vLLM cannot cancel a NIXL read in flight: the call returned at the abort,
+                    # the pull goes on; what became of it is recorded once it is known
+                    self._watch(self._watch_dead_pull(t, d_eng, rid, sent, limit,
+                                                      dict(res.stages) if res is not None else {}))
+                return outcome
             offsets = dict(res.stages)
             if "alloc_remote" not in offsets:
                 self.unseparated += 1
@@ -237,6 +284,42 @@ class RequestFlow:
         except Exception as e:  # an engine died or a call failed: an error in the stage it was in
             log.warning("request %s failed: %s", rid, e)
             return self._end(t, "error")
+
+    def _watch(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.watches.add(task)
+        task.add_done_callback(self.watches.discard)
+
+    async def _watch_dead_pull(self, t: Ticket, engine: Any, rid: str, sent: float, given_up: float,
+                               stages: dict[str, float]) -> None:
+        """The dead pull of ``t`` (given up in kv_transfer at ``given_up``): its end, from the decode
+        engine's stage log, within DEAD_PULL_WATCH_S; then its row in dead_pulls."""
+        ends = {k: v for k, v in stages.items() if k in ("recv_done", "recv_failed")}  # ended before the call returned
+        until = given_up + DEAD_PULL_WATCH_S
+        try:
+            while not ends and self.clock() < until:
+                await asyncio.sleep(DEAD_PULL_POLL_S)
+                ends = await engine.pull_end(rid)
+            if not ends:
+                await engine.pull_end(rid, forget=True)
+        except Exception as e:  # the engine gone (or without the call): the pull was not seen to end
+            log.warning("dead pull of %s: %s", rid, e)
+            ends = {}
+        if "recv_done" in ends:
+            end = sent + ends["recv_done"]
+            # At the pull's mean rate: a throttled link's is its shaper's constant rate (htb).
+            span = end - t.kv_start_s
+            share = min(1.0, max(0.0, (end - given_up) / span)) if span > 0 else 0.0
+            self.ctx.dead_pull(t, given_up, end, "done", t.kv_bytes * share)
+        elif "recv_failed" in ends:  # UCX gave the read up: what it moved is not known, and useless
+            self.ctx.dead_pull(t, given_up, sent + ends["recv_failed"], "failed", NAN)
+        else:
+            self.ctx.dead_pull(t, given_up, NAN, "unseen", NAN)
+
+    async def drain(self) -> None:
+        """Wait for every dead pull being watched (each within DEAD_PULL_WATCH_S of its start)."""
+        while self.watches:
+            await asyncio.wait(set(self.watches))
 
     def _end(self, t: Ticket, outcome: str) -> str:
         t.finish(self.clock(), outcome)

@@ -19,7 +19,11 @@ Layout on an interface ``dev``, every handle in the project's own major
   is told to listen on (``UCX_TCP_PORT_RANGE``); Ray's control traffic then
   stays at line rate;
 * delay and loss: a ``netem`` child under ``7e57:1``. Kernels without netem
-  (this machine) get a :class:`ShapingError` saying so.
+  (this machine) get a :class:`ShapingError` saying so;
+* a link down (rate 0): htb cannot go below its rate's floor, and this kernel has
+  no ``gact`` (tc's drop action) nor netem's 100% loss, so ``7e57:1`` gets a
+  ``pfifo`` child of ``limit 0``, which drops every packet it is given (measured:
+  a TCP connect across it times out, and the qdisc counts the drops).
 
 htb rather than tbf: the second class is what makes ``kv_only`` possible, and
 htb is as exact as tbf for one flow (measured in tests/test_faults_shaping.py).
@@ -43,6 +47,7 @@ ROOT = MAJOR << 16
 SHAPED = ROOT | 0x1
 LINE_RATE = ROOT | 0x2
 NETEM = 0x7E580000
+DROP = 0x7E590000
 INGRESS = 0xFFFF0000
 IFB_PREFIX = "tb-ifb-"
 # UCX listens for its TCP connections in this range (UCX_TCP_PORT_RANGE), so
@@ -65,7 +70,7 @@ class Shaping:
 
     ifname: str
     direction: Direction
-    rate_bps: float  # bits per second
+    rate_bps: float  # bits per second; 0: drop everything it shapes (a link down)
     kv_only: bool = False
     delay_ms: float = 0.0
     loss: float = 0.0  # fraction of packets dropped
@@ -153,7 +158,9 @@ def _install_htb(ipr: IPRoute, idx: int, s: Shaping) -> None:
         for key in (f"0x{KV_PORT_BASE << 16:08x}/0x{KV_PORT_MASK << 16:08x}+20",
                     f"0x{KV_PORT_BASE:08x}/0x{KV_PORT_MASK:08x}+20"):
             ipr.tc("add-filter", "u32", idx, parent=ROOT, prio=10, protocol=_ETH_P_IP, target=SHAPED, keys=[key])
-    if s.delay_ms > 0 or s.loss > 0:
+    if s.rate_bps == 0:  # a pfifo of no room: every packet classified here is dropped
+        ipr.tc("add", "pfifo", idx, DROP, parent=SHAPED, limit=0)
+    elif s.delay_ms > 0 or s.loss > 0:
         why = netem_missing()
         if why:
             raise ShapingError(why)
@@ -183,8 +190,8 @@ def _ensure_ifb(ipr: IPRoute, dev_idx: int, ifname: str) -> int:
 
 def shape(s: Shaping) -> None:
     """Make it so: ``s`` is what shapes ``s.direction`` of ``s.ifname`` (replacing the project's earlier one)."""
-    if not s.rate_bps > 0:
-        raise ShapingError(f"{s.ifname}: rate must be positive, got {s.rate_bps}")
+    if not s.rate_bps >= 0:
+        raise ShapingError(f"{s.ifname}: rate must be 0 (down) or positive, got {s.rate_bps}")
     with _iproute() as ipr:
         dev = _index(ipr, s.ifname)
         target = _ensure_ifb(ipr, dev, s.ifname) if s.direction == "ingress" else dev
@@ -232,6 +239,9 @@ def installed(ifname: str) -> dict[str, float]:
         for direction, name in (("egress", ifname), ("ingress", ifb_name(ifname))):
             idx = ipr.link_lookup(ifname=name)
             if not idx or _root_handle(ipr, idx[0]) != ROOT:
+                continue
+            if any(q["handle"] == DROP for q in ipr.get_qdiscs(index=idx[0])):
+                out[direction] = 0.0
                 continue
             for c in ipr.get_classes(index=idx[0]):
                 if c["handle"] == SHAPED:
