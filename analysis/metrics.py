@@ -403,6 +403,7 @@ class RunData:
     faults: pd.DataFrame
     prices: pd.DataFrame
     dead_pulls: pd.DataFrame  # empty for a run directory written before the table existed
+    breaker: pd.DataFrame  # likewise
 
     @property
     def scenario(self) -> str:
@@ -436,9 +437,22 @@ def load_run(run_dir: Path | str) -> RunData:
         raise ValueError(f"{where}: spec must be a mapping, got {type(spec_raw).__name__}")
     spec = parse_metrics_spec(spec_raw.get("metrics"), f"{where}: spec")
     tables = {t: read_table(path, t) for t in RUN_TABLES}
-    dead = read_table(path, "dead_pulls") if (path / "dead_pulls.parquet").exists() \
-        else SCHEMAS["dead_pulls"].empty_table().to_pandas()
-    return RunData(path=path, meta=meta, spec=spec, dead_pulls=dead, **tables)
+    for t in ("dead_pulls", "breaker"):  # tables younger than some run directories
+        tables[t] = read_table(path, t) if (path / f"{t}.parquet").exists() else SCHEMAS[t].empty_table().to_pandas()
+    return RunData(path=path, meta=meta, spec=spec, **tables)
+
+
+def breaker_time(breaker: pd.DataFrame, end_s: float) -> dict[str, float]:
+    """How often pods' circuit breakers opened, and the pod-seconds they were open (an open
+    breaker with no later change counts until ``end_s``)."""
+    opens, open_s = 0, 0.0
+    for _, rows in breaker.sort_values("time_s", kind="stable").groupby("pod"):
+        t, s = rows["time_s"].to_numpy(), rows["state"].to_numpy()
+        nxt = np.append(t[1:], max(end_s, t[-1]))
+        opened = s == "open"
+        opens += int(opened.sum())
+        open_s += float((nxt - t)[opened].sum())
+    return {"breaker_opens": opens, "breaker_open_pod_s": open_s}
 
 
 def dead_work(dead_pulls: pd.DataFrame) -> dict[str, float]:
@@ -491,6 +505,8 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out["goodput_rps"] = goodput_rps(req, spec.ttft_slo_s, spec.tpot_slo_s)
     dl = _latency_us(run.decisions["latency_s"].to_numpy(dtype=float), (50, 99))
     out.update(dead_work(run.dead_pulls))
+    end_s = float(np.nanmax(run.decisions["time_s"].to_numpy(dtype=float), initial=0.0))
+    out.update(breaker_time(run.breaker, end_s))
     out["n_decisions"] = dl["n_decisions"]
     out["decision_latency_p50_us"] = dl["latency_p50_us"]
     out["decision_latency_p99_us"] = dl["latency_p99_us"]

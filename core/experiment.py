@@ -15,6 +15,7 @@ import numpy as np
 from faults.health import HealthLabelModel
 from faults.telemetry import BandwidthTelemetry
 
+from .breaker import PodBreakers
 from .policies import make_policy
 from .risk import RiskPriceEstimator
 from .routing import Router
@@ -57,6 +58,9 @@ def make_router(spec: ExperimentSpec, topo: Topology, policy: str, rngs: dict[st
     """The router of one run; ``capacity`` defaults to the simulated engine's."""
     weights = spec.weights_for(policy)
     bw0 = np.full(topo.n_pods, topo.uplink_Bps)
+    cb = spec.router.circuit_breaker
+    breakers = None if cb is None else PodBreakers(topo.n_pods, cb.failure_threshold, cb.success_threshold, cb.open_s,
+                                                   sink)
     return Router(
         topo,
         capacity or capacity_of(spec),
@@ -67,4 +71,5 @@ def make_router(spec: ExperimentSpec, topo: Topology, policy: str, rngs: dict[st
         bw0,
         sink,
         spec.router.max_in_flight,
+        breakers,
     )

@@ -121,6 +121,15 @@ class DeadPullRecord(NamedTuple):
     table = "dead_pulls"  # a class attribute, not a column
 
 
+class BreakerRecord(NamedTuple):
+    """A pod's circuit breaker changed state (``router.circuit_breaker``; core/breaker.py)."""
+
+    time_s: float
+    pod: int
+    state: str  # "open" | "half_open" | "closed"
+    table = "breaker"  # a class attribute, not a column
+
+
 PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 # How long after a request was given up both worlds keep looking for its dead pull's end; past it
 # the pull is "unseen". UCX over TCP gave a dead link's pulls up after about 47 s on the testbed
@@ -128,7 +137,7 @@ PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 DEAD_PULL_WATCH_S = 60.0
 
 RECORD_TYPES: tuple[type, ...] = (RequestRecord, DecisionRecord, FaultEvent, HealthRecord, PriceRecord,
-                                  DeadPullRecord)
+                                  DeadPullRecord, BreakerRecord)
 
 # ``make_row(DecisionRecord, (every field, in order))`` builds the record without the named tuple's
 # ``__new__``, a Python function that only forwards its arguments to this (it costs as much as the

@@ -21,6 +21,7 @@ import numpy as np
 from faults.health import HealthLabelModel
 from faults.telemetry import BandwidthTelemetry
 
+from .breaker import PodBreakers
 from .policies import Policy
 from .records import DecisionRecord, HealthRecord, PriceRecord, make_row
 from .risk import RiskPriceEstimator
@@ -42,6 +43,7 @@ class Router:
         bw0: np.ndarray,
         sink: Callable[[Any], None],
         max_in_flight: int | None = None,
+        breakers: PodBreakers | None = None,
     ) -> None:
         self.topo = topo
         self.policy = policy
@@ -60,6 +62,7 @@ class Router:
         self.max_in_flight = max_in_flight  # None: no admission limit
         self.in_flight = 0  # routed and not yet ended
         self.rejected = 0
+        self.breakers = breakers  # None: no circuit breaker
 
     # --- fast loop --------------------------------------------------------
     def admit(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> bool:
@@ -73,6 +76,8 @@ class Router:
 
     def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> Ticket:
         """Choose the request's prefill and decode workers; its ticket starts in ``prefill_queue``."""
+        if self.breakers is not None and now >= self.breakers.next_change_s and self.breakers.tick(now):
+            self._breakers_changed()
         t0 = time.perf_counter()
         c = self.policy.choose(self.view)
         latency = time.perf_counter() - t0
@@ -105,7 +110,15 @@ class Router:
         loads.decode_kv_tokens[t.d_idx] -= t.prompt_tokens + t.output_tokens
         pp, dp = t.prefill_pod, t.decode_pod
         self.estimator.observe(now, pp, dp, outcome, stage)
-        self.health.observe(now, (pp, dp), () if outcome == "ok" else blamed_pods(stage, pp, dp), outcome)
+        blamed = () if outcome == "ok" else blamed_pods(stage, pp, dp)
+        self.health.observe(now, (pp, dp), blamed, outcome)
+        if self.breakers is not None and self.breakers.observe(
+                now, ((pp,) if pp == dp else (pp, dp)) if outcome == "ok" else (), blamed):
+            self._breakers_changed()
+
+    def _breakers_changed(self) -> None:
+        self.view.pods = self.view.pods.replace(blocked=self.breakers.blocked.copy())
+        self.policy.prepare(self.view)  # off the next decision's path
 
     # --- ground truth, labels, telemetry ----------------------------------
     def set_truth(self, degraded: np.ndarray, link_Bps: np.ndarray | None = None) -> None:

@@ -91,6 +91,16 @@ class EngineSpec(_Spec):
     kv_pull_on_abort: Literal["cancel", "finish"] = "cancel"
 
 
+class CircuitBreakerSpec(_Spec):
+    """A per-pod circuit breaker (core/breaker.py). Defaults: sgl-router's CircuitBreakerConfig
+    (sgl-router/src/core/circuit_breaker.rs: failure_threshold 5, success_threshold 2,
+    timeout_duration 30 s)."""
+
+    failure_threshold: int = Field(5, ge=1, description="failures in a row blamed on a pod that open its breaker")
+    success_threshold: int = Field(2, ge=1, description="successes in a row that close a half-open breaker")
+    open_s: float = Field(30.0, gt=0, description="how long an open breaker keeps its pod out before half-opening")
+
+
 class RouterSpec(_Spec):
     slow_loop_s: float = Field(1.0, gt=0, description="T_slow: period of the risk-price update")
     history_window_s: float = Field(30.0, gt=0, description="window of the timeout and failure rates")
@@ -101,6 +111,9 @@ class RouterSpec(_Spec):
     # batch capacity (prefill_slots x prefill workers + decode_max_batch x decode workers) is the
     # natural value: what lies beyond it only queues (README "Overload").
     max_in_flight: int | None = Field(None, ge=1)
+    # Off by default, as in sgl-router and vllm-router: `circuit_breaker: {}` turns it on with
+    # sgl-router's defaults.
+    circuit_breaker: CircuitBreakerSpec | None = None
 
 
 class TestbedSpec(_Spec):

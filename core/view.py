@@ -52,10 +52,12 @@ class PodState:
     unhealthy: np.ndarray  # (P,) bool: health labels as emitted (True = masked)
     degraded: np.ndarray  # (P,) bool: ground truth, only OracleAvoidance may look
     price: np.ndarray  # (P,) risk price pi_j
+    # (P,) bool: pods the router's circuit breaker holds open (kept out of every policy's choice)
+    blocked: np.ndarray | None = None
 
     @classmethod
     def initial(cls, n_pods: int) -> "PodState":
-        return cls(np.zeros(n_pods, bool), np.zeros(n_pods, bool), np.zeros(n_pods))
+        return cls(np.zeros(n_pods, bool), np.zeros(n_pods, bool), np.zeros(n_pods), np.zeros(n_pods, bool))
 
     def replace(self, **kw: np.ndarray) -> "PodState":
         return PodState(**{**self.__dict__, **kw})

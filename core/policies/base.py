@@ -83,6 +83,8 @@ class Policy:
         keep = np.ones(topo.n_pods, bool)
         for f in self._filters:
             keep &= f(pods)
+        if pods.blocked is not None:  # the router's circuit breaker, under every policy
+            keep &= ~pods.blocked
         if not keep.any():  # a filter that removes everything would stall the cluster
             keep[:] = True
         pod_static = np.zeros(topo.n_pods)
