@@ -36,12 +36,15 @@ class PodBreakers:
         self._successes = [0] * n_pods
         self._opened_at = [math.inf] * n_pods
         self.next_change_s = math.inf  # the earliest half-opening due (route() checks it cheaply)
-        self.blocked = np.zeros(n_pods, bool)  # open pods: what the policies' filter removes
+
+    @property
+    def blocked(self) -> np.ndarray:
+        """The open pods: what the policies' filter removes (a new array, read only on a change)."""
+        return np.array([s == OPEN for s in self.state])
 
     def _to(self, now: float, pod: int, state: str) -> None:
         self.state[pod] = state
         self._failures[pod] = self._successes[pod] = 0
-        self.blocked[pod] = state == OPEN
         self._opened_at[pod] = now if state == OPEN else math.inf
         self.next_change_s = min(self._opened_at) + self.open_s
         self.sink(BreakerRecord(now, pod, state))

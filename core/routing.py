@@ -112,12 +112,13 @@ class Router:
         self.estimator.observe(now, pp, dp, outcome, stage)
         blamed = () if outcome == "ok" else blamed_pods(stage, pp, dp)
         self.health.observe(now, (pp, dp), blamed, outcome)
-        if self.breakers is not None and self.breakers.observe(
-                now, ((pp,) if pp == dp else (pp, dp)) if outcome == "ok" else (), blamed):
-            self._breakers_changed()
+        if self.breakers is not None:
+            served = () if outcome != "ok" else (pp,) if pp == dp else (pp, dp)
+            if self.breakers.observe(now, served, blamed):
+                self._breakers_changed()
 
     def _breakers_changed(self) -> None:
-        self.view.pods = self.view.pods.replace(blocked=self.breakers.blocked.copy())
+        self.view.pods = self.view.pods.replace(blocked=self.breakers.blocked)
         self.policy.prepare(self.view)  # off the next decision's path
 
     # --- ground truth, labels, telemetry ----------------------------------

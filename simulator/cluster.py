@@ -406,8 +406,7 @@ class ClusterSim:
         d.n -= 1
         d.kv_in_batch -= req.prompt_tokens
         d.step_s = self._step_s(d)
-        d.reserved_slots -= 1
-        d.reserved_kv -= req.prompt_tokens + req.output_tokens
+        self._unreserve(d, req)
 
     def _decode_schedule(self, d: _Decode) -> None:
         """(Re)schedule the end of the next sequence; a step-end event scheduled before is stale."""
@@ -449,10 +448,9 @@ class ClusterSim:
         self.reqs[req.request_id] = None
         if stage == "kv_transfer":
             flow = self._flows.get(req.request_id)
-            moved = req.kv_bytes if flow is None else self.net.transferred(flow) / self.wire_overhead
             if flow is not None and self._finish_pulls:
                 # vLLM cannot cancel the read: it goes on, and the blocks stay held until it ends
-                self._dead[req.request_id] = (req, now, moved)
+                self._dead[req.request_id] = (req, now, self.net.transferred(flow) / self.wire_overhead)
                 return
             if flow is not None:  # None: the bytes had arrived, the completion had not
                 self.net.abort(self._flows.pop(req.request_id))
@@ -465,10 +463,15 @@ class ClusterSim:
             self._admit(d, now)
             self._decode_schedule(d)
 
-    def _release(self, d: _Decode, req: Ticket, now: float) -> None:
-        """A request that never joined the batch gives its decode blocks and slot back."""
+    @staticmethod
+    def _unreserve(d: _Decode, req: Ticket) -> None:
+        """The request's decode blocks and batch slot, reserved at admission, are free again."""
         d.reserved_slots -= 1
         d.reserved_kv -= req.prompt_tokens + req.output_tokens
+
+    def _release(self, d: _Decode, req: Ticket, now: float) -> None:
+        """A request that never joined the batch gives its reservation back; the next may be admitted."""
+        self._unreserve(d, req)
         self._admit(d, now)
 
     def _set_slowdown(self, pod: int, factor: float) -> None:

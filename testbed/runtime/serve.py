@@ -42,7 +42,7 @@ from core.records import DEAD_PULL_WATCH_S, NAN
 from core.run import RunContext
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
-from .engine import TokenSink  # (engine.py imports vLLM only when an engine starts)
+from .engine import PULL_ENDS, TokenSink  # (engine.py imports vLLM only when an engine starts)
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ class RequestFlow:
                                stages: dict[str, float]) -> None:
         """The dead pull of ``t`` (given up in kv_transfer at ``given_up``): its end, from the decode
         engine's stage log, within DEAD_PULL_WATCH_S; then its row in dead_pulls."""
-        ends = {k: v for k, v in stages.items() if k in ("recv_done", "recv_failed")}  # ended before the call returned
+        ends = {k: v for k, v in stages.items() if k in PULL_ENDS}  # ended before the call returned
         until = given_up + DEAD_PULL_WATCH_S
         try:
             while not ends and self.clock() < until:
