@@ -165,6 +165,26 @@ def resilience_index(
     return float(np.minimum(s["success_ratio"].to_numpy()[sel] / s0, 1.0).mean())
 
 
+def recovery_s(requests: pd.DataFrame, window: FaultWindow | None, bin_s: float) -> float:
+    """time to recover = from the fault window's end to the end of the last bin (success_series, bins
+    by arrival from onset on) whose success ratio is below S_0, the success ratio of the requests
+    arriving before onset; 0 if none is below it after the window ends. NaN without a fault, without
+    requests before onset, or with a fault never cleared."""
+    if window is None or not window.cleared:
+        return NAN
+    arr = _arrivals(requests)
+    pre = arr < window.onset_s
+    if not pre.any():
+        return NAN
+    s0 = float(_ok(requests)[pre].mean())
+    s = success_series(requests, bin_s)
+    start = s["bin_start_s"].to_numpy()
+    below = (start + bin_s > window.onset_s) & (s["success_ratio"].to_numpy() < s0)  # NaN (empty) is not below
+    if not below.any():
+        return 0.0
+    return float(max(0.0, start[below].max() + bin_s - window.end_s))
+
+
 def degraded_pod_shares(requests: pd.DataFrame, window: FaultWindow | None) -> tuple[float, float]:
     """(s_pre, s_during): among routed requests (prefill_pod or decode_pod >= 0) arriving before onset, resp.
     inside the fault window [onset, end), the share whose prefill_pod or decode_pod is a degraded pod.
@@ -404,6 +424,7 @@ class RunData:
     prices: pd.DataFrame
     dead_pulls: pd.DataFrame  # empty for a run directory written before the table existed
     breaker: pd.DataFrame  # likewise
+    attempts: pd.DataFrame  # likewise
 
     @property
     def scenario(self) -> str:
@@ -437,8 +458,11 @@ def load_run(run_dir: Path | str) -> RunData:
         raise ValueError(f"{where}: spec must be a mapping, got {type(spec_raw).__name__}")
     spec = parse_metrics_spec(spec_raw.get("metrics"), f"{where}: spec")
     tables = {t: read_table(path, t) for t in RUN_TABLES}
-    for t in ("dead_pulls", "breaker"):  # tables younger than some run directories
+    for t in ("dead_pulls", "breaker", "attempts"):  # tables younger than some run directories
         tables[t] = read_table(path, t) if (path / f"{t}.parquet").exists() else SCHEMAS[t].empty_table().to_pandas()
+    req = tables["requests"]
+    if req["attempts"].isna().any():  # written before retries: one attempt each, none if rejected
+        req["attempts"] = req["attempts"].fillna(req["outcome"].ne("rejected").astype(int)).astype("int64")
     return RunData(path=path, meta=meta, spec=spec, **tables)
 
 
@@ -463,6 +487,24 @@ def dead_work(dead_pulls: pd.DataFrame) -> dict[str, float]:
     going = d["end_s"].isna() | (d["end_s"] > d["given_up_s"])
     return {"n_dead_pulls": int(going.sum()), "dead_kv_bytes": float(d.loc[going, "bytes_after"].sum()),
             "n_dead_pulls_unknown_bytes": int((going & d["bytes_after"].isna()).sum())}
+
+
+def retry_work(requests: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, float]:
+    """What retries (router.retry) did: the attempts given up and retried, the share of routed requests
+    retried at least once, those of them that ended ok (rescued), and the extra load: the prompt tokens
+    of the given-up attempts that had passed prefill over the routed requests' prompt tokens, and the
+    KV bytes their transfers moved or began to move (one attempt's kv_bytes each)."""
+    routed = requests["attempts"].to_numpy(dtype=float) > 0
+    retried = requests["attempts"].to_numpy(dtype=float) > 1
+    n = int(routed.sum())
+    prompt = requests.set_index("request_id")["prompt_tokens"]
+    past_prefill = attempts["failed_stage"].isin(["decode_queue", "kv_transfer", "decode"]).to_numpy()
+    wasted = float(prompt.reindex(attempts["request_id"].to_numpy()).to_numpy(dtype=float)[past_prefill].sum())
+    total = float(requests["prompt_tokens"].to_numpy(dtype=float)[routed].sum())
+    return {"retries": len(attempts), "retried_share": float(retried.sum() / n) if n else NAN,
+            "retry_rescued": int((retried & _ok(requests)).sum()),
+            "retry_extra_prefill_share": wasted / total if total else NAN,
+            "retry_kv_bytes": float(attempts["kv_bytes"].sum())}
 
 
 def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
@@ -496,6 +538,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
             "n_degraded_pods": len(window.pods) if window else 0,
             "degraded_availability": degraded_availability(req, window, spec.bin_s, spec.availability_target),
             "resilience_index": resilience_index(req, window, spec.bin_s, spec.recovery_horizon_s),
+            "recovery_s": recovery_s(req, window, spec.bin_s),
             "degraded_share_pre": s_pre,
             "degraded_share_during": s_during,
             "traffic_deflection_ratio": traffic_deflection_ratio(req, window),
@@ -505,6 +548,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out["goodput_rps"] = goodput_rps(req, spec.ttft_slo_s, spec.tpot_slo_s)
     dl = _latency_us(run.decisions["latency_s"].to_numpy(dtype=float), (50, 99))
     out.update(dead_work(run.dead_pulls))
+    out.update(retry_work(req, run.attempts))
     end_s = float(np.nanmax(run.decisions["time_s"].to_numpy(dtype=float), initial=0.0))
     out.update(breaker_time(run.breaker, end_s))
     out["n_decisions"] = dl["n_decisions"]

@@ -45,7 +45,7 @@ def testbed_capacity(spec: ExperimentSpec, kv_bytes_per_token: int) -> Capacity:
 def seed_streams(seed: int) -> dict[str, np.random.Generator]:
     """Independent generators per concern, so a policy's coin flips never shift the
     workload or the health labels: every policy sees the same scenario for a seed."""
-    names = ("workload", "policy", "health")
+    names = ("workload", "policy", "health", "retry")  # (a child's stream does not depend on how many)
     return dict(zip(names, (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(names)))))
 
 

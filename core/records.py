@@ -50,7 +50,28 @@ class RequestRecord(NamedTuple):
     outcome: str = "ok"
     failed_stage: str | None = None  # one of core.stages.STAGES
     kv_bytes: int = 0  # the KV the request's transfer moves; 0 if it never reached kv_transfer
+    # Attempts made (router.retry): the record's other columns are the last one's; 0: rejected
+    attempts: int = 1
     table = "requests"  # a class attribute, not a column
+
+
+class AttemptRecord(NamedTuple):
+    """An attempt of a request that failed and was retried (``router.retry``; core/retry.py): where it
+    went, where it failed, and the backoff before the next. The last attempt is the request's record."""
+
+    request_id: int
+    attempt: int  # 0: the first
+    routed_s: float
+    end_s: float  # when it was given up
+    prefill_worker: int
+    decode_worker: int
+    prefill_pod: int
+    decode_pod: int
+    outcome: str  # "error" | "timeout" (its per-try time to first token)
+    failed_stage: str  # one of core.stages.STAGES
+    kv_bytes: int  # its KV transfer's size; 0 if it never reached kv_transfer
+    backoff_s: float  # from end_s to the next attempt's routing
+    table = "attempts"  # a class attribute, not a column
 
 
 class DecisionRecord(NamedTuple):
@@ -118,6 +139,7 @@ class DeadPullRecord(NamedTuple):
     ending: str
     kv_bytes: int  # the pull's size
     bytes_after: float  # of those, the bytes that moved after given_up_s; NaN: not known
+    attempt: int = 0  # which of the request's attempts (router.retry) pulled it
     table = "dead_pulls"  # a class attribute, not a column
 
 
@@ -137,7 +159,7 @@ PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 DEAD_PULL_WATCH_S = 60.0
 
 RECORD_TYPES: tuple[type, ...] = (RequestRecord, DecisionRecord, FaultEvent, HealthRecord, PriceRecord,
-                                  DeadPullRecord, BreakerRecord)
+                                  DeadPullRecord, BreakerRecord, AttemptRecord)
 
 # ``make_row(DecisionRecord, (every field, in order))`` builds the record without the named tuple's
 # ``__new__``, a Python function that only forwards its arguments to this (it costs as much as the

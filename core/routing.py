@@ -74,12 +74,15 @@ class Router:
         self.sink(rejected_record(request_id, arrival_s, prompt_tokens, output_tokens))
         return False
 
-    def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> Ticket:
-        """Choose the request's prefill and decode workers; its ticket starts in ``prefill_queue``."""
+    def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+              attempt: int = 0, avoid: frozenset[int] | None = None) -> Ticket:
+        """Choose the request's prefill and decode workers; its ticket starts in ``prefill_queue``.
+        A retry (``attempt`` > 0) avoids the pods in ``avoid`` where others are left, and is still
+        in flight (the admission limit counts a request once)."""
         if self.breakers is not None and now >= self.breakers.next_change_s and self.breakers.tick(now):
             self._breakers_changed()
         t0 = time.perf_counter()
-        c = self.policy.choose(self.view)
+        c = self.policy.choose(self.view, avoid) if avoid else self.policy.choose(self.view)
         latency = time.perf_counter() - t0
         p, d = c.prefill, c.decode
         pw, dw = self._prefill_ids[p], self._decode_ids[d]
@@ -89,11 +92,13 @@ class Router:
         loads.prefill_tokens[p] += prompt_tokens
         loads.decode_outstanding[d] += 1
         loads.decode_kv_tokens[d] += prompt_tokens + output_tokens
-        self.in_flight += 1
+        if not attempt:
+            self.in_flight += 1
         # every field in order (make_row: without the named tuple's constructor, once per request)
         self.sink(make_row(DecisionRecord, (now, request_id, self.policy.name, c.n_candidates, c.n_filtered, latency,
                                             pw, dw, pp, dp, c.score)))
-        return Ticket(self, now, request_id, arrival_s, prompt_tokens, output_tokens, p, d, pw, dw, pp, dp)
+        return Ticket(self, now, request_id, arrival_s, prompt_tokens, output_tokens, p, d, pw, dw, pp, dp, attempt,
+                      avoid or frozenset())
 
     # Called by Ticket only: a world marks stages and finishes tickets, never these.
     def prefill_done(self, t: Ticket) -> None:
@@ -102,9 +107,11 @@ class Router:
         loads.prefill_outstanding[t.p_idx] -= 1
         loads.prefill_tokens[t.p_idx] -= t.prompt_tokens
 
-    def finished(self, now: float, t: Ticket, outcome: str, stage: str | None) -> None:
-        """The request ended (its prefill counters are already released)."""
-        self.in_flight -= 1
+    def finished(self, now: float, t: Ticket, outcome: str, stage: str | None, retrying: bool = False) -> None:
+        """The request's attempt ended (its prefill counters are already released); ``retrying``:
+        the request goes on with another attempt, so it stays in flight."""
+        if not retrying:
+            self.in_flight -= 1
         loads = self.view.loads
         loads.decode_outstanding[t.d_idx] -= 1
         loads.decode_kv_tokens[t.d_idx] -= t.prompt_tokens + t.output_tokens

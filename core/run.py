@@ -12,7 +12,9 @@ It holds everything around the router that does not depend on the world:
   label update, the world acts on its links and CPUs, and
   :meth:`RunContext.end_step` records the events as acted and gives the
   router the bandwidth the world measured;
-* :meth:`RunContext.route`, which returns a request's :class:`core.ticket.Ticket`.
+* :meth:`RunContext.route`, which returns a request's :class:`core.ticket.Ticket`, and
+  :meth:`RunContext.end_attempt`, which ends it: the request's end, or with ``router.retry`` a
+  failed attempt's, and then when and how to route it again (:mod:`core.retry`).
 
 A world supplies only how it waits (SimPy's ``env.now`` or the wall clock), how
 it acts on links and CPUs, and what it measured.
@@ -31,6 +33,7 @@ from faults.schedule import FaultSchedule, FaultStep, ScheduledEvent
 
 from .experiment import make_router, run_dir_for, seed_streams
 from .records import PULL_ENDINGS, DeadPullRecord, FaultEvent, RunWriter
+from .retry import NextAttempt, Retries
 from .spec import ExperimentSpec
 from .ticket import Ticket
 from .topology import Topology
@@ -52,7 +55,9 @@ class RunContext:
             "world": world, "scenario": spec.name, "policy": policy, "seed": seed,
             "spec": spec.model_dump(mode="json"), "workload": workload_summary,
             "fault_pods": self.schedule.fault_pods(), **(meta or {})}, flush_s=flush_s)
-        self.router = make_router(spec, topo, policy, seed_streams(seed), self.writer.write, capacity)
+        rngs = seed_streams(seed)
+        self.router = make_router(spec, topo, policy, rngs, self.writer.write, capacity)
+        self.retries = Retries(spec.router.retry, rngs["retry"]) if spec.router.retry is not None else None
         self.router.observe_bandwidth(0.0, np.full(topo.n_pods, topo.uplink_Bps))
         self.last_step: FaultStep | None = None
 
@@ -67,8 +72,28 @@ class RunContext:
         """False (and the request recorded as ``rejected``) past the spec's admission limit."""
         return self.router.admit(now, request_id, arrival_s, prompt_tokens, output_tokens)
 
-    def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> Ticket:
-        return self.router.route(now, request_id, arrival_s, prompt_tokens, output_tokens)
+    def route(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+              retry: NextAttempt | None = None) -> Ticket:
+        """The request's ticket: its first attempt, or the retry ``end_attempt`` returned."""
+        if retry is None:
+            return self.router.route(now, request_id, arrival_s, prompt_tokens, output_tokens)
+        return self.router.route(now, request_id, arrival_s, prompt_tokens, output_tokens, retry.attempt, retry.avoid)
+
+    # --- retries (router.retry) ----------------------------------------------------
+    def attempt_limit(self, t: Ticket, first_by: float) -> float:
+        """When attempt ``t`` is given up without a first token (``first_by``: the request's
+        first-token limit, which it is without retries)."""
+        return first_by if self.retries is None else self.retries.attempt_limit(t, first_by)
+
+    def end_attempt(self, now: float, t: Ticket, outcome: str, first_by: float) -> NextAttempt | None:
+        """End attempt ``t`` at ``now`` with ``outcome``: the request's end (None returned), or, if
+        it is retried (core/retry.py), the attempt's, and the retry the world routes at its time."""
+        nxt = None if self.retries is None else self.retries.next_attempt(now, t, outcome, first_by)
+        if nxt is None:
+            t.finish(now, outcome)
+        else:
+            t.abandon(now, outcome, nxt.at_s - now)
+        return nxt
 
     # --- the fault timeline -----------------------------------------------------
     def begin_step(self, step: FaultStep, now: float) -> None:
@@ -100,12 +125,12 @@ class RunContext:
 
     # --- dead work -----------------------------------------------------------------
     def dead_pull(self, t: Ticket, given_up_s: float, end_s: float, ending: str, bytes_after: float) -> None:
-        """Record what became of the KV pull of ``t``, a request given up in kv_transfer at
-        ``given_up_s`` (both worlds call this once per such request)."""
+        """Record what became of the KV pull of ``t``, a request (or, retried, an attempt) given up
+        in kv_transfer at ``given_up_s`` (both worlds call this once per such attempt)."""
         if ending not in PULL_ENDINGS:
             raise ValueError(f"unknown pull ending {ending!r} (known: {', '.join(PULL_ENDINGS)})")
         self.writer.write(DeadPullRecord(t.request_id, t.prefill_pod, t.decode_pod, given_up_s, end_s, ending,
-                                         int(t.kv_bytes), bytes_after))
+                                         int(t.kv_bytes), bytes_after, t.attempt))
 
     # --- the end -----------------------------------------------------------------
     def _final_meta(self) -> None:

@@ -101,6 +101,38 @@ class CircuitBreakerSpec(_Spec):
     open_s: float = Field(30.0, gt=0, description="how long an open breaker keeps its pod out before half-opening")
 
 
+class RetrySpec(_Spec):
+    """Retries of a failed attempt on another pair (core/retry.py). Defaults: sgl-router's
+    RetryConfig (sgl-router/src/config/types.rs: max_retries 5, which counts attempts, the first
+    included, since its disable_retries sets it to 1; initial_backoff_ms 50, backoff_multiplier
+    1.5, max_backoff_ms 30000, jitter_factor 0.2: delay = min(50 ms x 1.5^k, 30 s) x (1 + U[-0.2,
+    0.2]) before retry k + 1)."""
+
+    max_attempts: int = Field(5, ge=1, description="attempts per request, the first included (1: no retry)")
+    initial_backoff_s: float = Field(0.05, ge=0)
+    backoff_multiplier: float = Field(1.5, ge=1.0)
+    max_backoff_s: float = Field(30.0, ge=0)
+    jitter: float = Field(0.2, ge=0, lt=1)
+    # Envoy's per_try_timeout (route.v3.RetryPolicy), measured to the first token: an attempt
+    # without its first token this long after it was routed is given up (a timeout of its stage)
+    # and retried, if a retry can still start before the request's first-token limit; the last
+    # attempt runs to that limit. None: only attempts that fail (outcome error) are retried, as in
+    # sgl-router, which has no per-try timeout. No default can be derived for a cluster: a healthy
+    # attempt's time to first token is the floor, the first-token limit over max_attempts the
+    # ceiling (README "Retries" shows the sensitivity).
+    attempt_ttft_s: float | None = Field(None, gt=0)
+    # Envoy's previous_hosts retry predicate, with the pod as the unit (the project's blame rule):
+    # a retry avoids the pods its earlier attempts' failures were blamed on, unless that leaves no
+    # candidate.
+    avoid_blamed: bool = True
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> "RetrySpec":
+        if self.max_backoff_s < self.initial_backoff_s:
+            raise ValueError(f"max_backoff_s {self.max_backoff_s} is below initial_backoff_s {self.initial_backoff_s}")
+        return self
+
+
 class RouterSpec(_Spec):
     slow_loop_s: float = Field(1.0, gt=0, description="T_slow: period of the risk-price update")
     history_window_s: float = Field(30.0, gt=0, description="window of the timeout and failure rates")
@@ -114,6 +146,9 @@ class RouterSpec(_Spec):
     # Off by default, as in sgl-router and vllm-router: `circuit_breaker: {}` turns it on with
     # sgl-router's defaults.
     circuit_breaker: CircuitBreakerSpec | None = None
+    # Off by default so that no earlier result moves (sgl-router retries by default): `retry: {}`
+    # turns it on with sgl-router's defaults, retrying failed attempts only (no per-try timeout).
+    retry: RetrySpec | None = None
 
 
 class TestbedSpec(_Spec):

@@ -10,6 +10,9 @@ and ends it with :meth:`Ticket.finish`, which
   :func:`core.stages.blamed_pods`),
 * builds the request's record and hands it to the router's sink (the run's writer).
 
+With ``router.retry`` a request may make several attempts, a ticket each: a failed attempt that is
+retried ends with :meth:`Ticket.abandon` (its row in ``attempts``), the last one with ``finish``.
+
 So neither world builds a :class:`core.records.RequestRecord` or tracks which
 counters it released: the two worlds differ only in when they call ``enter``.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .records import NAN, OUTCOMES, RequestRecord
+from .records import NAN, OUTCOMES, AttemptRecord, RequestRecord
 from .stages import ADMISSION, AFTER_PREFILL, STAGE_START
 
 if TYPE_CHECKING:
@@ -31,7 +34,7 @@ _ENTER = {s: (STAGE_START[s], s in AFTER_PREFILL) for s in STAGE_START}
 def rejected_record(request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> RequestRecord:
     """The record of a request the admission limit refused: never routed, so no ticket."""
     return _record(request_id, arrival_s, prompt_tokens, output_tokens, -1, -1, -1, -1, NAN, NAN, NAN, NAN, NAN,
-                   NAN, NAN, "rejected", ADMISSION, 0)
+                   NAN, NAN, "rejected", ADMISSION, 0, 0)
 
 
 def _record(*fields: object) -> RequestRecord:
@@ -44,11 +47,12 @@ class Ticket:
     __slots__ = ("router", "request_id", "arrival_s", "prompt_tokens", "output_tokens",
                  "p_idx", "d_idx", "prefill_worker", "decode_worker", "prefill_pod", "decode_pod",
                  "stage", "routed_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "kv_end_s",
-                 "first_token_s", "kv_bytes", "done", "_prefill_held")
+                 "first_token_s", "kv_bytes", "done", "_prefill_held", "attempt", "avoided")
 
     def __init__(self, router: Router, now: float, request_id: int, arrival_s: float,
                  prompt_tokens: int, output_tokens: int, p_idx: int, d_idx: int, prefill_worker: int,
-                 decode_worker: int, prefill_pod: int, decode_pod: int) -> None:
+                 decode_worker: int, prefill_pod: int, decode_pod: int, attempt: int = 0,
+                 avoided: frozenset[int] = frozenset()) -> None:
         self.router = router
         self.request_id, self.arrival_s = request_id, arrival_s
         self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
@@ -63,6 +67,8 @@ class Ticket:
         self.kv_bytes = 0
         self.done = False
         self._prefill_held = True  # the prefill worker's counters still count this request
+        self.attempt = attempt  # 0: the request's first (router.retry makes more)
+        self.avoided = avoided  # the pods this attempt was routed away from (core/retry.py)
 
     def enter(self, stage: str, at: float) -> None:
         """The request is in ``stage`` from time ``at`` (stamps the stage's start column)."""
@@ -73,8 +79,8 @@ class Ticket:
             self._prefill_held = False
             self.router.prefill_done(self)
 
-    def finish(self, now: float, outcome: str = "ok") -> RequestRecord:
-        """End the request at ``now``: ``ok``, or a failure in the stage it is in."""
+    def _end(self, now: float, outcome: str, retrying: bool) -> str | None:
+        """Release the attempt's counters and show the router how it ended; its failed stage."""
         if self.done:
             raise RuntimeError(f"request {self.request_id} finished twice")
         if outcome not in OUTCOMES:
@@ -84,14 +90,30 @@ class Ticket:
         if self._prefill_held:
             self._prefill_held = False
             self.router.prefill_done(self)
-        router = self.router
-        router.finished(now, self, outcome, failed)
+        self.router.finished(now, self, outcome, failed, retrying)
+        return failed
+
+    def finish(self, now: float, outcome: str = "ok") -> RequestRecord:
+        """End the request at ``now``: ``ok``, or a failure in the stage it is in."""
+        failed = self._end(now, outcome, False)
         first = self.first_token_s if self.first_token_s <= now else NAN  # a first token after the end never came
         rec = _record(
             self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens,
             self.prefill_worker, self.decode_worker, self.prefill_pod, self.decode_pod,
             self.routed_s, self.prefill_start_s, self.prefill_end_s, self.kv_start_s, self.kv_end_s, first,
             now if outcome == "ok" else NAN,  # end_s
-            outcome, failed, self.kv_bytes)
-        router.sink(rec)
+            outcome, failed, self.kv_bytes, self.attempt + 1)
+        self.router.sink(rec)
+        return rec
+
+    def abandon(self, now: float, outcome: str, backoff_s: float) -> AttemptRecord:
+        """End this attempt at ``now``, failed (``outcome``) in the stage it is in, the request to
+        be retried ``backoff_s`` later (core/retry.py): its failure counts as any other, and its
+        row goes to ``attempts``; the request stays admitted."""
+        if outcome == "ok":
+            raise ValueError(f"request {self.request_id}: an attempt that ended ok is not retried")
+        failed = self._end(now, outcome, True)
+        rec = AttemptRecord(self.request_id, self.attempt, self.routed_s, now, self.prefill_worker, self.decode_worker,
+                            self.prefill_pod, self.decode_pod, outcome, failed, self.kv_bytes, backoff_s)
+        self.router.sink(rec)
         return rec

@@ -17,7 +17,10 @@
   KV tokens in the batch), recomputed whenever the batch changes;
 * the limits: a request without its first token ``ttft_timeout_s`` after arrival,
   or not finished ``deadline_s`` after it, is aborted where it is and recorded as a
-  timeout of that stage.
+  timeout of that stage;
+* retries (``router.retry``): an attempt without its first token ``attempt_ttft_s`` after it
+  was routed is given up the same way and, as :mod:`core.retry` decides, routed again after its
+  backoff (the simulated engines never fail otherwise, so that is all that is retried here).
 
 Everything around the cluster is the run context both worlds open
 (:class:`core.run.RunContext`): routing returns a :class:`core.ticket.Ticket`,
@@ -116,11 +119,13 @@ class ClusterSim:
         self._measuring: deque[FaultStep] = deque()  # steps whose measurement has not ended, in order
         self._measured_at = 0.0  # when the last of them ends
         self.reqs: list[Ticket | None] = []  # by request id (= arrival order); None once done
-        self._flows: dict[int, int] = {}  # request id -> its KV flow, while in kv_transfer
+        self._flows: dict[Ticket, int] = {}  # an attempt's KV flow, while in kv_transfer
         # engine.kv_pull_on_abort "finish": a request given up in kv_transfer keeps its flow and its
-        # decode blocks until the pull ends. Its ticket and the KV bytes moved by then, by request id.
+        # decode blocks until the pull ends. When it was given up and the KV bytes moved by then.
         self._finish_pulls = engine.kv_pull_on_abort == "finish"
-        self._dead: dict[int, tuple[Ticket, float, float]] = {}
+        self._dead: dict[Ticket, tuple[float, float]] = {}
+        # router.retry's per-try timeout: each attempt that could be retried gets a timer
+        self._attempt_ttft = ctx.retries is not None and ctx.retries.spec.attempt_ttft_s is not None
         self._seq = 0
         self.end_time = (float(workload.arrival_s[-1]) if len(workload) else 0.0) + deadline_s + 1.0
         # Per-request columns and the engine's constants as Python numbers: the hot path never
@@ -155,13 +160,13 @@ class ClusterSim:
         # Dead pulls still going: the run goes on (as the testbed's router watches them) until they
         # end, for up to DEAD_PULL_WATCH_S after each was given up; then as far as they got.
         if self._dead:
-            watch_until = max(given_up for _, given_up, _ in self._dead.values()) + DEAD_PULL_WATCH_S
+            watch_until = max(given_up for given_up, _ in self._dead.values()) + DEAD_PULL_WATCH_S
             env = self.env
             while self._dead and env.peek() <= watch_until:
                 env.step()
-        for rid in list(self._dead):
-            req, given_up, moved = self._dead.pop(rid)
-            flow = self._flows.pop(rid, None)  # None: its bytes are there, the completion is not
+        for req in list(self._dead):
+            given_up, moved = self._dead.pop(req)
+            flow = self._flows.pop(req, None)  # None: its bytes are there, the completion is not
             now_moved = req.kv_bytes if flow is None else self.net.transferred(flow) / self.wire_overhead
             self.ctx.dead_pull(req, given_up, NAN, "unseen", now_moved - moved)
         closing = self.ctx.closing_step(self.env.now)  # faults still on when the run ends are cleared, recorded
@@ -207,6 +212,8 @@ class ClusterSim:
         req = self.ctx.route(now, i, self._arr[i], self._pt[i], self._ot[i])
         self.reqs.append(req)
         self._dispatch(req, now)
+        if self._attempt_ttft:
+            self._limit_attempt(req, now)
         if self.progress is not None and i % 2000 == 0:
             self.progress(now / self.end_time)
 
@@ -228,7 +235,7 @@ class ClusterSim:
                 return
             req = reqs[i]
             if req is not None and not req.done:
-                self._timeout(req)
+                self._give_up(req, "timeout")
             reqs[i] = None  # nothing refers to it any more
             i += 1
         chain.end()
@@ -242,7 +249,28 @@ class ClusterSim:
     def _first_token_check(self, i: int, now: float) -> None:
         req = self.reqs[i] if i < len(self.reqs) else None
         if req is not None and not req.done and not req.first_token_s <= now:
-            self._timeout(req)
+            self._give_up(req, "timeout")
+
+    # --- retries (router.retry) ----------------------------------------------------
+    def _limit_attempt(self, req: Ticket, now: float) -> None:
+        """The attempt's per-try timeout, if a retry could follow it."""
+        limit = self.ctx.attempt_limit(req, self._arr[req.request_id] + self.first_token_limit)
+        if limit < self._arr[req.request_id] + self.first_token_limit:
+            call_after(self.env, limit - now, self._attempt_due, req)
+
+    def _attempt_due(self, ev: Call) -> None:
+        req = ev.data
+        if not req.done and not req.first_token_s <= self.env._now:
+            self._give_up(req, "timeout")
+
+    def _retry(self, ev: Call) -> None:
+        """Route a retried request again (its earlier attempt is in ``attempts``)."""
+        i, nxt = ev.data
+        now = self.env._now
+        req = self.ctx.route(now, i, self._arr[i], self._pt[i], self._ot[i], nxt)
+        self.reqs[i] = req
+        self._dispatch(req, now)
+        self._limit_attempt(req, now)
 
     def _faults(self):
         env = self.env
@@ -352,13 +380,13 @@ class ClusterSim:
         req.enter("kv_transfer", now)
         req.kv_bytes = nbytes = kv_transfer_bytes(req.prompt_tokens, self._block_tokens, self.kv_bpt)
         on_wire = nbytes * self.wire_overhead  # protocol headers travel too
-        self._flows[req.request_id] = self.net.start(self.topo.path(req.prefill_worker, req.decode_worker), on_wire,
+        self._flows[req] = self.net.start(self.topo.path(req.prefill_worker, req.decode_worker), on_wire,
                                                      lambda _fid, req=req: self._end_flow(req))
 
     def _end_flow(self, req: Ticket) -> None:
-        if req.done and req.request_id not in self._dead:
+        if req.done and req not in self._dead:
             return
-        del self._flows[req.request_id]
+        del self._flows[req]
         latency = self._pull_latency
         if latency > 0:  # the bytes are there; the pull's completion reaches the scheduler later
             call_after(self.env, latency, self._on_pull_done, req)
@@ -370,10 +398,10 @@ class ClusterSim:
 
     def _end_transfer(self, req: Ticket) -> None:
         if req.done:  # timed out while the completion was on its way, or a dead pull's end
-            dead = self._dead.pop(req.request_id, None)
+            dead = self._dead.pop(req, None)
             if dead is not None:
                 now = self.env._now
-                _, given_up, moved = dead
+                given_up, moved = dead
                 self.ctx.dead_pull(req, given_up, now, "done", req.kv_bytes - moved)
                 self._release(self.decode[req.d_idx], req, now)
             return
@@ -439,21 +467,25 @@ class ClusterSim:
         self._decode_schedule(d)
 
     # --- endings -------------------------------------------------------------
-    def _timeout(self, req: Ticket) -> None:
-        """The deadline: the ticket records a timeout of the stage the request is in; the
-        worker it occupied lets it go (queued ones are skipped lazily when reached)."""
+    def _give_up(self, req: Ticket, outcome: str) -> None:
+        """A limit (the deadline, the first-token limit, an attempt's per-try timeout): the attempt
+        ends in the stage it is in, the request with it unless it is retried; the worker it occupied
+        lets it go (queued ones are skipped lazily when reached)."""
         now = self.env._now
         stage = req.stage
-        req.finish(now, "timeout")
-        self.reqs[req.request_id] = None
+        i = req.request_id
+        nxt = self.ctx.end_attempt(now, req, outcome, self._arr[i] + self.first_token_limit)
+        self.reqs[i] = None
+        if nxt is not None:
+            call_after(self.env, nxt.at_s - now, self._retry, (i, nxt))
         if stage == "kv_transfer":
-            flow = self._flows.get(req.request_id)
+            flow = self._flows.get(req)
             if flow is not None and self._finish_pulls:
                 # vLLM cannot cancel the read: it goes on, and the blocks stay held until it ends
-                self._dead[req.request_id] = (req, now, self.net.transferred(flow) / self.wire_overhead)
+                self._dead[req] = (now, self.net.transferred(flow) / self.wire_overhead)
                 return
             if flow is not None:  # None: the bytes had arrived, the completion had not
-                self.net.abort(self._flows.pop(req.request_id))
+                self.net.abort(self._flows.pop(req))
             self.ctx.dead_pull(req, now, now, "cancelled" if flow is not None else "done", 0.0)
             self._release(self.decode[req.d_idx], req, now)
         elif stage == "decode":

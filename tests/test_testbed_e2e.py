@@ -83,6 +83,11 @@ def testbed_runs(tmp_path_factory):
                             "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": 60.0,
                                         "residual_bw": 0.008, "kv_only": True}],
                             "health": {"model": "alert", "detection_delay_s": 2.0, "clear_delay_s": 2.0}})
+    # The same throttled link with retries: an attempt without its first token 3 s after it was
+    # routed is given up and routed again, away from the pods blamed (a healthy attempt's first
+    # token here comes within about a second, host stalls included; a pull across 2 Mbit/s in ~21 s).
+    retried = parse_spec({**throttled.model_dump(mode="json", exclude={"study"}), "name": "e2e_retry",
+                          "router": {**base["router"], "retry": {"attempt_ttft_s": 3.0}}})
     big = out / "too_big.yaml"
     big.write_text(json.dumps({**base, "name": "too_big", "topology": {**base["topology"], "pods": 5}}))
     # What is on the machine already (another run's, a crashed session's) is not this test's to judge.
@@ -101,7 +106,8 @@ def testbed_runs(tmp_path_factory):
         poller = threading.Thread(target=_scrape_while, args=(cluster, stop, scrapes), daemon=True)
         poller.start()
         try:
-            run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0])],
+            run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0]),
+                                                                      (retried, ["Random"], [0])],
                         calibrate_to=out / "calibration.json", address=addr)
         finally:
             stop.set()
@@ -418,6 +424,34 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
     prices = read_table(d, "prices")
     # direct telemetry: the measured rate reaches the risk price's bandwidth term
     assert prices[prices.pod == 0].bw_term.max() > 0.99 and prices[prices.pod == 1].bw_term.max() < 0.01
+
+
+def test_a_retry_takes_an_attempt_stuck_on_the_throttled_link_to_another_pair(testbed_runs):
+    from core.stages import blamed_pods
+
+    d = testbed_runs[0] / "e2e_retry" / "Random" / "seed-0"
+    assert read_meta(d)["status"] == "finished"
+    req = read_table(d, "requests").set_index("request_id")
+    att = read_table(d, "attempts")
+    # Random sends some first attempts across pod 0's throttled link: given up at their 3 s in kv_transfer
+    stuck = att[(att.prefill_pod == 0) & (att.failed_stage == "kv_transfer")]
+    assert len(stuck) > 0, (att, req)
+    assert ((att.end_s - att.routed_s) > 2.9).all() and (att.outcome == "timeout").all(), att
+    # each retried request's record is its last attempt's, routed after the backoff and, in each
+    # role, away from every pod its given-up attempts were blamed on while a pod of that role was
+    # left unblamed (4 pods by_pod: prefill on pods 0-1, decode on 2-3)
+    for rid, rows in att.groupby("request_id"):
+        last = req.loc[rid]
+        assert last.attempts == len(rows) + 1
+        assert last.routed_s >= rows.end_s.max()
+        blamed = {p for r in rows.itertuples() for p in blamed_pods(r.failed_stage, r.prefill_pod, r.decode_pod)}
+        for pod, role in ((last.prefill_pod, {0, 1}), (last.decode_pod, {2, 3})):
+            assert pod not in blamed or role <= blamed, (rows, last)
+    # and the retries rescued requests that the plain run of the same spec lost on the link
+    assert (req.loc[stuck.request_id.unique()].outcome == "ok").any(), req
+    # the given-up attempts' pulls went on (vLLM cannot cancel them) and were recorded as theirs
+    dead = read_table(d, "dead_pulls")
+    assert set(zip(stuck.request_id, stuck.attempt)) <= set(zip(dead.request_id, dead.attempt)), (dead, stuck)
 
 
 def _new_leftovers(cli: dict) -> list[str]:

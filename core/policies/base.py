@@ -120,7 +120,9 @@ class Policy:
         if view.pods is not self._cached_for:
             self._refresh(view)
 
-    def choose(self, view: ClusterView) -> Choice:
+    def choose(self, view: ClusterView, avoid: frozenset[int] | None = None) -> Choice:
+        """The pair for one request; ``avoid``: pods a retry keeps away from (core/retry.py), as far
+        as each role keeps a candidate elsewhere."""
         roles = self._roles if view.pods is self._cached_for else self._refresh(view)
         rp, rd = roles
         worker = self._worker
@@ -139,10 +141,28 @@ class Policy:
                     rp.buf += rp.static
                     rd.buf += rd.static
             sp, sd = rp.buf, rd.buf
-        p = self._pick_p.pick(sp, rp.allowed, self._rng)
+        ap, ad = rp.allowed, rd.allowed
+        if avoid:
+            sp, ap = _avoiding(sp, ap, view.topo.prefill_pod, avoid)
+        p = self._pick_p.pick(sp, ap, self._rng)
         if self._path is not None:
             row = self._path[view.topo.prefill_pod[p]].take(view.topo.decode_pod)
             sd = np.add(sd, row, out=sd) if worker is not None else sd + row  # never into the cached static array
-        d = self._pick_d.pick(sd, rd.allowed, self._rng)
+        if avoid:
+            sd, ad = _avoiding(sd, ad, view.topo.decode_pod, avoid)
+        d = self._pick_d.pick(sd, ad, self._rng)
         # Choice's fields in order, without the named tuple's constructor (a Python call)
         return _make_tuple(Choice, (p, d, float(sp[p] + sd[d]), self._buf.size, self._n_filtered))
+
+
+def _avoiding(score: np.ndarray, allowed: np.ndarray, worker_pod: np.ndarray,
+              avoid: frozenset[int]) -> tuple[np.ndarray, np.ndarray]:
+    """One role's scores and allowed candidates without the workers of the pods in ``avoid``
+    (a copy: the arrays given may be the policy's cached ones); unchanged if none would be left."""
+    out = np.isin(worker_pod, list(avoid))
+    keep = allowed[~out[allowed]]
+    if keep.size == 0:
+        return score, allowed
+    score = score.copy()
+    score[out] = np.inf
+    return score, keep

@@ -14,7 +14,7 @@ Series (every name starts with ``testbed_``; labels in braces):
   fault schedule degrades the pod), from the health table's changes;
 * ``in_flight{role,worker,pod}``: requests routed to a worker and not through it yet;
 * ``decisions_total{policy}`` and ``decision_latency_seconds{policy}`` (histogram);
-* ``requests_total{outcome}``, ``request_failures_total{stage}``;
+* ``requests_total{outcome}``, ``request_failures_total{stage}``, ``retries_total{stage}`` (router.retry);
 * ``kv_bytes_total``, ``kv_pull_seconds`` (histogram: ``kv_end_s - kv_start_s`` of requests whose
   pull ended), ``time_to_first_token_seconds`` (histogram).
 """
@@ -85,9 +85,12 @@ class RunMetrics:
                                   buckets=_SECONDS_BUCKETS, registry=r)
         self._ttft = Histogram("testbed_time_to_first_token_seconds", "first token time after arrival",
                                buckets=_SECONDS_BUCKETS, registry=r)
+        # sgl-router exports its retries likewise (sgl_router_retries_total{route})
+        self._retries = Counter("testbed_retries", "attempts given up and retried (router.retry), by the stage "
+                                "they failed in", ["stage"], registry=r)
         r.register(_InFlight(topo, loads))
         self._observers = {"decisions": self._decision, "prices": self._prices, "health": self._health,
-                           "requests": self._request}
+                           "requests": self._request, "attempts": self._attempt}
 
     def observe(self, rec: Any) -> None:
         """One record as the router emits it (other tables are not metrics)."""
@@ -116,6 +119,9 @@ class RunMetrics:
     def _health(self, rec: Any) -> None:
         self._label.labels(str(rec.pod)).set(int(rec.unhealthy))
         self._truth.labels(str(rec.pod)).set(int(rec.truth_degraded))
+
+    def _attempt(self, rec: Any) -> None:
+        self._retries.labels(rec.failed_stage).inc()
 
     def _request(self, rec: Any) -> None:
         self._requests.labels(rec.outcome).inc()

@@ -1,7 +1,9 @@
 """One request's life on the real testbed, under the router's two limits: a request without
 its first token ``ttft_timeout_s`` after arrival (the engine's front end says when the first
 token came: its ``stages`` carry ``first_token``), or unfinished ``deadline_s`` after it, is
-aborted where it is and recorded as a timeout of that stage, as in the simulator.
+aborted where it is and recorded as a timeout of that stage, as in the simulator. With
+``router.retry`` a failed attempt, or one past its per-try timeout, may be routed again
+(:mod:`core.retry`): each attempt is a ticket and a request id of its own on the engines.
 
 :class:`RequestFlow` is the router actor's logic, written against plain async
 engine clients (a Ray actor handle behind :class:`RayEngine`), so it imports
@@ -219,14 +221,33 @@ class RequestFlow:
     async def _serve(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, *,
                      ids: Sequence[int] | None = None, on_tokens: TokenSink | None = None,
                      sampling: dict[str, Any] | None = None) -> str:
-        t = self.ctx.route(self.clock(), request_id, arrival_s, prompt_tokens, output_tokens)
+        """The request's attempts (one, unless ``router.retry`` retries a failed one), then its outcome."""
         deadline = arrival_s + self.deadline_s
         first_by = arrival_s + self.first_token_s  # the time-to-first-token limit
-        rid = f"req-{self.salt}-{request_id}"
         if ids is None:
             ids = prompt_ids(request_id, prompt_tokens, self.vocab, self.salt)
         # only when asked: the workload's calls (and scripted engines in tests) keep the plain signature
         extra = {k: v for k, v in (("on_tokens", on_tokens), ("sampling", sampling)) if v is not None}
+        retry = None
+        while True:
+            t = self.ctx.route(self.clock(), request_id, arrival_s, prompt_tokens, output_tokens, retry)
+            # an engine's request id is used once: a retry's gets the attempt's number
+            rid = f"req-{self.salt}-{request_id}" + (f"-{t.attempt}" if t.attempt else "")
+            outcome, dead_pull = await self._attempt(t, rid, ids, self.ctx.attempt_limit(t, first_by), deadline,
+                                                     extra)
+            retry = self.ctx.end_attempt(self.clock(), t, outcome, first_by)
+            if dead_pull is not None:
+                self._watch(dead_pull)
+            if retry is None:
+                self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+                return outcome
+            await asyncio.sleep(max(0.0, retry.at_s - self.clock()))
+
+    async def _attempt(self, t: Ticket, rid: str, ids: Sequence[int], first_by: float, deadline: float,
+                       extra: dict[str, Any]) -> tuple[str, Awaitable[None] | None]:
+        """One attempt on the pair of ``t``, without its first token by ``first_by`` (the request's
+        limit, or the attempt's per-try timeout) or unfinished by ``deadline`` given up where it is.
+        Its outcome (the ticket is left to end), and the watch of its dead pull if it left one."""
         p_eng, d_eng = self.prefill[t.p_idx], self.decode[t.d_idx]
         try:
             # --- prefill_queue, prefill ---------------------------------------------------
@@ -237,16 +258,16 @@ class RequestFlow:
                 if started is not None:
                     t.enter("prefill", started)
                 await self._abort(p_eng, rid, res)
-                return self._end(t, "timeout")
+                return "timeout", None
             started = _at(sent, dict(res.stages), "alloc")
             queued = getattr(res, "queued_s", None)
             t.enter("prefill", started if started is not None else sent + (queued or 0.0))
             if res.kv_transfer_params is None or res.finish_reason == "abort":
-                return self._end(t, "error")  # no KV to hand over: prefill failed
+                return "error", None  # no KV to hand over: prefill failed
             t.enter("decode_queue", self.clock())  # the prefill engine holds the KV for the decoder now
             # --- decode_queue, kv_transfer, decode on the decode engine ------------------
             sent = self.clock()
-            call = d_eng.decode(rid, ids, output_tokens, res.kv_transfer_params, **extra)
+            call = d_eng.decode(rid, ids, t.output_tokens, res.kv_transfer_params, **extra)
             limit = first_by
             ok, res = await self._until(first_by, call)
             if not ok and first_by < deadline:
@@ -262,13 +283,12 @@ class RequestFlow:
                 first = getattr(res, "first_token_s", None) if res is not None else None
                 if first is not None and t.stage == "decode" and sent + (first - res.submitted_s) <= limit:
                     t.first_token_s = sent + (first - res.submitted_s)
-                outcome = self._end(t, "timeout")
                 if t.stage == "kv_transfer":
                     # vLLM cannot cancel a NIXL read in flight: the call returned at the abort,
                     # the pull goes on; what became of it is recorded once it is known
-                    self._watch(self._watch_dead_pull(t, d_eng, rid, sent, limit,
-                                                      dict(res.stages) if res is not None else {}))
-                return outcome
+                    return "timeout", self._watch_dead_pull(t, d_eng, rid, sent, limit,
+                                                            dict(res.stages) if res is not None else {})
+                return "timeout", None
             offsets = dict(res.stages)
             if "alloc_remote" not in offsets:
                 self.unseparated += 1
@@ -279,11 +299,11 @@ class RequestFlow:
                 if t.stage == "kv_transfer":  # no pull end reported: the first token is the first evidence
                     t.enter("decode", t.first_token_s)
             if res.aborted or res.first_token_s is None:
-                return self._end(t, "error")
-            return self._end(t, "ok")
+                return "error", None
+            return "ok", None
         except Exception as e:  # an engine died or a call failed: an error in the stage it was in
             log.warning("request %s failed: %s", rid, e)
-            return self._end(t, "error")
+            return "error", None
 
     def _watch(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -320,8 +340,3 @@ class RequestFlow:
         """Wait for every dead pull being watched (each within DEAD_PULL_WATCH_S of its start)."""
         while self.watches:
             await asyncio.wait(set(self.watches))
-
-    def _end(self, t: Ticket, outcome: str) -> str:
-        t.finish(self.clock(), outcome)
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-        return outcome
