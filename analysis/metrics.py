@@ -425,6 +425,7 @@ class RunData:
     dead_pulls: pd.DataFrame  # empty for a run directory written before the table existed
     breaker: pd.DataFrame  # likewise
     attempts: pd.DataFrame  # likewise
+    engines: pd.DataFrame  # likewise
 
     @property
     def scenario(self) -> str:
@@ -458,7 +459,7 @@ def load_run(run_dir: Path | str) -> RunData:
         raise ValueError(f"{where}: spec must be a mapping, got {type(spec_raw).__name__}")
     spec = parse_metrics_spec(spec_raw.get("metrics"), f"{where}: spec")
     tables = {t: read_table(path, t) for t in RUN_TABLES}
-    for t in ("dead_pulls", "breaker", "attempts"):  # tables younger than some run directories
+    for t in ("dead_pulls", "breaker", "attempts", "engines"):  # tables younger than some run directories
         tables[t] = read_table(path, t) if (path / f"{t}.parquet").exists() else SCHEMAS[t].empty_table().to_pandas()
     req = tables["requests"]
     if req["attempts"].isna().any():  # written before retries: one attempt each, none if rejected
@@ -549,6 +550,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     dl = _latency_us(run.decisions["latency_s"].to_numpy(dtype=float), (50, 99))
     out.update(dead_work(run.dead_pulls))
     out.update(retry_work(req, run.attempts))
+    out["engines_down"] = int(run.engines["worker"].nunique())
     end_s = float(np.nanmax(run.decisions["time_s"].to_numpy(dtype=float), initial=0.0))
     out.update(breaker_time(run.breaker, end_s))
     out["n_decisions"] = dl["n_decisions"]

@@ -152,6 +152,19 @@ class BreakerRecord(NamedTuple):
     table = "breaker"  # a class attribute, not a column
 
 
+class EngineRecord(NamedTuple):
+    """An engine went down (its actor died, or its engine core: testbed/runtime/actors.py): the
+    router stops choosing its worker from then on."""
+
+    time_s: float
+    worker: int
+    pod: int
+    role: str  # "prefill" | "decode"
+    state: str  # "down"
+    reason: str  # what said so: the exception of a call or of vLLM's health check
+    table = "engines"  # a class attribute, not a column
+
+
 PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 # How long after a request was given up both worlds keep looking for its dead pull's end; past it
 # the pull is "unseen". UCX over TCP gave a dead link's pulls up after about 47 s on the testbed
@@ -159,7 +172,7 @@ PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 DEAD_PULL_WATCH_S = 60.0
 
 RECORD_TYPES: tuple[type, ...] = (RequestRecord, DecisionRecord, FaultEvent, HealthRecord, PriceRecord,
-                                  DeadPullRecord, BreakerRecord, AttemptRecord)
+                                  DeadPullRecord, BreakerRecord, AttemptRecord, EngineRecord)
 
 # ``make_row(DecisionRecord, (every field, in order))`` builds the record without the named tuple's
 # ``__new__``, a Python function that only forwards its arguments to this (it costs as much as the

@@ -23,7 +23,7 @@ from faults.telemetry import BandwidthTelemetry
 
 from .breaker import PodBreakers
 from .policies import Policy
-from .records import DecisionRecord, HealthRecord, PriceRecord, make_row
+from .records import DecisionRecord, EngineRecord, HealthRecord, PriceRecord, make_row
 from .risk import RiskPriceEstimator
 from .stages import blamed_pods
 from .ticket import Ticket, rejected_record
@@ -127,6 +127,17 @@ class Router:
     def _breakers_changed(self) -> None:
         self.view.pods = self.view.pods.replace(blocked=self.breakers.blocked)
         self.policy.prepare(self.view)  # off the next decision's path
+
+    def engine_down(self, now: float, worker: int, reason: str) -> None:
+        """The engine of ``worker`` is down: never chosen again while its role has another."""
+        down = np.zeros(self.topo.n_workers, bool) if self.view.pods.down is None else self.view.pods.down.copy()
+        if down[worker]:
+            return
+        down[worker] = True
+        self.view.pods = self.view.pods.replace(down=down)
+        self.policy.prepare(self.view)  # off the next decision's path
+        role = "prefill" if worker in self._prefill_ids else "decode"
+        self.sink(EngineRecord(now, worker, self._worker_pod[worker], role, "down", reason))
 
     # --- ground truth, labels, telemetry ----------------------------------
     def set_truth(self, degraded: np.ndarray, link_Bps: np.ndarray | None = None) -> None:

@@ -123,6 +123,11 @@ class RunContext:
         """How long what a step applies may live without the driver: until its scheduled end, plus a margin."""
         return step.until_s - step.time_s + margin_s
 
+    # --- engines ---------------------------------------------------------------------
+    def engine_down(self, now: float, worker: int, reason: str) -> None:
+        """The world saw the engine of ``worker`` die: the router stops choosing it (recorded once)."""
+        self.router.engine_down(now, worker, reason)
+
     # --- dead work -----------------------------------------------------------------
     def dead_pull(self, t: Ticket, given_up_s: float, end_s: float, ending: str, bytes_after: float) -> None:
         """Record what became of the KV pull of ``t``, a request (or, retried, an attempt) given up

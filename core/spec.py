@@ -193,6 +193,10 @@ class TestbedSpec(_Spec):
     # head node; 8000 is vLLM's own server's default port. Localhost unless opened up.
     ingress_host: str = "127.0.0.1"
     ingress_port: int = Field(8000, ge=1, le=65535)
+    # How often the router asks every engine whether it is down (vLLM's health check through the
+    # engine's actor: testbed/runtime/serve.py Liveness); a call that raised asks its engine at
+    # once. 10 s: Kubernetes' livenessProbe periodSeconds default.
+    engine_check_s: float = Field(10.0, gt=0)
 
 
 class PolicyEntry(_Spec):

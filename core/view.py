@@ -54,6 +54,9 @@ class PodState:
     price: np.ndarray  # (P,) risk price pi_j
     # (P,) bool: pods the router's circuit breaker holds open (kept out of every policy's choice)
     blocked: np.ndarray | None = None
+    # (W,) bool by worker id: workers whose engine is down (dead actor or engine core: the router
+    # saw it, not a label), kept out of every policy's choice
+    down: np.ndarray | None = None
 
     @classmethod
     def initial(cls, n_pods: int) -> "PodState":

@@ -5,11 +5,13 @@ namespace), and everything runs against its address as on a real cluster: `testb
 status --address`, a spec bigger than the cluster refused by `testbed run --address`, the runs,
 `testbed faults clear --address`; then `testbed cluster down` must leave nothing behind.
 One set of engines (the embedded twin scenario's: 4 pods `by_pod`, one engine
-each) is calibrated, then serves three jobs: every policy on a short healthy workload, then
+each) is calibrated, then serves four jobs: every policy on a short healthy workload, then
 requests whose decode outlives the deadline, then requests from a prefill pod whose link the
-fault agents throttle hard (the spec's fault schedule). The calibrated simulator then runs the
-throttled job as its twin. Slow (engine start-up dominates: several minutes on 2 cores); CI runs
-it all the same.
+fault agents throttle hard (the spec's fault schedule), then the same with retries. The
+calibrated simulator then runs the throttled job as its twin. Then `testbed run` serves the
+ingress, runs with a link down and is SIGKILLed, and runs while two of its engines are killed
+(each of these on engines of its own). Slow (engine start-up dominates: several minutes on 2
+cores); CI runs it all the same.
 """
 
 import json
@@ -116,6 +118,7 @@ def testbed_runs(tmp_path_factory):
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
         cli["serve"] = _serve_and_query(base, addr, out)
         cli["killed"] = _kill_mid_run(base, addr, out)
+        cli["engine_death"] = _kill_engines_mid_run(base, addr, out, cluster)
     finally:
         cluster.down()
         cli["down"] = _cli("cluster", "status")
@@ -242,12 +245,94 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
     return seen
 
 
+def _engine_process(run_id: str, pod: int, marker: str) -> int:
+    """The PID of the process in pod ``pod``'s namespace whose command line holds ``marker``."""
+    from testbed.runtime.netns import processes_in_namespaces
+
+    for pid in processes_in_namespaces([f"tb-{run_id}-pod{pod}"]):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            return pid
+    raise AssertionError(f"no {marker} process in pod {pod}")
+
+
+ENGINE_KILLS = ((2, "EngineCore"), (0, "ray::EngineActor"))  # pod 2's decode engine core, then pod 0's prefill actor
+
+
+# The router actor's Prometheus metrics, read from inside the head's namespace.
+SCRAPE = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())"
+
+
+def _in_flight(cluster: EmulatedCluster, worker: int) -> float:
+    """Requests the router has in flight on ``worker``, from its Prometheus metrics (head's namespace)."""
+    try:
+        res = cluster.run_in_head([sys.executable, "-c", SCRAPE], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return 0.0
+    for line in res.stdout.splitlines():
+        if line.startswith("testbed_in_flight{") and f'worker="{worker}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedCluster) -> dict:
+    """`testbed run` (LC, no fault) on engines of its own, killed one by one while requests flow:
+    pod 2's decode engine core process (vLLM's front end in the actor lives on) while the router
+    has a request on it, then pod 0's prefill engine actor (its Ray worker process), SIGKILL each,
+    as a crash or the OOM killer would. The run must go on to its end with the engines left,
+    pods 1 and 3."""
+    run_id = cluster.run_id
+    spec_file = out / "e2e_engine_death.yaml"
+    spec_file.write_text(json.dumps({
+        **base, "name": "e2e_engine_death", "policies": ["LC"], "faults": [],
+        # a death between calls is seen within the liveness check's period
+        "testbed": {**base["testbed"], "engine_check_s": 2.0},
+        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 40,
+                     "prompt": {"kind": "uniform", "low": 300, "high": 400},
+                     "output": {"kind": "fixed", "value": 32}}}))
+    run_dir = out / "e2e_engine_death" / "LC" / "seed-0"
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--address", addr,
+                             "--policies", "LC", "--seeds", "0", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    seen: dict = {"kills": []}
+    try:
+        deadline = time.monotonic() + 600  # the engines start, then requests flow
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if (read_table(run_dir, "requests").outcome == "ok").sum() >= 5:
+                    break
+            except Exception:  # not written yet
+                pass
+            time.sleep(1.0)
+        assert proc.poll() is None, f"the run ended before its engines could be killed: {proc.stdout.read()[-3000:]}"
+        for pod, marker in ENGINE_KILLS:
+            if pod == 2:  # with a request of the router's on it (worker = pod here: one engine per pod)
+                until = time.monotonic() + 60
+                while _in_flight(cluster, 2) < 1 and time.monotonic() < until:
+                    time.sleep(0.2)
+            pid = _engine_process(run_id, pod, marker)
+            os.kill(pid, signal.SIGKILL)
+            seen["kills"].append((pod, marker, pid, time.time()))
+            time.sleep(8.0)
+        seen["output"], _ = proc.communicate(timeout=600)
+        seen["rc"] = proc.returncode
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    seen["run_dir"] = run_dir
+    return seen
+
+
 def _scrape_while(cluster: EmulatedCluster, stop: threading.Event, scrapes: list[str]) -> None:
     """Scrape the router actor's metrics from inside the head's namespace every few seconds."""
-    code = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())"
     while not stop.wait(5.0):
         try:
-            res = cluster.run_in_head([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+            res = cluster.run_in_head([sys.executable, "-c", SCRAPE], capture_output=True, text=True, timeout=30)
         except subprocess.TimeoutExpired:
             continue
         if res.returncode == 0:
@@ -452,6 +537,48 @@ def test_a_retry_takes_an_attempt_stuck_on_the_throttled_link_to_another_pair(te
     # the given-up attempts' pulls went on (vLLM cannot cancel them) and were recorded as theirs
     dead = read_table(d, "dead_pulls")
     assert set(zip(stuck.request_id, stuck.attempt)) <= set(zip(dead.request_id, dead.attempt)), (dead, stuck)
+
+
+def test_engines_killed_mid_run_fail_their_requests_and_are_never_chosen_again(testbed_runs):
+    seen = testbed_runs[4]["engine_death"]
+    assert seen["rc"] == 0, seen["output"]
+    d = seen["run_dir"]
+    meta = read_meta(d)
+    assert meta["status"] == "finished"
+    # the dead engines' errors reached the router as plain EngineErrors: it never imported vLLM
+    # (and torch), which held its event loop for 7-10 s (testbed/runtime/engine.py EngineError)
+    assert meta["router_imported"] == [], meta["router_imported"]
+    req = read_table(d, "requests")
+    eng = read_table(d, "engines").set_index("pod")
+    dec = read_table(d, "decisions")
+    # both deaths seen from the engines' own state (worker = pod here: one engine per pod)
+    assert set(eng.index) == {0, 2}, eng
+    assert eng.loc[2, "role"] == "decode" and eng.loc[0, "role"] == "prefill"
+    assert eng.loc[2, "time_s"] < eng.loc[0, "time_s"]  # in the order they were killed
+    # every request has its record; the decode requests in flight on pod 2 when its core died ended
+    # as errors in the stage that engine served, and every error is one of a dead engine's: a
+    # decode-side stage on pod 2, or a prefill-side one on pod 0
+    assert len(req) == 40 and set(req.outcome) <= {"ok", "error"}, req.outcome.value_counts()
+    errors = req[req.outcome == "error"]
+    decode_side = errors.failed_stage.isin(["decode_queue", "kv_transfer", "decode"])
+    assert (errors[decode_side].decode_pod == 2).all() and (errors[~decode_side].prefill_pod == 0).all(), errors
+    assert (errors[decode_side].routed_s < eng.loc[2, "time_s"]).sum() >= 1, errors
+    for pod in (2, 0):  # and no request is routed to a dead engine once it is down
+        assert (dec[dec.time_s > eng.loc[pod, "time_s"]][["prefill_pod", "decode_pod"]] != pod).all().all()
+    # the run went on with pods 1 and 3: requests routed after both deaths were served there
+    after = req[req.routed_s > eng.time_s.max()]
+    assert len(after) > 0 and (after.prefill_pod == 1).all() and (after.decode_pod == 3).all()
+    assert (after.outcome == "ok").mean() >= 0.9, after.outcome.value_counts()
+    # a decode engine's death did not stall prefill elsewhere: pod 0 and 1 kept prefilling after it
+    # (routed at least 4 s before pod 0's death was seen: killed, its calls fail within the liveness
+    # period of 2 s and a request's prefill takes well under a second)
+    between = req[(req.routed_s > eng.loc[2, "time_s"]) & (req.routed_s < eng.loc[0, "time_s"] - 4.0)]
+    assert len(between) > 0 and between.prefill_end_s.notna().all(), between
+    assert (between.prefill_end_s - between.routed_s).max() < 3.0, between  # 7-10 s when the router stalled
+    # and the reverse: decode on pod 3 went on as pod 0's prefill engine died
+    around = req[(req.routed_s > eng.loc[0, "time_s"] - 4.0) & (req.routed_s < eng.loc[0, "time_s"] + 10.0)
+                 & (req.decode_pod == 3) & (req.outcome == "ok")]
+    assert len(around) > 0 and (around.first_token_s - around.prefill_end_s).max() < 3.0, around
 
 
 def _new_leftovers(cli: dict) -> list[str]:

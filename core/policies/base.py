@@ -90,6 +90,7 @@ class Policy:
         pod_static = np.zeros(topo.n_pods)
         for fn, w in self._pod_scorers:
             pod_static += w * fn(pods)
+        scores = pod_static.copy() if pods.down is not None else pod_static  # before the filters
         pod_static[~keep] = np.inf
         n_p = topo.prefill_pod.size
         if self._shape_for is None or self._shape_for[0] is not topo or self._shape_for[1] is not view.capacity:
@@ -98,11 +99,23 @@ class Policy:
             self._scale = np.concatenate([np.full(n_p, 1.0 / view.capacity.prefill_slots),
                                           np.full(topo.decode_pod.size, 1.0 / view.capacity.decode_slots)])
         self._static = pod_static[np.concatenate([topo.prefill_pod, topo.decode_pod])]
-        self._add_static = bool(self._static.any())
+        alive = None if pods.down is None else ~pods.down[np.concatenate([topo.prefill_ids, topo.decode_ids])]
         roles = []
         for wp, part in ((topo.prefill_pod, slice(None, n_p)), (topo.decode_pod, slice(n_p, None))):
-            allowed = np.flatnonzero(keep[wp])
+            ok = keep[wp]
+            if alive is not None and alive[part].any():
+                # A down engine is never chosen while another of its role is up, even where the
+                # filters leave only down ones: a certain failure is worse than a filtered pod.
+                up = alive[part]
+                if not (ok & up).any():
+                    ok = up
+                    self._static[part] = scores[wp]
+                else:
+                    ok = ok & up
+                self._static[part][~up] = np.inf
+            allowed = np.flatnonzero(ok)
             roles.append(_RoleCache(self._static[part], allowed, int(wp.size - allowed.size), self._buf[part]))
+        self._add_static = bool(self._static.any())
         self._n_filtered = roles[0].n_filtered + roles[1].n_filtered
         if self.config.path_weight and self._path is None:
             # (P, P), gathered per decision: a (P, n_decode) table would be read from memory

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from core.spec import ExperimentSpec
 from core.topology import Topology
 from core.view import Capacity
 from .injector import FaultInjector, PodTargets
-from .serve import ABORT_GRACE_S, RayEngine, RequestFlow
+from .serve import ABORT_GRACE_S, Liveness, RayEngine, RequestFlow
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,37 @@ def ensure_tiny_model(path: str | Path) -> None:
         build_tiny_model(path)
 
 
+def _plain_errors(method: Any) -> Any:
+    """An engine actor's method whose exceptions reach the caller as EngineError (engine.py):
+    never a vLLM exception type, which the router would have to import vLLM to unpickle."""
+    import functools
+    import inspect
+
+    from .engine import EngineError
+
+    if inspect.isasyncgenfunction(method):
+        @functools.wraps(method)
+        async def stream(*a: Any, **kw: Any) -> Any:
+            try:
+                async for item in method(*a, **kw):
+                    yield item
+            except EngineError:
+                raise
+            except Exception as e:
+                raise EngineError.of(e) from None
+        return stream
+
+    @functools.wraps(method)
+    async def call(*a: Any, **kw: Any) -> Any:
+        try:
+            return await method(*a, **kw)
+        except EngineError:
+            raise
+        except Exception as e:
+            raise EngineError.of(e) from None
+    return call
+
+
 @ray.remote(num_cpus=0)
 class EngineActor:
     def __init__(self, config: dict[str, Any], net_device: str | list[str] | None, build_model: bool = False) -> None:
@@ -85,13 +117,16 @@ class EngineActor:
         seconds = await self.engine.start()
         return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds}
 
+    @_plain_errors
     async def prefill(self, request_id: str, prompt_token_ids: list[int]) -> Any:
         return await self.engine.prefill(request_id, prompt_token_ids)
 
+    @_plain_errors
     async def decode(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
                      kv_transfer_params: Any = None, logprobs: int | None = None) -> Any:
         return await self.engine.decode(request_id, prompt_token_ids, max_tokens, kv_transfer_params, logprobs=logprobs)
 
+    @_plain_errors
     async def decode_stream(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
                             kv_transfer_params: Any = None, sampling: dict[str, Any] | None = None) -> Any:
         """Call with ``.options(num_returns="streaming")``: Ray relays each chunk as it comes."""
@@ -99,18 +134,23 @@ class EngineActor:
                                                     sampling=sampling):
             yield item
 
+    @_plain_errors
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
 
+    @_plain_errors
     async def health(self) -> dict[str, Any]:
         return await self.engine.health()
 
+    @_plain_errors
     async def load(self) -> dict[str, Any]:
         return await self.engine.load()
 
+    @_plain_errors
     async def stages(self, request_id: str) -> dict[str, float]:
         return await self.engine.stages(request_id)
 
+    @_plain_errors
     async def pull_end(self, request_id: str, forget: bool = False) -> dict[str, float]:
         return await self.engine.pull_end(request_id, forget)
 
@@ -121,6 +161,7 @@ class EngineActor:
 
         return descendants(os.getpid())
 
+    @_plain_errors
     async def metrics(self) -> dict[str, Any]:
         return await self.engine.metrics()
 
@@ -128,6 +169,7 @@ class EngineActor:
         """NVML UUID of the GPU this engine uses (None on the CPU): what a GPU fault locks."""
         return self.engine.gpu_uuid()
 
+    @_plain_errors
     async def reset_prefix_cache(self) -> bool:
         """Between runs: a later policy must not find the earlier one's prompts cached."""
         return await self.engine.reset_prefix_cache()
@@ -149,6 +191,9 @@ class RouterActor:
         self.flow = RequestFlow(self.ctx, [RayEngine(h) for h in prefill], [RayEngine(h) for h in decode],
                                 spec.deadline_s, self.now, vocab, kv_bytes_per_token, salt=seed,
                                 first_token_limit_s=spec.first_token_limit_s)
+        self.liveness = Liveness(self.ctx, self.flow, self.now, HEALTH_TIMEOUT_S, self.engine_names_for(prefill, decode,
+                                                                                                        engine_names))
+        self.flow.on_engine_error = self.liveness.error
         # Every record the router emits also updates the run's Prometheus metrics (served in run()).
         from .exporter import RunMetrics
 
@@ -164,7 +209,7 @@ class RouterActor:
         self._ingress_count = 0
         self._stop = asyncio.Event()
         self._serving: asyncio.Future | None = None  # made in serve(), in the actor's event loop
-        self.engine_names = engine_names or [f"engine{i}" for i in range(len(prefill) + len(decode))]
+        self.engine_names = self.engine_names_for(prefill, decode, engine_names)
         self.injector: FaultInjector | None = None
         self._injecting: asyncio.Future | None = None
         if self.ctx.steps:
@@ -175,6 +220,10 @@ class RouterActor:
 
     def now(self) -> float:
         return time.monotonic() - self.t0
+
+    @staticmethod
+    def engine_names_for(prefill: list[Any], decode: list[Any], names: list[str] | None) -> list[str]:
+        return names or [f"engine{i}" for i in range(len(prefill) + len(decode))]
 
     async def _every(self, period: float, fn: Any) -> None:
         while True:
@@ -190,6 +239,9 @@ class RouterActor:
 
             self._metrics_server = serve(self.metrics, self.spec.testbed.metrics_host, self.spec.testbed.metrics_port)
         self._loops = [asyncio.ensure_future(self._every(period, fn)) for period, fn in self.ctx.periodic]
+        # Liveness: every engine asked every testbed.engine_check_s whether it is down; a failed
+        # call asks its engine at once (Liveness.error).
+        self._loops.append(asyncio.ensure_future(self._every(self.spec.testbed.engine_check_s, self.liveness.tick)))
         # every table on disk within about flush_s of its rows, even one that gets no new row to
         # flush it (a SIGKILLed driver's run keeps its fault rows: tests/test_testbed_e2e.py)
         self._loops.append(asyncio.ensure_future(self._every(self.ctx.writer.flush_s, lambda _: self.ctx.writer.flush_due())))
@@ -319,5 +371,8 @@ class RouterActor:
                 self._metrics_server.shutdown()
                 self._metrics_server.server_close()
                 self._metrics_server = None
+        # Importing either into the router's process holds its event loop for seconds (EngineError):
+        # run.json says whether anything did during the run.
+        imported = [m for m in ("vllm", "torch") if m in sys.modules]
         return self.ctx.close(status, testbed_end_s=self.now(), unseparated_decode_calls=self.flow.unseparated,
-                              **extra)
+                              router_imported=imported, **extra)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -41,6 +42,8 @@ from .engine import EngineConfig
 from .calibrate import calibrate, warm_pairs
 from .fault_agents import FaultAgents
 from .injector import PodTargets
+
+log = logging.getLogger(__name__)
 
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node
 ENGINE_THREADS = EngineConfig.omp_threads  # torch threads an engine computes on
@@ -129,14 +132,27 @@ class Engines:
     def start(self, timeout_s: float) -> list[dict[str, Any]]:
         return ray.get([a.start.remote() for a in self.all], timeout=timeout_s)
 
+    @staticmethod
+    def _each(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
+        """Each call's answer, or an empty dict where the engine (its actor or its core) died:
+        a run goes on without it, and the next runs too (the router stops choosing it)."""
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref, timeout=timeout_s))
+            except (ray.exceptions.RayError, RuntimeError) as e:
+                log.warning("an engine did not answer: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
+                out.append({})
+        return out
+
     def metrics(self) -> list[dict[str, Any]]:
-        return ray.get([a.metrics.remote() for a in self.all])
+        return self._each([a.metrics.remote() for a in self.all])
 
     def reset(self) -> None:
-        ray.get([a.reset_prefix_cache.remote() for a in self.all])
+        self._each([a.reset_prefix_cache.remote() for a in self.all])
 
     def loads(self) -> list[dict[str, Any]]:
-        return ray.get([a.load.remote() for a in self.all])
+        return self._each([a.load.remote() for a in self.all])
 
     def probe(self, vocab: int, n_tokens: int = 300, max_tokens: int = 16) -> dict[str, Any]:
         """Prove the PD path moves correct KV across pods: prefill on the first pod, decode
@@ -180,7 +196,7 @@ class Engines:
 
     def shutdown(self) -> None:
         try:
-            ray.get([a.shutdown.remote() for a in self.all], timeout=120)
+            self._each([a.shutdown.remote() for a in self.all], timeout_s=120)
         finally:
             for a in self.all:
                 ray.kill(a)

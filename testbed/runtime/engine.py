@@ -58,6 +58,17 @@ TokenSink = Callable[[list[int], "str | None"], None]
 MiB = 1 << 20
 
 
+class EngineError(RuntimeError):
+    """What an engine call raised, as its type's name and message only. vLLM's own exceptions
+    (EngineDeadError, ...) must not cross to the router: unpickling one there imports vLLM, and
+    with it torch, in the router's process, which held its event loop (and every request's
+    deadline) for 7-10 s on this host, measured with py-spy after an engine core was killed."""
+
+    @classmethod
+    def of(cls, e: BaseException) -> "EngineError":
+        return cls(f"{type(e).__name__}: {e}")
+
+
 # --------------------------------------------------------------------------- config
 
 

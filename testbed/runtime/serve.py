@@ -63,6 +63,7 @@ class EngineClient(Protocol):
                      kv_transfer_params: Any = None) -> Any: ...
     async def abort(self, request_id: str) -> None: ...
     async def stages(self, request_id: str) -> dict[str, float]: ...
+    async def health(self) -> Any: ...  # raises when the engine is down (Liveness)
 
 
 class RayEngine:
@@ -144,6 +145,7 @@ class RequestFlow:
         block_tokens: int = CPU_BLOCK_TOKENS,
         salt: int = 0,
         first_token_limit_s: float | None = None,
+        on_engine_error: Callable[[str, int, BaseException], None] | None = None,
     ) -> None:
         self.ctx, self.prefill, self.decode = ctx, list(prefill), list(decode)
         self.deadline_s, self.clock = deadline_s, clock
@@ -153,6 +155,9 @@ class RequestFlow:
         self.outcomes: dict[str, int] = {}
         self.unseparated = 0  # decode calls whose engine reported no admission time
         self.watches: set[asyncio.Task] = set()  # dead pulls being watched (drain() waits for them)
+        # Told of a call that raised (role, index, the exception): the router actor asks that
+        # engine whether it is down (an engine's death shows first as its calls failing).
+        self.on_engine_error = on_engine_error
 
     async def _until(self, deadline: float, coro: Any) -> tuple[bool, Any]:
         """Run ``coro`` until ``deadline`` (run time); (finished, result or task)."""
@@ -249,6 +254,7 @@ class RequestFlow:
         limit, or the attempt's per-try timeout) or unfinished by ``deadline`` given up where it is.
         Its outcome (the ticket is left to end), and the watch of its dead pull if it left one."""
         p_eng, d_eng = self.prefill[t.p_idx], self.decode[t.d_idx]
+        calling = ("prefill", t.p_idx)
         try:
             # --- prefill_queue, prefill ---------------------------------------------------
             sent = self.clock()
@@ -266,6 +272,7 @@ class RequestFlow:
                 return "error", None  # no KV to hand over: prefill failed
             t.enter("decode_queue", self.clock())  # the prefill engine holds the KV for the decoder now
             # --- decode_queue, kv_transfer, decode on the decode engine ------------------
+            calling = ("decode", t.d_idx)
             sent = self.clock()
             call = d_eng.decode(rid, ids, t.output_tokens, res.kv_transfer_params, **extra)
             limit = first_by
@@ -303,6 +310,8 @@ class RequestFlow:
             return "ok", None
         except Exception as e:  # an engine died or a call failed: an error in the stage it was in
             log.warning("request %s failed: %s", rid, e)
+            if self.on_engine_error is not None:
+                self.on_engine_error(*calling, e)
             return "error", None
 
     def _watch(self, coro: Any) -> None:
@@ -340,3 +349,51 @@ class RequestFlow:
         """Wait for every dead pull being watched (each within DEAD_PULL_WATCH_S of its start)."""
         while self.watches:
             await asyncio.wait(set(self.watches))
+
+
+class Liveness:
+    """Which engines are down, from their own state: vLLM's health check through each engine's
+    actor (its engine core alive), asked at the health probe's period and at once when a call to
+    the engine raised. An answer that is an error (the actor dead, the core dead) puts the engine
+    down for good (RunContext.engine_down: the router stops choosing it); no answer within
+    ``timeout_s`` is a busy engine, not a dead one."""
+
+    def __init__(self, ctx: RunContext, flow: RequestFlow, clock: Callable[[], float], timeout_s: float,
+                 names: Sequence[str]) -> None:
+        self.ctx, self.flow, self.clock, self.timeout_s, self.names = ctx, flow, clock, timeout_s, list(names)
+        self._checking: set[tuple[str, int]] = set()
+        self.checks: set[asyncio.Task] = set()
+
+    def _worker(self, role: str, idx: int) -> int:
+        return int((self.ctx.topo.prefill_ids if role == "prefill" else self.ctx.topo.decode_ids)[idx])
+
+    def error(self, role: str, idx: int, exc: BaseException) -> None:
+        """A call to an engine raised: ask it whether it is down."""
+        self._check(role, idx)
+
+    def tick(self, now: float) -> None:
+        """Ask every engine not yet down."""
+        down = self.ctx.router.view.pods.down
+        for role, n in (("prefill", len(self.flow.prefill)), ("decode", len(self.flow.decode))):
+            for idx in range(n):
+                if down is None or not down[self._worker(role, idx)]:
+                    self._check(role, idx)
+
+    def _check(self, role: str, idx: int) -> None:
+        if (role, idx) in self._checking:  # one question at a time per engine
+            return
+        self._checking.add((role, idx))
+        task = asyncio.ensure_future(self._ask(role, idx))
+        self.checks.add(task)
+        task.add_done_callback(lambda t: (self._checking.discard((role, idx)), self.checks.discard(t)))
+
+    async def _ask(self, role: str, idx: int) -> None:
+        engine = (self.flow.prefill if role == "prefill" else self.flow.decode)[idx]
+        try:
+            await asyncio.wait_for(engine.health(), self.timeout_s)
+        except asyncio.TimeoutError:
+            return
+        except Exception as e:
+            name = self.names[idx if role == "prefill" else len(self.flow.prefill) + idx]
+            log.warning("engine %s is down: %s", name, e)
+            self.ctx.engine_down(self.clock(), self._worker(role, idx), f"{type(e).__name__}: {e}"[:300])

@@ -1,0 +1,220 @@
+"""Engines that die mid-run: the router stops choosing them, from their own state (a call that
+raised, then vLLM's health check through the engine's actor), never from a label. Through the
+testbed's real request flow and its liveness check against scripted engines; the end-to-end test
+kills real engines (tests/test_testbed_e2e.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from core.experiment import build_topology, make_router, seed_streams
+from core.policies import POLICY_NAMES
+from core.records import read_table
+from core.run import RunContext
+from core.spec import parse_spec
+from test_stages import KV, ScriptedEngine
+from testbed.runtime.serve import Liveness, RequestFlow
+
+
+def _spec(**over):
+    """4 pods by_pod, one worker each: pods 0-1 prefill (workers 0-1), pods 2-3 decode (workers 2-3)."""
+    base = {
+        "name": "engine_death",
+        "topology": {"pods": 4, "workers_per_pod": 1, "placement": "by_pod", "nic_gbps": 8.0},
+        "workload": {"arrival": {"kind": "poisson", "rate_rps": 2.0}, "prompt": {"kind": "fixed", "value": 256},
+                     "output": {"kind": "fixed", "value": 10}, "max_requests": 10},
+        "deadline_s": 10.0,
+        "policies": ["LC"],
+    }
+    base.update(over)
+    return parse_spec(base)
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_no_policy_chooses_a_down_engine_while_its_role_has_another(policy):
+    spec = _spec(policies=[policy])
+    rows = []
+    router = make_router(spec, build_topology(spec), policy, seed_streams(2), rows.append)
+    router.engine_down(1.0, 2, "RayActorError: the actor died")  # decode on pod 2
+    router.engine_down(1.5, 2, "again")  # recorded once
+    for i in range(30):
+        t = router.route(2.0 + i, i, 2.0 + i, 256, 10)
+        assert t.decode_worker == 3, policy
+        t.finish(2.0 + i, "ok")
+    (rec,) = [r for r in rows if r.table == "engines"]
+    assert (rec.worker, rec.pod, rec.role, rec.state) == (2, 2, "decode", "down")
+    # the filters (here the oracle's, with the pod degraded) cannot send a request back to it
+    router.set_truth(np.array([False, False, False, True]))
+    t = router.route(40.0, 99, 40.0, 256, 10)
+    assert t.decode_worker == 3
+    # every decode engine down: a request still goes somewhere (and fails there), as with filters
+    router.engine_down(41.0, 3, "EngineDeadError")
+    assert router.route(42.0, 100, 42.0, 256, 10).decode_worker in (2, 3)
+
+
+class MortalEngine(ScriptedEngine):
+    """A scripted engine that can die: its calls in flight and later ones raise, as a killed actor's
+    do, and so does its health check; ``hang``: its calls then never return (a dead engine core
+    whose front end has not noticed), only the health check says so."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.dead = False
+        self.calls: list[str] = []
+
+    def die(self) -> None:
+        self.dead = True
+        for ev in self._abort.values():
+            ev.set()
+
+    async def _call(self, rid):
+        if self.dead:
+            raise RuntimeError("RayActorError: the actor died unexpectedly")
+        self.calls.append(rid)
+        out = await super()._call(rid)
+        if self.dead:
+            raise RuntimeError("RayActorError: the actor died unexpectedly")
+        return out
+
+    async def health(self):
+        if self.dead:
+            raise RuntimeError("EngineDeadError: EngineCore encountered an issue")
+        return {"unfinished": 0}
+
+
+def _ok(**kw):
+    return MortalEngine({"alloc": 0.0, "alloc_remote": 0.0, "recv_done": 0.01}, end=0.05, first=0.02, **kw)
+
+
+def _run(tmp_path, prefill, decode, kill, n=12, gap=0.1, probe_s=None):
+    """``n`` requests ``gap`` apart through RequestFlow with its liveness check; ``kill(t)`` runs
+    before each send at run time t. Returns outcomes, requests, engines and decisions."""
+    spec = _spec()
+    topo = build_topology(spec)
+    with RunContext(spec, "testbed", "LC", 0, tmp_path, topo, {"requests": n}) as ctx:
+        t0 = time.monotonic()
+        clock = lambda: time.monotonic() - t0  # noqa: E731
+        flow = RequestFlow(ctx, prefill, decode, spec.deadline_s, clock, vocab=2048, kv_bytes_per_token=KV)
+        live = Liveness(ctx, flow, clock, 1.0, ["p0", "p1", "d0", "d1"])
+        flow.on_engine_error = live.error
+
+        async def go():
+            tasks = []
+            ticker = None
+            if probe_s is not None:
+                async def every():
+                    while True:
+                        await asyncio.sleep(probe_s)
+                        live.tick(clock())
+                ticker = asyncio.ensure_future(every())
+            for i in range(n):
+                kill(clock())
+                tasks.append(asyncio.ensure_future(flow.handle(i, clock(), 256, 10)))
+                await asyncio.sleep(gap)
+            out = await asyncio.gather(*tasks)
+            if ticker is not None:
+                ticker.cancel()
+            await asyncio.gather(*live.checks, return_exceptions=True)
+            return out
+
+        outcomes = asyncio.run(go())
+    d = ctx.run_dir
+    return outcomes, read_table(d, "requests"), read_table(d, "engines"), read_table(d, "decisions")
+
+
+def test_a_decode_engine_that_dies_fails_its_requests_then_is_never_chosen_and_prefill_goes_on(tmp_path):
+    slow = MortalEngine({"alloc": 0.0, "alloc_remote": 0.0, "recv_done": 0.01}, end=0.3, first=0.02)
+    decode = [slow, _ok()]
+    killed = []
+
+    def kill(now):
+        if now > 0.35 and not killed:  # requests are on it, mid-call
+            killed.append(now)
+            slow.die()
+
+    outcomes, req, eng, dec = _run(tmp_path, [_ok(), _ok()], decode, kill)
+    (row,) = eng.itertuples()
+    assert (row.worker, row.pod, row.role) == (2, 2, "decode") and "EngineDeadError" in row.reason
+    on_dead = req[req.decode_worker == 2]
+    failed = on_dead[on_dead.outcome != "ok"]
+    assert len(failed) > 0 and (failed.outcome == "error").all()
+    assert set(failed.failed_stage) <= {"decode_queue"}  # where a request waits on its decode call
+    assert (on_dead[on_dead.outcome == "error"].routed_s < row.time_s + 1e-9).all()
+    # from the moment it is down, no decision chooses it, and every later request is served
+    assert (dec[dec.time_s > row.time_s].decode_worker != 2).all()
+    later = req[req.routed_s > row.time_s]
+    assert len(later) > 0 and (later.outcome == "ok").all()
+    assert set(later.prefill_worker) == {0, 1}  # both prefill engines went on serving
+
+
+def test_a_prefill_engine_found_down_by_the_periodic_check_before_any_call_fails(tmp_path):
+    prefill = [_ok(), _ok()]
+    killed = []
+
+    def kill(now):
+        if not killed:
+            killed.append(now)
+            prefill[0].die()  # dead from the start, between calls
+
+    # the first requests may reach it (and fail at once); the periodic check finds it too
+    outcomes, req, eng, dec = _run(tmp_path, prefill, [_ok(), _ok()], kill, n=10, gap=0.1, probe_s=0.05)
+    (row,) = eng.itertuples()
+    assert (row.worker, row.role) == (0, "prefill")
+    assert row.time_s < 0.2  # at the first tick or the first failed call, whichever came first
+    on_dead = req[req.prefill_worker == 0]
+    assert (on_dead.outcome == "error").all() and (on_dead.failed_stage == "prefill_queue").all()
+    assert (req[req.prefill_worker == 1].outcome == "ok").all() and (req.prefill_worker == 1).sum() >= 8
+
+
+def test_a_slow_engine_is_not_taken_for_a_dead_one(tmp_path):
+    class Busy(MortalEngine):
+        async def health(self):
+            await asyncio.sleep(5.0)  # an engine step holding the actor past the check's timeout
+
+    prefill = [Busy({"alloc": 0.0}, end=0.05), _ok()]
+    outcomes, req, eng, _ = _run(tmp_path, prefill, [_ok(), _ok()], lambda now: None, n=6, probe_s=0.1)
+    assert eng.empty and outcomes == ["ok"] * 6
+
+
+def test_an_engine_calls_exception_reaches_the_router_without_vllms_types():
+    from testbed.runtime.actors import _plain_errors
+    from testbed.runtime.engine import EngineError
+
+    class EngineDeadError(Exception):  # stands for vLLM's (vllm/v1/engine/exceptions.py)
+        pass
+
+    @_plain_errors
+    async def call():
+        raise EngineDeadError("EngineCore encountered an issue")
+
+    @_plain_errors
+    async def stream():
+        yield 1
+        raise EngineDeadError("gone mid-stream")
+
+    async def drain():
+        return [x async for x in stream()]
+
+    with pytest.raises(EngineError, match="^EngineDeadError: EngineCore encountered an issue$") as info:
+        asyncio.run(call())
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    with pytest.raises(EngineError, match="EngineDeadError: gone mid-stream"):
+        asyncio.run(drain())
+
+
+def test_the_routers_modules_and_an_engine_error_do_not_import_vllm_or_torch():
+    """Importing vLLM (and torch) into the router's process took 7-10 s of its event loop."""
+    import subprocess
+    import sys
+
+    code = ("import pickle, sys\n"
+            "import testbed.runtime.serve, testbed.runtime.exporter, core.run\n"
+            "from testbed.runtime.engine import EngineError\n"
+            "pickle.loads(pickle.dumps(EngineError('EngineDeadError: x')))\n"
+            "print([m for m in ('vllm', 'torch') if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
