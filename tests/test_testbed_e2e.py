@@ -267,9 +267,14 @@ SCRAPE = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:
 
 
 def _in_flight(cluster: EmulatedCluster, worker: int) -> float:
-    """Requests the router has in flight on ``worker``, from its Prometheus metrics (head's namespace)."""
+    """Requests the router has in flight on ``worker``, from its Prometheus metrics (head's namespace);
+    with curl where there is one: a Python's start-up here outlasts a short request."""
+    import shutil
+
+    argv = ["curl", "-s", "-m", "5", "http://127.0.0.1:9464/metrics"] if shutil.which("curl") \
+        else [sys.executable, "-c", SCRAPE]
     try:
-        res = cluster.run_in_head([sys.executable, "-c", SCRAPE], capture_output=True, text=True, timeout=30)
+        res = cluster.run_in_head(argv, capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
         return 0.0
     for line in res.stdout.splitlines():
@@ -292,7 +297,8 @@ def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedClu
         "testbed": {**base["testbed"], "engine_check_s": 2.0},
         "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 40,
                      "prompt": {"kind": "uniform", "low": 300, "high": 400},
-                     "output": {"kind": "fixed", "value": 32}}}))
+                     # a decode of 64 tokens lasts a second or two here: time for the kill to land
+                     "output": {"kind": "fixed", "value": 64}}}))
     run_dir = out / "e2e_engine_death" / "LC" / "seed-0"
     proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--address", addr,
                              "--policies", "LC", "--seeds", "0", "--out", str(out)],
@@ -310,11 +316,11 @@ def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedClu
             time.sleep(1.0)
         assert proc.poll() is None, f"the run ended before its engines could be killed: {proc.stdout.read()[-3000:]}"
         for pod, marker in ENGINE_KILLS:
+            pid = _engine_process(run_id, pod, marker)
             if pod == 2:  # with a request of the router's on it (worker = pod here: one engine per pod)
                 until = time.monotonic() + 60
                 while _in_flight(cluster, 2) < 1 and time.monotonic() < until:
-                    time.sleep(0.2)
-            pid = _engine_process(run_id, pod, marker)
+                    time.sleep(0.1)
             os.kill(pid, signal.SIGKILL)
             seen["kills"].append((pod, marker, pid, time.time()))
             time.sleep(8.0)
@@ -555,14 +561,17 @@ def test_engines_killed_mid_run_fail_their_requests_and_are_never_chosen_again(t
     assert set(eng.index) == {0, 2}, eng
     assert eng.loc[2, "role"] == "decode" and eng.loc[0, "role"] == "prefill"
     assert eng.loc[2, "time_s"] < eng.loc[0, "time_s"]  # in the order they were killed
-    # every request has its record; the decode requests in flight on pod 2 when its core died ended
-    # as errors in the stage that engine served, and every error is one of a dead engine's: a
-    # decode-side stage on pod 2, or a prefill-side one on pod 0
+    # every request has its record; the requests on pod 2's decode engine when its core died ended
+    # as errors in its stages, and every error is a dead engine's, in a stage that depends on it
+    # (the blame rule: a KV pull from pod 0's dead prefill engine fails in kv_transfer too)
     assert len(req) == 40 and set(req.outcome) <= {"ok", "error"}, req.outcome.value_counts()
     errors = req[req.outcome == "error"]
-    decode_side = errors.failed_stage.isin(["decode_queue", "kv_transfer", "decode"])
-    assert (errors[decode_side].decode_pod == 2).all() and (errors[~decode_side].prefill_pod == 0).all(), errors
-    assert (errors[decode_side].routed_s < eng.loc[2, "time_s"]).sum() >= 1, errors
+    from core.stages import BLAMED_ENDS
+
+    for r in errors.itertuples():
+        ends = BLAMED_ENDS[r.failed_stage]
+        assert ("prefill" in ends and r.prefill_pod == 0) or ("decode" in ends and r.decode_pod == 2), errors
+    assert ((errors.decode_pod == 2) & (errors.routed_s < eng.loc[2, "time_s"])).sum() >= 1, errors
     for pod in (2, 0):  # and no request is routed to a dead engine once it is down
         assert (dec[dec.time_s > eng.loc[pod, "time_s"]][["prefill_pod", "decode_pod"]] != pod).all().all()
     # the run went on with pods 1 and 3: requests routed after both deaths were served there
@@ -574,11 +583,11 @@ def test_engines_killed_mid_run_fail_their_requests_and_are_never_chosen_again(t
     # period of 2 s and a request's prefill takes well under a second)
     between = req[(req.routed_s > eng.loc[2, "time_s"]) & (req.routed_s < eng.loc[0, "time_s"] - 4.0)]
     assert len(between) > 0 and between.prefill_end_s.notna().all(), between
-    assert (between.prefill_end_s - between.routed_s).max() < 3.0, between  # 7-10 s when the router stalled
+    assert (between.prefill_end_s - between.routed_s).max() < 5.0, between  # 7-10 s when the router froze
     # and the reverse: decode on pod 3 went on as pod 0's prefill engine died
     around = req[(req.routed_s > eng.loc[0, "time_s"] - 4.0) & (req.routed_s < eng.loc[0, "time_s"] + 10.0)
                  & (req.decode_pod == 3) & (req.outcome == "ok")]
-    assert len(around) > 0 and (around.first_token_s - around.prefill_end_s).max() < 3.0, around
+    assert len(around) > 0 and (around.first_token_s - around.prefill_end_s).max() < 5.0, around
 
 
 def _new_leftovers(cli: dict) -> list[str]:
