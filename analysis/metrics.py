@@ -141,6 +141,12 @@ def degraded_availability(requests: pd.DataFrame, window: FaultWindow | None, bi
     return float((s["success_ratio"].to_numpy()[sel] >= target).mean())
 
 
+def _pre_fault_success(requests: pd.DataFrame, window: FaultWindow) -> float:
+    """S_0: the success ratio of the requests arriving before the fault's onset; NaN without any."""
+    pre = _arrivals(requests) < window.onset_s
+    return float(_ok(requests)[pre].mean()) if pre.any() else NAN
+
+
 def resilience_index(
     requests: pd.DataFrame, window: FaultWindow | None, bin_s: float, recovery_horizon_s: float
 ) -> float:
@@ -150,12 +156,8 @@ def resilience_index(
     before onset, with S_0 = 0, or without such bins."""
     if window is None:
         return NAN
-    arr = _arrivals(requests)
-    pre = arr < window.onset_s
-    if not pre.any():
-        return NAN
-    s0 = float(_ok(requests)[pre].mean())
-    if s0 == 0.0:
+    s0 = _pre_fault_success(requests, window)
+    if not s0 > 0.0:  # NaN (no request before onset) or 0
         return NAN
     s = success_series(requests, bin_s)
     start = s["bin_start_s"].to_numpy()
@@ -172,11 +174,9 @@ def recovery_s(requests: pd.DataFrame, window: FaultWindow | None, bin_s: float)
     requests before onset, or with a fault never cleared."""
     if window is None or not window.cleared:
         return NAN
-    arr = _arrivals(requests)
-    pre = arr < window.onset_s
-    if not pre.any():
+    s0 = _pre_fault_success(requests, window)
+    if math.isnan(s0):
         return NAN
-    s0 = float(_ok(requests)[pre].mean())
     s = success_series(requests, bin_s)
     start = s["bin_start_s"].to_numpy()
     below = (start + bin_s > window.onset_s) & (s["success_ratio"].to_numpy() < s0)  # NaN (empty) is not below

@@ -19,7 +19,6 @@ the last breaker closing, once every breaker is closed again ("open at the end" 
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -65,24 +64,11 @@ def main() -> None:
     ap.add_argument("--tabulate", metavar="DIR", help="only print the table of an earlier run's directories")
     args = ap.parse_args()
     policies, seeds = args.policies.split(","), [int(s) for s in args.seeds.split(",")]
-    if args.tabulate:
-        work = Path(args.tabulate)
-    else:
-        from simulator.run import run_sim
+    from both_worlds import run_dirs, run_variants
 
-        work = Path(tempfile.mkdtemp(prefix="bench-breaker-"))
-        specs = _variants(args.spec, args.factor)
-        for spec in specs:
-            for p in policies:
-                for s in seeds:
-                    run_sim(spec, p, s, work / "sim")
-        if not args.no_testbed:
-            from testbed.runtime.launch import run_testbed
-
-            first, *more = specs
-            run_testbed(first, work / "testbed", policies, seeds, more=[(m, policies, seeds) for m in more])
-    rows = [{"world": world, "spec": d.parent.parent.name, **_figures(d)}
-            for world in ("sim", "testbed") for d in sorted((work / world).glob("*/*/seed-*"))]
+    work = Path(args.tabulate) if args.tabulate else \
+        run_variants(_variants(args.spec, args.factor), policies, seeds, "bench-breaker-", not args.no_testbed)
+    rows = [{"world": world, "spec": d.parent.parent.name, **_figures(d)} for world, d in run_dirs(work)]
     table = Table(title=f"The circuit breaker, without and with, at {args.factor:g}x the scenario's rate")
     for col in ("world", "scenario", "breaker", "policy", "requests", "failure rate", "through faulted pods during faults",
                 "breaker opens", "open, pod-s", "all closed after the faults, s"):

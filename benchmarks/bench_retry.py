@@ -20,7 +20,6 @@ ratio is below the pre-fault one).
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -67,24 +66,12 @@ def main() -> None:
     ap.add_argument("--tabulate", metavar="DIR", help="only print the table of an earlier run's directories")
     args = ap.parse_args()
     policies, seeds = args.policies.split(","), [int(s) for s in args.seeds.split(",")]
-    if args.tabulate:
-        work = Path(args.tabulate)
-    else:
-        from simulator.run import run_sim
+    from both_worlds import run_dirs, run_variants
 
-        work = Path(tempfile.mkdtemp(prefix="bench-retry-"))
-        specs = _variants(args.spec, args.factor, args.attempt_ttft.split(","))
-        for spec in specs:
-            for p in policies:
-                for s in seeds:
-                    run_sim(spec, p, s, work / "sim")
-        if not args.no_testbed:
-            from testbed.runtime.launch import run_testbed
-
-            first, *more = specs
-            run_testbed(first, work / "testbed", policies, seeds, more=[(m, policies, seeds) for m in more])
-    rows = [{"world": world, "spec": d.parent.parent.name, **_figures(d)}
-            for world in ("sim", "testbed") for d in sorted((work / world).glob("*/*/seed-*"))]
+    specs = [] if args.tabulate else _variants(args.spec, args.factor, args.attempt_ttft.split(","))
+    work = Path(args.tabulate) if args.tabulate else run_variants(specs, policies, seeds, "bench-retry-",
+                                                                  not args.no_testbed)
+    rows = [{"world": world, "spec": d.parent.parent.name, **_figures(d)} for world, d in run_dirs(work)]
     table = Table(title=f"Retries, without and with a per-try time to first token, at {args.factor:g}x the rate")
     cols = ("world", "scenario", "per-try TTFT", "policy", "seed", "requests", "failure rate", "TTFT p99, s", "retries",
             "retried", "rescued", "extra prefill", "extra KV, GB", "recovered after, s")

@@ -186,6 +186,13 @@ def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
     return seen
 
 
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a `testbed run` started in a session of its own (it and its driver), if still running."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 KILL_FAULT_S = 90.0  # the faults of the killed run: applied at 0 s, for this long
 KILL_AFTER_S = 65.0  # the kill, this long after they were applied: past the ~47 s after which UCX gives up
 
@@ -238,9 +245,7 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
         seen["after_ttl"] = [x.line() for x in find_leftovers()]
         seen["killed_after_s"] = killed_at - applied_at
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _end_group(proc)
     seen["run_dir"] = run_dir
     return seen
 
@@ -327,9 +332,7 @@ def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedClu
         seen["output"], _ = proc.communicate(timeout=600)
         seen["rc"] = proc.returncode
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _end_group(proc)
     seen["run_dir"] = run_dir
     return seen
 

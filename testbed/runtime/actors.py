@@ -14,6 +14,8 @@ still awaiting, and nothing blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import os
 import sys
@@ -68,9 +70,6 @@ def ensure_tiny_model(path: str | Path) -> None:
 def _plain_errors(method: Any) -> Any:
     """An engine actor's method whose exceptions reach the caller as EngineError (engine.py):
     never a vLLM exception type, which the router would have to import vLLM to unpickle."""
-    import functools
-    import inspect
-
     from .engine import EngineError
 
     if inspect.isasyncgenfunction(method):
@@ -191,8 +190,8 @@ class RouterActor:
         self.flow = RequestFlow(self.ctx, [RayEngine(h) for h in prefill], [RayEngine(h) for h in decode],
                                 spec.deadline_s, self.now, vocab, kv_bytes_per_token, salt=seed,
                                 first_token_limit_s=spec.first_token_limit_s)
-        self.liveness = Liveness(self.ctx, self.flow, self.now, HEALTH_TIMEOUT_S, self.engine_names_for(prefill, decode,
-                                                                                                        engine_names))
+        self.engine_names = engine_names or [f"engine{i}" for i in range(len(prefill) + len(decode))]
+        self.liveness = Liveness(self.ctx, self.flow, self.now, HEALTH_TIMEOUT_S, self.engine_names)
         self.flow.on_engine_error = self.liveness.error
         # Every record the router emits also updates the run's Prometheus metrics (served in run()).
         from .exporter import RunMetrics
@@ -209,7 +208,6 @@ class RouterActor:
         self._ingress_count = 0
         self._stop = asyncio.Event()
         self._serving: asyncio.Future | None = None  # made in serve(), in the actor's event loop
-        self.engine_names = self.engine_names_for(prefill, decode, engine_names)
         self.injector: FaultInjector | None = None
         self._injecting: asyncio.Future | None = None
         if self.ctx.steps:
@@ -220,10 +218,6 @@ class RouterActor:
 
     def now(self) -> float:
         return time.monotonic() - self.t0
-
-    @staticmethod
-    def engine_names_for(prefill: list[Any], decode: list[Any], names: list[str] | None) -> list[str]:
-        return names or [f"engine{i}" for i in range(len(prefill) + len(decode))]
 
     async def _every(self, period: float, fn: Any) -> None:
         while True:

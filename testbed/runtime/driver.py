@@ -135,11 +135,13 @@ class Engines:
     @staticmethod
     def _each(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
         """Each call's answer, or an empty dict where the engine (its actor or its core) died:
-        a run goes on without it, and the next runs too (the router stops choosing it)."""
+        a run goes on without it, and the next runs too (the router stops choosing it).
+        ``timeout_s`` bounds them all together, as one ``ray.get`` of the list would."""
         out = []
+        until = None if timeout_s is None else time.monotonic() + timeout_s
         for ref in refs:
             try:
-                out.append(ray.get(ref, timeout=timeout_s))
+                out.append(ray.get(ref, timeout=None if until is None else max(0.0, until - time.monotonic())))
             except (ray.exceptions.RayError, RuntimeError) as e:
                 log.warning("an engine did not answer: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
                 out.append({})
