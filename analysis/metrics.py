@@ -426,6 +426,7 @@ class RunData:
     breaker: pd.DataFrame  # likewise
     attempts: pd.DataFrame  # likewise
     engines: pd.DataFrame  # likewise
+    host: pd.DataFrame  # likewise; testbed only (empty in the simulator's runs)
 
     @property
     def scenario(self) -> str:
@@ -459,12 +460,44 @@ def load_run(run_dir: Path | str) -> RunData:
         raise ValueError(f"{where}: spec must be a mapping, got {type(spec_raw).__name__}")
     spec = parse_metrics_spec(spec_raw.get("metrics"), f"{where}: spec")
     tables = {t: read_table(path, t) for t in RUN_TABLES}
-    for t in ("dead_pulls", "breaker", "attempts", "engines"):  # tables younger than some run directories
+    for t in ("dead_pulls", "breaker", "attempts", "engines", "host"):  # tables younger than some run directories
         tables[t] = read_table(path, t) if (path / f"{t}.parquet").exists() else SCHEMAS[t].empty_table().to_pandas()
     req = tables["requests"]
     if req["attempts"].isna().any():  # written before retries: one attempt each, none if rejected
         req["attempts"] = req["attempts"].fillna(req["outcome"].ne("rejected").astype(int)).astype("int64")
     return RunData(path=path, meta=meta, spec=spec, **tables)
+
+
+def host_stall(run: RunData) -> dict[str, float]:
+    """The host's part in a testbed run (analysis/host.py): the share of requests whose prefill the
+    host stalled, and the failure rate of the others, the fault's effect with the host's set apart.
+    NaN where there are no host samples (the simulator, runs before them)."""
+    if run.host.empty:
+        return {"host_stalled_share": NAN, "failure_rate_unstalled": NAN}
+    from .host import run_host_marks
+
+    req = run.requests
+    stalled = run_host_marks(req, run.host, run.meta, run.faults)["host_stalled"].fillna(False).to_numpy(bool)
+    rest = req[~stalled]
+    return {"host_stalled_share": float(stalled.mean()) if len(req) else NAN,
+            "failure_rate_unstalled": failure_rate(rest) if len(rest) else NAN}
+
+
+def kv_leases(meta: dict[str, Any]) -> dict[str, float]:
+    """A testbed run's expired KV leases, from its engines' counters over the run (run.json
+    ``engines``): a prefill engine that freed KV a decoder had not finished reading, and the reads
+    that finished after that (FIELD-NOTES: their KV may be another request's). The lease is the
+    deadline plus a margin (testbed/runtime/engine.py), so every expiry belongs to a request already
+    given up: its output is never served. NaN in the simulator's runs (no engines)."""
+    engines = meta.get("engines")
+    if not isinstance(engines, dict) or not engines:
+        return {"kv_leases_expired": NAN, "kv_reads_after_expiry": NAN}
+    total = {"kv_leases_expired": 0.0, "kv_reads_after_expiry": 0.0}
+    for counters in engines.values():
+        if isinstance(counters, dict):
+            total["kv_leases_expired"] += float(counters.get("vllm:nixl_num_kv_expired_reqs_total", 0.0))
+            total["kv_reads_after_expiry"] += float(counters.get("vllm:nixl_num_notifications_after_expiry_total", 0.0))
+    return total
 
 
 def breaker_time(breaker: pd.DataFrame, end_s: float) -> dict[str, float]:
@@ -551,6 +584,8 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out.update(dead_work(run.dead_pulls))
     out.update(retry_work(req, run.attempts))
     out["engines_down"] = int(run.engines["worker"].nunique())
+    out.update(host_stall(run))
+    out.update(kv_leases(run.meta))
     end_s = float(np.nanmax(run.decisions["time_s"].to_numpy(dtype=float), initial=0.0))
     out.update(breaker_time(run.breaker, end_s))
     out["n_decisions"] = dl["n_decisions"]

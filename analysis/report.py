@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.metrics import decision_latency, load_run, run_metrics
+from analysis.host import run_host_marks
+from analysis.metrics import RunData, decision_latency, load_run, run_metrics
 from analysis.plots import RunCurves, run_curves, write_plots
 from analysis.summary import discover_runs, runs_frame, summarize
 
@@ -27,6 +28,10 @@ KEY_METRICS = (
     ("ttft_p99_s", "TTFT p99 (s)"),
     ("goodput_rps", "goodput (req/s)"),
     ("decision_latency_p50_us", "decision p50 (µs)"),
+    # testbed only (analysis/host.py): requests whose prefill the host stalled, and the failure rate
+    # without them, the fault's effect with the host's set apart
+    ("host_stalled_share", "host-stalled"),
+    ("failure_rate_unstalled", "failure rate, rest"),
 )
 
 
@@ -70,6 +75,7 @@ def report(
     rows: list[dict] = []
     curves: list[RunCurves] = []
     latency: list[pd.DataFrame] = []
+    marks: list[pd.DataFrame] = []
     for d in run_dirs:
         # One run at a time in memory: sim runs can hold millions of requests.
         run = load_run(d)
@@ -77,6 +83,8 @@ def report(
         curves.append(run_curves(run))
         lat = decision_latency(run.decisions, (50, 99))
         latency.append(lat.assign(world=run.world, scenario=run.scenario, policy=run.policy, seed=run.seed))
+        if not run.host.empty:
+            marks.append(_host_marks(run))
     runs = runs_frame(rows)
     summary = summarize(runs)
 
@@ -86,6 +94,10 @@ def report(
     lead = ["world", "scenario", "policy", "seed"]
     lat_df[lead + [c for c in lat_df.columns if c not in lead]].to_csv(out / "decision_latency.csv", index=False)
     plots = write_plots(curves, runs, out)
+    written = "runs.csv, summary.csv, decision_latency.csv"
+    if marks:
+        pd.concat(marks, ignore_index=True).to_csv(out / "host_marks.csv", index=False)
+        written += ", host_marks.csv"
 
     unfinished = runs.loc[runs["status"] != "finished", ["run_dir", "status"]]
     for (scenario, world), g in summary.groupby(["scenario", "world"], sort=True):
@@ -94,6 +106,14 @@ def report(
         listed = escape(", ".join(f"{r.run_dir} ({r.status})" for r in unfinished.itertuples()))
         console.print(f"[yellow]note:[/] {len(unfinished)} run(s) did not finish; their rows up to the stop are "
                       f"included: {listed}")
-    console.print(f"{len(runs)} run(s); wrote runs.csv, summary.csv, decision_latency.csv and {len(plots)} "
-                  f"plot(s) to {escape(str(out))}")
+    console.print(f"{len(runs)} run(s); wrote {written} and {len(plots)} plot(s) to {escape(str(out))}")
     return summary
+
+
+def _host_marks(run: RunData) -> pd.DataFrame:
+    """Each request of a testbed run with its engines' CPU and run-queue wait, and its host mark."""
+    req = run.requests
+    marks = run_host_marks(req, run.host, run.meta, run.faults)
+    cols = ["request_id", "outcome", "failed_stage", "prefill_pod", "decode_pod", "routed_s"]
+    return pd.concat([req[cols], marks], axis=1).assign(world=run.world, scenario=run.scenario,
+                                                         policy=run.policy, seed=run.seed)

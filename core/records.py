@@ -165,6 +165,23 @@ class EngineRecord(NamedTuple):
     table = "engines"  # a class attribute, not a column
 
 
+class HostRecord(NamedTuple):
+    """One engine's host sample (testbed only, testbed/runtime/hoststats.py): cumulative seconds
+    of its processes on a CPU and waiting for one, and of its node's CPU pressure, busy and
+    stolen time; analysis/host.py turns them into each request's share of host stall."""
+
+    time_s: float
+    worker: int
+    pod: int
+    role: str  # "prefill" | "decode"
+    cpu_s: float
+    wait_s: float
+    pressure_s: float  # NaN on a kernel without PSI
+    busy_s: float
+    steal_s: float
+    table = "host"  # a class attribute, not a column
+
+
 PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 # How long after a request was given up both worlds keep looking for its dead pull's end; past it
 # the pull is "unseen". UCX over TCP gave a dead link's pulls up after about 47 s on the testbed
@@ -172,7 +189,7 @@ PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 DEAD_PULL_WATCH_S = 60.0
 
 RECORD_TYPES: tuple[type, ...] = (RequestRecord, DecisionRecord, FaultEvent, HealthRecord, PriceRecord,
-                                  DeadPullRecord, BreakerRecord, AttemptRecord, EngineRecord)
+                                  DeadPullRecord, BreakerRecord, AttemptRecord, EngineRecord, HostRecord)
 
 # ``make_row(DecisionRecord, (every field, in order))`` builds the record without the named tuple's
 # ``__new__``, a Python function that only forwards its arguments to this (it costs as much as the

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from analysis.metrics import (
+    kv_leases,
     decision_latency,
     degraded_availability,
     degraded_pod_shares,
@@ -438,3 +439,14 @@ def test_report_writes_csvs_and_plots(tmp_path):
     assert "OracleAvoidance" in text and "failure rate" in text and "0.125 ±" in text
     custom = report([root / "LC-0"], tmp_path / "elsewhere", Console(file=io.StringIO()))
     assert len(custom) == 1 and (tmp_path / "elsewhere" / "summary.csv").exists()
+
+
+def test_expired_kv_leases_are_summed_over_the_runs_engines():
+    meta = {"engines": {
+        "pod0-prefill": {"vllm:nixl_num_kv_expired_reqs_total": 6.0, "vllm:nixl_num_notifications_after_expiry_total": 1.0},
+        "pod2-decode": {"vllm:nixl_num_kv_expired_reqs_total": 0.0},
+        "pod3-decode": {},  # an engine whose counters are missing counts nothing
+    }}
+    assert kv_leases(meta) == {"kv_leases_expired": 6.0, "kv_reads_after_expiry": 1.0}
+    for sim in ({}, {"engines": {}}, {"engines": None}):  # a simulated run has no engines
+        assert all(math.isnan(v) for v in kv_leases(sim).values())

@@ -121,6 +121,8 @@ def test_engine_config_derives_lease_and_environment(tmp_path):
     assert env["UCX_TLS"] == "tcp" and env["UCX_NET_DEVICES"] == "eth0"
     assert env["TMPDIR"].startswith(str(tmp_path / "run" / "p0"))
     assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path / "run" / "p0"))
+    with pytest.raises(ValueError, match="host_sample_s"):
+        EngineConfig(model=tmp_path, run_dir=tmp_path, name="x", side_channel_port=1, host_sample_s=0)
     with pytest.raises(ValueError, match="role"):
         EngineConfig(model=tmp_path, run_dir=tmp_path, name="x", side_channel_port=1, role="x")
     with pytest.raises(ValueError, match="side_channel_port"):

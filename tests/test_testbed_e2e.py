@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the README's install command installs it)")
@@ -250,18 +251,29 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
     return seen
 
 
-def _engine_process(run_id: str, pod: int, marker: str) -> int:
-    """The PID of the process in pod ``pod``'s namespace whose command line holds ``marker``."""
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _engine_process(run_id: str, pod: int, marker: str, wait_s: float = 60.0) -> int:
+    """The PID of the process in pod ``pod``'s namespace whose command line holds ``marker``;
+    waited for, and, when none comes, an error that lists what the namespace holds."""
     from testbed.runtime.netns import processes_in_namespaces
 
-    for pid in processes_in_namespaces([f"tb-{run_id}-pod{pod}"]):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd:
-            return pid
-    raise AssertionError(f"no {marker} process in pod {pod}")
+    ns = f"tb-{run_id}-pod{pod}"
+    until = time.monotonic() + wait_s
+    while True:
+        seen: dict[int, str] = {}
+        for pid in processes_in_namespaces([ns]):
+            try:
+                seen[pid] = _cmdline(pid)
+            except OSError:
+                continue
+            if marker in seen[pid]:
+                return pid
+        if time.monotonic() > until:
+            raise AssertionError(f"no {marker} process in pod {pod} after {wait_s:.0f} s; {ns} holds {seen}")
+        time.sleep(1.0)
 
 
 DEATH_REQUESTS = 30
@@ -307,11 +319,13 @@ def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedClu
                      # a decode of 64 tokens lasts a second or two here: time for the kill to land
                      "output": {"kind": "fixed", "value": 64}}}))
     run_dir = out / "e2e_engine_death" / "LC" / "seed-0"
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--address", addr,
-                             "--policies", "LC", "--seeds", "0", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
-    seen: dict = {"kills": []}
+    log = out / "e2e_engine_death.log"  # read back whatever happens: a pipe would be lost with an error
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--address", addr,
+                                 "--policies", "LC", "--seeds", "0", "--out", str(out)],
+                                stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    seen: dict = {"kills": [], "run_dir": run_dir}
     try:
         deadline = time.monotonic() + 600  # the engines start, then requests flow
         while time.monotonic() < deadline and proc.poll() is None:
@@ -321,7 +335,7 @@ def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedClu
             except Exception:  # not written yet
                 pass
             time.sleep(1.0)
-        assert proc.poll() is None, f"the run ended before its engines could be killed: {proc.stdout.read()[-3000:]}"
+        assert proc.poll() is None, f"the run ended before its engines could be killed: {log.read_text()[-3000:]}"
         for pod, marker in ENGINE_KILLS:
             pid = _engine_process(run_id, pod, marker)
             if pod == 2:  # with a request of the router's on it (worker = pod here: one engine per pod)
@@ -331,11 +345,13 @@ def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedClu
             os.kill(pid, signal.SIGKILL)
             seen["kills"].append((pod, marker, pid, time.time()))
             time.sleep(8.0)
-        seen["output"], _ = proc.communicate(timeout=600)
+        proc.wait(timeout=600)
         seen["rc"] = proc.returncode
+    except Exception as e:  # this run's own failure, for its own test: the fixture's other runs stand
+        seen["error"] = f"{type(e).__name__}: {e}"
     finally:
         _end_group(proc)
-    seen["run_dir"] = run_dir
+        seen["output"] = log.read_text()
     return seen
 
 
@@ -501,6 +517,14 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
     done = dead[dead.ending == "done"]
     assert len(done) > 0 and (done.end_s > done.given_up_s).all(), dead
     assert ((done.bytes_after > 0) & (done.bytes_after <= done.kv_bytes)).all(), dead
+    # A 21 s pull outlives the KV lease (deadline + 10 s): the prefill engine may free its KV while it
+    # is read. The lease outlives the deadline, so only requests already given up after their
+    # prefill can be behind an expiry, and their output is never served.
+    from analysis.metrics import run_metrics
+
+    m = run_metrics(d)
+    given_up = int(((req.outcome != "ok") & req.prefill_end_s.notna()).sum())
+    assert 0 <= m["kv_reads_after_expiry"] <= m["kv_leases_expired"] <= given_up, (m["kv_leases_expired"], given_up)
     for event in ("apply", "clear"):
         rows = faults[faults.event == event]
         assert set(rows.target) == {"pod0:eth0/egress", "pod0:eth0/ingress"}, faults
@@ -520,6 +544,49 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
     prices = read_table(d, "prices")
     # direct telemetry: the measured rate reaches the risk price's bandwidth term
     assert prices[prices.pod == 0].bw_term.max() > 0.99 and prices[prices.pod == 1].bw_term.max() < 0.01
+
+
+def test_every_engine_accounts_for_its_cpu_and_each_request_is_marked_for_host_stall(testbed_runs):
+    """The throttled run's host table (testbed/runtime/hoststats.py): every engine's cumulative CPU and
+    run-queue wait, sampled through the run on its own node, and from it each request's mark
+    (analysis/host.py), in the run's metrics and the report's host_marks.csv."""
+    from analysis.host import run_host_marks
+    from analysis.metrics import run_metrics
+    from analysis.report import report
+
+    out = testbed_runs[0]
+    d = out / "e2e_link_fault" / "Random" / "seed-0"
+    req = read_table(d, "requests")
+    host = read_table(d, "host")
+    assert set(host.worker) == {0, 1, 2, 3} and set(zip(host.worker, host.pod)) == {(0, 0), (1, 1), (2, 2), (3, 3)}
+    assert set(host[host.worker < 2].role) == {"prefill"} and set(host[host.worker >= 2].role) == {"decode"}
+    for w, g in host.groupby("worker"):
+        g = g.sort_values("time_s")
+        gaps = g.time_s.diff().dropna()
+        assert g.time_s.min() < 1.0 and g.time_s.max() >= req.routed_s.max(), (w, g.time_s.describe())
+        assert gaps.median() == pytest.approx(0.5, abs=0.15)  # EngineConfig.host_sample_s
+        for col in ("cpu_s", "wait_s", "pressure_s", "busy_s", "steal_s"):
+            assert (g[col].diff().dropna() >= -1e-9).all(), (w, col)  # cumulative counters
+        # an engine with requests ran on a CPU during the run; the node was busy
+        assert g.cpu_s.iloc[-1] > g.cpu_s.iloc[0] and g.busy_s.iloc[-1] > g.busy_s.iloc[0]
+    meta, faults = read_meta(d), read_table(d, "faults")
+    marks = run_host_marks(req, host, meta, faults)
+    assert marks.host_stalled.notna().all() and marks.host_pressure.between(0, 1.05).all(), marks
+    assert (marks.host_cpu_s >= 0).all() and (marks.host_cpu_s > 0).any(), marks
+    # a prefill at its engine's speed (testbed.yaml: 4100 tokens/s) is never marked, whatever the host
+    ran = req.prefill_end_s.notna()
+    assert (marks.prefill_slowdown[ran] > 0).all() and marks.prefill_slowdown[~ran].isna().all()
+    stalled = marks.host_stalled.astype(bool)
+    assert (stalled <= ((marks.prefill_slowdown >= 2.0) & (marks.host_pressure >= 0.5))).all(), marks
+    m = run_metrics(d)
+    assert m["host_stalled_share"] == pytest.approx(stalled.mean())
+    rest = req[~stalled.to_numpy()]
+    assert (math.isnan(m["failure_rate_unstalled"]) and rest.empty) or \
+        m["failure_rate_unstalled"] == pytest.approx((rest.outcome != "ok").mean())
+    rep = out / "report_host"
+    report([d], rep)
+    csv = pd.read_csv(rep / "host_marks.csv")
+    assert len(csv) == len(req) and set(csv.request_id) == set(req.request_id)
 
 
 def test_a_retry_takes_an_attempt_stuck_on_the_throttled_link_to_another_pair(testbed_runs):
@@ -552,6 +619,7 @@ def test_a_retry_takes_an_attempt_stuck_on_the_throttled_link_to_another_pair(te
 
 def test_engines_killed_mid_run_fail_their_requests_and_are_never_chosen_again(testbed_runs):
     seen = testbed_runs[4]["engine_death"]
+    assert "error" not in seen, f"{seen['error']}\n{seen['output'][-3000:]}"
     assert seen["rc"] == 0, seen["output"]
     d = seen["run_dir"]
     meta = read_meta(d)

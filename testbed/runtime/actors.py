@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from core.records import DEAD_PULL_WATCH_S
+from core.records import DEAD_PULL_WATCH_S, HostRecord
 from core.run import RunContext
 from core.spec import ExperimentSpec
 from core.topology import Topology
@@ -114,7 +114,19 @@ class EngineActor:
 
     async def start(self) -> dict[str, Any]:
         seconds = await self.engine.start()
+        from .hoststats import HostSampler
+        from .injection.procs import descendants
+
+        # the engine's CPU and run-queue wait, and its node's CPU pressure (hoststats.py): the
+        # actor (vLLM's front end) and its engine core and workers
+        me = os.getpid()
+        self.host = HostSampler(lambda: [me, *descendants(me)], self.engine.config.host_sample_s)
         return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds}
+
+    async def host_samples(self, since_wall: float = 0.0) -> list[tuple[float, ...]]:
+        """This engine's host samples (hoststats.HostSample) taken at or after ``since_wall``."""
+        host = getattr(self, "host", None)
+        return [tuple(s) for s in host.samples(since_wall)] if host is not None else []
 
     @_plain_errors
     async def prefill(self, request_id: str, prompt_token_ids: list[int]) -> Any:
@@ -228,6 +240,7 @@ class RouterActor:
         """The run starts now (arrival times are relative to this): metrics, the router's
         periodic loops and the fault schedule."""
         self.t0 = time.monotonic()
+        self.t0_wall = time.time()  # the engines' host samples are on the wall clock
         if self.spec.testbed.metrics_port and self._metrics_server is None:
             from .exporter import serve
 
@@ -348,6 +361,26 @@ class RouterActor:
         return {"sent": self.sent, "total": self.total, "in_flight": len(self._tasks),
                 "outcomes": dict(self.flow.outcomes), "now_s": self.now()}
 
+    async def _record_host(self) -> None:
+        """Every live engine's host samples of the run (hoststats.py) into the ``host`` table; a dead
+        engine's are lost with it, and one that does not answer within HEALTH_TIMEOUT_S is left
+        out rather than holding the run's end."""
+        t0_wall = getattr(self, "t0_wall", None)
+        if t0_wall is None:  # the run never began
+            return
+        topo = self.ctx.topo
+        engines = [*self.flow.prefill, *self.flow.decode]
+        workers = [*topo.prefill_ids.tolist(), *topo.decode_ids.tolist()]
+        answers = await asyncio.gather(*(asyncio.wait_for(e.host_samples(t0_wall), HEALTH_TIMEOUT_S)
+                                         for e in engines), return_exceptions=True)
+        for i, (worker, samples) in enumerate(zip(workers, answers)):
+            if isinstance(samples, BaseException):
+                continue
+            role = "prefill" if i < len(self.flow.prefill) else "decode"
+            pod = int(topo.worker_pod[worker])
+            for wall, cpu, wait, pressure, busy, steal in samples:
+                self.ctx.writer.write(HostRecord(wall - t0_wall, worker, pod, role, cpu, wait, pressure, busy, steal))
+
     async def close(self, status: str = "finished", **extra: Any) -> dict[str, Any]:
         for t in [*self._tasks, *self.flow.watches]:
             t.cancel()
@@ -365,6 +398,7 @@ class RouterActor:
                 self._metrics_server.shutdown()
                 self._metrics_server.server_close()
                 self._metrics_server = None
+        await self._record_host()
         # Importing either into the router's process holds its event loop for seconds (EngineError):
         # run.json says whether anything did during the run.
         imported = [m for m in ("vllm", "torch") if m in sys.modules]

@@ -110,6 +110,9 @@ class EngineConfig:
     # instead of 0.05-0.35 s with torch's default of a thread per core. None: torch's default.
     omp_threads: int | None = 1
     nixl_progress_delay_us: int = 1000
+    # The engine's CPU and run-queue wait, sampled this often (hoststats.py): the host stalls in
+    # question last 1-10 s (a deadline is 10 s), so half a second places them within a stage.
+    host_sample_s: float = 0.5
     nixl_num_threads: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -128,6 +131,8 @@ class EngineConfig:
             raise ValueError(f"request_deadline_s={self.request_deadline_s} must be > 0")
         if self.kv_cache_bytes < 16 * MiB:
             raise ValueError(f"kv_cache_bytes={self.kv_cache_bytes} is below 16 MiB")
+        if self.host_sample_s <= 0:
+            raise ValueError(f"host_sample_s={self.host_sample_s} must be > 0")
         if self.nixl_progress_delay_us < 0:
             raise ValueError(f"nixl_progress_delay_us={self.nixl_progress_delay_us} must be >= 0")
         if not self.name or "/" in self.name:

@@ -106,6 +106,9 @@ class RayEngine:
     async def pull_end(self, request_id: str, forget: bool = False) -> dict[str, float]:
         return await self.handle.pull_end.remote(request_id, forget)
 
+    async def host_samples(self, since_wall: float) -> list[tuple[float, ...]]:
+        return await self.handle.host_samples.remote(since_wall)
+
 
 def prompt_ids(request_id: int, n_tokens: int, vocab: int, salt: int = 0) -> list[int]:
     """Deterministic prompt tokens for a request (ids 4.. avoid special tokens)."""

@@ -1,0 +1,114 @@
+"""Each request's part of host stall, from the engines' host samples (testbed/runtime/hoststats.py).
+
+A request's engines are its prefill engine from its routing to its prefill's end, and its decode
+engine from there to its end (its deadline when it has none). Over those windows the samples give
+``host_pressure``, the engines' nodes' CPU pressure as a share of the request's life (PSI "some": time
+in which at least one runnable task waited for a CPU), and, as diagnostics, the engines' own CPU
+time and run-queue wait (summed over their threads: a spinning thread is always runnable, so the
+wait counts threads, not the request's delay).
+
+A request is marked ``host_stalled`` when its prompt's forward pass took at least ``factor`` (2) times
+its engine's calibrated time (``engine.prefill_overhead_s`` + prompt / ``engine.prefill_tokens_per_s``:
+at most half of it was its own compute) while its engines' nodes were under CPU pressure half its
+life or more, and no compute fault slowed its prefill pod then. Such a stall is the host's, not the
+network fault's: on the 2-core testbed vLLM's CPU build keeps engines busy-waiting (README "The
+prefill stall"), and a pull hanging on a throttled link keeps them at it for the whole hang, which
+starves engines that have nothing to do with the link; a GPU engine does not spin that way. The
+factor 2 is a convention; the README shows the share marked at 1.5 and 3. The simulator has no host:
+its runs have no marks (NaN).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ("host_pressure", "host_cpu_s", "host_wait_s", "prefill_slowdown", "host_stalled")
+PRESSURED = 0.5  # the share of a request's life under CPU pressure that counts as a pressured host
+STALL_FACTOR = 2.0
+
+
+def _at(samples: pd.DataFrame, col: str, t: np.ndarray) -> np.ndarray:
+    """Cumulative ``col`` interpolated at times ``t`` (NaN outside the samples)."""
+    x, y = samples["time_s"].to_numpy(float), samples[col].to_numpy(float)
+    return np.interp(t, x, y, left=np.nan, right=np.nan) if len(x) else np.full(len(t), np.nan)
+
+
+def request_host_stall(requests: pd.DataFrame, host: pd.DataFrame, deadline_s: float,
+                       prefill_s: np.ndarray | None = None, compute_faulted: np.ndarray | None = None,
+                       factor: float = STALL_FACTOR) -> pd.DataFrame:
+    """Per request (``requests``' index): its engines' nodes' CPU pressure over its windows, its
+    engines' CPU seconds and run-queue wait there, its prefill's slowdown over ``prefill_s`` (its
+    engine's calibrated time per request; NaN: unknown) and whether it was ``host_stalled``
+    (``compute_faulted``: requests whose prefill pod was under a compute fault, never marked)."""
+    out = pd.DataFrame(index=requests.index, columns=list(COLUMNS), dtype=float)
+    if host.empty or requests.empty:
+        out["host_stalled"] = pd.array([pd.NA] * len(out), dtype="boolean")
+        return out
+    start = requests["routed_s"].to_numpy(float)
+    end = requests["end_s"].to_numpy(float)
+    end = np.where(np.isnan(end), start + deadline_s, end)
+    split = np.fmin(requests["prefill_end_s"].to_numpy(float), end)  # fmin: a NaN prefill end -> end
+    sums = {c: np.zeros(len(requests)) for c in ("pressure_s", "cpu_s", "wait_s")}
+    covered = np.zeros(len(requests))
+    by_worker = {w: g.sort_values("time_s") for w, g in host.groupby("worker")}
+    for col_worker, a, b in (("prefill_worker", start, split), ("decode_worker", split, end)):
+        workers = requests[col_worker].to_numpy()
+        for w, g in by_worker.items():
+            m = (workers == w) & (b > a)
+            if not m.any():
+                continue
+            deltas = {c: _at(g, c, b[m]) - _at(g, c, a[m]) for c in sums}
+            ok = ~np.isnan(deltas["cpu_s"]) & ~np.isnan(deltas["pressure_s"])
+            idx = np.flatnonzero(m)[ok]
+            for c in sums:
+                sums[c][idx] += deltas[c][ok]
+            covered[idx] += (b[m] - a[m])[ok]
+    seen = covered > 0
+    life = np.where(seen, covered, np.nan)
+    pressure = sums["pressure_s"] / life
+    out["host_pressure"] = pressure
+    out["host_cpu_s"] = np.where(seen, sums["cpu_s"], np.nan)
+    out["host_wait_s"] = np.where(seen, sums["wait_s"], np.nan)
+    took = requests["prefill_end_s"].to_numpy(float) - requests["prefill_start_s"].to_numpy(float)
+    expected = np.full(len(requests), np.nan) if prefill_s is None else np.asarray(prefill_s, float)
+    slowdown = took / expected
+    out["prefill_slowdown"] = slowdown
+    faulted = np.zeros(len(requests), bool) if compute_faulted is None else np.asarray(compute_faulted, bool)
+    with np.errstate(invalid="ignore"):
+        stalled = (slowdown >= factor) & (pressure >= PRESSURED) & ~faulted
+    out["host_stalled"] = pd.array(np.where(seen, stalled, False), dtype="boolean")
+    out.loc[~seen, "host_stalled"] = pd.NA
+    return out
+
+
+def _compute_faulted(requests: pd.DataFrame, faults: pd.DataFrame) -> np.ndarray:
+    """Whether a compute fault was on the request's prefill pod at any time of its prefill."""
+    out = np.zeros(len(requests), bool)
+    comp = faults[faults["kind"] == "compute"] if len(faults) else faults
+    if comp.empty:
+        return out
+    a = requests["prefill_start_s"].to_numpy(float)
+    b = requests["prefill_end_s"].to_numpy(float)
+    pods = requests["prefill_pod"].to_numpy()
+    for (fid, pod), rows in comp.groupby(["fault_id", "pod"]):
+        on = rows.loc[rows["event"] == "apply", "time_s"].min()
+        off = rows.loc[rows["event"] == "clear", "time_s"].max()
+        off = np.inf if np.isnan(off) else off
+        out |= (pods == pod) & (a < off) & (np.fmax(b, a) > on)
+    return out
+
+
+def run_host_marks(requests: pd.DataFrame, host: pd.DataFrame, meta: dict[str, Any],
+                   faults: pd.DataFrame | None = None, factor: float = STALL_FACTOR) -> pd.DataFrame:
+    """:func:`request_host_stall` of a run: its deadline and engine speed read from its run.json
+    (``meta``), its compute faults from ``faults``."""
+    spec = meta.get("spec") or {}
+    engine = spec.get("engine") or {}
+    deadline = float(spec.get("deadline_s", np.nan))
+    rate, overhead = engine.get("prefill_tokens_per_s"), engine.get("prefill_overhead_s", 0.0)
+    prefill_s = (overhead + requests["prompt_tokens"].to_numpy(float) / rate) if rate else None
+    faulted = _compute_faulted(requests, faults) if faults is not None else None
+    return request_host_stall(requests, host, deadline, prefill_s, faulted, factor)

@@ -1,0 +1,108 @@
+"""How much CPU an engine got, and how long it waited for one: the host's share in a request's time.
+
+On the 2-core testbed a KV pull hanging on a throttled link keeps the engine on each end spinning
+(measured: its ``VLLM::Worker`` main thread near a full core for as long as the pull lasts), and the
+other engines on the same host then wait for a CPU: a healthy pod's prefill stalls for seconds.
+That is the host, not the network; on a cluster with cores of its own per engine it would not
+happen. To let the report tell the two apart, every engine samples, on its own node:
+
+* its processes' CPU time and run-queue wait, summed over every thread (``/proc/<pid>/task/*/
+  schedstat``: the scheduler's own account, "time spent on the cpu" and "time spent waiting on a
+  runqueue", Documentation/scheduler/sched-stats.rst);
+* the node's CPU pressure (``/proc/pressure/cpu`` "some" total: time in which at least one runnable
+  task waited for a CPU, Documentation/accounting/psi.rst), busy and stolen CPU time (``/proc/stat``).
+
+All counters are cumulative seconds; analysis/host.py turns them into per-request shares.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+class HostSample(NamedTuple):
+    wall_s: float  # time.time() when read
+    cpu_s: float  # the engine's processes: on a CPU
+    wait_s: float  # the engine's processes: runnable, waiting for a CPU
+    pressure_s: float  # the node: some task runnable and waiting (PSI cpu some); NaN without PSI
+    busy_s: float  # the node: CPU time in user, nice, system, irq and softirq, all CPUs
+    steal_s: float  # the node: CPU time taken by the hypervisor
+
+
+def task_times(pids: Iterable[int]) -> tuple[float, float]:
+    """(on-CPU, run-queue wait) seconds of every thread of ``pids``; a process gone counts zero."""
+    run = wait = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                r, w, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+            except (OSError, ValueError):
+                continue
+            run += int(r)
+            wait += int(w)
+    return run / 1e9, wait / 1e9
+
+
+def node_times() -> tuple[float, float, float]:
+    """(CPU pressure, busy, steal) seconds of this node since boot."""
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        pressure = int(some.rsplit("total=", 1)[1]) / 1e6
+    except (OSError, IndexError, ValueError):  # a kernel without PSI
+        pressure = float("nan")
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal ...
+    busy = f[0] + f[1] + f[2] + f[5] + f[6]
+    return pressure, busy / _TICK, (f[7] if len(f) > 7 else 0) / _TICK
+
+
+def sample(pids: Iterable[int]) -> HostSample:
+    cpu, wait = task_times(pids)
+    return HostSample(time.time(), cpu, wait, *node_times())
+
+
+class HostSampler:
+    """Samples ``pids()`` (refreshed every ``refresh`` samples: an engine's processes are fixed once
+    it runs) every ``period_s`` on a daemon thread, keeping the last ``keep`` samples."""
+
+    def __init__(self, pids: Callable[[], list[int]], period_s: float = 0.5, keep: int = 40_000,
+                 refresh: int = 20) -> None:
+        if period_s <= 0:
+            raise ValueError(f"period_s={period_s} must be > 0")
+        self._pids_fn = pids
+        self.period_s = period_s
+        self._refresh = refresh
+        self._samples: collections.deque[HostSample] = collections.deque(maxlen=keep)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="testbed-hoststats", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pids: list[int] = []
+        n = 0
+        while not self._stop.is_set():
+            t = time.monotonic()
+            if n % self._refresh == 0:
+                pids = self._pids_fn()
+            n += 1
+            self._samples.append(sample(pids))
+            self._stop.wait(max(0.0, self.period_s - (time.monotonic() - t)))
+
+    def samples(self, since_wall: float = 0.0) -> list[HostSample]:
+        return [s for s in list(self._samples) if s.wall_s >= since_wall]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
