@@ -12,8 +12,9 @@ its engine's calibrated time (``engine.prefill_overhead_s`` + prompt / ``engine.
 at most half of it was its own compute) while its engines' nodes were under CPU pressure half its
 life or more, and no compute fault slowed its prefill pod then. Such a stall is the host's, not the
 network fault's: on the 2-core testbed vLLM's CPU build keeps engines busy-waiting (README "The
-prefill stall"), and a pull hanging on a throttled link keeps them at it for the whole hang, which
-starves engines that have nothing to do with the link; a GPU engine does not spin that way. The
+prefill stall, explained"), and a pull hanging on a throttled link keeps them at it for the whole
+hang, which starves engines that have nothing to do with the link; a GPU engine of one device has
+no such queue to spin on (not yet tried on a GPU). The
 factor 2 is a convention; the README shows the share marked at 1.5 and 3. The simulator has no host:
 its runs have no marks (NaN).
 """

@@ -488,7 +488,9 @@ def kv_leases(meta: dict[str, Any]) -> dict[str, float]:
     ``engines``): a prefill engine that freed KV a decoder had not finished reading, and the reads
     that finished after that (FIELD-NOTES: their KV may be another request's). The lease is the
     deadline plus a margin (testbed/runtime/engine.py), so every expiry belongs to a request already
-    given up: its output is never served. NaN in the simulator's runs (no engines)."""
+    given up: its output is never served. Runs on the same engines share the counters' timeline: an
+    expiry or a read that lands just after a run's end counts in the next run. NaN in the
+    simulator's runs (no engines)."""
     engines = meta.get("engines")
     if not isinstance(engines, dict) or not engines:
         return {"kv_leases_expired": NAN, "kv_reads_after_expiry": NAN}

@@ -1,10 +1,11 @@
 """How much CPU an engine got, and how long it waited for one: the host's share in a request's time.
 
 On the 2-core testbed a KV pull hanging on a throttled link keeps the engine on each end spinning
-(measured: its ``VLLM::Worker`` main thread near a full core for as long as the pull lasts), and the
-other engines on the same host then wait for a CPU: a healthy pod's prefill stalls for seconds.
-That is the host, not the network; on a cluster with cores of its own per engine it would not
-happen. To let the report tell the two apart, every engine samples, on its own node:
+(measured: its ``VLLM::Worker`` main thread busy-waits on vLLM's shared-memory queue, near a full
+core for as long as the pull lasts; README "The prefill stall, explained"), and the other engines
+on the same host then wait for a CPU: a healthy pod's prefill stalls for seconds. That is the host,
+not the network; on a cluster with cores of its own per engine it would not happen. To let the
+report tell the two apart, every engine samples, on its own node:
 
 * its processes' CPU time and run-queue wait, summed over every thread (``/proc/<pid>/task/*/
   schedstat``: the scheduler's own account, "time spent on the cpu" and "time spent waiting on a
