@@ -80,8 +80,9 @@ def request_host_stall(requests: pd.DataFrame, host: pd.DataFrame, deadline_s: f
     faulted = np.zeros(len(requests), bool) if compute_faulted is None else np.asarray(compute_faulted, bool)
     with np.errstate(invalid="ignore"):
         stalled = (slowdown >= factor) & (pressure >= PRESSURED) & ~faulted
-    out["host_stalled"] = pd.array(np.where(seen, stalled, False), dtype="boolean")
-    out.loc[~seen, "host_stalled"] = pd.NA
+    marks = pd.array(stalled, dtype="boolean")
+    marks[~seen] = pd.NA  # no samples over its life: no account, no mark
+    out["host_stalled"] = marks
     return out
 
 

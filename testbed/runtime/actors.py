@@ -368,16 +368,14 @@ class RouterActor:
         t0_wall = getattr(self, "t0_wall", None)
         if t0_wall is None:  # the run never began
             return
-        topo = self.ctx.topo
-        engines = [*self.flow.prefill, *self.flow.decode]
-        workers = [*topo.prefill_ids.tolist(), *topo.decode_ids.tolist()]
+        engines = [(role, self.liveness.worker(role, i), e)
+                   for role, es in (("prefill", self.flow.prefill), ("decode", self.flow.decode)) for i, e in enumerate(es)]
         answers = await asyncio.gather(*(asyncio.wait_for(e.host_samples(t0_wall), HEALTH_TIMEOUT_S)
-                                         for e in engines), return_exceptions=True)
-        for i, (worker, samples) in enumerate(zip(workers, answers)):
+                                         for _, _, e in engines), return_exceptions=True)
+        for (role, worker, _), samples in zip(engines, answers):
             if isinstance(samples, BaseException):
                 continue
-            role = "prefill" if i < len(self.flow.prefill) else "decode"
-            pod = int(topo.worker_pod[worker])
+            pod = int(self.ctx.topo.worker_pod[worker])
             for wall, cpu, wait, pressure, busy, steal in samples:
                 self.ctx.writer.write(HostRecord(wall - t0_wall, worker, pod, role, cpu, wait, pressure, busy, steal))
 

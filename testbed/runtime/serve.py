@@ -367,7 +367,8 @@ class Liveness:
         self._checking: set[tuple[str, int]] = set()
         self.checks: set[asyncio.Task] = set()
 
-    def _worker(self, role: str, idx: int) -> int:
+    def worker(self, role: str, idx: int) -> int:
+        """The global worker id of the flow's ``idx``-th engine of ``role``."""
         return int((self.ctx.topo.prefill_ids if role == "prefill" else self.ctx.topo.decode_ids)[idx])
 
     def error(self, role: str, idx: int, exc: BaseException) -> None:
@@ -379,7 +380,7 @@ class Liveness:
         down = self.ctx.router.view.pods.down
         for role, n in (("prefill", len(self.flow.prefill)), ("decode", len(self.flow.decode))):
             for idx in range(n):
-                if down is None or not down[self._worker(role, idx)]:
+                if down is None or not down[self.worker(role, idx)]:
                     self._check(role, idx)
 
     def _check(self, role: str, idx: int) -> None:
@@ -399,4 +400,4 @@ class Liveness:
         except Exception as e:
             name = self.names[idx if role == "prefill" else len(self.flow.prefill) + idx]
             log.warning("engine %s is down: %s", name, e)
-            self.ctx.engine_down(self.clock(), self._worker(role, idx), f"{type(e).__name__}: {e}"[:300])
+            self.ctx.engine_down(self.clock(), self.worker(role, idx), f"{type(e).__name__}: {e}"[:300])
