@@ -278,6 +278,10 @@ def _engine_process(run_id: str, pod: int, marker: str, wait_s: float = 60.0) ->
 
 DEATH_REQUESTS = 30
 ENGINE_KILLS = ((2, "EngineCore"), (0, "ray::EngineActor"))  # pod 2's decode engine core, then pod 0's prefill actor
+# Between the kills: the test needs requests routed after pod 2's death is seen and at least 4 s
+# before pod 0's. At 0.5 requests/s an 8 s gap left a window of under a second once pod 2's death
+# was seen 5 s after its kill (fresh clone, 2026-11-23: no request in it); 16 s leaves about 7 s.
+KILL_GAP_S = 16.0
 
 
 # The router actor's Prometheus metrics, read from inside the head's namespace.
@@ -344,7 +348,7 @@ def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedClu
                     time.sleep(0.1)
             os.kill(pid, signal.SIGKILL)
             seen["kills"].append((pod, marker, pid, time.time()))
-            time.sleep(8.0)
+            time.sleep(KILL_GAP_S)
         proc.wait(timeout=600)
         seen["rc"] = proc.returncode
     except Exception as e:  # this run's own failure, for its own test: the fixture's other runs stand
