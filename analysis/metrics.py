@@ -502,6 +502,22 @@ def kv_leases(meta: dict[str, Any]) -> dict[str, float]:
     return total
 
 
+def corruption(requests: pd.DataFrame, meta: dict[str, Any], world: str) -> dict[str, float]:
+    """Silent corruption: requests that decoded to their end from KV that was not their prompt's
+    (outcome "corrupt"), over the requests whose output was checked. On the testbed those are the
+    canaries that got a verdict (run.json ``canaries.checked``; core/canary.py); the simulator knows
+    every pull's end against its lease (engine.kv_lease_s), so every request that decoded to its
+    end was checked. NaN with none checked."""
+    corrupt = int(requests["outcome"].eq("corrupt").sum())
+    if world == "testbed":
+        c = meta.get("canaries")
+        checked = int(c.get("checked", 0)) if isinstance(c, dict) else 0
+    else:
+        checked = int(requests["outcome"].isin(["ok", "corrupt"]).sum())
+    return {"n_corrupt": corrupt, "outputs_checked": checked,
+            "corrupt_rate_checked": corrupt / checked if checked else NAN}
+
+
 def breaker_time(breaker: pd.DataFrame, end_s: float) -> dict[str, float]:
     """How often pods' circuit breakers opened, and the pod-seconds they were open (an open
     breaker with no later change counts until ``end_s``)."""
@@ -588,6 +604,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out["engines_down"] = int(run.engines["worker"].nunique())
     out.update(host_stall(run))
     out.update(kv_leases(run.meta))
+    out.update(corruption(req, run.meta, run.world))
     end_s = float(np.nanmax(run.decisions["time_s"].to_numpy(dtype=float), initial=0.0))
     out.update(breaker_time(run.breaker, end_s))
     out["n_decisions"] = dl["n_decisions"]

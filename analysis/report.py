@@ -32,6 +32,8 @@ KEY_METRICS = (
     # without them, the fault's effect with the host's set apart
     ("host_stalled_share", "host-stalled"),
     ("failure_rate_unstalled", "failure rate, rest"),
+    # outputs decoded from KV not their prompt's, over those checked (testbed: canaries)
+    ("corrupt_rate_checked", "corrupt"),
 )
 
 

@@ -28,7 +28,11 @@ import pyarrow.parquet as pq
 
 NAN = math.nan
 
-OUTCOMES = ("ok", "timeout", "error", "rejected")
+# "corrupt": decoded to the end, but from KV that was not its prompt's (a canary's tokens against its
+# single-engine reference on the testbed, core/canary.py; in the simulator a pull that outlived a
+# KV lease nobody renewed, engine.kv_lease_s and kv_lease_renewed). Its failed_stage is kv_transfer:
+# the only way a decode engine reads KV it did not compute.
+OUTCOMES = ("ok", "timeout", "error", "rejected", "corrupt")
 
 
 class RequestRecord(NamedTuple):

@@ -27,7 +27,8 @@ from .stages import blamed_pods
 from .ticket import Ticket
 
 # What a retry may follow: a failure (sgl-router retries 5xx statuses) or a given-up attempt
-# (its per-try timeout; Envoy's 504). "ok" ends a request; "rejected" never made an attempt.
+# (its per-try timeout; Envoy's 504). "ok" ends a request; "rejected" never made an attempt;
+# "corrupt" looked like a success to the router (only a canary's check or the simulator knows).
 RETRYABLE = frozenset({"error", "timeout"})
 
 

@@ -89,6 +89,20 @@ class EngineSpec(_Spec):
     #   only once its read has finished: delay_free_blocks). Both record the pull's fate in
     #   dead_pulls.parquet.
     kv_pull_on_abort: Literal["cancel", "finish"] = "cancel"
+    # How long a prefill engine keeps the KV it holds for a remote decoder (vLLM's NIXL
+    # kv_lease_duration); then it frees the blocks, and a pull still reading them reads what the
+    # next prompts write there: outcome "corrupt". None: above the first-token limit
+    # (testbed.runtime.engine.EngineConfig.kv_lease_s). A value sets it in both worlds: the
+    # testbed's engines get it; at least 6 s (vLLM renews every lease // 6 s).
+    kv_lease_s: int | None = Field(None, ge=6)
+    # Whether the decoder renews the lease while it holds the request. vLLM 0.32 does: its decode
+    # scheduler sends a heartbeat every lease // 6 s until the pull ends or the request is aborted,
+    # each extending the lease to 2/3 of it from then (nixl/base_scheduler.py, base_worker.py
+    # _handle_heartbeat), so only KV of requests the decoder dropped expires; the testbed measured
+    # it (README "Silent corruption"). False models a lease that runs out from the prefill's end
+    # regardless (lost heartbeats, a connector without renewal): the simulator then ends a request
+    # whose pull ended after it as corrupt, every freed block taken as reused (an upper bound).
+    kv_lease_renewed: bool = True
 
 
 class CircuitBreakerSpec(_Spec):
@@ -197,6 +211,15 @@ class TestbedSpec(_Spec):
     # engine's actor: testbed/runtime/serve.py Liveness); a call that raised asks its engine at
     # once. 10 s: Kubernetes' livenessProbe periodSeconds default.
     engine_check_s: float = Field(10.0, gt=0)
+    # Requests per run whose tokens are checked against a single-engine greedy reference computed
+    # before the run (core/canary.py): a divergence that is not a near-tie ends the request as
+    # "corrupt". Spread evenly over the run; each costs one decode of its output before the run
+    # (they are decoded together). 4: a run of the shipped scenario has one in each quarter.
+    canaries: int = Field(4, ge=0)
+    # The first tokens of a canary's output that are checked. Each attends to the whole prompt's KV,
+    # so KV that is not the prompt's shows from the first token on; 16 (the start-up PD probe's
+    # length) bounds a reference to about half a second of decoding on the CPU engines.
+    canary_tokens: int = Field(16, ge=1)
 
 
 class PolicyEntry(_Spec):

@@ -32,6 +32,9 @@ STAGES: tuple[str, ...] = ("prefill_queue", "prefill", "decode_queue", "kv_trans
 # Where a request the router's admission limit refused ends (outcome "rejected", never routed):
 # not a stage a routed request passes through, and charged to no pod.
 ADMISSION = "admission"
+# Where a request with outcome "corrupt" failed: it decoded to its end, so the stage it was in says
+# nothing; its KV went wrong in transfer (a pull that read blocks its prefill engine had freed).
+CORRUPTED_IN = "kv_transfer"
 # What a failure's composition counts (analysis): admission, then the stages.
 FAILURE_STAGES: tuple[str, ...] = (ADMISSION, *STAGES)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .records import NAN, OUTCOMES, AttemptRecord, RequestRecord
-from .stages import ADMISSION, AFTER_PREFILL, STAGE_START
+from .stages import ADMISSION, AFTER_PREFILL, CORRUPTED_IN, STAGE_START
 
 if TYPE_CHECKING:
     from .routing import Router
@@ -86,7 +86,7 @@ class Ticket:
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r} (known: {', '.join(OUTCOMES)})")
         self.done = True
-        failed = None if outcome == "ok" else self.stage
+        failed = None if outcome == "ok" else CORRUPTED_IN if outcome == "corrupt" else self.stage
         if self._prefill_held:
             self._prefill_held = False
             self.router.prefill_done(self)
@@ -101,7 +101,7 @@ class Ticket:
             self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens,
             self.prefill_worker, self.decode_worker, self.prefill_pod, self.decode_pod,
             self.routed_s, self.prefill_start_s, self.prefill_end_s, self.kv_start_s, self.kv_end_s, first,
-            now if outcome == "ok" else NAN,  # end_s
+            now if outcome == "ok" or outcome == "corrupt" else NAN,  # end_s: decoded to its end
             outcome, failed, self.kv_bytes, self.attempt + 1)
         self.router.sink(rec)
         return rec

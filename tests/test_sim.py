@@ -318,12 +318,13 @@ def test_the_admission_limit_bounds_what_is_in_flight_and_records_the_rest_as_re
     assert (routed.outcome != "ok").mean() < (free.outcome != "ok").mean()
 
 
-def _dead_pull_spec(tmp_path, on_abort: str, rows: str, r: float, deadline_s: float, max_batch: int = 256):
+def _dead_pull_spec(tmp_path, on_abort: str, rows: str, r: float, deadline_s: float, max_batch: int = 256,
+                    **engine):
     """by_pod, one worker a pod (pod 0 prefills, pod 1 decodes): every pull crosses pod 0's slowed uplink."""
     trace = tmp_path / f"trace-{on_abort}.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows)
     return _spec(topology={"pods": 2, "workers_per_pod": 1, "placement": "by_pod", "nic_gbps": 8.0, "uplink_gbps": 8.0},
-                 engine={"kv_pull_on_abort": on_abort, "decode_max_batch": max_batch},
+                 engine={"kv_pull_on_abort": on_abort, "decode_max_batch": max_batch, **engine},
                  workload={"arrival": {"kind": "trace", "path": str(trace)}, "max_requests": None,
                            "prompt": None, "output": None},
                  faults=[{"kind": "link", "pods": [0], "residual_bw": r, "start_s": 0.0, "duration_s": 1000.0}],
@@ -351,6 +352,31 @@ def test_a_pull_given_up_at_its_deadline_is_cancelled_or_finishes_as_dead_work(t
 
     m = run_metrics(d)  # what the report counts as dead work
     assert (m["n_dead_pulls"], m["dead_kv_bytes"]) == ((0, 0.0) if on_abort == "cancel" else (1, dead.bytes_after))
+
+
+def test_a_pull_that_outlives_an_unrenewed_kv_lease_ends_corrupt(tmp_path):
+    # r = 0.01: request 0's pull of 1008 tokens' KV takes 13.2 s from its prefill's end at 1 s, past a
+    # 6 s lease; request 1's 112 tokens take 1.5 s from 20.1 s, within it. The deadline (30 s) is not
+    # reached, so each decodes to its end and vLLM would return both as successes.
+    rows = "0.0,1000,10\n20.0,100,10\n"
+    _, held = _run(tmp_path / "derived", _dead_pull_spec(tmp_path, "cancel", rows, 0.01, 30.0))
+    assert held.outcome.tolist() == ["ok", "ok"]  # no lease set: it outlives every live request
+    # vLLM 0.32's decoder renews the lease while it pulls: a short one changes nothing
+    _, renewed = _run(tmp_path / "renewed", _dead_pull_spec(tmp_path, "cancel", rows, 0.01, 30.0, kv_lease_s=6))
+    assert renewed.outcome.tolist() == ["ok", "ok"]
+    d, r = _run(tmp_path / "short", _dead_pull_spec(tmp_path, "cancel", rows, 0.01, 30.0, kv_lease_s=6,
+                                                    kv_lease_renewed=False))
+    assert r.outcome.tolist() == ["corrupt", "ok"]
+    assert r.kv_end_s[0] - r.prefill_end_s[0] > 6 > r.kv_end_s[1] - r.prefill_end_s[1]
+    # decoded to its end, blamed on the transfer that read the freed blocks
+    assert r.failed_stage[0] == "kv_transfer" and r.end_s[0] == pytest.approx(held.end_s[0])
+    from analysis.metrics import run_metrics
+
+    m = run_metrics(d)
+    assert (m["n_corrupt"], m["outputs_checked"], m["corrupt_rate_checked"]) == (1, 2, 0.5)
+    assert m["failure_rate"] == 0.5 and m["fail_share_kv_transfer"] == 1.0
+    with pytest.raises(ValueError, match="kv_lease_s"):
+        _dead_pull_spec(tmp_path, "cancel", rows, 0.01, 30.0, kv_lease_s=5)
 
 
 @pytest.mark.parametrize("on_abort, second", [("cancel", "kv_transfer"), ("finish", "decode_queue")])

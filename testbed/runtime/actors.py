@@ -26,6 +26,8 @@ from typing import Any
 
 import ray
 
+from core.canary import Reference
+from core.canary import summary as canary_summary
 from core.records import DEAD_PULL_WATCH_S, HostRecord
 from core.run import RunContext
 from core.spec import ExperimentSpec
@@ -39,6 +41,11 @@ log = logging.getLogger(__name__)
 # /health's wait for an engine's answer. Kubernetes probes default to 1 s; an engine actor's
 # call here can queue behind a busy engine step on 2 shared cores, so a few seconds.
 HEALTH_TIMEOUT_S = 5.0
+# How often the router collects the engines' host samples during a run. An engine that dies takes
+# the samples it still holds with it: the engine-death e2e lost a dead prefill engine's last 16 s,
+# the stretch a 5.8 s prefill elsewhere fell in. 5 s keeps at most that much; each call moves
+# about ten samples.
+HOST_FETCH_S = 5.0
 
 
 @dataclass
@@ -194,14 +201,14 @@ class RouterActor:
     def __init__(self, spec_json: dict[str, Any], policy: str, seed: int, out: str, workload_summary: dict[str, Any],
                  meta: dict[str, Any], prefill: list[Any], decode: list[Any], topo: Topology, capacity: Capacity,
                  vocab: int, kv_bytes_per_token: int, fault_targets: FaultTargets | None = None,
-                 engine_names: list[str] | None = None) -> None:
+                 engine_names: list[str] | None = None, canaries: dict[int, Reference] | None = None) -> None:
         spec = ExperimentSpec.model_validate(spec_json)
         self.spec = spec
         self.ctx = RunContext(spec, "testbed", policy, seed, out, topo, workload_summary, capacity, meta, flush_s=1.0)
         self.t0 = time.monotonic()
         self.flow = RequestFlow(self.ctx, [RayEngine(h) for h in prefill], [RayEngine(h) for h in decode],
                                 spec.deadline_s, self.now, vocab, kv_bytes_per_token, salt=seed,
-                                first_token_limit_s=spec.first_token_limit_s)
+                                first_token_limit_s=spec.first_token_limit_s, canaries=canaries)
         self.engine_names = engine_names or [f"engine{i}" for i in range(len(prefill) + len(decode))]
         self.liveness = Liveness(self.ctx, self.flow, self.now, HEALTH_TIMEOUT_S, self.engine_names)
         self.flow.on_engine_error = self.liveness.error
@@ -219,6 +226,7 @@ class RouterActor:
         self.ingress: Any = None
         self._ingress_count = 0
         self._stop = asyncio.Event()
+        self._host_since: dict[int, float] = {}  # per worker: the wall time its next host samples start at
         self._serving: asyncio.Future | None = None  # made in serve(), in the actor's event loop
         self.injector: FaultInjector | None = None
         self._injecting: asyncio.Future | None = None
@@ -252,6 +260,7 @@ class RouterActor:
         # every table on disk within about flush_s of its rows, even one that gets no new row to
         # flush it (a SIGKILLed driver's run keeps its fault rows: tests/test_testbed_e2e.py)
         self._loops.append(asyncio.ensure_future(self._every(self.ctx.writer.flush_s, lambda _: self.ctx.writer.flush_due())))
+        self._loops.append(asyncio.ensure_future(self._collect_host()))
         if self.injector:
             self._injecting = asyncio.ensure_future(self.injector.run())
 
@@ -362,22 +371,30 @@ class RouterActor:
                 "outcomes": dict(self.flow.outcomes), "now_s": self.now()}
 
     async def _record_host(self) -> None:
-        """Every live engine's host samples of the run (hoststats.py) into the ``host`` table; a dead
-        engine's are lost with it, and one that does not answer within HEALTH_TIMEOUT_S is left
-        out rather than holding the run's end."""
+        """Every live engine's host samples of the run (hoststats.py) not yet recorded, into the
+        ``host`` table: every HOST_FETCH_S while the run goes on and once at its close. What a dead
+        engine held since the last collection is lost with it; one that does not answer within
+        HEALTH_TIMEOUT_S is left for the next collection rather than holding the run."""
         t0_wall = getattr(self, "t0_wall", None)
         if t0_wall is None:  # the run never began
             return
         engines = [(role, self.liveness.worker(role, i), e)
                    for role, es in (("prefill", self.flow.prefill), ("decode", self.flow.decode)) for i, e in enumerate(es)]
-        answers = await asyncio.gather(*(asyncio.wait_for(e.host_samples(t0_wall), HEALTH_TIMEOUT_S)
-                                         for _, _, e in engines), return_exceptions=True)
+        since = self._host_since
+        answers = await asyncio.gather(*(asyncio.wait_for(e.host_samples(since.get(w, t0_wall)), HEALTH_TIMEOUT_S)
+                                         for _, w, e in engines), return_exceptions=True)
         for (role, worker, _), samples in zip(engines, answers):
-            if isinstance(samples, BaseException):
+            if isinstance(samples, BaseException) or not samples:
                 continue
             pod = int(self.ctx.topo.worker_pod[worker])
             for wall, cpu, wait, pressure, busy, steal in samples:
                 self.ctx.writer.write(HostRecord(wall - t0_wall, worker, pod, role, cpu, wait, pressure, busy, steal))
+            since[worker] = max(s[0] for s in samples) + 1e-6  # host_samples takes those at or after it
+
+    async def _collect_host(self) -> None:
+        while True:
+            await asyncio.sleep(HOST_FETCH_S)
+            await self._record_host()
 
     async def close(self, status: str = "finished", **extra: Any) -> dict[str, Any]:
         for t in [*self._tasks, *self.flow.watches]:
@@ -401,4 +418,5 @@ class RouterActor:
         # run.json says whether anything did during the run.
         imported = [m for m in ("vllm", "torch") if m in sys.modules]
         return self.ctx.close(status, testbed_end_s=self.now(), unseparated_decode_calls=self.flow.unseparated,
-                              router_imported=imported, **extra)
+                              router_imported=imported,
+                              canaries=canary_summary(self.flow.canaries, self.flow.canary_verdicts), **extra)

@@ -34,6 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from workloads.generate import Workload, generate
 
+from core.canary import Reference, canary_ids, reference, verdict
 from core.experiment import build_topology, run_dir_for, seed_streams, testbed_capacity
 from core.spec import ExperimentSpec
 from core.calibration import save_calibration
@@ -42,6 +43,7 @@ from .engine import EngineConfig
 from .calibrate import calibrate, warm_pairs
 from .fault_agents import FaultAgents
 from .injector import PodTargets
+from .serve import prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,8 @@ class Engines:
                 cfg = dict(model=Path(model), run_dir=engine_root, name=name,
                            side_channel_port=SIDE_CHANNEL_BASE_PORT + w, role=role,
                            # the KV must outlive its pull, which ends before the first token
-                           request_deadline_s=spec.first_token_limit_s, max_model_len=t.max_model_len,
+                           request_deadline_s=spec.first_token_limit_s, lease_s=e.kv_lease_s,
+                           max_model_len=t.max_model_len,
                            kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
                            max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
                            transport=t.transport, gpu=self.gpu)
@@ -156,13 +159,26 @@ class Engines:
     def loads(self) -> list[dict[str, Any]]:
         return self._each([a.load.remote() for a in self.all])
 
+    def references(self, prompts: dict[int, list[int]], max_tokens: dict[int, int]) -> dict[int, Reference]:
+        """Each canary's single-engine greedy reference (core/canary.py): its prompt decoded alone
+        on a decode engine, no KV pulled, with the top-2 logprobs per step; the canaries spread
+        over the decode engines and decoded together. One whose engine failed or that came back
+        short stays unchecked. Call before the prefix caches are reset: the run must not find
+        these prompts cached (start_router resets them)."""
+        ids = sorted(prompts)
+        calls = [self.decode[k % len(self.decode)].decode.remote(f"canary-ref-{i}", prompts[i], max_tokens[i], None, 2)
+                 for k, i in enumerate(ids)]
+        refs: dict[int, Reference] = {}
+        for i, res in zip(ids, self._each(calls)):
+            if res and res.finish_reason != "abort" and len(res.token_ids) == max_tokens[i]:
+                refs[i] = reference(res.token_ids, res.top_logprobs, res.top_tokens)
+        return refs
+
     def probe(self, vocab: int, n_tokens: int = 300, max_tokens: int = 16) -> dict[str, Any]:
         """Prove the PD path moves correct KV across pods: prefill on the first pod, decode
         on the last pod's decode engine with the pulled KV, against that engine decoding
-        the same prompt alone (greedy). A divergence is accepted only where the reference's
-        own top-2 logprob gap is under 1 nat (a bf16 near-tie), never elsewhere."""
-        from .serve import prompt_ids
-
+        the same prompt alone (greedy). A divergence is accepted only at a near-tie of the
+        reference (core/canary.py, as for the run's canaries), never elsewhere."""
         ids = prompt_ids(10**9, n_tokens, vocab, salt=12345)
         p, d = self.prefill[0], self.decode[-1]
         before = ray.get(d.metrics.remote())["vllm:external_prefix_cache_hits_total"]
@@ -171,15 +187,11 @@ class Engines:
         hits = ray.get(d.metrics.remote())["vllm:external_prefix_cache_hits_total"] - before
         self.reset()  # the reference must compute the prompt itself
         ref = ray.get(d.decode.remote("probe-ref", ids, max_tokens, None, 2))
-        verdict = "equal"
-        for i, (a, b) in enumerate(zip(pd.token_ids, ref.token_ids)):
-            if a != b:
-                tops = ref.top_logprobs[i] if i < len(ref.top_logprobs) else ()
-                near_tie = len(tops) >= 2 and tops[0] - tops[1] < 1.0
-                verdict = f"near-tie divergence at token {i}" if near_tie else f"MISMATCH at token {i}"
-                break
-        return {"ok": not verdict.startswith("MISMATCH") and hits >= n_tokens and len(pd.token_ids) == max_tokens,
-                "verdict": verdict, "external_prefix_cache_hits": hits, "prompt_tokens": n_tokens,
+        v = verdict(reference(ref.token_ids, ref.top_logprobs, ref.top_tokens), pd.token_ids)
+        said = {"equal": "equal", "near_tie": f"near-tie divergence at token {v.position}",
+                "corrupt": f"MISMATCH at token {v.position}"}[v.verdict]
+        return {"ok": v.verdict != "corrupt" and hits >= n_tokens and len(pd.token_ids) == max_tokens,
+                "verdict": said, "external_prefix_cache_hits": hits, "prompt_tokens": n_tokens,
                 "pd_tokens": list(pd.token_ids), "reference_tokens": list(ref.token_ids)}
 
     def pod_gpu_uuids(self) -> list[list[str]]:
@@ -219,7 +231,7 @@ def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -
 
 def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, workload_summary: dict[str, Any],
                  engines: Engines, model_meta: dict[str, Any], targets: FaultTargets | None = None,
-                 ) -> tuple[Any, list[dict[str, Any]]]:
+                 canaries: dict[int, Reference] | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """One run's router actor on the head node, over engines with their prefix caches reset
     (no run finds an earlier one's prompts cached); also the engines' counters at its start."""
     engines.reset()
@@ -227,7 +239,8 @@ def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, worklo
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
         spec.model_dump(mode="json"), policy, seed, str(out), workload_summary, {"model": model_meta},
         engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
-        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names)
+        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names,
+        canaries)
     return router, before
 
 
@@ -254,7 +267,12 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: En
     wl = generate(spec.workload, rngs["workload"])
     check_workload(wl, spec)
     run_dir = run_dir_for(out, spec, policy, seed)
-    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets)
+    # the canaries' references first: start_router then resets the prefix caches they filled
+    ids = canary_ids(len(wl), spec.testbed.canaries)
+    prompts = {i: prompt_ids(i, int(wl.prompt_tokens[i]), model_meta["vocab"], salt=seed) for i in ids}
+    checked = {i: min(int(wl.output_tokens[i]), spec.testbed.canary_tokens) for i in ids}
+    refs = engines.references(prompts, checked) if ids else {}
+    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets, refs)
     task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
     done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
     status = "interrupted"

@@ -85,7 +85,9 @@ class EngineConfig:
     slow pull is still reading them: the decoder then decodes from corrupt KV
     and returns success. With lease >= deadline that can only happen after the
     router has already given the request up. The price: a decoder that dies
-    pins its prefill KV for up to the lease.
+    pins its prefill KV for up to the lease. `lease_s` sets the lease outright
+    (core.spec.EngineSpec.kv_lease_s: studying expiry, in both worlds); the run's
+    canaries (core/canary.py) then catch what it corrupts.
     """
 
     model: Path
@@ -99,6 +101,8 @@ class EngineConfig:
     transport: str = "tcp"
     request_deadline_s: float = 60.0
     lease_margin_s: float = 10.0
+    # core.spec.EngineSpec.kv_lease_s: a lease set outright (a study of expiry), not derived
+    lease_s: int | None = None
     max_model_len: int = 4096
     kv_cache_bytes: int = 256 * MiB
     dtype: str = "bfloat16"
@@ -140,6 +144,8 @@ class EngineConfig:
 
     @property
     def kv_lease_s(self) -> int:
+        if self.lease_s is not None:
+            return max(6, int(self.lease_s))
         return max(6, math.ceil(self.request_deadline_s + self.lease_margin_s))
 
     @property
@@ -220,6 +226,9 @@ class DecodeResult:
     # When each step's new tokens reached the front end (one entry per output vLLM yields,
     # normally one token per engine step): step times and host stalls are read from these.
     token_times: tuple[float, ...] = ()
+    # With `logprobs`: per step, the tokens of `top_logprobs` in the same order (core/canary.py
+    # excuses a divergence only where the output took the reference's second choice).
+    top_tokens: tuple[tuple[int, ...], ...] = ()
 
     @property
     def aborted(self) -> bool:
@@ -685,11 +694,13 @@ class Engine:
             return DecodeResult(request_id, (), t0, first, end, "abort", stages=stages, token_times=tuple(times))
         comp = last.outputs[0]
         tops: tuple[tuple[float, ...], ...] = ()
+        top_tokens: tuple[tuple[int, ...], ...] = ()
         if logprobs and comp.logprobs:
-            tops = tuple(tuple(sorted((lp.logprob for lp in step.values()), reverse=True))
-                         for step in comp.logprobs)
+            ranked = [sorted(step.items(), key=lambda kv: kv[1].logprob, reverse=True) for step in comp.logprobs]
+            tops = tuple(tuple(lp.logprob for _, lp in step) for step in ranked)
+            top_tokens = tuple(tuple(int(tok) for tok, _ in step) for step in ranked)
         return DecodeResult(request_id, tuple(comp.token_ids), t0, first, end,
-                            comp.finish_reason, tops, stages, tuple(times))
+                            comp.finish_reason, tops, stages, tuple(times), top_tokens)
 
     async def decode_stream(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
                             kv_transfer_params: Mapping[str, Any] | None = None, *,

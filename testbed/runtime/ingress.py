@@ -119,7 +119,8 @@ Health = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 # How the flow's outcomes answer a client (the record says more: stage, times). A rejection is
 # OpenAI's (and sgl-router's) 429: the client may retry later.
 _FAILED = {"timeout": (504, "Timeout", "timed out"), "error": (502, "EngineError", "failed in an engine"),
-           "rejected": (429, "RateLimitError", "was rejected: the router's admission limit is reached")}
+           "rejected": (429, "RateLimitError", "was rejected: the router's admission limit is reached"),
+           "corrupt": (502, "EngineError", "was decoded from KV that was not its prompt's")}
 
 
 class _Detok:

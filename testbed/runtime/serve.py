@@ -36,10 +36,11 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from core.canary import Reference, Verdict, verdict
 from core.records import DEAD_PULL_WATCH_S, NAN
 from core.run import RunContext
 from core.ticket import Ticket
@@ -149,6 +150,7 @@ class RequestFlow:
         salt: int = 0,
         first_token_limit_s: float | None = None,
         on_engine_error: Callable[[str, int, BaseException], None] | None = None,
+        canaries: Mapping[int, Reference] | None = None,
     ) -> None:
         self.ctx, self.prefill, self.decode = ctx, list(prefill), list(decode)
         self.deadline_s, self.clock = deadline_s, clock
@@ -161,6 +163,10 @@ class RequestFlow:
         # Told of a call that raised (role, index, the exception): the router actor asks that
         # engine whether it is down (an engine's death shows first as its calls failing).
         self.on_engine_error = on_engine_error
+        # Canaries (core/canary.py): request id -> its single-engine reference; each one that
+        # decodes to its end gets a verdict (counts here, its outcome "corrupt" on a mismatch).
+        self.canaries: dict[int, Reference] = dict(canaries or {})
+        self.canary_verdicts: dict[int, Verdict] = {}
 
     async def _until(self, deadline: float, coro: Any) -> tuple[bool, Any]:
         """Run ``coro`` until ``deadline`` (run time); (finished, result or task)."""
@@ -310,6 +316,13 @@ class RequestFlow:
                     t.enter("decode", t.first_token_s)
             if res.aborted or res.first_token_s is None:
                 return "error", None
+            ref = self.canaries.get(t.request_id)
+            if ref is not None:
+                v = self.canary_verdicts[t.request_id] = verdict(ref, res.token_ids)
+                if v.verdict == "corrupt":
+                    log.warning("request %s: corrupt output (token %d differs, reference gap %.2f nats)",
+                                rid, v.position, v.gap)
+                    return "corrupt", None
             return "ok", None
         except Exception as e:  # an engine died or a call failed: an error in the stage it was in
             log.warning("request %s failed: %s", rid, e)
