@@ -38,9 +38,9 @@ class HostSample(NamedTuple):
     steal_s: float  # the node: CPU time taken by the hypervisor
 
 
-def task_times(pids: Iterable[int]) -> tuple[float, float]:
-    """(on-CPU, run-queue wait) seconds of every thread of ``pids``; a process gone counts zero."""
-    run = wait = 0
+def thread_times(pids: Iterable[int]) -> dict[tuple[int, int], tuple[int, int]]:
+    """(on-CPU, run-queue wait) nanoseconds of each live thread of ``pids``, by (pid, tid)."""
+    out: dict[tuple[int, int], tuple[int, int]] = {}
     for pid in pids:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
@@ -51,9 +51,14 @@ def task_times(pids: Iterable[int]) -> tuple[float, float]:
                 r, w, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
             except (OSError, ValueError):
                 continue
-            run += int(r)
-            wait += int(w)
-    return run / 1e9, wait / 1e9
+            out[pid, int(tid)] = (int(r), int(w))
+    return out
+
+
+def task_times(pids: Iterable[int]) -> tuple[float, float]:
+    """(on-CPU, run-queue wait) seconds of every thread of ``pids``; a process gone counts zero."""
+    times = thread_times(pids).values()
+    return sum(r for r, _ in times) / 1e9, sum(w for _, w in times) / 1e9
 
 
 def node_times() -> tuple[float, float, float]:
@@ -69,14 +74,12 @@ def node_times() -> tuple[float, float, float]:
     return pressure, busy / _TICK, (f[7] if len(f) > 7 else 0) / _TICK
 
 
-def sample(pids: Iterable[int]) -> HostSample:
-    cpu, wait = task_times(pids)
-    return HostSample(time.time(), cpu, wait, *node_times())
-
-
 class HostSampler:
     """Samples ``pids()`` (refreshed every ``refresh`` samples: an engine's processes are fixed once
-    it runs) every ``period_s`` on a daemon thread, keeping the last ``keep`` samples."""
+    it runs) every ``period_s`` on a daemon thread, keeping the last ``keep`` samples. Its CPU and
+    wait only grow: a thread or process that exits (an engine core killed, a worker's helper
+    thread) keeps what it had used, as a cgroup's cpu.stat does; summing the live ones alone
+    dropped by seconds when pod 2's engine core was killed in the engine-death e2e."""
 
     def __init__(self, pids: Callable[[], list[int]], period_s: float = 0.5, keep: int = 40_000,
                  refresh: int = 20) -> None:
@@ -92,13 +95,23 @@ class HostSampler:
 
     def _run(self) -> None:
         pids: list[int] = []
+        last: dict[tuple[int, int], tuple[int, int]] = {}
+        gone_run = gone_wait = 0  # ns of threads no longer seen
         n = 0
         while not self._stop.is_set():
             t = time.monotonic()
             if n % self._refresh == 0:
                 pids = self._pids_fn()
             n += 1
-            self._samples.append(sample(pids))
+            now = thread_times(pids)
+            for key, (r, w) in last.items():
+                if key not in now:
+                    gone_run += r
+                    gone_wait += w
+            last = now
+            run = gone_run + sum(r for r, _ in now.values())
+            wait = gone_wait + sum(w for _, w in now.values())
+            self._samples.append(HostSample(time.time(), run / 1e9, wait / 1e9, *node_times()))
             self._stop.wait(max(0.0, self.period_s - (time.monotonic() - t)))
 
     def samples(self, since_wall: float = 0.0) -> list[HostSample]:
