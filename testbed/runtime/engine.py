@@ -80,14 +80,17 @@ class EngineConfig:
     router aborts it then). The KV lease is derived from it: the prefill
     engine keeps KV it holds for a remote decoder for
     `kv_lease_s = ceil(request_deadline_s + lease_margin_s)` (at least 6 s so
-    vLLM's heartbeat period, lease // 6, is at least 1 s). A lease shorter
-    than the deadline lets the prefill engine free (and reuse) blocks while a
-    slow pull is still reading them: the decoder then decodes from corrupt KV
-    and returns success. With lease >= deadline that can only happen after the
-    router has already given the request up. The price: a decoder that dies
-    pins its prefill KV for up to the lease. `lease_s` sets the lease outright
-    (core.spec.EngineSpec.kv_lease_s: studying expiry, in both worlds); the run's
-    canaries (core/canary.py) then catch what it corrupts.
+    vLLM's heartbeat period, lease // 6, is at least 1 s). A lease that ran out
+    under a slow pull would let the prefill engine free (and reuse) blocks the
+    pull still reads: the decoder would decode from corrupt KV and return
+    success. With lease >= deadline that can only happen after the router has
+    given the request up; and vLLM 0.32's decoder renews the lease by heartbeat
+    while it holds the request (measured: README "Silent corruption"), so only
+    KV of requests it dropped expires. The price: a decoder that dies pins its
+    prefill KV for 2/3 of the lease after its last heartbeat, and on the CPU
+    build the prefill engine spins meanwhile (README "Engines that die").
+    `lease_s` sets the lease outright (core.spec.EngineSpec.kv_lease_s); the
+    run's canaries (core/canary.py) catch what an expiry corrupts.
     """
 
     model: Path
