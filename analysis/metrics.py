@@ -11,6 +11,7 @@ Conventions: times are seconds since run start; a request *failed* when its
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from core.metrics_spec import MetricsSpec, parse_metrics_spec
-from core.records import SCHEMAS, read_meta, read_table
+from core.records import NIXL_KV_EXPIRED, NIXL_READS_AFTER_EXPIRY, SCHEMAS, read_meta, read_table
 from core.stages import FAILURE_STAGES
 
 NAN = math.nan
@@ -444,6 +445,16 @@ class RunData:
     def seed(self) -> int:
         return int(self.meta["seed"])
 
+    @functools.cached_property
+    def host_marks(self) -> pd.DataFrame:
+        """Each request's host-stall account and mark (analysis/host.py), computed once for the
+        metrics and the report; no columns without host samples (the simulator's runs)."""
+        if self.host.empty:
+            return pd.DataFrame(index=self.requests.index)
+        from .host import run_host_marks
+
+        return run_host_marks(self.requests, self.host, self.meta, self.faults)
+
 
 def load_run(run_dir: Path | str) -> RunData:
     """Read run.json and the tables of one run directory; a bad run.json raises a one-line ValueError."""
@@ -474,10 +485,8 @@ def host_stall(run: RunData) -> dict[str, float]:
     NaN where there are no host samples (the simulator, runs before them)."""
     if run.host.empty:
         return {"host_stalled_share": NAN, "failure_rate_unstalled": NAN}
-    from .host import run_host_marks
-
     req = run.requests
-    stalled = run_host_marks(req, run.host, run.meta, run.faults)["host_stalled"].fillna(False).to_numpy(bool)
+    stalled = run.host_marks["host_stalled"].fillna(False).to_numpy(bool)
     rest = req[~stalled]
     return {"host_stalled_share": float(stalled.mean()) if len(req) else NAN,
             "failure_rate_unstalled": failure_rate(rest) if len(rest) else NAN}
@@ -487,8 +496,9 @@ def kv_leases(meta: dict[str, Any]) -> dict[str, float]:
     """A testbed run's expired KV leases, from its engines' counters over the run (run.json
     ``engines``): a prefill engine that freed KV a decoder had not finished reading, and the reads
     that finished after that (FIELD-NOTES: their KV may be another request's). The lease is the
-    deadline plus a margin (testbed/runtime/engine.py), so every expiry belongs to a request already
-    given up: its output is never served. Runs on the same engines share the counters' timeline: an
+    deadline plus a margin unless engine.kv_lease_s sets it, and vLLM's decoder renews it while it
+    holds the request (testbed/runtime/engine.py), so an expiry belongs to a request the decoder
+    dropped; canaries check the rest by the tokens. Runs on the same engines share the counters' timeline: an
     expiry or a read that lands just after a run's end counts in the next run. NaN in the
     simulator's runs (no engines)."""
     engines = meta.get("engines")
@@ -497,8 +507,8 @@ def kv_leases(meta: dict[str, Any]) -> dict[str, float]:
     total = {"kv_leases_expired": 0.0, "kv_reads_after_expiry": 0.0}
     for counters in engines.values():
         if isinstance(counters, dict):
-            total["kv_leases_expired"] += float(counters.get("vllm:nixl_num_kv_expired_reqs_total", 0.0))
-            total["kv_reads_after_expiry"] += float(counters.get("vllm:nixl_num_notifications_after_expiry_total", 0.0))
+            total["kv_leases_expired"] += float(counters.get(NIXL_KV_EXPIRED, 0.0))
+            total["kv_reads_after_expiry"] += float(counters.get(NIXL_READS_AFTER_EXPIRY, 0.0))
     return total
 
 

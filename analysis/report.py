@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.host import run_host_marks
 from analysis.metrics import RunData, decision_latency, load_run, run_metrics
 from analysis.plots import RunCurves, run_curves, write_plots
 from analysis.summary import discover_runs, runs_frame, summarize
@@ -115,7 +114,7 @@ def report(
 def _host_marks(run: RunData) -> pd.DataFrame:
     """Each request of a testbed run with its engines' CPU and run-queue wait, and its host mark."""
     req = run.requests
-    marks = run_host_marks(req, run.host, run.meta, run.faults)
+    marks = run.host_marks
     cols = ["request_id", "outcome", "failed_stage", "prefill_pod", "decode_pod", "routed_s"]
     return pd.concat([req[cols], marks], axis=1).assign(world=run.world, scenario=run.scenario,
                                                          policy=run.policy, seed=run.seed)

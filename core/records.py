@@ -192,6 +192,11 @@ PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 # (README "A link down"): a bound above that sees them fail.
 DEAD_PULL_WATCH_S = 60.0
 
+# vLLM's NIXL counters of expired KV leases, as run.json ``engines`` holds them per engine (the
+# counters' deltas over the run): leases a prefill engine let expire, and reads that finished after.
+NIXL_KV_EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
+NIXL_READS_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry_total"
+
 RECORD_TYPES: tuple[type, ...] = (RequestRecord, DecisionRecord, FaultEvent, HealthRecord, PriceRecord,
                                   DeadPullRecord, BreakerRecord, AttemptRecord, EngineRecord, HostRecord)
 

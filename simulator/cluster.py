@@ -124,12 +124,11 @@ class ClusterSim:
         # decode blocks until the pull ends. When it was given up and the KV bytes moved by then.
         self._finish_pulls = engine.kv_pull_on_abort == "finish"
         self._dead: dict[Ticket, tuple[float, float]] = {}
-        # engine.kv_lease_s without renewal: a pull that ends after its prefill engine freed the KV
-        # decodes from reused blocks; the request ends "corrupt" instead of "ok" (vLLM returns
-        # success). A renewed lease (vLLM 0.32's heartbeats) never ends under a live request.
+        # engine.kv_lease_s without renewal: a pull that ended (kv_end_s) after its prefill engine
+        # freed the KV decodes from reused blocks; the request ends "corrupt" instead of "ok" (vLLM
+        # returns success). A renewed lease (vLLM 0.32's heartbeats) never ends under a live request.
         self._lease: float | None = (float(engine.kv_lease_s) if engine.kv_lease_s is not None
                                      and not engine.kv_lease_renewed else None)
-        self._corrupt: set[Ticket] = set()
         # router.retry's per-try timeout: each attempt that could be retried gets a timer
         self._attempt_ttft = ctx.retries is not None and ctx.retries.spec.attempt_ttft_s is not None
         self._seq = 0
@@ -412,8 +411,6 @@ class ClusterSim:
                 self._release(self.decode[req.d_idx], req, now)
             return
         now = self.env._now
-        if self._lease is not None and now > req.prefill_end_s + self._lease:
-            self._corrupt.add(req)
         req.enter("decode", now)
         self._decode_join(req, now)
 
@@ -468,11 +465,8 @@ class ClusterSim:
             if req.done:
                 continue
             self._decode_leave(d, req)
-            if self._corrupt and req in self._corrupt:
-                self._corrupt.discard(req)
-                req.finish(now, "corrupt")
-            else:
-                req.finish(now, "ok")
+            lease = self._lease
+            req.finish(now, "ok" if lease is None or req.kv_end_s <= req.prefill_end_s + lease else "corrupt")
             self.reqs[req.request_id] = None  # the sweeps skip it; its memory goes now
         if d.waiting:
             self._admit(d, now)
@@ -486,7 +480,6 @@ class ClusterSim:
         now = self.env._now
         stage = req.stage
         i = req.request_id
-        self._corrupt.discard(req)
         nxt = self.ctx.end_attempt(now, req, outcome, self._arr[i] + self.first_token_limit)
         self.reqs[i] = None
         if nxt is not None:

@@ -226,6 +226,7 @@ class RouterActor:
         self.ingress: Any = None
         self._ingress_count = 0
         self._stop = asyncio.Event()
+        self.t0_wall: float | None = None  # set when the run begins: the engines' host samples are on the wall clock
         self._host_since: dict[int, float] = {}  # per worker: the wall time its next host samples start at
         self._serving: asyncio.Future | None = None  # made in serve(), in the actor's event loop
         self.injector: FaultInjector | None = None
@@ -375,7 +376,7 @@ class RouterActor:
         ``host`` table: every HOST_FETCH_S while the run goes on and once at its close. What a dead
         engine held since the last collection is lost with it; one that does not answer within
         HEALTH_TIMEOUT_S is left for the next collection rather than holding the run."""
-        t0_wall = getattr(self, "t0_wall", None)
+        t0_wall = self.t0_wall
         if t0_wall is None:  # the run never began
             return
         engines = [(role, self.liveness.worker(role, i), e)

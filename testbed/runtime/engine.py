@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.records import NIXL_KV_EXPIRED, NIXL_READS_AFTER_EXPIRY
+
 #: Environment variable read in the worker process: NIXL progress-thread delay.
 PROGRESS_DELAY_ENV = "TESTBED_NIXL_PROGRESS_DELAY_US"
 STAGE_LOG_ENV = "TESTBED_STAGE_LOG"
@@ -417,8 +419,8 @@ class EngineStats:
         "num_failed_transfers": "vllm:nixl_num_failed_transfers_total",
         "num_failed_handshakes": "vllm:nixl_num_failed_transfers_total",
         "num_failed_notifications": "vllm:nixl_num_failed_notifications_total",
-        "num_kv_expired_reqs": "vllm:nixl_num_kv_expired_reqs_total",
-        "num_notifications_after_expiry": "vllm:nixl_num_notifications_after_expiry_total",
+        "num_kv_expired_reqs": NIXL_KV_EXPIRED,
+        "num_notifications_after_expiry": NIXL_READS_AFTER_EXPIRY,
     }
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
