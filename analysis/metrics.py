@@ -57,6 +57,23 @@ def timeout_share(requests: pd.DataFrame) -> float:
     return float(requests["outcome"].eq("timeout").to_numpy(dtype=bool, na_value=False).sum() / failed)
 
 
+def peak_in_flight(requests: pd.DataFrame, first_token_limit_s: float, deadline_s: float) -> int:
+    """peak in flight = the most requests routed and not yet ended at any one time, rebuilt from the
+    records: each routed request counts from routed_s to end_s; a failure has no end_s and counts to
+    its limit at the latest (arrival_s + the first-token limit without a first token, else + the
+    deadline), so where errors ended earlier this bounds the router's count from above. Rejected
+    requests were never routed. At a tie an end comes before a start."""
+    routed = requests[requests["outcome"] != "rejected"]
+    if routed.empty:
+        return 0
+    limit = np.where(routed["first_token_s"].isna(), first_token_limit_s, deadline_s)
+    ends = routed["end_s"].fillna(routed["arrival_s"] + limit).to_numpy(dtype=float)
+    t = np.concatenate([routed["routed_s"].to_numpy(dtype=float), ends])
+    step = np.concatenate([np.ones(len(routed)), -np.ones(len(routed))])
+    order = np.lexsort((step, t))
+    return int(np.cumsum(step[order]).max())
+
+
 def failure_composition(requests: pd.DataFrame) -> dict[str, float]:
     """failure composition = for admission (requests the router's admission limit rejected) and each stage
     of core.stages (prefill_queue, prefill, decode_queue, kv_transfer, decode), failed requests whose

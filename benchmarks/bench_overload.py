@@ -58,23 +58,16 @@ def _sim_child(spec_json: str, out: str) -> None:
 
 
 def _figures(run_dir: Path) -> dict[str, Any]:
+    from analysis.metrics import peak_in_flight
     from core.records import read_meta, read_table
     from core.spec import parse_spec
 
     meta = read_meta(run_dir)
     spec = parse_spec(meta["spec"])
     r = read_table(run_dir, "requests")
-    routed = r[r.outcome != "rejected"]
-    # a failure has no end_s: it ended at its limit at the latest (the first-token limit without a
-    # first token, else the deadline); an error ends earlier, so this bounds in-flight from above
-    limit = np.where(routed.first_token_s.isna(), spec.first_token_limit_s, spec.deadline_s)
-    ends = routed.end_s.fillna(routed.arrival_s + limit).to_numpy()
-    t = np.concatenate([routed.routed_s.to_numpy(), ends])
-    step = np.concatenate([np.ones(len(routed)), -np.ones(len(routed))])
-    order = np.lexsort((step, t))  # at a tie, the end first
     ok = r[r.outcome == "ok"]
     return {"n": len(r), **{k: int((r.outcome == k).sum()) for k in ("ok", "timeout", "error", "rejected")},
-            "peak_in_flight": int(np.cumsum(step[order]).max()) if len(routed) else 0,
+            "peak_in_flight": peak_in_flight(r, spec.first_token_limit_s, spec.deadline_s),
             "ttft_p50_s": float(np.median(ok.first_token_s - ok.arrival_s)) if len(ok) else float("nan"),
             "rss_bytes": meta.get("router_peak_rss_bytes", float("nan")), "limit": meta["spec"]["router"]["max_in_flight"]}
 

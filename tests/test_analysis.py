@@ -23,6 +23,7 @@ from analysis.metrics import (
     goodput_rps,
     latency_percentiles,
     load_run,
+    peak_in_flight,
     resilience_index,
     run_metrics,
     success_series,
@@ -109,6 +110,25 @@ def test_failure_rate_timeout_share_and_composition(tmp_path):
     assert (m["n_requests"], m["n_failed"]) == (10, 3)
     assert m["fail_share_kv_transfer"] == pytest.approx(2 / 3)
 
+
+
+def test_peak_in_flight_is_rebuilt_from_routed_to_ended_with_a_failure_at_its_limit():
+    nan = math.nan
+    rows = [  # routed_s, end_s, arrival_s, first_token_s, outcome
+        (0.0, 2.0, 0.0, 0.5, "ok"),
+        (1.0, 3.0, 1.0, 1.5, "ok"),
+        (1.5, nan, 1.5, nan, "timeout"),  # no first token: ends at 1.5 + the first-token limit
+        (2.0, nan, 2.0, 2.2, "timeout"),  # a first token: ends at 2.0 + the deadline (12.0)
+        (3.0, 4.0, 3.0, 3.2, "ok"),  # starts as the second ends: the end counts first
+        (3.5, 3.8, 3.5, 3.6, "ok"),
+        (nan, nan, 1.6, nan, "rejected"),  # never routed
+    ]
+    req = pd.DataFrame(rows, columns=["routed_s", "end_s", "arrival_s", "first_token_s", "outcome"])
+    # first-token limit 1 s: the third ends at 2.5; at most 3 at once (0-2 at 1.5; 2-4 at 2.0 with the tie)
+    assert peak_in_flight(req, 1.0, 10.0) == 3
+    # 5 s: it ends at 6.5, so at 3.5 the third, fourth, fifth and sixth are in flight
+    assert peak_in_flight(req, 5.0, 10.0) == 4
+    assert peak_in_flight(req[req.outcome == "rejected"], 1.0, 10.0) == 0
 
 def test_no_failures_gives_nan_timeout_share_and_unknown_stage_counts(tmp_path):
     r = Reqs()

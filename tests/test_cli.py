@@ -231,3 +231,16 @@ def _sigint_default() -> None:
     runners and nohup start them) inherits SIGINT ignored, and Python then installs no
     KeyboardInterrupt handler: the test would send a signal nobody can receive."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_jobs_sharing_engines_must_agree_on_what_the_engines_are_started_with(tmp_path):
+    from core.spec import load_spec, parse_spec
+    from testbed.runtime.launch import run_testbed
+
+    base = load_spec(None, default="testbed.yaml").model_dump(mode="json", exclude={"study"})
+    # a longer first-token limit is fine (the engines' lease follows the longest); another lease is not
+    longer = parse_spec({**base, "name": "longer", "deadline_s": 30.0})
+    other = parse_spec({**base, "name": "other", "engine": {**base["engine"], "kv_lease_s": 30}})
+    with pytest.raises(ValueError, match="other: .*kv_lease_s"):
+        run_testbed(parse_spec(base), tmp_path / "runs", ["LC"], [0], more=[(longer, ["LC"], [0]), (other, ["LC"], [0])])
+    assert not (tmp_path / "runs").exists()

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.metrics import peak_in_flight
 from simulator.run import run_sim
 from core.records import read_table
 from core.spec import parse_spec
@@ -297,7 +298,8 @@ def test_the_admission_limit_bounds_what_is_in_flight_and_records_the_rest_as_re
     # CORE at 10x its rate: far past what 4 x 4 workers serve within the deadline
     over = {**CORE, "workload": {**CORE["workload"], "arrival": {"kind": "poisson", "rate_rps": 40.0}}}
     _, free = _run(tmp_path / "free", parse_spec(over), "LC", 3)
-    d, r = _run(tmp_path / "limited", parse_spec({**over, "router": {"max_in_flight": 24}}), "LC", 3)
+    limited = parse_spec({**over, "router": {"max_in_flight": 24}})
+    d, r = _run(tmp_path / "limited", limited, "LC", 3)
     assert "rejected" not in set(free.outcome)
     rejected = r[r.outcome == "rejected"]
     assert len(rejected) > 0.2 * len(r)
@@ -305,13 +307,7 @@ def test_the_admission_limit_bounds_what_is_in_flight_and_records_the_rest_as_re
     assert rejected.routed_s.isna().all() and rejected.end_s.isna().all()
     # in flight (routed, not yet ended) never above the limit: rebuilt from the records
     routed = r[r.outcome != "rejected"]
-    ends = routed.end_s.fillna(routed.arrival_s + CORE["deadline_s"])  # a failure ends at its limit at the latest
-    events = sorted([(t, 1) for t in routed.routed_s] + [(t, -1) for t in ends], key=lambda e: (e[0], e[1]))
-    level = peak = 0
-    for _, step in events:
-        level += step
-        peak = max(peak, level)
-    assert peak <= 24
+    assert peak_in_flight(r, limited.first_token_limit_s, limited.deadline_s) <= 24
     # every request is in the records, and only routed ones were decided
     assert len(r) == len(free) and len(read_table(d, "decisions")) == len(routed)
     # a rejection is cheap: the limited run's admitted requests fail less than the free run's requests

@@ -296,6 +296,50 @@ def test_the_first_token_limit_cuts_only_a_request_without_its_first_token_in_bo
     assert sim.outcome == "timeout" and sim.failed_stage == "kv_transfer"
 
 
+
+class StarvedEngine(ScriptedEngine):
+    """An engine whose front end answers nothing while its call runs (its actor process starved of
+    CPU, as seen from a fresh clone): ``stages`` and the abort come back only once the call has
+    run its course, and ``stages`` then finds the request gone, as vLLM's front end does."""
+
+    def __init__(self, events: dict[str, float], end: float, first: float | None = None) -> None:
+        super().__init__(events, end, first)
+        self._over: dict[str, asyncio.Event] = {}
+
+    async def _call(self, rid):
+        over = self._over.setdefault(rid, asyncio.Event())
+        try:
+            t0 = self._t0[rid] = time.monotonic()
+            await asyncio.sleep(self.end)  # the abort does not reach it
+            return t0, time.monotonic() - t0, False
+        finally:
+            over.set()
+
+    async def abort(self, rid):
+        await self._over.setdefault(rid, asyncio.Event()).wait()
+
+    async def stages(self, rid):
+        await self._over.setdefault(rid, asyncio.Event()).wait()
+        return {}
+
+
+@pytest.mark.parametrize("stage", ["prefill", "decode"])
+def test_a_timeout_on_a_starved_engine_is_recorded_in_the_stage_its_own_log_gives(tmp_path, stage):
+    # Past the deadline (1 s) the engine's answer comes only with the call's end (1.5 s), without the
+    # request; the call's own log places it: in decode (pulled by 0.1 s), or in prefill (begun at 0.05 s).
+    fast = ScriptedEngine({"alloc": 0.0}, end=0.05)
+    if stage == "decode":
+        prefill, decode = fast, StarvedEngine({"alloc_remote": 0.05, "recv_done": 0.1}, end=1.5, first=0.15)
+    else:
+        prefill, decode = StarvedEngine({"alloc": 0.05}, end=1.5), fast
+    row = _testbed(tmp_path, _spec(deadline_s=1.0), prefill, decode).iloc[0]
+    assert (row.outcome, row.failed_stage) == ("timeout", stage)
+    if stage == "decode":
+        assert row.kv_start_s < row.kv_end_s < row.first_token_s < 1.0 and math.isnan(row.end_s)
+    else:
+        assert 0.0 < row.prefill_start_s < 1.0 and math.isnan(row.prefill_end_s)
+
+
 # --- dead work: the pull of a request given up in kv_transfer ----------------------------------------
 
 

@@ -95,7 +95,9 @@ class Engines:
     router's candidate index picks the engine directly."""
 
     def __init__(self, spec: ExperimentSpec, model: str, engine_root: Path, mode: str,
-                 build_model: bool = False) -> None:
+                 build_model: bool = False, first_token_limit_s: float | None = None) -> None:
+        """``first_token_limit_s``: the longest first-token limit of the jobs these engines serve
+        (default ``spec``'s), which their KV lease must outlive."""
         t, e, topo = spec.testbed, spec.engine, build_topology(spec)
         self.topo = topo
         self.prefill: list[Any] = []
@@ -118,7 +120,8 @@ class Engines:
                 cfg = dict(model=Path(model), run_dir=engine_root, name=name,
                            side_channel_port=SIDE_CHANNEL_BASE_PORT + w, role=role,
                            # the KV must outlive its pull, which ends before the first token
-                           request_deadline_s=spec.first_token_limit_s, lease_s=e.kv_lease_s,
+                           request_deadline_s=first_token_limit_s or spec.first_token_limit_s,
+                           lease_s=e.kv_lease_s,
                            max_model_len=t.max_model_len,
                            kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
                            max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
@@ -405,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{len(pods)} pods: " + ", ".join(f"pod{i}@{p['ip']}" for i, p in pods.items()))
     # On a cluster the nodes may not share the driver's disk: each engine builds the tiny model itself.
     build_model = args.mode == "cluster" and spec0.testbed.model is None
-    engines = Engines(spec0, args.model, Path(args.engine_root), args.mode, build_model=build_model)
+    engines = Engines(spec0, args.model, Path(args.engine_root), args.mode, build_model=build_model,
+                      first_token_limit_s=max(s.first_token_limit_s for s, _, _ in jobs))
     agents: FaultAgents | None = None
     summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
                                "placement": spec0.topology.placement, "model": args.model, **model_meta}

@@ -52,10 +52,11 @@ def prepare_model(spec: ExperimentSpec) -> tuple[Path, dict[str, int]]:
 Job = tuple[ExperimentSpec, list[str], list[int]]
 
 
-def engine_limits(spec: ExperimentSpec) -> tuple[int, int, int]:
-    """What of the engine block the real engines are started with (vLLM's batch limits)."""
+def engine_limits(spec: ExperimentSpec) -> tuple[int, int, int, int | None]:
+    """What of the engine block the real engines are started with (vLLM's batch limits, and the
+    KV lease where the spec sets it; else the lease follows the jobs' longest first-token limit)."""
     e = spec.engine
-    return e.prefill_slots, e.decode_max_batch, e.prefill_batch_tokens
+    return e.prefill_slots, e.decode_max_batch, e.prefill_batch_tokens, e.kv_lease_s
 
 
 # What one CPU engine with the tiny model takes besides its KV cache (PSS of 4 engines plus the
@@ -133,8 +134,8 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     jobs = [(spec, policies, seeds), *more]
     for other, _, _ in more:
         if (other.testbed, other.topology, engine_limits(other)) != (spec.testbed, spec.topology, engine_limits(spec)):
-            raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block, topology and engine "
-                             f"batch limits as {spec.name}")
+            raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block, topology, engine "
+                             f"batch limits and kv_lease_s as {spec.name}")
     if address is None:
         check_machine(spec)  # the engines run here; on a given cluster, on its nodes
     # Refuse a workload the engines cannot serve before spending minutes starting them.

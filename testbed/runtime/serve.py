@@ -117,6 +117,16 @@ def prompt_ids(request_id: int, n_tokens: int, vocab: int, salt: int = 0) -> lis
     return (4 + rng.integers(0, vocab - 4, n_tokens)).tolist()
 
 
+def _with_call_log(where: Mapping[str, float], res: Any) -> dict[str, float]:
+    """Where the engine said a request was at its limit, completed by the log its aborted call
+    returned. A starved front end answers ``stages`` only once the call has ended, and then finds
+    nothing: from a fresh clone (2026-11-24) a decode engine pulled a request's KV and decoded all
+    its 3000 tokens (its counters), its actor answering neither ``stages`` nor the abort from the
+    deadline until the decode ended 7 s later, and the timeout was recorded in decode_queue. The
+    call's result holds the scheduler's whole log. Only events before the limit count (``_at``)."""
+    return {**where, **(dict(res.stages) if res is not None and getattr(res, "stages", None) else {})}
+
+
 def _at(sent: float, offsets: dict[str, float], event: str, limit: float = math.inf) -> float | None:
     """Router time of an engine event (``sent`` + its offset), if it happened by ``limit``."""
     off = offsets.get(event)
@@ -269,10 +279,11 @@ class RequestFlow:
             sent = self.clock()
             ok, res = await self._until(first_by, p_eng.prefill(rid, ids))  # no first token before it ends
             if not ok:
-                started = _at(sent, await self._where(p_eng, rid), "alloc", first_by)
+                where = await self._where(p_eng, rid)
+                res = await self._abort(p_eng, rid, res)
+                started = _at(sent, _with_call_log(where, res), "alloc", first_by)
                 if started is not None:
                     t.enter("prefill", started)
-                await self._abort(p_eng, rid, res)
                 return "timeout", None
             started = _at(sent, dict(res.stages), "alloc")
             queued = getattr(res, "queued_s", None)
@@ -294,8 +305,9 @@ class RequestFlow:
                     limit = deadline
                     ok, res = await self._until(deadline, res)
             if not ok:
-                self._mark_decode(t, sent, await self._where(d_eng, rid), limit)
+                where = await self._where(d_eng, rid)
                 res = await self._abort(d_eng, rid, res)
+                self._mark_decode(t, sent, _with_call_log(where, res), limit)
                 first = getattr(res, "first_token_s", None) if res is not None else None
                 if first is not None and t.stage == "decode" and sent + (first - res.submitted_s) <= limit:
                     t.first_token_s = sent + (first - res.submitted_s)
