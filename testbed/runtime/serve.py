@@ -124,7 +124,7 @@ def _with_call_log(where: Mapping[str, float], res: Any) -> dict[str, float]:
     its 3000 tokens (its counters), its actor answering neither ``stages`` nor the abort from the
     deadline until the decode ended 7 s later, and the timeout was recorded in decode_queue. The
     call's result holds the scheduler's whole log. Only events before the limit count (``_at``)."""
-    return {**where, **(dict(res.stages) if res is not None and getattr(res, "stages", None) else {})}
+    return {**where, **(dict(res.stages) if res is not None else {})}
 
 
 def _at(sent: float, offsets: dict[str, float], event: str, limit: float = math.inf) -> float | None:
