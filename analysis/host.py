@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-COLUMNS = ("host_pressure", "host_cpu_s", "host_wait_s", "prefill_slowdown", "host_stalled")
+COLUMNS = ("host_pressure", "host_cpu_s", "host_wait_s", "host_lost_wakeup_s", "prefill_slowdown", "host_stalled")
 PRESSURED = 0.5  # the share of a request's life under CPU pressure that counts as a pressured host
 STALL_FACTOR = 2.0
 
@@ -39,20 +39,26 @@ def _at(samples: pd.DataFrame, col: str, t: np.ndarray) -> np.ndarray:
 
 def request_host_stall(requests: pd.DataFrame, host: pd.DataFrame, deadline_s: float,
                        prefill_s: np.ndarray | None = None, compute_faulted: np.ndarray | None = None,
-                       factor: float = STALL_FACTOR) -> pd.DataFrame:
+                       factor: float = STALL_FACTOR, gave_up_s: np.ndarray | None = None) -> pd.DataFrame:
     """Per request (``requests``' index): its engines' nodes' CPU pressure over its windows, its
-    engines' CPU seconds and run-queue wait there, its prefill's slowdown over ``prefill_s`` (its
-    engine's calibrated time per request; NaN: unknown) and whether it was ``host_stalled``
-    (``compute_faulted``: requests whose prefill pod was under a compute fault, never marked)."""
+    engines' CPU seconds, run-queue wait and seconds lost to missed wake-ups there, its prefill's
+    slowdown over ``prefill_s`` (its engine's calibrated time per request; NaN: unknown) and whether
+    it was ``host_stalled`` (``compute_faulted``: requests whose prefill pod was under a compute
+    fault, never marked for pressure). ``gave_up_s``: when the router gave a failed request up
+    (NaN: not known; then ``routed_s`` + ``deadline_s`` ends its window); a prefill it gave up
+    has a lower bound on its slowdown, its time from its start to then."""
     out = pd.DataFrame(index=requests.index, columns=list(COLUMNS), dtype=float)
     if host.empty or requests.empty:
         out["host_stalled"] = pd.array([pd.NA] * len(out), dtype="boolean")
         return out
     start = requests["routed_s"].to_numpy(float)
     end = requests["end_s"].to_numpy(float)
-    end = np.where(np.isnan(end), start + deadline_s, end)
+    gave_up = np.full(len(requests), np.nan) if gave_up_s is None else np.asarray(gave_up_s, float)
+    end = np.where(np.isnan(end), np.where(np.isnan(gave_up), start + deadline_s, gave_up), end)
     split = np.fmin(requests["prefill_end_s"].to_numpy(float), end)  # fmin: a NaN prefill end -> end
-    sums = {c: np.zeros(len(requests)) for c in ("pressure_s", "cpu_s", "wait_s")}
+    lost_col = "lost_wakeup_s" in host.columns  # absent in host tables written before it
+    sums = {c: np.zeros(len(requests)) for c in ("pressure_s", "cpu_s", "wait_s", "lost_wakeup_s")
+            if c != "lost_wakeup_s" or lost_col}
     covered = np.zeros(len(requests))
     by_worker = {w: g.sort_values("time_s") for w, g in host.groupby("worker")}
     for col_worker, a, b in (("prefill_worker", start, split), ("decode_worker", split, end)):
@@ -73,13 +79,20 @@ def request_host_stall(requests: pd.DataFrame, host: pd.DataFrame, deadline_s: f
     out["host_pressure"] = pressure
     out["host_cpu_s"] = np.where(seen, sums["cpu_s"], np.nan)
     out["host_wait_s"] = np.where(seen, sums["wait_s"], np.nan)
-    took = requests["prefill_end_s"].to_numpy(float) - requests["prefill_start_s"].to_numpy(float)
+    lost = np.where(seen, sums["lost_wakeup_s"], np.nan) if lost_col else np.full(len(requests), np.nan)
+    out["host_lost_wakeup_s"] = lost
+    pf_end = requests["prefill_end_s"].to_numpy(float)
+    pf_end = np.where(np.isnan(pf_end), gave_up, pf_end)  # a prefill given up: a lower bound
+    took = pf_end - requests["prefill_start_s"].to_numpy(float)
     expected = np.full(len(requests), np.nan) if prefill_s is None else np.asarray(prefill_s, float)
     slowdown = took / expected
     out["prefill_slowdown"] = slowdown
     faulted = np.zeros(len(requests), bool) if compute_faulted is None else np.asarray(compute_faulted, bool)
     with np.errstate(invalid="ignore"):
         stalled = (slowdown >= factor) & (pressure >= PRESSURED) & ~faulted
+        # Missed wake-ups are never the fault's: idle with work in it, the engine lost at least
+        # (factor - 1) times the prompt's own time, as much as a slowdown of `factor` would.
+        stalled |= lost >= (factor - 1) * expected
     marks = pd.array(stalled, dtype="boolean")
     marks[~seen] = pd.NA  # no samples over its life: no account, no mark
     out["host_stalled"] = marks
@@ -113,4 +126,18 @@ def run_host_marks(requests: pd.DataFrame, host: pd.DataFrame, meta: dict[str, A
     rate, overhead = engine.get("prefill_tokens_per_s"), engine.get("prefill_overhead_s", 0.0)
     prefill_s = (overhead + requests["prompt_tokens"].to_numpy(float) / rate) if rate else None
     faulted = _compute_faulted(requests, faults) if faults is not None else None
-    return request_host_stall(requests, host, deadline, prefill_s, faulted, factor)
+    return request_host_stall(requests, host, deadline, prefill_s, faulted, factor,
+                              gave_up_s=timed_out_at(requests, spec))
+
+
+def timed_out_at(requests: pd.DataFrame, spec: dict[str, Any]) -> np.ndarray:
+    """When the router gave up each request that timed out (NaN for the others): without a first
+    token at its first-token limit after arrival, else at its deadline (core/spec.py). Exact with
+    retries too: the last attempt runs to the request's limit, not to its per-try one."""
+    deadline = float(spec.get("deadline_s", np.nan))
+    ttft = spec.get("ttft_timeout_s")
+    first_limit = min(deadline, float(ttft)) if ttft is not None else deadline
+    arrival = requests["arrival_s"].to_numpy(float) if "arrival_s" in requests else np.full(len(requests), np.nan)
+    no_token = requests["first_token_s"].isna().to_numpy() if "first_token_s" in requests else np.ones(len(requests), bool)
+    timed_out = (requests["outcome"] == "timeout").to_numpy() if "outcome" in requests else np.zeros(len(requests), bool)
+    return np.where(timed_out, arrival + np.where(no_token, first_limit, deadline), np.nan)

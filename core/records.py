@@ -183,6 +183,9 @@ class HostRecord(NamedTuple):
     pressure_s: float  # NaN on a kernel without PSI
     busy_s: float
     steal_s: float
+    # The engine's seconds lost to missed wake-ups of vLLM's queue between its engine core and
+    # worker (testbed/runtime/shm_wakeups.py), counted when the message was finally read.
+    lost_wakeup_s: float = 0.0
     table = "host"  # a class attribute, not a column
 
 

@@ -220,6 +220,15 @@ class TestbedSpec(_Spec):
     # so KV that is not the prompt's shows from the first token on; 16 (the start-up PD probe's
     # length) bounds a reference to about half a second of decoding on the CPU engines.
     canary_tokens: int = Field(16, ge=1)
+    # How often an idle vLLM engine core and its worker re-check the shared-memory queue between
+    # them, in ms: the most a lost wake-up of that queue costs (testbed/runtime/shm_wakeups.py).
+    # None: vLLM's own, 5000 ms (shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS). Kept by default:
+    # every run records its engines' missed wake-ups, and the twin scenario's runs at vLLM's
+    # interval had none (README "The prefill stall, explained"), so nothing calls for changing
+    # the engine. 10 ms would be about one decode step of the CPU engines (engine.
+    # decode_step_base_s, 9.1 ms calibrated), at 3 ms of CPU a second per idle reader (measured
+    # on vLLM's queue here: 0 at 5000 ms, 15 ms at 1 ms).
+    shm_recheck_ms: int | None = Field(None, ge=1)
 
 
 class PolicyEntry(_Spec):

@@ -180,3 +180,41 @@ def test_no_host_samples_no_marks() -> None:
                         "prefill_worker": [0], "decode_worker": [1]})
     out = request_host_stall(req, pd.DataFrame(columns=["time_s", "worker", "cpu_s", "wait_s", "pressure_s"]), 10.0)
     assert out["host_stalled"].isna().all() and out["host_pressure"].isna().all()
+
+
+def test_missed_wakeups_mark_a_request_on_a_calm_host_and_a_prefill_given_up_has_a_lower_bound() -> None:
+    # a calm host (pressure 0.1 of the time), but worker 0's engine lost 5 s to a missed wake-up
+    # of its queue, read at t = 16 (testbed/runtime/shm_wakeups.py: counted when read)
+    t = np.arange(0.0, 40.0, 0.5)
+    lost = np.where(t >= 16.0, 5.0, 0.0)
+    host = pd.concat([_host(0, t, 0.1 * t, 0.1 * t, 0.0 * t).assign(lost_wakeup_s=lost),
+                      _host(1, t, 0.1 * t, 0.1 * t, 0.0 * t).assign(lost_wakeup_s=0.0)])
+    req = pd.DataFrame({
+        "arrival_s": [10.9, 20.0, 1.0, 14.0],
+        "routed_s": [11.0, 20.0, 1.0, 14.0],
+        "prefill_start_s": [11.0, 20.0, 1.0, 14.2],
+        "prefill_end_s": [16.2, 20.5, np.nan, 14.3],
+        "first_token_s": [16.4, 20.6, np.nan, 14.4],
+        "end_s": [16.5, 21.0, np.nan, 14.5],
+        "outcome": ["ok", "ok", "timeout", "ok"],
+        "prompt_tokens": [400, 400, 400, 400],
+        "prefill_pod": [0] * 4, "prefill_worker": [0] * 4, "decode_worker": [1] * 4,
+    }, index=[1, 2, 3, 4])
+    meta = {"spec": {"deadline_s": 30.0, "ttft_timeout_s": 8.0,
+                     "engine": {"prefill_tokens_per_s": 4000.0, "prefill_overhead_s": 0.0}}}
+    out = run_host_marks(req, host, meta)
+    # request 1: its prefill window holds the 5 s lost: marked although the host was calm
+    assert out.loc[1, "host_lost_wakeup_s"] == pytest.approx(5.0)
+    assert out.loc[1, "host_pressure"] == pytest.approx(0.1) and bool(out.loc[1, "host_stalled"])
+    # request 2: after it, nothing lost; request 4 ended before the read: nothing counted
+    assert out.loc[2, "host_lost_wakeup_s"] == 0.0 and not bool(out.loc[2, "host_stalled"])
+    assert out.loc[4, "host_lost_wakeup_s"] == 0.0 and not bool(out.loc[4, "host_stalled"])
+    # request 3: timed out in prefill, given up at arrival + the first-token limit (1 + 8 s): its
+    # prefill took at least 8 s for 0.1 s of work, but on a calm host with nothing lost: unmarked
+    assert out.loc[3, "prefill_slowdown"] == pytest.approx(80.0) and not bool(out.loc[3, "host_stalled"])
+    # the same under pressure is marked (a window up to its give-up, not routed + deadline)
+    hot = pd.concat([_host(0, t, 0.9 * t, 0.1 * t, 0.0 * t), _host(1, t, 0.9 * t, 0.1 * t, 0.0 * t)])
+    assert bool(run_host_marks(req, hot, meta).loc[3, "host_stalled"])
+    # a host table from before the column: no account of wake-ups, the rest unchanged
+    old = run_host_marks(req, host.drop(columns="lost_wakeup_s"), meta)
+    assert old["host_lost_wakeup_s"].isna().all() and not bool(old.loc[1, "host_stalled"])

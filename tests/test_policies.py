@@ -71,6 +71,33 @@ def test_all_masked_falls_back_to_all_pods():
     assert view.loads.prefill_outstanding[c.prefill] == view.loads.prefill_outstanding.min()
 
 
+def _by_pod_picks(policy: str, **pods) -> tuple[Topology, list]:
+    """30 choices of ``policy`` on 4 pods by_pod (pods 0-1 prefill, 2-3 decode) in pod state ``pods``."""
+    topo = Topology.build(4, 1, placement="by_pod")
+    view = ClusterView(topo, CAP, Loads.zeros(topo), PodState.initial(4))
+    view.pods = view.pods.replace(**{k: np.array(v) for k, v in pods.items()})
+    pol = make_policy(policy, Weights(), np.random.default_rng(0))
+    return topo, [pol.choose(view) for _ in range(30)]
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_a_role_filtered_out_whole_falls_back_alone_on_pods_of_one_role(policy):
+    # Every decode pod's breaker open and prefill pod 1's: the decode role falls back to both its
+    # pods, the prefill role still keeps pod 1 out.
+    topo, picks = _by_pod_picks(policy, blocked=[False, True, True, True])
+    assert {int(topo.prefill_pod[c.prefill]) for c in picks} == {0}
+    assert {int(topo.decode_pod[c.decode]) for c in picks} <= {2, 3}
+    assert all(np.isfinite(c.score) for c in picks)
+
+
+@pytest.mark.parametrize("policy", ["FaultAwareLC", "FaultAwareOTF-R"])
+def test_every_prefill_pod_masked_leaves_the_decode_mask_in_force(policy):
+    topo, picks = _by_pod_picks(policy, unhealthy=[True, True, True, False])
+    assert {int(topo.prefill_pod[c.prefill]) for c in picks} == {0, 1}
+    assert {int(topo.decode_pod[c.decode]) for c in picks} == {3}
+    assert all(np.isfinite(c.score) for c in picks)
+
+
 def test_oracle_never_picks_a_degraded_pod_and_ignores_labels():
     rng = np.random.default_rng(2)
     for trial in range(200):

@@ -85,12 +85,10 @@ class Policy:
             keep &= f(pods)
         if pods.blocked is not None:  # the router's circuit breaker, under every policy
             keep &= ~pods.blocked
-        if not keep.any():  # a filter that removes everything would stall the cluster
-            keep[:] = True
         pod_static = np.zeros(topo.n_pods)
         for fn, w in self._pod_scorers:
             pod_static += w * fn(pods)
-        scores = pod_static.copy() if pods.down is not None else pod_static  # before the filters
+        scores = pod_static.copy()  # before the filters (computed on a change of pod state only)
         pod_static[~keep] = np.inf
         n_p = topo.prefill_pod.size
         if self._shape_for is None or self._shape_for[0] is not topo or self._shape_for[1] is not view.capacity:
@@ -103,6 +101,12 @@ class Policy:
         roles = []
         for wp, part in ((topo.prefill_pod, slice(None, n_p)), (topo.decode_pod, slice(n_p, None))):
             ok = keep[wp]
+            if not ok.any():
+                # Filters that remove every worker of a role would stall the cluster: then none
+                # applies to that role. Per role, since `by_pod` pods hold one role each (both
+                # prefill pods masked, or both decode pods' breakers open, leave the other role's).
+                ok = np.ones(wp.size, bool)
+                self._static[part] = scores[wp]
             if alive is not None and alive[part].any():
                 # A down engine is never chosen while another of its role is up, even where the
                 # filters leave only down ones: a certain failure is worse than a filtered pod.

@@ -123,11 +123,13 @@ class EngineActor:
         seconds = await self.engine.start()
         from .hoststats import HostSampler
         from .injection.procs import descendants
+        from .shm_wakeups import LostSeconds
 
         # the engine's CPU and run-queue wait, and its node's CPU pressure (hoststats.py): the
         # actor (vLLM's front end) and its engine core and workers
         me = os.getpid()
-        self.host = HostSampler(lambda: [me, *descendants(me)], self.engine.config.host_sample_s)
+        self.host = HostSampler(lambda: [me, *descendants(me)], self.engine.config.host_sample_s,
+                                lost_wakeup_s=LostSeconds(self.engine.config.wakeup_log_path))
         return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds}
 
     async def host_samples(self, since_wall: float = 0.0) -> list[tuple[float, ...]]:
@@ -388,8 +390,9 @@ class RouterActor:
             if isinstance(samples, BaseException) or not samples:
                 continue
             pod = int(self.ctx.topo.worker_pod[worker])
-            for wall, cpu, wait, pressure, busy, steal in samples:
-                self.ctx.writer.write(HostRecord(wall - t0_wall, worker, pod, role, cpu, wait, pressure, busy, steal))
+            for wall, cpu, wait, pressure, busy, steal, lost in samples:
+                self.ctx.writer.write(HostRecord(wall - t0_wall, worker, pod, role, cpu, wait, pressure, busy, steal,
+                                                 lost))
             since[worker] = max(s[0] for s in samples) + 1e-6  # host_samples takes those at or after it
 
     async def _collect_host(self) -> None:

@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from core.records import NIXL_KV_EXPIRED, NIXL_READS_AFTER_EXPIRY
+from testbed.runtime import shm_wakeups
+from testbed.runtime.logtail import new_lines
 
 #: Environment variable read in the worker process: NIXL progress-thread delay.
 PROGRESS_DELAY_ENV = "TESTBED_NIXL_PROGRESS_DELAY_US"
@@ -119,6 +121,9 @@ class EngineConfig:
     # instead of 0.05-0.35 s with torch's default of a thread per core. None: torch's default.
     omp_threads: int | None = 1
     nixl_progress_delay_us: int = 1000
+    # The idle engine core's and worker's re-check of their shared-memory queue (shm_wakeups.py);
+    # None: vLLM's own (5000 ms).
+    shm_recheck_ms: int | None = None
     # The engine's CPU and run-queue wait, sampled this often (hoststats.py): the host stalls in
     # question last 1-10 s (a deadline is 10 s), so half a second places them within a stage.
     host_sample_s: float = 0.5
@@ -163,6 +168,11 @@ class EngineConfig:
         """Where the engine's scheduler writes when it queues, allocates and receives KV (StageLog)."""
         return self.engine_dir / "stages.tsv"
 
+    @property
+    def wakeup_log_path(self) -> Path:
+        """Where the engine core and worker record missed wake-ups of their queue (shm_wakeups.py)."""
+        return self.engine_dir / "shm_wakeups.tsv"
+
     def environment(self) -> dict[str, str]:
         """Variables set before the engine's processes start (they inherit them)."""
         d = self.engine_dir
@@ -181,7 +191,10 @@ class EngineConfig:
             "TRANSFORMERS_OFFLINE": "1",
             PROGRESS_DELAY_ENV: str(self.nixl_progress_delay_us),
             STAGE_LOG_ENV: str(self.stage_log_path),
+            shm_wakeups.LOG_ENV: str(self.wakeup_log_path),
         }
+        if self.shm_recheck_ms is not None:
+            env[shm_wakeups.RECHECK_ENV] = str(self.shm_recheck_ms)
         if self.transport == "tcp":
             # Only TCP: otherwise UCX sees engines of one host and copies across processes
             # (CMA), and on real clusters it takes RDMA; either bypasses the shaped interface.
@@ -364,15 +377,8 @@ class StageLog:
         self._events: dict[str, dict[str, float]] = {}
 
     def _catch_up(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._pos)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n") + 1  # a line still being written is read next time
-        self._pos += end
-        for line in data[:end].decode().splitlines():
+        lines, self._pos = new_lines(self.path, self._pos)
+        for line in lines:
             t, event, rid = line.split("\t")
             ours = rid.rsplit("-", 1)[0]
             self._events.setdefault(ours, {}).setdefault(event, float(t))
@@ -397,6 +403,7 @@ def __getattr__(name: str) -> Any:
     # with the stage log added.
     if name == "NixlConnector":
         install_nixl_progress_delay()
+        shm_wakeups.install()
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
 
         return _stage_logging(NixlConnector)
@@ -505,6 +512,7 @@ class Engine:
         self._clock = clock
         self._llm: Any = None
         self._stats = EngineStats(clock)
+        self._lost_wakeups = shm_wakeups.LostSeconds(config.wakeup_log_path)
         self._inflight: set[str] = set()
         self._submitted: dict[str, float] = {}  # request id -> when its call reached this engine
         self._first: dict[str, float] = {}  # request id -> when its first token reached the front end
@@ -793,4 +801,8 @@ class Engine:
         out["nixl_max_xfer_time_s"] = self._stats.max_xfer_time_s
         out["startup_s"] = self.startup_s
         out["warmup_s"] = self.warmup_s
+        # missed wake-ups of the engine core's and worker's queue (shm_wakeups.py); run.json's
+        # `engines` holds their deltas over the run
+        out["shm_lost_wakeup_s"] = self._lost_wakeups()
+        out["shm_missed_wakeups"] = self._lost_wakeups.count
         return out

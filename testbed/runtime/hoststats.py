@@ -36,6 +36,7 @@ class HostSample(NamedTuple):
     pressure_s: float  # the node: some task runnable and waiting (PSI cpu some); NaN without PSI
     busy_s: float  # the node: CPU time in user, nice, system, irq and softirq, all CPUs
     steal_s: float  # the node: CPU time taken by the hypervisor
+    lost_wakeup_s: float = 0.0  # the engine: idle in a missed wake-up of its queue (shm_wakeups.py)
 
 
 def thread_times(pids: Iterable[int]) -> dict[tuple[int, int], tuple[int, int]]:
@@ -82,10 +83,12 @@ class HostSampler:
     dropped by seconds when pod 2's engine core was killed in the engine-death e2e."""
 
     def __init__(self, pids: Callable[[], list[int]], period_s: float = 0.5, keep: int = 40_000,
-                 refresh: int = 20) -> None:
+                 refresh: int = 20, lost_wakeup_s: Callable[[], float] | None = None) -> None:
+        """``lost_wakeup_s``: the engine's cumulative seconds lost to missed wake-ups (shm_wakeups.py)."""
         if period_s <= 0:
             raise ValueError(f"period_s={period_s} must be > 0")
         self._pids_fn = pids
+        self._lost_fn = lost_wakeup_s
         self.period_s = period_s
         self._refresh = refresh
         self._samples: collections.deque[HostSample] = collections.deque(maxlen=keep)
@@ -111,7 +114,8 @@ class HostSampler:
             last = now
             run = gone_run + sum(r for r, _ in now.values())
             wait = gone_wait + sum(w for _, w in now.values())
-            self._samples.append(HostSample(time.time(), run / 1e9, wait / 1e9, *node_times()))
+            lost = self._lost_fn() if self._lost_fn is not None else 0.0
+            self._samples.append(HostSample(time.time(), run / 1e9, wait / 1e9, *node_times(), lost))
             self._stop.wait(max(0.0, self.period_s - (time.monotonic() - t)))
 
     def samples(self, since_wall: float = 0.0) -> list[HostSample]:
