@@ -324,6 +324,51 @@ def test_idle_engines_do_not_spin_a_core(engines):
 
 @pytest.mark.slow
 @needs_vllm
+def test_no_engine_thread_is_pinned_to_fewer_cores_than_it_was_given(engines):
+    # vLLM's NIXL worker pins its thread to the last core of each NUMA node (a KV-transfer core):
+    # with nobind that thread is the forward pass, and every engine of a host lands on one core.
+    # The connector hook gives the worker's threads their CPUs back (engine.restore_affinity).
+    given = os.sched_getaffinity(0)
+    pinned = {}
+    for e in (engines["prefill"], engines["decode"]):
+        for pid in e.tree():
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    cpus = os.sched_getaffinity(int(tid))
+                except OSError:
+                    continue
+                if cpus != given:
+                    pinned[pid, int(tid)] = cpus
+    assert len(given) > 1 or not pinned
+    assert not pinned, pinned
+
+
+def test_restore_affinity_gives_every_narrowed_thread_its_cpus_back():
+    import threading
+
+    from testbed.runtime.engine import restore_affinity
+
+    given = os.sched_getaffinity(0)
+    if len(given) < 2:
+        pytest.skip("one CPU: nothing can be narrowed")
+    one = {max(given)}
+    stop = threading.Event()
+    try:
+        os.sched_setaffinity(0, one)  # what vLLM's NIXL worker does to its thread
+        t = threading.Thread(target=stop.wait)
+        t.start()  # a thread started after inherits the pin
+        assert os.sched_getaffinity(t.native_id) == one
+        changed = restore_affinity(given)
+        assert {threading.get_native_id(), t.native_id} <= set(changed)
+        assert os.sched_getaffinity(t.native_id) == given and os.sched_getaffinity(0) == given
+        assert restore_affinity(given) == []  # nothing left to restore
+    finally:
+        stop.set()
+        os.sched_setaffinity(0, given)
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_kv_moves_over_nixl_and_decode_matches_single_engine(engines):
     from core.canary import reference, verdict
     from testbed.runtime.model import kv_bytes_per_token

@@ -33,7 +33,9 @@ engine process, and the module-level `__getattr__` below installs a subclass
 of NIXL's agent that sets `pthrDelay` (from `TESTBED_NIXL_PROGRESS_DELAY_US`)
 before returning vLLM's own, unchanged `NixlConnector` class. With a delay the
 thread sleeps in `poll()` on the UCX workers' event fds and still wakes at
-once on traffic; the delay only bounds the periodic re-poll.
+once on traffic; the delay only bounds the periodic re-poll. The same hook
+installs the record of missed wake-ups of the queue between the engine core and
+its worker (shm_wakeups.py).
 """
 
 from __future__ import annotations
@@ -329,10 +331,36 @@ def install_nixl_progress_delay(delay_us: int | None = None) -> bool:
 PULL_ENDS = frozenset({"recv_done", "recv_failed"})
 
 
+def restore_affinity(cpus: set[int]) -> list[int]:
+    """Give every thread of this process the CPUs ``cpus`` back where something narrowed them;
+    returns the threads changed.
+
+    vLLM's NIXL worker on the CPU pins the thread that builds it to "one last core in each
+    NUMA node", to keep KV transfer off the cores the forward pass's OpenMP threads are bound to
+    (``NixlConnectorWorker.__init__``: ``os.sched_setaffinity(0, rsv_cores_for_kv)``). With
+    ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (EngineConfig.omp_threads_bind: several engines share a
+    few cores) there are no such bound threads: the pinned thread is the worker's main thread,
+    which runs the forward pass, and every thread it starts after (NIXL's and UCX's) inherits the
+    pin. Measured on the 2-core testbed: all four engines' workers on CPU 1, their forward passes
+    and busy-waits sharing it while CPU 0 had room (README "The prefill stall, explained")."""
+    changed = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.sched_getaffinity(int(tid)) != cpus:
+                os.sched_setaffinity(int(tid), cpus)
+                changed.append(int(tid))
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return changed
+
+
 def _stage_logging(base: type) -> type:
     class StageLoggingNixlConnector(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            cpus = os.sched_getaffinity(0)
             super().__init__(*args, **kwargs)
+            if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
+                restore_affinity(cpus)  # vLLM's KV-transfer core reservation, undone (see there)
             path = os.environ.get(STAGE_LOG_ENV)
             # Only the scheduler's instance (in the EngineCore process) sees these events.
             self._testbed_log = (open(path, "a", buffering=1)

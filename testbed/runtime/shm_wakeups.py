@@ -11,9 +11,10 @@ unread until that re-check: an engine with work in it sits idle for up to 5 s.
 `install` (run in the engine core and the worker through the connector-module hook,
 testbed/runtime/engine.py) records each such event: a read that completed right
 after an idle poll that returned with no notification (and none pending after it):
-the message was there but no notification woke the reader. One line per event in the engine's folder, read back
-by `read_missed_wakeups`. It can also lower the re-check interval, which bounds
-what a lost notification costs.
+the message was there but nothing woke the reader. One line per event in the
+engine's folder, read back by `read_missed_wakeups` and `LostSeconds`. It can also
+set the re-check interval (testbed.shm_recheck_ms), which bounds what a lost
+notification costs.
 """
 
 from __future__ import annotations
