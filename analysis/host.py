@@ -134,10 +134,12 @@ def timed_out_at(requests: pd.DataFrame, spec: dict[str, Any]) -> np.ndarray:
     """When the router gave up each request that timed out (NaN for the others): without a first
     token at its first-token limit after arrival, else at its deadline (core/spec.py). Exact with
     retries too: the last attempt runs to the request's limit, not to its per-try one."""
+    from .metrics import limit_end
+
+    if not {"outcome", "arrival_s", "first_token_s"} <= set(requests.columns):  # not a run's records
+        return np.full(len(requests), np.nan)
     deadline = float(spec.get("deadline_s", np.nan))
-    ttft = spec.get("ttft_timeout_s")
+    ttft = spec.get("ttft_timeout_s")  # core.spec.ExperimentSpec.first_token_limit_s, from run.json's dict
     first_limit = min(deadline, float(ttft)) if ttft is not None else deadline
-    arrival = requests["arrival_s"].to_numpy(float) if "arrival_s" in requests else np.full(len(requests), np.nan)
-    no_token = requests["first_token_s"].isna().to_numpy() if "first_token_s" in requests else np.ones(len(requests), bool)
-    timed_out = (requests["outcome"] == "timeout").to_numpy() if "outcome" in requests else np.zeros(len(requests), bool)
-    return np.where(timed_out, arrival + np.where(no_token, first_limit, deadline), np.nan)
+    timed_out = (requests["outcome"] == "timeout").to_numpy()
+    return np.where(timed_out, limit_end(requests, first_limit, deadline), np.nan)

@@ -57,6 +57,13 @@ def timeout_share(requests: pd.DataFrame) -> float:
     return float(requests["outcome"].eq("timeout").to_numpy(dtype=bool, na_value=False).sum() / failed)
 
 
+def limit_end(requests: pd.DataFrame, first_token_limit_s: float, deadline_s: float) -> np.ndarray:
+    """The latest each request could still be in flight: arrival_s + the first-token limit without a
+    first token, else + the deadline (the router gives a request up there)."""
+    limit = np.where(requests["first_token_s"].isna(), first_token_limit_s, deadline_s)
+    return requests["arrival_s"].to_numpy(dtype=float) + limit
+
+
 def peak_in_flight(requests: pd.DataFrame, first_token_limit_s: float, deadline_s: float) -> int:
     """peak in flight = the most requests routed and not yet ended at any one time, rebuilt from the
     records: each routed request counts from routed_s to end_s; a failure has no end_s and counts to
@@ -66,8 +73,8 @@ def peak_in_flight(requests: pd.DataFrame, first_token_limit_s: float, deadline_
     routed = requests[requests["outcome"] != "rejected"]
     if routed.empty:
         return 0
-    limit = np.where(routed["first_token_s"].isna(), first_token_limit_s, deadline_s)
-    ends = routed["end_s"].fillna(routed["arrival_s"] + limit).to_numpy(dtype=float)
+    ends = routed["end_s"].to_numpy(dtype=float)
+    ends = np.where(np.isnan(ends), limit_end(routed, first_token_limit_s, deadline_s), ends)
     t = np.concatenate([routed["routed_s"].to_numpy(dtype=float), ends])
     step = np.concatenate([np.ones(len(routed)), -np.ones(len(routed))])
     order = np.lexsort((step, t))
