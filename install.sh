@@ -38,7 +38,7 @@ if [ "$gpu" = 1 ]; then
   exit 0
 fi
 python -m pip install -e '.[testbed,test]'
-# The emulated cluster comes up through `ray up` (testbed/runtime/rayup.py): every node runs
+# The emulated cluster comes up through `ray up` (testbed/hosts/rayup.py): every node runs
 # its own sshd and Ray's launcher syncs with rsync. Root only: without root there are no
 # network namespaces and the emulated cluster is one local node, started without ssh.
 if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null; }; then
@@ -54,6 +54,6 @@ fi
 # `import transformers` ("operator torchvision::nms does not exist"); text models need none.
 python -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # NIXL for vLLM's NixlConnector: the meta package would pull CUDA 13 wheels as well; the
-# cu12 wheel carries UCX and works on the CPU. Pinned: testbed/runtime/engine.py hooks
+# cu12 wheel carries UCX and works on the CPU. Pinned: testbed/engines/engine.py hooks
 # NIXL's agent to give its progress thread a delay.
 python -m pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1

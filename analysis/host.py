@@ -1,4 +1,4 @@
-"""Each request's part of host stall, from the engines' host samples (testbed/runtime/hoststats.py).
+"""Each request's part of host stall, from the engines' host samples (testbed/engines/hoststats.py).
 
 A request's engines are its prefill engine from its routing to its prefill's end, and its decode
 engine from there to its end (its deadline when it has none). Over those windows the samples give

@@ -521,7 +521,7 @@ def kv_leases(meta: dict[str, Any]) -> dict[str, float]:
     ``engines``): a prefill engine that freed KV a decoder had not finished reading, and the reads
     that finished after that (FIELD-NOTES: their KV may be another request's). The lease is the
     deadline plus a margin unless engine.kv_lease_s sets it, and vLLM's decoder renews it while it
-    holds the request (testbed/runtime/engine.py), so an expiry belongs to a request the decoder
+    holds the request (testbed/engines/engine.py), so an expiry belongs to a request the decoder
     dropped; canaries check the rest by the tokens. Runs on the same engines share the counters' timeline: an
     expiry or a read that lands just after a run's end counts in the next run. NaN in the
     simulator's runs (no engines)."""

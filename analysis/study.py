@@ -242,7 +242,7 @@ def _check_cache(cell: dict[str, Any], metrics: dict[str, Any], run_dir: Path) -
 def cell_finished(run_dir: Path, run_id: str) -> bool:
     """A cell has finished when its run directory holds cell.json, a JSON object (the runner writes it
     last), that names the cell's run id: a cell.json of another id is a run of an older version of the
-    spec at the same place, not this one. The runner (testbed/study.py) skips runs by this same check."""
+    spec at the same place, not this one. The runner (cli/study_runner.py) skips runs by this same check."""
     try:
         marker = json.loads((run_dir / CELL_FILE).read_text())
     except (OSError, ValueError):

@@ -9,7 +9,7 @@ speed hits both alike):
 
 * **straight to the engines**: prefill on a prefill engine, then a streamed decode on a
   decode engine, through the very engine-call code the router uses
-  (:class:`testbed.runtime.serve.RayEngine`), cycling over every (prefill, decode) pair;
+  (:class:`testbed.router.flow.RayEngine`), cycling over every (prefill, decode) pair;
 * **through the ingress and the router**: an HTTP streaming ``/v1/completions`` with the
   prompt as token ids, served by the router actor (policy Random, so that it spreads the
   requests over the pairs as the direct path does; every record written).
@@ -87,14 +87,14 @@ class InstantEngine:
     own (HTTP, ingress, routing, records), measured apart from engines' noise."""
 
     async def prefill(self, rid: str, ids: list[int]) -> Any:
-        from testbed.runtime.engine import PrefillResult
+        from testbed.engines.engine import PrefillResult
 
         now = time.monotonic()
         return PrefillResult(rid, {"remote_block_ids": [0]}, len(ids), now, now, "length", stages={"alloc": 0.0})
 
     async def decode(self, rid: str, ids: list[int], max_tokens: int, kv_transfer_params: Any = None, *,
                      on_tokens: Any = None, sampling: Any = None) -> Any:
-        from testbed.runtime.engine import DecodeResult
+        from testbed.engines.engine import DecodeResult
 
         now = time.monotonic()
         for i in range(max_tokens):
@@ -121,9 +121,9 @@ def _instant_server(conn: Any, work: str, prompt_tokens: int, max_tokens: int) -
     from core.records import read_table
     from core.run import RunContext
     from core.spec import load_spec
-    from testbed.runtime.ingress import Ingress
-    from testbed.runtime.launch import prepare_model
-    from testbed.runtime.serve import RequestFlow, Submitted, prompt_ids
+    from testbed.router.ingress import Ingress
+    from testbed.runs.launch import prepare_model
+    from testbed.router.flow import RequestFlow, Submitted, prompt_ids
 
     spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
     model, meta = prepare_model(spec)
@@ -207,7 +207,7 @@ def scripted(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     import httpx
 
-    from testbed.runtime.serve import prompt_ids
+    from testbed.router.flow import prompt_ids
 
     warm = 100  # requests that warm each path up, left out of the figures
     ours, theirs = multiprocessing.Pipe()
@@ -257,10 +257,10 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
 
     from core.records import read_table
     from core.spec import load_spec
-    from testbed.runtime.calibrate import warm_pairs
-    from testbed.runtime.driver import Engines, start_router
-    from testbed.runtime.launch import prepare_model
-    from testbed.runtime.serve import RayEngine, prompt_ids
+    from testbed.calibration.calibrate import warm_pairs
+    from testbed.runs.driver import Engines, start_router
+    from testbed.runs.launch import prepare_model
+    from testbed.router.flow import RayEngine, prompt_ids
 
     spec = load_spec(None, default="testbed.yaml")
     spec = spec.model_copy(update={"faults": []})
@@ -324,7 +324,7 @@ def main() -> None:
         return
 
     from core.spec import load_spec
-    from testbed.runtime.emulated import EmulatedCluster
+    from testbed.hosts.emulated import EmulatedCluster
 
     out = Console(width=120)
     work = Path(tempfile.mkdtemp(prefix="bench-ingress-"))

@@ -82,7 +82,7 @@ def simulate(specs: list[Any], work: Path) -> list[dict[str, Any]]:
 
 
 def testbed(specs: list[Any], work: Path) -> list[dict[str, Any]]:
-    from testbed.runtime.launch import run_testbed
+    from testbed.runs.launch import run_testbed
 
     first, *more = specs
     run_testbed(first, work / "testbed", ["LC"], [0], more=[(s, ["LC"], [0]) for s in more])

@@ -4,7 +4,7 @@
 
 Builds a throwaway fabric (head + 2 pods, veth links to a bridge), runs one TCP
 stream from pod0 to pod1 and, per rate, shapes pod0's uplink (egress ``htb``)
-then pod1's downlink (ingress via ``ifb``) through a :class:`testbed.runtime.injection.agent.FaultAgent`.
+then pod1's downlink (ingress via ``ifb``) through a :class:`testbed.faults.agent.FaultAgent`.
 Prints per rate and direction: goodput over the target, the agent's own
 measurement (probe + counters) over the target, how long the apply call took,
 when the stream's rate first fell under twice the limit (50 ms bins), and how
@@ -22,11 +22,11 @@ import uuid
 from rich.console import Console
 from rich.table import Table
 
-from testbed.runtime.injection.agent import FaultAgent
-from testbed.runtime.injection.shaping import KV_PORT_BASE
-from testbed.runtime.netns import Fabric, create_fabric, destroy_fabric, in_netns
+from testbed.faults.agent import FaultAgent
+from testbed.faults.shaping import KV_PORT_BASE
+from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns
 from faults.telemetry import probe_window_s
-from testbed.runtime.traffic import TcpStream
+from testbed.hosts.traffic import TcpStream
 
 KV_PORT = KV_PORT_BASE + 7  # a port a kv_only fault would shape too
 

@@ -19,7 +19,7 @@ def run_variants(specs: list[Any], policies: list[str], seeds: list[int], prefix
             for s in seeds:
                 run_sim(spec, p, s, work / "sim")
     if testbed:
-        from testbed.runtime.launch import run_testbed
+        from testbed.runs.launch import run_testbed
 
         first, *more = specs
         run_testbed(first, work / "testbed", policies, seeds, more=[(m, policies, seeds) for m in more])

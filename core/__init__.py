@@ -6,7 +6,7 @@ request ticket (``ticket``), what a policy sees (``view``), the policies, the ri
 (``risk``), the router (``routing``) and the run context both worlds open (``run``).
 
 It imports the pure fault and workload models, and neither world: the simulator and
-``testbed.runtime`` import it, and only the CLI imports both of them.
+``testbed`` import it, and only the CLI imports both of them.
 """
 
 from core.compiled import install as _install_compiled_finder

@@ -1,6 +1,6 @@
 """Calibration: the testbed's engines and links measured, fitted into the simulator's parameters.
 
-``testbed calibrate`` measures on the running testbed (``testbed/runtime/calibrate.py``);
+``testbed calibrate`` measures on the running testbed (``testbed/calibration/calibrate.py``);
 this module holds what is world-independent: the samples, the robust fits, the
 calibration file (pydantic at the file boundary, one-line errors) and how a
 calibration turns a spec into the simulator's model of the same cluster.

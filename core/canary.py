@@ -5,7 +5,7 @@ engine's blocks hold (a pull that outlived its KV lease reads blocks already fre
 reused) and returns success. On the testbed the only proof is the tokens: a canary is
 a request whose greedy output is compared with the same prompt decoded on one engine
 alone (no transfer), computed before the run. The tiny model's logits are peaked
-(testbed/runtime/model.py), so equal KV gives equal tokens except at a numerical
+(testbed/engines/model.py), so equal KV gives equal tokens except at a numerical
 near-tie, where bf16 rounding may pick the other of the top two; a divergence anywhere
 else, or to any other token, means the KV was not the prompt's: outcome ``corrupt``
 (core/records.py).
@@ -24,7 +24,7 @@ import numpy as np
 
 # A divergence is a near-tie where the reference's top-2 logprob gap is below this. One bf16
 # step at a logit of 60 is 0.25 nats and about 5 % of the tiny model's steps keep a margin
-# below 0.15 nats (testbed/runtime/model.py); 1 nat leaves four bf16 steps of room while a
+# below 0.15 nats (testbed/engines/model.py); 1 nat leaves four bf16 steps of room while a
 # wrong context flips tokens whose margin is the median 3.6 nats.
 NEAR_TIE_NATS = 1.0
 
@@ -59,7 +59,7 @@ def canary_ids(n_requests: int, n_canaries: int) -> list[int]:
 def reference(tokens: Sequence[int], top_logprobs: Sequence[Sequence[float]],
               top_tokens: Sequence[Sequence[int]] = ()) -> Reference:
     """A Reference from an engine's greedy output, its top logprobs per step (sorted, highest
-    first) and their tokens, as testbed.runtime.engine.DecodeResult gives them."""
+    first) and their tokens, as testbed.engines.engine.DecodeResult gives them."""
     toks = tuple(int(t) for t in tokens)
     gaps = tuple(float(t[0] - t[1]) if len(t) >= 2 else float("nan") for t in top_logprobs)
     runner_up = tuple(next((int(t) for t in top[:2] if int(t) != toks[i]), -1) if i < len(toks) else -1

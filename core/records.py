@@ -157,7 +157,7 @@ class BreakerRecord(NamedTuple):
 
 
 class EngineRecord(NamedTuple):
-    """An engine went down (its actor died, or its engine core: testbed/runtime/actors.py): the
+    """An engine went down (its actor died, or its engine core: testbed/router/actor.py): the
     router stops choosing its worker from then on."""
 
     time_s: float
@@ -170,7 +170,7 @@ class EngineRecord(NamedTuple):
 
 
 class HostRecord(NamedTuple):
-    """One engine's host sample (testbed only, testbed/runtime/hoststats.py): cumulative seconds
+    """One engine's host sample (testbed only, testbed/engines/hoststats.py): cumulative seconds
     of its processes on a CPU and waiting for one, and of its node's CPU pressure, busy and
     stolen time; analysis/host.py turns them into each request's share of host stall."""
 
@@ -184,7 +184,7 @@ class HostRecord(NamedTuple):
     busy_s: float
     steal_s: float
     # The engine's seconds lost to missed wake-ups of vLLM's queue between its engine core and
-    # worker (testbed/runtime/shm_wakeups.py), counted when the message was finally read.
+    # worker (testbed/engines/shm_wakeups.py), counted when the message was finally read.
     lost_wakeup_s: float = 0.0
     table = "host"  # a class attribute, not a column
 

@@ -86,7 +86,7 @@ def footprint(spec: "ExperimentSpec", world: Literal["sim", "testbed"]) -> Footp
     requests = expected_requests(spec)
     ring = math.ceil(spec.router.history_window_s / spec.router.history_bucket_s) * t.pods * RISK_RING_BYTES_PER_CELL
     # the simulator, or the testbed's router: the same core structures per worker and request (the
-    # testbed's engines are testbed.runtime.launch.check_machine's to count)
+    # testbed's engines are testbed.runs.launch.check_machine's to count)
     memory = SIM_BASE_BYTES + SIM_WORKER_BYTES * workers + SIM_REQUEST_BYTES * (requests or 0) + ring
     if world == "sim":
         seconds = None if requests is None else (

@@ -92,7 +92,7 @@ class EngineSpec(_Spec):
     # How long a prefill engine keeps the KV it holds for a remote decoder (vLLM's NIXL
     # kv_lease_duration); then it frees the blocks, and a pull still reading them reads what the
     # next prompts write there: outcome "corrupt". None: above the first-token limit
-    # (testbed.runtime.engine.EngineConfig.kv_lease_s). A value sets it in both worlds: the
+    # (testbed.engines.engine.EngineConfig.kv_lease_s). A value sets it in both worlds: the
     # testbed's engines get it; at least 6 s (vLLM renews every lease // 6 s).
     kv_lease_s: int | None = Field(None, ge=6)
     # Whether the decoder renews the lease while it holds the request. vLLM 0.32 does: its decode
@@ -188,7 +188,7 @@ class TestbedSpec(_Spec):
     # Every fault's time to live is its duration plus this margin; the node's agent
     # removes it then by itself, even if the driver that set it is gone.
     fault_ttl_margin_s: float = Field(10.0, gt=0)
-    # How the KV moves between pods (testbed/runtime/engine.py):
+    # How the KV moves between pods (testbed/engines/engine.py):
     # * tcp: over the interface the link faults shape, fault_interfaces[0] (UCX_TLS=tcp,
     #   UCX_NET_DEVICES set to it); the KV buffer is in host memory, also on GPUs, since UCX
     #   needs a CUDA transport to read GPU memory and tcp with a CUDA buffer is refused by NIXL;
@@ -198,17 +198,17 @@ class TestbedSpec(_Spec):
     transport: Literal["tcp", "rdma"] = "tcp"
     # GPUs per vLLM engine (Ray's num_gpus on the engine actor); 0: vLLM's CPU build.
     gpus_per_engine: int = Field(0, ge=0, le=8)
-    # Prometheus metrics of the run while it runs (testbed/runtime/exporter.py), served by the
+    # Prometheus metrics of the run while it runs (testbed/router/exporter.py), served by the
     # router actor on the head node at http://metrics_host:metrics_port/metrics; 0: none. 9464 is
     # the port OpenTelemetry's Prometheus exporter uses by default; localhost unless opened up.
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
-    # The OpenAI-compatible ingress of `testbed run --serve` (testbed/runtime/ingress.py), on the
+    # The OpenAI-compatible ingress of `testbed run --serve` (testbed/router/ingress.py), on the
     # head node; 8000 is vLLM's own server's default port. Localhost unless opened up.
     ingress_host: str = "127.0.0.1"
     ingress_port: int = Field(8000, ge=1, le=65535)
     # How often the router asks every engine whether it is down (vLLM's health check through the
-    # engine's actor: testbed/runtime/serve.py Liveness); a call that raised asks its engine at
+    # engine's actor: testbed/router/flow.py Liveness); a call that raised asks its engine at
     # once. 10 s: Kubernetes' livenessProbe periodSeconds default.
     engine_check_s: float = Field(10.0, gt=0)
     # Requests per run whose tokens are checked against a single-engine greedy reference computed
@@ -221,7 +221,7 @@ class TestbedSpec(_Spec):
     # length) bounds a reference to about half a second of decoding on the CPU engines.
     canary_tokens: int = Field(16, ge=1)
     # How often an idle vLLM engine core and its worker re-check the shared-memory queue between
-    # them, in ms: the most a lost wake-up of that queue costs (testbed/runtime/shm_wakeups.py).
+    # them, in ms: the most a lost wake-up of that queue costs (testbed/engines/shm_wakeups.py).
     # None: vLLM's own, 5000 ms (shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS). Kept by default:
     # every run records its engines' missed wake-ups, and the twin scenario's runs at vLLM's
     # interval had none (README "The prefill stall, explained"), so nothing calls for changing

@@ -45,7 +45,7 @@ class LinkFault(_FaultBase):
 
     ``residual_bw: 0`` is a link down, the commonest real link fault: nothing crosses it, so a
     KV pull across it never completes (its request times out). On the testbed the shaped
-    traffic is dropped whole (testbed/runtime/injection/shaping.py)."""
+    traffic is dropped whole (testbed/faults/shaping.py)."""
 
     kind: Literal["link"] = "link"
     residual_bw: float = Field(ge=0, le=1)  # r: 0.2, 0.1, 0.05, 0.01 in the study; 0: down

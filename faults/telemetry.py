@@ -24,7 +24,7 @@ from faults.spec import TelemetrySpec
 _EPS = 1e-9
 PROBE_MIN_S = 0.4  # at least this long (a few shaper steps at any rate)
 PROBE_MAX_S = 2.0  # at a few Mbit/s the shaper's steps are this far apart
-MAX_PROBE_BPS = 2e9  # what a Python probe can offer on this kind of machine (testbed/runtime/injector.py)
+MAX_PROBE_BPS = 2e9  # what a Python probe can offer on this kind of machine (testbed/faults/injector.py)
 # A link going down (or back up) is probed as one at the study's smallest residual factor: nothing
 # gets through a dead link either way, and the window is that of the slowest limit it shapes.
 DOWN_PROBE_FACTOR = 0.01

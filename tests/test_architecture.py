@@ -1,5 +1,7 @@
 """The boundaries of the code base, read from the source: the direction of imports is the
-architecture (core <- each world <- CLI), and a request's record is built in one place."""
+architecture (core <- each world <- cli), no module imports one that imports it, modules stay small,
+and a request's record is built in one place. The rules are functions of a source tree, so each is
+also run on a small tree made to break it: a rule that can never fail checks nothing."""
 
 from __future__ import annotations
 
@@ -10,35 +12,42 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# The nodes of the import graph: top-level packages, with the real world and the CLI apart
-# from the `testbed` package that holds them both.
-PACKAGES = ("core", "faults", "workloads", "simulator", "analysis", "testbed.runtime", "testbed.cli")
+# The nodes of the package graph: the pure models, the two worlds and the command line.
+PACKAGES = ("core", "faults", "workloads", "simulator", "analysis", "testbed", "cli")
+MAX_LINES = 600  # DESIGN.md: files small, named for what they hold
 
 
-def _node(module: str) -> str | None:
-    for p in sorted(PACKAGES, key=len, reverse=True):
-        if module == p or module.startswith(p + "."):
-            return p
-    # The study runner drives the simulator from the CLI's side: it belongs with the CLI.
-    return "testbed.cli" if module in ("testbed", "testbed.study") else None
-
-
-def _modules() -> dict[str, Path]:
+def modules(root: Path, packages=PACKAGES) -> dict[str, Path]:
+    """Every module of ``packages`` under ``root``, by dotted name (a package by its __init__)."""
     out = {}
-    for pkg in ("core", "faults", "workloads", "simulator", "analysis", "testbed"):
-        for path in (ROOT / pkg).rglob("*.py"):
-            rel = path.relative_to(ROOT).with_suffix("")
+    for pkg in packages:
+        for path in (root / pkg).rglob("*.py"):
+            rel = path.relative_to(root).with_suffix("")
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
             out[".".join(parts)] = path
     return out
 
 
-def _imports(module: str, path: Path) -> set[str]:
-    """Every module ``module`` imports, anywhere in its body (lazy imports included)."""
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """Ids of import nodes under ``if TYPE_CHECKING:`` (never run)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for b in node.body for n in ast.walk(b)}
+    return skip
+
+
+def imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The modules ``module`` imports when it runs, anywhere in its body (lazy imports included,
+    ``if TYPE_CHECKING:`` aside): for ``from a import b`` the module ``a.b`` where it is one, else ``a``."""
     is_pkg = path.name == "__init__.py"
     here = module.split(".") if is_pkg else module.split(".")[:-1]
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -47,73 +56,163 @@ def _imports(module: str, path: Path) -> set[str]:
                 target = f"{base}.{node.module}" if node.module else base
             else:
                 target = node.module or ""
-            found.add(target)
-            found |= {f"{target}.{a.name}" for a in node.names}
+            subs = {f"{target}.{a.name}" for a in node.names} & known
+            found |= subs or {target}
+            if len(subs) < len(node.names):
+                found.add(target)
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {p: set() for p in PACKAGES}
-    for module, path in _modules().items():
-        src = _node(module)
-        if src is None:
-            continue
-        for imp in _imports(module, path):
-            dst = _node(imp)
-            if dst is not None and dst != src:
-                graph[src].add(dst)
-    return graph
+def module_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
+    mods = modules(root, packages)
+    known = set(mods)
+    return {m: {i for i in imports(m, p, known) if i in known and i != m} for m, p in mods.items()}
 
+
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def package_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
+    g: dict[str, set[str]] = {p: set() for p in packages}
+    for m, deps in module_graph(root, packages).items():
+        g[package_of(m)] |= {package_of(d) for d in deps} - {package_of(m)}
+    return g
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected part of ``graph`` that has one (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    parts: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                parts.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return parts
+
+
+def too_long(root: Path, dirs=PACKAGES + ("tests", "benchmarks")) -> list[str]:
+    return [f"{p.relative_to(root)}: {n} lines" for d in dirs for p in sorted((root / d).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES]
+
+
+# What each package may not import: everything above it.
+FORBIDDEN = {
+    "core": {"simulator", "testbed", "cli", "analysis"},
+    "simulator": {"testbed", "cli", "analysis"},
+    "testbed": {"simulator", "cli", "analysis"},
+    "faults": {"core", "simulator", "testbed", "cli", "analysis"},
+    "workloads": {"core", "simulator", "testbed", "cli", "analysis"},
+    "analysis": {"simulator", "testbed", "cli"},
+}
+
+
+def layering_breaches(root: Path) -> list[str]:
+    g = package_graph(root)
+    return [f"{p} imports {sorted(g[p] & bad)}" for p, bad in FORBIDDEN.items() if g[p] & bad]
+
+
+# --- the rules on this repository ------------------------------------------------------------
 
 def test_the_import_walk_sees_the_known_edges():
-    g = _graph()
+    g = package_graph(ROOT)
     # a walk that saw nothing would pass every rule below
     assert {"faults", "workloads"} <= g["core"]
     assert {"core", "faults"} <= g["simulator"]
-    assert "core" in g["testbed.runtime"] and "core" in g["analysis"]
-    assert {"simulator", "testbed.runtime", "analysis"} <= g["testbed.cli"]
+    assert "core" in g["testbed"] and "core" in g["analysis"]
+    assert {"simulator", "testbed", "analysis"} <= g["cli"]
+    m = module_graph(ROOT)
+    assert "testbed.router.flow" in m["testbed.router.actor"]
 
 
-@pytest.mark.parametrize("package,forbidden", [
-    ("core", {"simulator", "testbed.runtime", "testbed.cli", "analysis"}),
-    ("simulator", {"testbed.runtime", "testbed.cli", "analysis"}),
-    ("testbed.runtime", {"simulator", "testbed.cli", "analysis"}),
-    ("faults", {"core", "simulator", "testbed.runtime", "testbed.cli", "analysis"}),
-    ("workloads", {"core", "simulator", "testbed.runtime", "testbed.cli", "analysis"}),
-    ("analysis", {"simulator", "testbed.runtime", "testbed.cli"}),
-])
-def test_each_package_imports_only_what_lies_below_it(package, forbidden):
-    assert not _graph()[package] & forbidden
+def test_each_package_imports_only_what_lies_below_it():
+    assert layering_breaches(ROOT) == []
 
 
-def test_no_package_imports_one_that_imports_it():
-    g = _graph()
-    state: dict[str, int] = {}
+@pytest.mark.xfail(strict=True, reason="the circles are broken in the next step")
+def test_no_module_imports_one_that_imports_it():
+    assert cycles(module_graph(ROOT)) == []
 
-    def visit(n: str, path: list[str]) -> None:
-        state[n] = 1
-        for m in sorted(g[n]):
-            assert state.get(m) != 1, f"import cycle: {' -> '.join(path + [n, m])}"
-            if m not in state:
-                visit(m, path + [n])
-        state[n] = 2
 
-    for n in g:
-        if n not in state:
-            visit(n, [])
+@pytest.mark.xfail(strict=True, reason="the long modules split in the next step")
+def test_no_module_is_over_600_lines():
+    assert too_long(ROOT) == []
 
 
 def test_the_pure_fault_model_does_not_touch_the_host():
     host = {"pyroute2", "subprocess", "ctypes", "pynvml", "ray", "socket"}
     for path in (ROOT / "faults").rglob("*.py"):
-        mods = {m.split(".")[0] for m in _imports("faults." + path.stem, path)}
+        mods = {m.split(".")[0] for m in imports("faults." + path.stem, path, set())}
         assert not mods & host, f"{path.name} imports {mods & host}"
+
+
+def test_the_pure_fault_model_says_where_the_injectors_live():
+    import faults
+
+    assert "testbed.faults" in faults.__doc__
 
 
 def test_a_request_record_is_built_in_one_place():
     sites = []
-    for module, path in _modules().items():
+    for module, path in modules(ROOT).items():
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"\bRequestRecord\(", line) and not line.lstrip().startswith("class "):
                 sites.append(f"{path.relative_to(ROOT)}:{i}")
     assert len(sites) == 1 and sites[0].startswith("core/ticket.py"), sites
+
+
+# --- the rules on trees made to break them ---------------------------------------------------
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for pkg in PACKAGES:
+        (root / pkg).mkdir(parents=True, exist_ok=True)
+        (root / pkg / "__init__.py").touch()
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("core_imports", ["import simulator.run", "from testbed.router import flow",
+                                          "def f():\n    from cli import main\n"])
+def test_a_core_module_importing_a_world_is_caught(tmp_path, core_imports):
+    root = _tree(tmp_path, {"core/spec.py": core_imports + "\n", "simulator/run.py": "", "testbed/router/flow.py": "",
+                            "cli/main.py": ""})
+    assert layering_breaches(root) and layering_breaches(root)[0].startswith("core imports")
+
+
+def test_an_import_circle_between_modules_is_caught_even_through_a_lazy_import(tmp_path):
+    root = _tree(tmp_path, {"analysis/metrics.py": "from analysis.host import x\n",
+                            "analysis/host.py": "def f():\n    from .metrics import y\n",
+                            "core/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from core.b import B\n",
+                            "core/b.py": "from core import a\n"})
+    assert cycles(module_graph(root)) == [["analysis.host", "analysis.metrics"]]  # the TYPE_CHECKING pair is none
+
+
+def test_a_module_over_600_lines_is_caught(tmp_path):
+    root = _tree(tmp_path, {"core/big.py": "x = 1\n" * (MAX_LINES + 1), "core/fine.py": "x = 1\n" * MAX_LINES})
+    assert too_long(root) == [f"core/big.py: {MAX_LINES + 1} lines"]

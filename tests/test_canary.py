@@ -18,8 +18,8 @@ from core.canary import NEAR_TIE_NATS, canary_ids, reference, summary, verdict
 from core.experiment import build_topology
 from core.records import read_table
 from core.run import RunContext
-from testbed.runtime.engine import DecodeResult
-from testbed.runtime.serve import RequestFlow
+from testbed.engines.engine import DecodeResult
+from testbed.router.flow import RequestFlow
 
 from test_stages import KV, ScriptedEngine, _spec
 

@@ -15,7 +15,7 @@ import pytest
 from core.records import read_meta, read_table
 
 REPO = Path(__file__).resolve().parents[1]
-TESTBED = [sys.executable, "-m", "testbed.cli"]
+TESTBED = [sys.executable, "-m", "cli"]
 
 
 def _run(*args, cwd=None, **kw):
@@ -74,7 +74,7 @@ def test_ctrl_c_ends_a_served_run_normally_and_a_workload_run_as_interrupted(ser
     import threading
 
     from core.spec import load_spec
-    from testbed.runtime.launch import _drive
+    from testbed.runs.launch import _drive
 
     child = ("import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: sys.exit(0)); "
              "print('ready', flush=True); time.sleep(60)")
@@ -173,7 +173,7 @@ def test_run_refuses_a_workload_longer_than_the_engines_context_before_starting_
 ])
 def test_run_refuses_faults_it_cannot_apply_before_starting_anything(tmp_path, testbed, fault, needle):
     pytest.importorskip("pyroute2", reason="pyroute2 is not installed (the README's install command installs it)")
-    from testbed.runtime.injection.shaping import netem_missing
+    from testbed.faults.shaping import netem_missing
 
     if "delay_ms" in fault and netem_missing() is None:
         pytest.skip("this kernel has netem: a delay fault is applied, not refused")
@@ -216,7 +216,7 @@ def test_twin_refuses_a_malformed_calibration_before_starting_anything(tmp_path)
 def test_the_machine_check_counts_memory_and_cores():
     pytest.importorskip("pyroute2", reason="pyroute2 is not installed (the README's install command installs it)")
     from core.spec import load_spec
-    from testbed.runtime.launch import check_machine
+    from testbed.runs.launch import check_machine
 
     spec = load_spec(None, default="testbed.yaml")  # 4 engines of 256 MiB KV each
     check_machine(spec, cores=2, available_bytes=9 * 2**30)  # 4 x 1.75 GiB + 1 GiB fits
@@ -235,7 +235,7 @@ def _sigint_default() -> None:
 
 def test_jobs_sharing_engines_must_agree_on_what_the_engines_are_started_with(tmp_path):
     from core.spec import load_spec, parse_spec
-    from testbed.runtime.launch import run_testbed
+    from testbed.runs.launch import run_testbed
 
     base = load_spec(None, default="testbed.yaml").model_dump(mode="json", exclude={"study"})
     # a longer first-token limit is fine (the engines' lease follows the longest); another lease is not

@@ -17,7 +17,7 @@ from core.records import read_table
 from core.run import RunContext
 from core.spec import parse_spec
 from test_stages import KV, ScriptedEngine
-from testbed.runtime.serve import Liveness, RequestFlow
+from testbed.router.flow import Liveness, RequestFlow
 
 
 def _spec(**over):
@@ -181,8 +181,8 @@ def test_a_slow_engine_is_not_taken_for_a_dead_one(tmp_path):
 
 
 def test_an_engine_calls_exception_reaches_the_router_without_vllms_types():
-    from testbed.runtime.actors import _plain_errors
-    from testbed.runtime.engine import EngineError
+    from testbed.router.actor import _plain_errors
+    from testbed.engines.engine import EngineError
 
     class EngineDeadError(Exception):  # stands for vLLM's (vllm/v1/engine/exceptions.py)
         pass
@@ -212,8 +212,8 @@ def test_the_routers_modules_and_an_engine_error_do_not_import_vllm_or_torch():
     import sys
 
     code = ("import pickle, sys\n"
-            "import testbed.runtime.serve, testbed.runtime.exporter, core.run\n"
-            "from testbed.runtime.engine import EngineError\n"
+            "import testbed.router.flow, testbed.router.exporter, core.run\n"
+            "from testbed.engines.engine import EngineError\n"
             "pickle.loads(pickle.dumps(EngineError('EngineDeadError: x')))\n"
             "print([m for m in ('vllm', 'torch') if m in sys.modules])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,4 +1,4 @@
-"""The run's Prometheus metrics (testbed/runtime/exporter.py) say what the run's records say: a
+"""The run's Prometheus metrics (testbed/router/exporter.py) say what the run's records say: a
 simulated run's records, handed to the exporter in the order the router wrote them, and its scrape
 over HTTP compared with the Parquet tables."""
 
@@ -14,7 +14,7 @@ from core.records import DecisionRecord, HealthRecord, PriceRecord, RequestRecor
 from core.spec import parse_spec
 from core.view import Loads
 from simulator.run import run_sim
-from testbed.runtime.exporter import RunMetrics, serve
+from testbed.router.exporter import RunMetrics, serve
 
 def _records(run_dir) -> list[tuple]:
     """Every router record of the run, in time order (requests at their end)."""

@@ -1,4 +1,4 @@
-"""The compute throttle (testbed.runtime.injection) against the real kernel: cgroup CPU quotas on live processes
+"""The compute throttle (testbed.faults) against the real kernel: cgroup CPU quotas on live processes
 (the GPU backend, stubbed and real: tests/test_gpu_throttle.py).
 
 No mocks: every test throttles real processes and reads the effect back from
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed.runtime.injection.cgroups import PARENT
-from testbed.runtime.injection.cpu import CpuQuotaThrottle, clear_project_cgroups
-from testbed.runtime.injection.gpu import GpuClockThrottle, gpu_available
-from testbed.runtime.injection.procs import descendants
-from testbed.runtime.injection.throttle import ComputeFaultError, ComputeThrottle, make_throttle
+from testbed.faults.cgroups import PARENT
+from testbed.faults.cpu import CpuQuotaThrottle, clear_project_cgroups
+from testbed.faults.gpu import GpuClockThrottle, gpu_available
+from testbed.faults.procs import descendants
+from testbed.faults.throttle import ComputeFaultError, ComputeThrottle, make_throttle
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ for _ in sys.stdin:
 # either waits to be killed (crash test) or returns without clearing (atexit test).
 AGENT = """
 import sys, time
-from testbed.runtime.injection.cpu import CpuQuotaThrottle
+from testbed.faults.cpu import CpuQuotaThrottle
 t = CpuQuotaThrottle(sys.argv[1], probe_s=0.1)
 print(t.apply([int(sys.argv[2])], 2.0), flush=True)
 if sys.argv[3] == "hang":
@@ -341,7 +341,7 @@ def test_a_gpu_backend_without_nvml_is_refused_in_one_line(monkeypatch: pytest.M
 
 
 def test_the_agent_slows_processes_until_the_time_to_live_then_puts_them_back(procs) -> None:
-    from testbed.runtime.injection.agent import FaultAgent, FaultRefused
+    from testbed.faults.agent import FaultAgent, FaultRefused
 
     child = procs("import time; time.sleep(60)")
     clock = [0.0]

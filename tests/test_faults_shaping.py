@@ -15,12 +15,12 @@ from collections.abc import Iterator
 import pytest
 from pyroute2 import IPRoute
 
-from testbed.runtime.injection import shaping
-from testbed.runtime.injection.agent import FaultAgent, FaultRefused
-from testbed.runtime.injection.shaping import KV_PORT_BASE, Shaping
-from testbed.runtime.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
-from testbed.runtime.traffic import TcpStream as Stream
-from testbed.runtime.traffic import tcp_stream as stream
+from testbed.faults import shaping
+from testbed.faults.agent import FaultAgent, FaultRefused
+from testbed.faults.shaping import KV_PORT_BASE, Shaping
+from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
+from testbed.hosts.traffic import TcpStream as Stream
+from testbed.hosts.traffic import tcp_stream as stream
 
 pytestmark = pytest.mark.skipif(missing_privileges() is not None,
                                 reason=f"needs root for network namespaces: {missing_privileges()}")
@@ -245,7 +245,7 @@ def test_delay_and_loss_need_netem_and_say_so(fabric):
 
 
 def test_faults_clear_command_removes_what_a_dead_agent_left_and_is_idempotent(fabric, capsys):
-    from testbed.cli import main
+    from cli.main import main
 
     with in_netns(fabric.node("pod0").netns):
         # An agent that died without clearing: its shaping is still on the link.

@@ -29,7 +29,7 @@ from core.spec import load_spec, parse_spec
 from simulator.run import run_sim
 from test_analysis import T975, Reqs, link_fault
 from test_calibration import _calibration
-from testbed.cli import main
+from cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("LC", "OTF-R", "OracleAvoidance")

@@ -2,7 +2,7 @@
 each gets exit status 2 and one line on stderr naming the problem, never a traceback, and
 nothing is written to the output folder.
 
-The cases run through ``testbed.cli.main`` in this process (a subprocess each would cost a
+The cases run through ``cli.main.main`` in this process (a subprocess each would cost a
 second of imports apiece); a handful go through the installed script as well, so that what
 the process prints around the error is checked too.
 """
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from core.spec import load_spec
-from testbed.cli import main
+from cli.main import main
 from workloads.samples import write_azure, write_burstgpt, write_mooncake
 
 REPO = Path(__file__).resolve().parents[1]
@@ -268,7 +268,7 @@ def test_the_installed_script_prints_one_line_and_nothing_else(tmp_path):
         data = dict(SPEC_CASES)[case]
         path = tmp_path / "spec.yaml"
         path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
-        res = subprocess.run([sys.executable, "-m", "testbed.cli", "sim", str(path), "--out", str(tmp_path / "runs")],
+        res = subprocess.run([sys.executable, "-m", "cli", "sim", str(path), "--out", str(tmp_path / "runs")],
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and res.stdout == "", (case, res)
         lines = res.stderr.strip().splitlines()

@@ -1,4 +1,4 @@
-"""The GPU compute fault (testbed.runtime.injection.gpu) against a recording stub of pynvml.
+"""The GPU compute fault (testbed.faults.gpu) against a recording stub of pynvml.
 
 The stub simulates a host with two GPUs whose physical order differs from the
 engine's view (index 0 is GPU A, the engine's GPU is B): a throttle that addressed
@@ -23,11 +23,12 @@ from typing import Any
 
 import pytest
 
-from testbed.runtime.injection import gpu, throttle
-from testbed.runtime.injection.agent import FaultAgent
-from testbed.runtime.injection.gpu import (GpuClockThrottle, gpu_available, locked_uuids, nvml_uuid,
+from testbed.faults import gpu
+from testbed.faults import throttle
+from testbed.faults.agent import FaultAgent
+from testbed.faults.gpu import (GpuClockThrottle, gpu_available, locked_uuids, nvml_uuid,
                                            reset_project_gpu_locks, visible_gpu_uuid)
-from testbed.runtime.injection.throttle import ComputeFaultError, make_throttle, registered
+from testbed.faults.throttle import ComputeFaultError, make_throttle, registered
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"  # physical index 0
@@ -256,7 +257,7 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch, visible: list[str]) -> list[int]
 
 
 def test_the_engine_resolves_its_own_gpu_in_its_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from testbed.runtime.engine import Engine, EngineConfig
+    from testbed.engines.engine import Engine, EngineConfig
 
     # Ray gave the engine physical GPU 1 (B): CUDA numbers it 0 in the engine's process.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
@@ -414,17 +415,17 @@ AGENT = """
 import os, sys, time
 from pathlib import Path
 os.geteuid = lambda: 0
-import testbed.runtime.injection.gpu as gpu
+import testbed.faults.gpu as gpu
 gpu.lock_dir = lambda: Path(os.environ["PYTEST_GPU_LOCKS"])
 gpu.GpuClockThrottle.SETTLE_S = 0.0
 if sys.argv[1] == "exit":
-    from testbed.runtime.injection.agent import FaultAgent
+    from testbed.faults.agent import FaultAgent
     agent = FaultAgent("podX", ["pytest-nic0"])
     agent.apply_compute("compute", [], 2.0, 60, "gpu", None, [sys.argv[2]])
     print("locked", flush=True)
     sys.stdin.readline()
 else:  # the Ray actor's own class, run in this process: its signal handlers and atexit hook
-    from testbed.runtime.fault_agents import FaultAgentActor
+    from testbed.faults.agent_actor import FaultAgentActor
     actor = FaultAgentActor.__ray_metadata__.modified_class("podX", ["pytest-nic0"])
     actor.apply_compute("compute", [], 2.0, 60, "gpu", None, [sys.argv[2]])
     print("locked", actor.signals, flush=True)
@@ -454,8 +455,10 @@ def test_an_agent_that_exits_resets_its_gpus(nvml: Stub, mode: str) -> None:
 
 
 def test_testbed_faults_clear_resets_the_gpus_of_a_killed_agent(nvml: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
-    from testbed.runtime import fault_agents, netns
-    from testbed.runtime.injection import cpu, shaping
+    from testbed.faults import agent_actor as fault_agents
+    from testbed.hosts import netns
+    from testbed.faults import cpu
+    from testbed.faults import shaping
 
     p = _agent(nvml, "sigkill")
     p.kill()  # no handler, no atexit: the lock survives its agent

@@ -1,4 +1,4 @@
-"""The host's account of an engine (testbed/runtime/hoststats.py) against real processes, and each
+"""The host's account of an engine (testbed/engines/hoststats.py) against real processes, and each
 request's share of host stall from it (analysis/host.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from analysis.host import request_host_stall, run_host_marks
-from testbed.runtime.hoststats import HostSampler, node_times, task_times
+from testbed.engines.hoststats import HostSampler, node_times, task_times
 
 SPIN = "while True: pass"
 
@@ -184,7 +184,7 @@ def test_no_host_samples_no_marks() -> None:
 
 def test_missed_wakeups_mark_a_request_on_a_calm_host_and_a_prefill_given_up_has_a_lower_bound() -> None:
     # a calm host (pressure 0.1 of the time), but worker 0's engine lost 5 s to a missed wake-up
-    # of its queue, read at t = 16 (testbed/runtime/shm_wakeups.py: counted when read)
+    # of its queue, read at t = 16 (testbed/engines/shm_wakeups.py: counted when read)
     t = np.arange(0.0, 40.0, 0.5)
     lost = np.where(t >= 16.0, 5.0, 0.0)
     host = pd.concat([_host(0, t, 0.1 * t, 0.1 * t, 0.0 * t).assign(lost_wakeup_s=lost),

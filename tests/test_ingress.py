@@ -1,4 +1,4 @@
-"""The OpenAI-compatible ingress (testbed/runtime/ingress.py), driven by the real `openai`
+"""The OpenAI-compatible ingress (testbed/router/ingress.py), driven by the real `openai`
 client over loopback, in front of the router's real RequestFlow and run context; engines
 are scripted here (the emulated cluster's real vLLM engines are in test_testbed_e2e.py)."""
 
@@ -16,9 +16,9 @@ from core.experiment import build_topology
 from core.records import read_table
 from core.run import RunContext
 from core.spec import parse_spec
-from testbed.runtime.engine import DecodeResult, PrefillResult
-from testbed.runtime.ingress import Ingress
-from testbed.runtime.serve import RequestFlow
+from testbed.engines.engine import DecodeResult, PrefillResult
+from testbed.router.ingress import Ingress
+from testbed.router.flow import RequestFlow
 
 MAX_LEN = 512
 
@@ -28,7 +28,7 @@ def tokenizer(tmp_path_factory):
     pytest.importorskip("transformers")
     from transformers import AutoTokenizer
 
-    from testbed.runtime.model import build_tiny_model
+    from testbed.engines.model import build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.mktemp("tok") / "tiny", layers=1, hidden=64, head_dim=16, kv_heads=2,
                             vocab=512)
@@ -291,7 +291,7 @@ def test_an_occupied_port_is_a_one_line_error(tmp_path, tokenizer):
 def test_streamed_text_adds_up_to_the_whole_decode_even_across_split_characters(tokenizer):
     import random
 
-    from testbed.runtime.ingress import _Detok
+    from testbed.router.ingress import _Detok
 
     # byte-level BPE splits multi-byte characters across tokens: held back, never garbled
     text = "héllo wörld — ünïcode ✓ 漢字, spaces  kept"

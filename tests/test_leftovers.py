@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from testbed.runtime.netns import Fabric, create_fabric, destroy_fabric, in_netns, missing_privileges
+from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns, missing_privileges
 
 pytestmark = pytest.mark.skipif(missing_privileges() is not None,
                                 reason=f"needs root for network namespaces: {missing_privileges()}")
@@ -19,8 +19,8 @@ def _kinds(items) -> set[str]:
 
 
 def test_namespaces_qdiscs_and_links_are_listed_while_they_exist_and_not_after():
-    from testbed.runtime.injection import shaping
-    from testbed.runtime.leftovers import find_leftovers
+    from testbed.faults import shaping
+    from testbed.hosts.leftovers import find_leftovers
 
     fab = Fabric.plan(uuid.uuid4().hex[:10], 2)
     ours = lambda: [x for x in find_leftovers() if fab.run_id in x.what]  # noqa: E731 (other runs may be up)
@@ -42,8 +42,8 @@ def test_namespaces_qdiscs_and_links_are_listed_while_they_exist_and_not_after()
 
 
 def test_a_process_of_an_emulated_cluster_is_listed_by_its_marker():
-    from testbed.runtime.emulated import RUN_MARKER_ENV
-    from testbed.runtime.leftovers import find_leftovers
+    from testbed.hosts.emulated import RUN_MARKER_ENV
+    from testbed.hosts.leftovers import find_leftovers
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                             env={RUN_MARKER_ENV: "leftover-test"})
@@ -57,9 +57,9 @@ def test_a_process_of_an_emulated_cluster_is_listed_by_its_marker():
 
 
 def test_the_command_says_nothing_is_left_or_lists_it_with_exit_status_1(tmp_path):
-    from testbed.runtime.leftovers import find_leftovers
+    from testbed.hosts.leftovers import find_leftovers
 
-    res = subprocess.run([sys.executable, "-m", "testbed.cli", "leftovers"], capture_output=True, text=True, timeout=60)
+    res = subprocess.run([sys.executable, "-m", "cli", "leftovers"], capture_output=True, text=True, timeout=60)
     if find_leftovers():  # a machine with something on it already (another run going on)
         assert res.returncode == 1 and res.stdout.strip()
         return
@@ -67,7 +67,7 @@ def test_the_command_says_nothing_is_left_or_lists_it_with_exit_status_1(tmp_pat
     fab = Fabric.plan(uuid.uuid4().hex[:10], 1)
     try:
         create_fabric(fab)
-        res = subprocess.run([sys.executable, "-m", "testbed.cli", "leftovers"], capture_output=True, text=True,
+        res = subprocess.run([sys.executable, "-m", "cli", "leftovers"], capture_output=True, text=True,
                              timeout=60)
         assert res.returncode == 1 and fab.namespaces[0] in res.stdout
     finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed.cli import build_parser
+from cli.main import build_parser
 from core.policies import POLICY_NAMES
 from core.spec import parse_spec
 
@@ -75,7 +75,7 @@ def test_the_smoke_example_runs_as_written(tmp_path):
         args = shlex.split(line)[1:]
         if args[0] == "sim":
             args += ["--seeds", "0", "--policies", "LC,OTF-R"]  # keep the test short
-        res = subprocess.run([sys.executable, "-m", "testbed.cli", *args], cwd=tmp_path, capture_output=True,
+        res = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, capture_output=True,
                              text=True, timeout=300)
         assert res.returncode == 0, res.stderr
     assert (tmp_path / "runs" / "report" / "summary.csv").is_file()

@@ -19,7 +19,7 @@ from core.run import RunContext
 from core.spec import RetrySpec, SpecError, parse_spec
 from simulator.run import run_sim
 from test_stages import KV, DeadEngine, ScriptedEngine
-from testbed.runtime.serve import RequestFlow
+from testbed.router.flow import RequestFlow
 
 
 def _spec(retry=None, **over):
@@ -246,7 +246,7 @@ def test_the_testbed_gives_up_an_attempt_at_its_per_try_timeout_and_the_retry_su
 def test_the_exporter_counts_the_retries_by_stage(tmp_path):
     from core.records import AttemptRecord
     from core.view import Loads
-    from testbed.runtime.exporter import RunMetrics
+    from testbed.router.exporter import RunMetrics
 
     spec = _spec({"attempt_ttft_s": 2.0}, faults=LINK_DOWN)
     _, att, _ = _sim(tmp_path, spec)

@@ -24,7 +24,7 @@ import pytest
 from pyroute2 import IPRoute
 from pyroute2 import netns as pr_netns
 
-from testbed.runtime.netns import (
+from testbed.hosts.netns import (
     Fabric,
     NetnsError,
     create_fabric,
@@ -134,8 +134,8 @@ assert libc.capset(ctypes.byref(Hdr(0x20080522, 0)), (Data * 2)()) == 0
 def test_without_capabilities_namespaces_fail_with_one_line_and_auto_mode_goes_local(tmp_path):
     script = _DROP_CAPS + textwrap.dedent(f"""
         import logging
-        from testbed.runtime.netns import Fabric, NetnsPermissionError, create_fabric
-        from testbed.runtime.emulated import EmulatedCluster
+        from testbed.hosts.netns import Fabric, NetnsPermissionError, create_fabric
+        from testbed.hosts.emulated import EmulatedCluster
         logging.basicConfig(format="%(message)s")
         try:
             create_fabric(Fabric.plan("nocaps", 1), None)
@@ -292,7 +292,7 @@ def test_a_crashed_creator_is_cleaned_from_its_state_file(tmp_path):
     state = state_file(tmp_path, run_id)
     script = textwrap.dedent(f"""
         import subprocess, sys, time
-        from testbed.runtime.netns import Fabric, create_fabric, netns_exec_argv, processes_in_namespaces
+        from testbed.hosts.netns import Fabric, create_fabric, netns_exec_argv, processes_in_namespaces
         fab = Fabric.plan({run_id!r}, 2)
         create_fabric(fab, {str(state)!r})
         sleeper = subprocess.Popen(netns_exec_argv(fab.node("pod0").netns, ["sleep", "300"]), start_new_session=True)
@@ -361,7 +361,7 @@ def _ray_processes_of(temp_root: Path) -> list[int]:
 @needs_ray
 @needs_root
 def test_emulated_cluster_places_a_task_on_each_pod(tmp_path, monkeypatch):
-    from testbed.runtime.emulated import EmulatedCluster
+    from testbed.hosts.emulated import EmulatedCluster
 
     # A token left by an earlier local ray.init() (Ray 2.60 writes ~/.ray/auth_token) turns
     # token auth on for a head; the cluster's own token must keep its pods joining.
@@ -394,7 +394,7 @@ def test_emulated_cluster_places_a_task_on_each_pod(tmp_path, monkeypatch):
 @pytest.mark.slow
 @needs_ray
 def test_local_mode_runs_every_pod_on_one_node(tmp_path):
-    from testbed.runtime.emulated import EmulatedCluster
+    from testbed.hosts.emulated import EmulatedCluster
 
     cluster = EmulatedCluster(2, tmp_path / "state", run_id=_run_id(), mode="local")
     try:
@@ -416,12 +416,12 @@ def test_local_mode_runs_every_pod_on_one_node(tmp_path):
 @needs_ray
 @needs_root
 def test_a_crashed_run_is_downed_from_its_state_file(tmp_path):
-    from testbed.runtime.emulated import EmulatedCluster, down_all
+    from testbed.hosts.emulated import EmulatedCluster, down_all
 
     run_id, state_dir = _run_id(), tmp_path / "state"
     script = textwrap.dedent(f"""
         import os
-        from testbed.runtime.emulated import EmulatedCluster
+        from testbed.hosts.emulated import EmulatedCluster
         EmulatedCluster(1, {str(state_dir)!r}, run_id={run_id!r}, mode="netns").up()
         print("UP", flush=True)
         os.kill(os.getpid(), 9)  # crash: no down

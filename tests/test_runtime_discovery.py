@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.spec import load_spec, parse_spec
-from testbed.runtime.driver import discover_pods
+from testbed.runs.driver import discover_pods
 
 
 def _node(ip: str, *, alive: bool = True, gpus: float = 0, **res: float) -> dict:
@@ -52,7 +52,7 @@ def test_rdma_refuses_a_link_fault_in_one_line():
 
 
 def test_each_node_shapes_the_first_allowlisted_interface_it_has():
-    from testbed.runtime.injection.agent import pick_interface
+    from testbed.faults.agent import pick_interface
 
     allow = ["eth0", "ens1f0"]
     assert pick_interface(allow, ["lo", "ens1f0"]) == "ens1f0"

@@ -26,11 +26,11 @@ import pytest
 HAVE_HF = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers"))
 HAVE_VLLM = HAVE_HF and all(importlib.util.find_spec(m) for m in ("vllm", "nixl"))
 needs_hf = pytest.mark.skipif(not HAVE_HF, reason="torch/transformers/tokenizers not installed "
-                              "(see testbed/runtime/install.md)")
+                              "(see testbed/install.md)")
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM CPU build or NIXL not installed "
-                                "(see testbed/runtime/install.md)")
+                                "(see testbed/install.md)")
 
-from testbed.runtime.engine import EngineConfig  # noqa: E402  (no vLLM import at module level)
+from testbed.engines.engine import EngineConfig  # noqa: E402  (no vLLM import at module level)
 
 BLOCK = 128  # vLLM's CPU KV block size (tokens)
 
@@ -42,14 +42,14 @@ BLOCK = 128  # vLLM's CPU KV block size (tokens)
 def tiny_model(tmp_path_factory):
     if not HAVE_HF:
         pytest.skip("torch/transformers/tokenizers not installed")
-    from testbed.runtime.model import build_tiny_model
+    from testbed.engines.model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 @needs_hf
 def test_tiny_model_is_cached_and_rebuilt_on_new_parameters(tiny_model, tmp_path):
-    from testbed.runtime.model import MARKER, build_tiny_model
+    from testbed.engines.model import MARKER, build_tiny_model
 
     stamp = (tiny_model / MARKER).stat().st_mtime_ns
     t0 = time.monotonic()
@@ -65,7 +65,7 @@ def test_tiny_model_is_cached_and_rebuilt_on_new_parameters(tiny_model, tmp_path
 
 @needs_hf
 def test_kv_bytes_per_token_follows_the_config(tiny_model, tmp_path):
-    from testbed.runtime.model import build_tiny_model, kv_bytes_per_token
+    from testbed.engines.model import build_tiny_model, kv_bytes_per_token
 
     assert kv_bytes_per_token(tiny_model) == 8 * 8 * 32 * 2 * 2  # FIELD-NOTES: 8 KiB per token
     small = build_tiny_model(tmp_path / "f32", layers=2, hidden=64, head_dim=16, kv_heads=2,
@@ -75,7 +75,7 @@ def test_kv_bytes_per_token_follows_the_config(tiny_model, tmp_path):
 
 @needs_hf
 def test_tiny_model_rejects_bad_shapes(tmp_path):
-    from testbed.runtime.model import build_tiny_model
+    from testbed.engines.model import build_tiny_model
 
     with pytest.raises(ValueError, match="head_dim"):
         build_tiny_model(tmp_path / "x", hidden=100, head_dim=32)
@@ -98,7 +98,7 @@ def test_tiny_model_tokenizer_round_trips_text(tiny_model):
 
 @needs_hf
 def test_tiny_model_logits_are_peaked(tiny_model):
-    from testbed.runtime.model import greedy_margins
+    from testbed.engines.model import greedy_margins
 
     rng = np.random.default_rng(3)
     margins = np.array(greedy_margins(tiny_model, [rng.integers(4, 2048, 150).tolist()
@@ -138,7 +138,7 @@ def _serve(cmd_r, res_w, cfg: EngineConfig) -> None:
 
 
 async def _serve_async(cmd_r, res_w, cfg: EngineConfig) -> None:
-    from testbed.runtime.engine import Engine
+    from testbed.engines.engine import Engine
 
     engine = Engine(cfg)
     loop = asyncio.get_running_loop()
@@ -250,8 +250,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     if not HAVE_VLLM:
-        pytest.skip("vLLM CPU build or NIXL not installed (see testbed/runtime/install.md)")
-    from testbed.runtime.model import build_tiny_model
+        pytest.skip("vLLM CPU build or NIXL not installed (see testbed/install.md)")
+    from testbed.engines.model import build_tiny_model
 
     root = tmp_path_factory.mktemp("engines")
     model = build_tiny_model(root / "model")
@@ -346,7 +346,7 @@ def test_no_engine_thread_is_pinned_to_fewer_cores_than_it_was_given(engines):
 def test_restore_affinity_gives_every_narrowed_thread_its_cpus_back():
     import threading
 
-    from testbed.runtime.engine import restore_affinity
+    from testbed.engines.engine import restore_affinity
 
     given = os.sched_getaffinity(0)
     if len(given) < 2:
@@ -371,7 +371,7 @@ def test_restore_affinity_gives_every_narrowed_thread_its_cpus_back():
 @needs_vllm
 def test_kv_moves_over_nixl_and_decode_matches_single_engine(engines):
     from core.canary import reference, verdict
-    from testbed.runtime.model import kv_bytes_per_token
+    from testbed.engines.model import kv_bytes_per_token
 
     p, d = engines["prefill"], engines["decode"]
     per_token = kv_bytes_per_token(engines["model"])
@@ -482,8 +482,8 @@ def test_abort_mid_decode_frees_the_request(engines):
 @pytest.mark.slow
 @needs_vllm
 def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(engines):
-    from testbed.runtime.injection.cpu import CpuQuotaThrottle
-    from testbed.runtime.injection.procs import descendants
+    from testbed.faults.cpu import CpuQuotaThrottle
+    from testbed.faults.procs import descendants
 
     p = engines["prefill"]
     n = 1500
@@ -501,7 +501,7 @@ def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(eng
     workers = descendants(p.proc.pid)  # EngineCore and its worker: the model's compute
     assert len(workers) >= 1
     # the engine computes on one torch thread (EngineConfig.omp_threads): its quota is 1 core / 4,
-    # as the testbed's fault agents give it (testbed/runtime/driver.py fault_targets)
+    # as the testbed's fault agents give it (testbed/runs/driver.py fault_targets)
     throttle = CpuQuotaThrottle("test-engine-slowdown", baseline_cores=1.0)
     try:
         measured = throttle.apply(workers, 4.0)
@@ -529,7 +529,7 @@ def test_transport_mode_sets_ucx_and_the_kv_buffer(tmp_path, gpu, transport, tls
     env = cfg.environment()
     assert env.get("UCX_TLS") == tls
     assert env.get("UCX_NET_DEVICES") == ("eth1" if transport == "tcp" else None)
-    from testbed.runtime.engine import Engine
+    from testbed.engines.engine import Engine
 
     args = Engine(cfg).engine_args()
     assert args.kv_transfer_config.kv_buffer_device == buffer

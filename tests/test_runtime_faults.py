@@ -21,8 +21,8 @@ import uuid
 
 import pytest
 
-from testbed.runtime.injection import shaping
-from testbed.runtime.netns import in_netns, list_namespaces, missing_privileges, run_prefix
+from testbed.faults import shaping
+from testbed.hosts.netns import in_netns, list_namespaces, missing_privileges, run_prefix
 
 pytestmark = [
     pytest.mark.slow,
@@ -35,7 +35,7 @@ TTL_S = 8.0
 _DRIVER = """
 import json, sys, time
 import ray
-from testbed.runtime.fault_agents import FaultAgents
+from testbed.faults.agent_actor import FaultAgents
 ray.init(logging_level="ERROR", log_to_driver=False)
 agents = FaultAgents(1, ["eth0"], "node:__internal_head__")
 pod = agents.pods[0]
@@ -68,7 +68,7 @@ def _wait_gone(netns: str, within_s: float) -> float | None:
 
 
 def test_a_throttle_outlives_its_killed_driver_only_until_its_ttl_and_sigterm_clears(tmp_path):
-    from testbed.runtime.emulated import EmulatedCluster
+    from testbed.hosts.emulated import EmulatedCluster
 
     cluster = EmulatedCluster(1, tmp_path / "state", tmp_path / "run", run_id=uuid.uuid4().hex[:10], mode="netns")
     driver = None

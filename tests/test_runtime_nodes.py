@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
 
-from testbed.runtime.netns import missing_privileges  # noqa: E402
+from testbed.hosts.netns import missing_privileges  # noqa: E402
 
 needs_root = pytest.mark.skipif(missing_privileges() is not None,
                                 reason=f"needs root for network namespaces: {missing_privileges()}")
@@ -44,8 +44,8 @@ def shaped_netns() -> Iterator[str]:
     """A testbed-named namespace whose eth0 carries the project's egress and ingress shaping."""
     from pyroute2 import IPRoute
 
-    from testbed.runtime.injection import shaping
-    from testbed.runtime.netns import create_namespace, in_netns, kill_processes_in, remove_namespace, run_prefix
+    from testbed.faults import shaping
+    from testbed.hosts.netns import create_namespace, in_netns, kill_processes_in, remove_namespace, run_prefix
 
     ns = run_prefix(uuid.uuid4().hex[:10]) + "pod0"
     try:
@@ -74,7 +74,7 @@ def _this_node(results, node_id):
 
 
 def test_cluster_status_lists_this_node_with_its_interfaces_pods_and_privileges(ray_local):
-    from testbed.runtime.nodes import cluster_status
+    from testbed.hosts.nodes import cluster_status
 
     report = cluster_status(["lo", "no-such-if0"])
     assert len(report.nodes) == 1
@@ -104,7 +104,7 @@ def test_cluster_status_lists_this_node_with_its_interfaces_pods_and_privileges(
 def test_render_marks_allowlisted_interfaces_and_shows_the_pods(ray_local):
     from rich.console import Console
 
-    from testbed.runtime.nodes import cluster_status, render
+    from testbed.hosts.nodes import cluster_status, render
 
     buf = io.StringIO()
     report = cluster_status(["lo"])
@@ -117,9 +117,9 @@ def test_render_marks_allowlisted_interfaces_and_shows_the_pods(ray_local):
 
 @needs_root
 def test_node_report_sees_the_project_shaping_without_touching_it(shaped_netns):
-    from testbed.runtime.injection import shaping
-    from testbed.runtime.netns import in_netns
-    from testbed.runtime.nodes import node_report
+    from testbed.faults import shaping
+    from testbed.hosts.netns import in_netns
+    from testbed.hosts.nodes import node_report
 
     with in_netns(shaped_netns):
         r = node_report()
@@ -175,8 +175,8 @@ class _FakeNvml:
 def test_node_report_lists_the_gpus_nvml_sees_and_which_the_project_locked(monkeypatch, tmp_path):
     import sys
 
-    from testbed.runtime.injection import gpu
-    from testbed.runtime.nodes import Gpu, node_report
+    from testbed.faults import gpu
+    from testbed.hosts.nodes import Gpu, node_report
 
     nvml = _FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
@@ -218,7 +218,7 @@ def _make(kind: str):
 
 
 def test_a_failing_task_is_that_nodes_one_line_error(ray_local):
-    from testbed.runtime.nodes import run_on_every_node
+    from testbed.hosts.nodes import run_on_every_node
 
     (r,) = run_on_every_node(_make("raises"), timeout_s=30)
     assert (r.node_id, r.ok, r.value) == (ray_local, False, None)
@@ -228,7 +228,7 @@ def test_a_failing_task_is_that_nodes_one_line_error(ray_local):
 def test_a_node_that_fails_or_does_not_answer_is_reported_while_the_others_finish(ray_local, monkeypatch):
     import ray
 
-    from testbed.runtime.nodes import cluster_status, run_on_every_node
+    from testbed.hosts.nodes import cluster_status, run_on_every_node
 
     real = ray.nodes()
     gone = {"NodeID": "ab" * 28, "Alive": True, "NodeManagerAddress": "192.0.2.99",
@@ -257,7 +257,7 @@ def test_a_node_that_fails_or_does_not_answer_is_reported_while_the_others_finis
 def test_run_on_every_node_needs_a_connection(monkeypatch):
     import ray
 
-    from testbed.runtime.nodes import clear_cluster_faults, cluster_status, run_on_every_node
+    from testbed.hosts.nodes import clear_cluster_faults, cluster_status, run_on_every_node
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a process that never connected
     for call in (lambda: run_on_every_node(_make("pid")), lambda: cluster_status(["eth0"]), clear_cluster_faults):
@@ -270,9 +270,9 @@ def test_run_on_every_node_needs_a_connection(monkeypatch):
 
 @needs_root
 def test_clear_cluster_faults_removes_a_left_shaping_and_is_idempotent(ray_local, shaped_netns):
-    from testbed.runtime.injection import shaping
-    from testbed.runtime.netns import in_netns
-    from testbed.runtime.nodes import clear_cluster_faults
+    from testbed.faults import shaping
+    from testbed.hosts.netns import in_netns
+    from testbed.hosts.nodes import clear_cluster_faults
 
     first = _this_node(clear_cluster_faults(timeout_s=60), ray_local)
     assert first.ok, first.error
@@ -289,13 +289,15 @@ def test_clear_cluster_faults_removes_a_left_shaping_and_is_idempotent(ray_local
 def test_concurrent_clears_on_one_host_never_race(ray_local, shaped_netns):
     """An emulated cluster's nodes are namespaces of one host: several clears at once, each
     sweeping every namespace, all succeed and exactly one of them removes the shaping."""
-    from testbed.runtime.nodes import _run_on
+    from testbed.hosts.nodes import _run_on
 
     def clear_at(t: float) -> list[str]:  # all start together: the sweeps overlap
         import time
 
-        from testbed.runtime.fault_agents import clear_host_faults
-        from testbed.runtime.injection import cpu, gpu, shaping  # noqa: F401 (imported before the start)
+        from testbed.faults.agent_actor import clear_host_faults
+        from testbed.faults import cpu  # noqa: F401 (imported before the start)
+        from testbed.faults import gpu  # noqa: F401 (imported before the start)
+        from testbed.faults import shaping  # noqa: F401 (imported before the start)
 
         time.sleep(max(0.0, t - time.time()))
         return clear_host_faults()
@@ -312,10 +314,10 @@ def test_concurrent_clears_on_one_host_never_race(ray_local, shaped_netns):
 def test_a_node_clear_waits_for_the_host_lock(ray_local, shaped_netns):
     """The lock is host-wide, across processes: while this process holds it a node's clear
     does not run (reported as no answer, the shaping still there); once released it does."""
-    from testbed.runtime import fault_agents
-    from testbed.runtime.injection import shaping
-    from testbed.runtime.netns import in_netns
-    from testbed.runtime.nodes import clear_cluster_faults
+    from testbed.faults import agent_actor as fault_agents
+    from testbed.faults import shaping
+    from testbed.hosts.netns import in_netns
+    from testbed.hosts.nodes import clear_cluster_faults
 
     with fault_agents._host_lock():
         blocked = _this_node(clear_cluster_faults(timeout_s=2), ray_local)
@@ -335,7 +337,7 @@ def test_a_node_clear_waits_for_the_host_lock(ray_local, shaped_netns):
 _DRIVER = """
 import dataclasses, json
 import ray
-from testbed.runtime.nodes import clear_cluster_faults, cluster_status
+from testbed.hosts.nodes import clear_cluster_faults, cluster_status
 ray.init(logging_level="ERROR", log_to_driver=False)
 status = cluster_status(["eth0"]).to_dict()
 first = [dataclasses.asdict(r) for r in clear_cluster_faults()]
@@ -354,9 +356,9 @@ def test_on_an_emulated_cluster_every_node_reports_its_namespace_and_clears(tmp_
     import json
     import sys
 
-    from testbed.runtime.emulated import EmulatedCluster
-    from testbed.runtime.injection import shaping
-    from testbed.runtime.netns import in_netns
+    from testbed.hosts.emulated import EmulatedCluster
+    from testbed.faults import shaping
+    from testbed.hosts.netns import in_netns
 
     cluster = EmulatedCluster(2, tmp_path / "state", tmp_path / "run", run_id=uuid.uuid4().hex[:10],
                               mode="netns", launcher="direct")
@@ -398,8 +400,11 @@ def test_clear_host_faults_sweeps_again_when_something_vanishes_under_it(monkeyp
     again and what is left is removed; a failure that persists is raised."""
     from pyroute2.netlink.exceptions import NetlinkError
 
-    from testbed.runtime import fault_agents, netns
-    from testbed.runtime.injection import cpu, gpu, shaping
+    from testbed.faults import agent_actor as fault_agents
+    from testbed.hosts import netns
+    from testbed.faults import cpu
+    from testbed.faults import gpu
+    from testbed.faults import shaping
 
     calls = []
 

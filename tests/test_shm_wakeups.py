@@ -1,4 +1,4 @@
-"""Missed wake-ups of vLLM's shared-memory queue (testbed/runtime/shm_wakeups.py), on vLLM's real
+"""Missed wake-ups of vLLM's shared-memory queue (testbed/engines/shm_wakeups.py), on vLLM's real
 `MessageQueue`: a writer and a reader in this process, the reader on a thread."""
 
 import threading
@@ -8,7 +8,7 @@ import pytest
 
 shm = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
 
-from testbed.runtime import shm_wakeups  # noqa: E402
+from testbed.engines import shm_wakeups  # noqa: E402
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ def test_the_cli_refuses_a_billion_pods_before_writing_anything(tmp_path):
                     "  arrival: {kind: poisson, rate_rps: 10}\n  profile: chat\n  duration_s: 10\npolicies: [LC]\n")
     for cmd in ("sim", "run", "twin"):
         t0 = time.perf_counter()
-        res = subprocess.run([sys.executable, "-m", "testbed.cli", cmd, str(spec), "--out", str(tmp_path / "runs")],
+        res = subprocess.run([sys.executable, "-m", "cli", cmd, str(spec), "--out", str(tmp_path / "runs")],
                              capture_output=True, text=True, timeout=60)
         assert time.perf_counter() - t0 < 30  # the import of the CLI, not the topology
         lines = res.stderr.strip().splitlines()

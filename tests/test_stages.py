@@ -2,9 +2,9 @@
 record in both worlds, and a timeout in each stage is recorded as that stage in both.
 
 The simulator side runs the SimPy model; the testbed side runs the router actor's real
-:class:`testbed.runtime.serve.RequestFlow` on the wall clock against scripted engines that
+:class:`testbed.router.flow.RequestFlow` on the wall clock against scripted engines that
 report their scheduler's events as vLLM's engines do through the stage log
-(``testbed.runtime.engine.StageLog``), since real engines take minutes to start.
+(``testbed.engines.engine.StageLog``), since real engines take minutes to start.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from core.run import RunContext
 from core.spec import parse_spec
 from core.stages import BLAMED_ENDS, STAGE_START, STAGES, blamed_pods
 from simulator.run import run_sim
-from testbed.runtime.engine import DecodeResult, PrefillResult
-from testbed.runtime.serve import RequestFlow
+from testbed.engines.engine import DecodeResult, PrefillResult
+from testbed.router.flow import RequestFlow
 
 KV = 131072  # bytes per token (the spec's default)
 TIMES = ["routed_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "kv_end_s", "first_token_s", "end_s"]
@@ -360,7 +360,7 @@ class DeadPullEngine(ScriptedEngine):
 
 @pytest.mark.parametrize("how, ending", [("recv_done", "done"), ("recv_failed", "failed"), (None, "unseen")])
 def test_a_dead_pull_is_watched_after_the_deadline_and_recorded(tmp_path, monkeypatch, how, ending):
-    from testbed.runtime import serve
+    from testbed.router import flow as serve
 
     monkeypatch.setattr(serve, "DEAD_PULL_WATCH_S", 2.0)  # "unseen" after 2 s rather than a minute
     monkeypatch.setattr(serve, "DEAD_PULL_POLL_S", 0.05)

@@ -17,7 +17,7 @@ from core.records import read_table
 from core.spec import SpecError, load_spec, parse_spec
 from analysis.study import load_study
 from core.study import expand_study
-from testbed.study import cell_is_done, run_cell, run_study
+from cli.study_runner import cell_is_done, run_cell, run_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -242,7 +242,7 @@ def test_ctrl_c_stops_the_grid_and_the_same_command_finishes_only_what_is_left(t
     spec = {**BASE, "study": {"seeds": [0, 1, 2, 3, 4, 5], "sweeps": [{"name": "s", "axes": {"severity": [0.2, 0.05, 0.01]}}]}}
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(spec))
-    cmd = [sys.executable, "-m", "testbed.cli", "study", str(path), "--out", str(tmp_path / "runs"), "--workers", "1"]
+    cmd = [sys.executable, "-m", "cli", "study", str(path), "--out", str(tmp_path / "runs"), "--workers", "1"]
     study_dir = tmp_path / "runs" / "tiny_study"
     ray_before = _ray_pids()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_default)

@@ -36,7 +36,7 @@ from analysis.study_report import study_report
 from core.spec import parse_spec
 from core.study import expand_study
 from simulator.run import run_sim
-from testbed.cli import main
+from cli.main import main
 
 T975_1 = 12.7062  # Student t quantile 0.975, 1 degree of freedom (printed tables)
 

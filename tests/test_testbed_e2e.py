@@ -34,8 +34,8 @@ pytest.importorskip("ray", reason="Ray is not installed (the README's install co
 
 from core.policies import POLICY_NAMES  # noqa: E402
 from core.records import read_meta, read_table  # noqa: E402
-from testbed.runtime.emulated import EmulatedCluster  # noqa: E402
-from testbed.runtime.launch import run_testbed  # noqa: E402
+from testbed.hosts.emulated import EmulatedCluster  # noqa: E402
+from testbed.runs.launch import run_testbed  # noqa: E402
 from core.spec import load_spec, parse_spec  # noqa: E402
 from core.stages import STAGES  # noqa: E402
 
@@ -64,7 +64,7 @@ def _leftovers() -> dict[str, list[str]]:
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
 
 
@@ -179,7 +179,7 @@ def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
     port = _free_port()
     spec_file = out / "e2e_serve.yaml"
     spec_file.write_text(json.dumps({**base, "name": "e2e_serve", "testbed": {**base["testbed"], "ingress_port": port}}))
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--serve", "--address", addr,
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--serve", "--address", addr,
                              "--policies", "LC", "--seeds", "0", "--out", str(out)],
                             stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
                             # as from a terminal: a test run in the background inherits SIGINT ignored
@@ -237,7 +237,7 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
     and its driver, one process group, as a terminal's kill would) mid-run. Then, the cluster still
     up: what is left right after, and once the faults' time to live has passed (the agents remove
     them by themselves, the driver being gone)."""
-    from testbed.runtime.leftovers import find_leftovers
+    from testbed.hosts.leftovers import find_leftovers
 
     spec_file = out / "e2e_killed.yaml"
     spec_file.write_text(json.dumps({
@@ -249,7 +249,7 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
         "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": KILL_FAULT_S, "residual_bw": 0.0,
                     "kv_only": True}]}))
     run_dir = out / "e2e_killed" / "Random" / "seed-0"
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--address", addr,
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--address", addr,
                              "--policies", "Random", "--seeds", "0", "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
@@ -299,8 +299,8 @@ def _engine_process(run_id: str, pod: int, which: str, wait_s: float = 60.0) -> 
     their ``multiprocessing.spawn`` command lines. Why is not known (setproctitle, which vLLM
     imports only then, gives up silently when it cannot find argv; likely, not shown). Ray sets the
     actor's title as its worker starts, and it was there every time."""
-    from testbed.runtime.injection.procs import ppid, stat_fields
-    from testbed.runtime.netns import processes_in_namespaces
+    from testbed.faults.procs import ppid, stat_fields
+    from testbed.hosts.netns import processes_in_namespaces
 
     ns = f"tb-{run_id}-pod{pod}"
     until = time.monotonic() + wait_s
@@ -374,7 +374,7 @@ def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedClu
     run_dir = out / "e2e_engine_death" / "LC" / "seed-0"
     log = out / "e2e_engine_death.log"  # read back whatever happens: a pipe would be lost with an error
     with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec_file), "--address", addr,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--address", addr,
                                  "--policies", "LC", "--seeds", "0", "--out", str(out)],
                                 stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
@@ -657,7 +657,7 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
 
 
 def test_every_engine_accounts_for_its_cpu_and_each_request_is_marked_for_host_stall(testbed_runs):
-    """The throttled run's host table (testbed/runtime/hoststats.py): every engine's cumulative CPU and
+    """The throttled run's host table (testbed/engines/hoststats.py): every engine's cumulative CPU and
     run-queue wait, sampled through the run on its own node, and from it each request's mark
     (analysis/host.py), in the run's metrics and the report's host_marks.csv."""
     from analysis.host import run_host_marks
@@ -804,7 +804,7 @@ def test_engines_killed_mid_run_fail_their_requests_and_are_never_chosen_again(t
     meta = read_meta(d)
     assert meta["status"] == "finished"
     # the dead engines' errors reached the router as plain EngineErrors: it never imported vLLM
-    # (and torch), which held its event loop for 7-10 s (testbed/runtime/engine.py EngineError)
+    # (and torch), which held its event loop for 7-10 s (testbed/engines/engine.py EngineError)
     assert meta["router_imported"] == [], meta["router_imported"]
     req = read_table(d, "requests")
     eng = read_table(d, "engines").set_index("pod")
@@ -828,7 +828,7 @@ def test_engines_killed_mid_run_fail_their_requests_and_are_never_chosen_again(t
         assert (dec[dec.time_s > eng.loc[pod, "time_s"]][["prefill_pod", "decode_pod"]] != pod).all().all()
     # the dead engines' host samples were collected while they lived (every HOST_FETCH_S), not lost
     # with them: pod 0's prefill engine, killed 16 s after pod 2's, has rows up to shortly before
-    from testbed.runtime.actors import HOST_FETCH_S
+    from testbed.router.actor import HOST_FETCH_S
 
     host = read_table(d, "host")
     for pod in (0, 2):

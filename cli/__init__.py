@@ -1,0 +1,2 @@
+"""The ``testbed`` command line of both worlds, one module per command group. It imports
+everything and is imported by nothing (tests aside)."""

@@ -1,0 +1,125 @@
+"""The ``testbed`` command line.
+
+    testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
+    testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
+    testbed calibrate [SPEC] [--out FILE]
+    testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
+    testbed cluster up|down|status
+    testbed faults clear
+    testbed leftovers
+    testbed report PATH... [--out DIR]
+    testbed compare SIM_PATH TESTBED_PATH [--out DIR] [--calibration FILE]
+    testbed policies
+
+Errors are one line on stderr and exit status 2; rows recorded before an
+error or Ctrl-C stay in their run directories (marked ``interrupted``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from cli.cluster import cmd_cluster, cmd_faults, cmd_leftovers
+from cli.common import console, experiment_parser
+from cli.report import cmd_compare, cmd_report
+from cli.run import cmd_calibrate, cmd_run, cmd_twin
+from cli.sim import cmd_sim
+from cli.study import cmd_study
+from core.policies import POLICY_NAMES
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    print("\n".join(POLICY_NAMES))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="testbed", description="Reliability-aware routing for PD-disaggregated LLM serving")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tw = experiment_parser(sub, "twin", "one spec in both worlds: calibrate the testbed, run it, run the calibrated "
+                            "simulator, compare", "the embedded testbed scenario", cmd_twin, out="runs/twin")
+    tw.add_argument("--calibration", help="use this calibration instead of measuring one first")
+    ru = experiment_parser(sub, "run", "run an experiment spec on the real testbed (Ray + vLLM engines)",
+                            "the embedded testbed scenario", cmd_run)
+    ru.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                    help="a running Ray cluster (ray up cluster.yaml, or testbed cluster up): its pods are the "
+                         "nodes with a pod<i> resource (default: $RAY_ADDRESS; without either, an emulated "
+                         "cluster is brought up for the run and down after)")
+    ru.add_argument("--serve", action="store_true",
+                    help="instead of the spec's workload, serve outside clients through an OpenAI-compatible API "
+                         "(testbed.ingress_host:ingress_port, default 127.0.0.1:8000) until Ctrl-C, the spec's "
+                         "faults on their schedule; one policy and one seed")
+    ca = sub.add_parser("calibrate", help="measure the testbed's engines and links and fit the simulator's parameters")
+    ca.add_argument("spec", nargs="?", help="experiment YAML whose topology and engines to measure "
+                                            "(default: the embedded testbed scenario)")
+    ca.add_argument("--out", help="the calibration file (default: runs/<scenario>/calibration.json)")
+    ca.set_defaults(fn=cmd_calibrate)
+    c = sub.add_parser("cluster", help="bring an emulated cluster up or down, show a cluster, check a cluster file")
+    c.add_argument("action", choices=["up", "down", "status", "check"])
+    c.add_argument("run_ids", nargs="*", help="down: these runs (default: every recorded run); check: the cluster "
+                                              "file (default: cluster.yaml)")
+    c.add_argument("--pods", type=int, default=2)
+    c.add_argument("--mode", choices=["auto", "netns", "local"], default="auto")
+    c.add_argument("--launcher", choices=["ray_up", "direct"],
+                   help="up: through ray up on a generated cluster file (netns default) or each node started "
+                        "directly")
+    c.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                   help="status: nodes, pods, GPUs and interfaces of this Ray cluster (default: $RAY_ADDRESS)")
+    c.add_argument("--interfaces", default="eth0",
+                   help="status: the fault interfaces' allowlist to check on each pod (default: eth0)")
+    c.set_defaults(fn=cmd_cluster)
+    f = sub.add_parser("faults", help="remove every fault (shaping, ifb, cgroup, GPU clocks) the project set on "
+                                      "this machine, or on every node of a Ray cluster")
+    f.add_argument("action", choices=["clear"])
+    f.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                   help="every node of this Ray cluster, a task per node (default: $RAY_ADDRESS; without "
+                        "either, this machine)")
+    f.set_defaults(fn=cmd_faults)
+    lo = sub.add_parser("leftovers", help="list anything the project left on this machine (namespaces, qdiscs, "
+                                          "cgroups, processes, files); exit status 1 if there is any")
+    lo.set_defaults(fn=cmd_leftovers)
+    sm = experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario",
+                            cmd_sim)
+    sm.add_argument("--calibration", help="a file `testbed calibrate` wrote: simulate the calibrated testbed")
+    st = sub.add_parser("study", help="run a spec's study grid in the simulator, as Ray tasks, resumably")
+    st.add_argument("spec", help="experiment YAML with a study: block (e.g. experiments/study.yaml)")
+    st.add_argument("--out", default="runs", help="parent folder of the study directory (default: runs)")
+    st.add_argument("--address", help="a Ray cluster's address (default: a local Ray on this machine)")
+    st.add_argument("--workers", type=int, help="local Ray: cells at once (default: every CPU)")
+    st.add_argument("--rerun", action="store_true", help="run finished cells again")
+    st.add_argument("--sweeps", help="comma-separated subset of the study's sweeps (default: all)")
+    st.add_argument("--max-hours", type=float, default=24.0,
+                    help="refuse a study whose runs are estimated to take longer here (default 24; core/sizes.py)")
+    st.set_defaults(fn=cmd_study)
+    r = sub.add_parser("report", help="metrics table and plots of run directories, or a study's figures")
+    r.add_argument("paths", nargs="+", help="run directories, or folders holding them, or one study directory")
+    r.add_argument("--out", help="where to write CSVs and plots (default: a report folder next to the first path; "
+                                   "for a study directory, STUDY/report)")
+    r.set_defaults(fn=cmd_report)
+    cp = sub.add_parser("compare", help="does a simulated result carry over? sim vs testbed runs of one scenario")
+    cp.add_argument("sim_path", metavar="SIM_PATH", help="a sim run directory, or a folder holding sim runs")
+    cp.add_argument("testbed_path", metavar="TESTBED_PATH",
+                    help="a testbed run directory, or a folder holding testbed runs")
+    cp.add_argument("--out", metavar="DIR",
+                    help="where to write CSVs and plots (default: a fidelity folder next to TESTBED_PATH)")
+    cp.add_argument("--calibration", metavar="FILE",
+                    help="the JSON `testbed calibrate` wrote; its noise entries are shown")
+    cp.set_defaults(fn=cmd_compare)
+    p = sub.add_parser("policies", help="list the known policies")
+    p.set_defaults(fn=cmd_policies)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        console.print("interrupted: rows recorded so far are kept; run directories are marked interrupted")
+        return 130
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"testbed: error: {msg}", file=sys.stderr)
+        return 2

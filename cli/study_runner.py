@@ -1,0 +1,241 @@
+"""`testbed study SPEC`: run a spec's grid (core/study.py) as Ray tasks, resumably.
+
+Each cell is one simulator run, executed as a Ray task with one CPU: on a local
+Ray started for the study (``address="local"``: never a cluster that happens to
+run on this machine), or on any Ray cluster given its address, whose nodes have
+this package installed (``cluster.yaml``'s setup does that). A task simulates
+(in a child interpreter the Ray worker keeps for its cells: cli/clean_process.py says
+why) into a scratch directory on its node, computes the cell's metrics there
+(``analysis.study.cell_metrics``, so the report does not reload every run), and
+returns the run directory's files; the driver writes them under
+``STUDY/.partial/<run>`` and renames that into place with ``cell.json`` in it.
+So a run directory exists complete or not at all, whichever node ran it and
+however the driver stopped, and:
+
+* a run whose ``cell.json`` carries its run id is finished and is skipped;
+* anything else (an interrupted run, a run of an older version of the spec
+  at the same place) is removed and run again.
+
+Cells whose records cannot differ (core/study.py: a point repeated by another
+sweep; LC, which ignores the risk price, at another telemetry mode) share one
+run, so the grid runs each distinct simulation once.
+
+Cells are deterministic: a run's records depend only on its spec, policy and
+seed (the simulator draws every random number from ``seed_streams(seed)``), so
+a cell rerun anywhere writes the same records; only wall-clock fields differ
+(run.json's timestamps, decisions' ``latency_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from core.study import Cell, expand_study
+from core.sizes import DEFAULT_MAX_HOURS, check_study_fits
+
+__all__ = ["StudyResult", "cell_is_done", "run_cell", "run_cell_in_clean_process", "run_study"]
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    study_dir: Path
+    cells: int  # in the grid (the chosen sweeps)
+    runs: int  # distinct runs behind those cells (cells with the same records share one)
+    skipped: int  # runs finished before this call
+    ran: int  # runs finished by this call
+    failed: list[str]  # "point policy seed: error" of runs whose task raised (not finished)
+    wall_s: float
+    cpu_s: float  # summed over the cells this call ran
+
+
+def run_cell(spec_json: str, policy: str, seed: int, base_dir: str | None = None,
+             scratch: str | None = None) -> dict[str, Any]:
+    """Simulate one cell into a scratch directory (under ``scratch``, default the node's temp dir);
+    returns its files (path relative to the run directory -> bytes) and what it cost. Plain function:
+    the Ray task wraps it, tests call it."""
+    from analysis.study import cell_metrics
+    from core.spec import ExperimentSpec
+    from simulator.run import run_sim
+
+    spec = ExperimentSpec.model_validate_json(spec_json)
+    if scratch:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="testbed-cell-", dir=scratch) as tmp:
+        t0, c0 = time.perf_counter(), time.process_time()
+        run_dir = run_sim(spec, policy, seed, Path(tmp), base_dir=Path(base_dir) if base_dir else None)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        cell_metrics(run_dir)  # cached in the run directory as metrics.json
+        files = {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    return {"files": files, "wall_s": wall, "cpu_s": cpu, "node": socket.gethostname()}
+
+
+def run_cell_in_clean_process(spec_json: str, policy: str, seed: int, base_dir: str | None = None,
+                              scratch: str | None = None) -> dict[str, Any]:
+    """:func:`run_cell` in this process's clean child (cli/clean_process.py): the Ray task of a
+    cell. A Ray worker simulates 15-20% slower than a fresh interpreter does."""
+    from cli.clean_process import shared
+
+    child = shared()
+    if scratch:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+    # The task's own scratch directory: removed here even when the child is killed mid-run.
+    with tempfile.TemporaryDirectory(prefix="testbed-cell-", dir=scratch) as tmp:
+        try:
+            return child.call(run_cell, spec_json, policy, seed, base_dir, tmp)
+        except Exception:  # the cell failed in the child (it lives on), or the child died
+            if not child.alive():
+                child.kill()
+            raise
+        except BaseException:  # interrupted (ray.cancel raises KeyboardInterrupt here): stop the cell
+            child.kill()  # the next cell starts a new child
+            raise
+
+
+def cell_is_done(study_dir: Path, cell: Cell) -> bool:
+    """Finished: its run directory holds a cell.json naming the cell's run id (the report's own check)."""
+    from analysis.study import cell_finished
+
+    return cell_finished(study_dir / cell.run_dir, cell.run)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
+    """Write a finished run's files, then move them into place in one rename (``cell``: the run's
+    first cell, whose place it takes)."""
+    partial = study_dir / ".partial" / cell.run
+    shutil.rmtree(partial, ignore_errors=True)
+    for rel, data in result["files"].items():
+        p = partial / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    _write_json(partial / "cell.json", {
+        **cell.index_row(), "wall_s": result["wall_s"], "cpu_s": result["cpu_s"], "node": result["node"],
+        "finished_at": datetime.now(timezone.utc).isoformat()})
+    final = study_dir / cell.run_dir
+    shutil.rmtree(final, ignore_errors=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(partial, final)
+
+
+def _write_index(study_dir: Path, spec: Any, cells: list[Cell]) -> None:
+    axes: list[str] = []
+    for sw in spec.study.sweeps:
+        axes += [a for a in sw.axes if a not in axes]
+    _write_json(study_dir / "study.json", {
+        "name": spec.name, "axes": axes, "study": spec.study.model_dump(mode="json"),
+        "cells": [c.index_row() for c in cells]})
+
+
+def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int | None = None,
+              rerun: bool = False, sweeps: list[str] | None = None, base_dir: Path | None = None,
+              source: str = "<spec>", console: Console | None = None,
+              max_hours: float = DEFAULT_MAX_HOURS) -> StudyResult:
+    """Run every unfinished cell of ``spec.study`` under ``out/<spec name>``; returns what was done.
+
+    ``address``: a Ray cluster to run on (None: a local Ray with ``workers`` CPUs, default all);
+    ``max_hours``: refuse (core/sizes.py) a study whose runs would take longer on this machine;
+    ``rerun``: run finished cells again; ``sweeps``: run only these sweeps' cells (the index
+    still lists every cell, so a report counts the others as unfinished). Ctrl-C cancels the cells in flight and keeps every
+    finished one; the same command resumes.
+    """
+    import ray
+
+    console = console or Console()
+    cells = expand_study(spec, source)  # every point validated before anything runs
+    names = [sw.name for sw in spec.study.sweeps]
+    unknown = [n for n in sweeps or [] if n not in names]
+    if unknown:
+        raise ValueError(f"{source}: no sweep named {unknown[0]!r}; the study has {', '.join(names)}")
+    chosen = [c for c in cells if sweeps is None or c.sweep in sweeps]
+    study_dir = Path(out) / spec.name
+    # One run per run id, at its first cell's place (which may lie in a sweep not chosen).
+    holders = {c.run: c for c in reversed(cells)}
+    runs = list({c.run: holders[c.run] for c in chosen}.values())
+    todo = [c for c in runs if rerun or not cell_is_done(study_dir, c)]
+    if not address:  # a cluster's nodes are not this machine's to estimate
+        check_study_fits([c.spec for c in todo], workers or os.cpu_count() or 1, max_hours)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    partial = study_dir / ".partial"  # runs a stopped driver was writing, scratch space of local tasks
+    shutil.rmtree(partial, ignore_errors=True)
+    _write_index(study_dir, spec, cells)
+    skipped = len(runs) - len(todo)
+    n_shared = len(chosen) - len(runs)
+    console.print(f"[bold]{spec.name}[/]: {len(chosen)} cells ({len({c.point for c in chosen})} points x policies x "
+                  f"seeds{'' if sweeps is None else ', sweeps ' + ', '.join(sweeps)}) in {len(runs)} runs"
+                  f"{f' ({n_shared} cells share a run: same records)' if n_shared else ''}, {skipped} already "
+                  f"finished -> {study_dir}")
+    t0 = time.perf_counter()
+    cpu = 0.0
+    ran = 0
+    failed: list[str] = []
+    if not todo:
+        return StudyResult(study_dir, len(chosen), len(runs), skipped, 0, [], 0.0, 0.0)
+
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        scratch = None  # the nodes' own temp dirs: the study directory may not exist there
+    else:
+        ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)
+        scratch = str(partial / "scratch")  # removed below however the tasks end
+    task = ray.remote(num_cpus=1, max_retries=1)(run_cell_in_clean_process)
+    # One spec per point, shipped once through the object store rather than once per cell.
+    spec_refs = {p: ray.put(s) for p, s in {c.point: c.spec.model_dump_json() for c in todo}.items()}
+    pending: dict[Any, Cell] = {}
+    try:
+        for c in todo:
+            pending[task.remote(spec_refs[c.point], c.policy, c.seed, str(base_dir) if base_dir else None,
+                                scratch)] = c
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TimeRemainingColumn(), console=console) as prog:
+            bar = prog.add_task("runs", total=len(runs), completed=skipped)
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                cell = pending.pop(done[0])
+                try:
+                    result = ray.get(done[0])
+                except ray.exceptions.RayTaskError as e:
+                    # One broken cell must not cost the others: report it, leave it unfinished.
+                    msg = str(e.cause if e.cause is not None else e).strip().splitlines()[-1]
+                    failed.append(f"{cell.point} {cell.policy} seed {cell.seed}: {msg}")
+                    prog.console.print(f"[red]cell failed[/]: {failed[-1]}")
+                    prog.update(bar, advance=1)
+                    continue
+                _commit(study_dir, cell, result)
+                cpu += result["cpu_s"]
+                ran += 1
+                prog.update(bar, advance=1, description=f"runs (last: {cell.point} {cell.policy} s{cell.seed})")
+    except BaseException:
+        # Interrupt the tasks first, so that each removes its scratch directory; kill what is left.
+        # Newest first: a queued task is cancelled before the running one ahead of it frees its
+        # worker, so none is being dispatched while it is cancelled (Ray 2.60's driver can abort
+        # on that race: "Tried to complete task that was not pending", seen once in this test suite).
+        refs = list(pending)
+        for ref in reversed(refs):
+            ray.cancel(ref)
+        if refs:
+            _, refs = ray.wait(refs, num_returns=len(refs), timeout=5)
+        for ref in refs:  # still not ended
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        ray.shutdown()
+        shutil.rmtree(partial, ignore_errors=True)
+    return StudyResult(study_dir, len(chosen), len(runs), skipped, ran, failed, time.perf_counter() - t0, cpu)

@@ -1,0 +1,1 @@
+"""Measuring the running testbed's engines and links for the simulator (``calibrate``)."""

@@ -1,0 +1,836 @@
+"""One real vLLM engine (prefill or decode) with NIXL KV transfer, as a plain object.
+
+`Engine` wraps `vllm.v1.engine.async_llm.AsyncLLM`. A Ray actor (or a test's
+subprocess) holds one and forwards calls; nothing here imports Ray, and vLLM is
+imported only when `start()` runs. The prefill/decode flow is vLLM's own
+(the disaggregation proxy's and Ray Serve LLM's):
+
+1. `prefill()` on the prefill engine: the prompt with `max_tokens=1` and
+   `kv_transfer_params={"do_remote_decode": True}`; it returns the params that
+   tell a decoder where the KV lies (engine id, block ids, host, port).
+2. `decode()` on the decode engine with those params: its NIXL connector pulls
+   the KV blocks (a NIXL READ: the bytes leave the prefill node) and decodes.
+
+Process model. vLLM on the CPU always builds three processes per engine: this
+one (the `AsyncLLM` front end), an EngineCore (scheduler, NIXL handshake side
+channel) and a worker (model, KV cache, NIXL agent), the last two *spawned*;
+so code that starts an engine needs an `if __name__ == "__main__":` guard.
+Give each engine a process of its own (a Ray actor is one): the environment
+below is set in `os.environ` before the children start, and vLLM's Prometheus
+logger unregisters every `vllm:` collector of the process when an engine
+starts, so two engines in one process would share one environment and one
+registry. This module therefore keeps its own per-engine counters
+(`metrics()`) fed by a stat logger, rather than reading the registry.
+
+NIXL's progress thread. NIXL's Python agent hard-codes `pthrDelay=0`, and the
+UCX backend's shared progress thread then polls with a zero timeout: it spins
+a core per engine (two engines on two cores starve each other). Neither NIXL
+(no config key or env var reaches `pthrDelay`) nor vLLM (its connector builds
+`nixl_agent_config(num_threads=..., capture_telemetry=True)` itself) exposes
+the delay. The narrowest supported hook is vLLM's `kv_connector_module_path`:
+the engine names this module, vLLM resolves `NixlConnector` from it in every
+engine process, and the module-level `__getattr__` below installs a subclass
+of NIXL's agent that sets `pthrDelay` (from `TESTBED_NIXL_PROGRESS_DELAY_US`)
+before returning vLLM's own, unchanged `NixlConnector` class. With a delay the
+thread sleeps in `poll()` on the UCX workers' event fds and still wakes at
+once on traffic; the delay only bounds the periodic re-poll. The same hook
+installs the record of missed wake-ups of the queue between the engine core and
+its worker (shm_wakeups.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.records import NIXL_KV_EXPIRED, NIXL_READS_AFTER_EXPIRY
+from testbed.engines import shm_wakeups
+from testbed.engines.logtail import new_lines
+
+#: Environment variable read in the worker process: NIXL progress-thread delay.
+PROGRESS_DELAY_ENV = "TESTBED_NIXL_PROGRESS_DELAY_US"
+STAGE_LOG_ENV = "TESTBED_STAGE_LOG"
+_DELAY_LOCK = threading.Lock()
+# Receives each output's new token ids and its finish reason (None until the last).
+TokenSink = Callable[[list[int], "str | None"], None]
+MiB = 1 << 20
+
+
+class EngineError(RuntimeError):
+    """What an engine call raised, as its type's name and message only. vLLM's own exceptions
+    (EngineDeadError, ...) must not cross to the router: unpickling one there imports vLLM, and
+    with it torch, in the router's process, which held its event loop (and every request's
+    deadline) for 7-10 s on this host, measured with py-spy after an engine core was killed."""
+
+    @classmethod
+    def of(cls, e: BaseException) -> "EngineError":
+        return cls(f"{type(e).__name__}: {e}")
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that makes one engine; `role` is informational (any engine can do both).
+
+    `request_deadline_s` is the longest a request may live end to end (the
+    router aborts it then). The KV lease is derived from it: the prefill
+    engine keeps KV it holds for a remote decoder for
+    `kv_lease_s = ceil(request_deadline_s + lease_margin_s)` (at least 6 s so
+    vLLM's heartbeat period, lease // 6, is at least 1 s). A lease that ran out
+    under a slow pull would let the prefill engine free (and reuse) blocks the
+    pull still reads: the decoder would decode from corrupt KV and return
+    success. With lease >= deadline that can only happen after the router has
+    given the request up; and vLLM 0.32's decoder renews the lease by heartbeat
+    while it holds the request (measured: README "Silent corruption"), so only
+    KV of requests it dropped expires. The price: a decoder that dies pins its
+    prefill KV for 2/3 of the lease after its last heartbeat, and on the CPU
+    build the prefill engine spins meanwhile (README "Engines that die").
+    `lease_s` sets the lease outright (core.spec.EngineSpec.kv_lease_s); the
+    run's canaries (core/canary.py) catch what an expiry corrupts.
+    """
+
+    model: Path
+    run_dir: Path
+    name: str
+    side_channel_port: int
+    role: str = "both"
+    host_ip: str = "127.0.0.1"
+    net_device: str | None = None
+    # core.spec.TestbedSpec.transport: tcp (KV over net_device, host-memory buffer) or rdma
+    transport: str = "tcp"
+    request_deadline_s: float = 60.0
+    lease_margin_s: float = 10.0
+    # core.spec.EngineSpec.kv_lease_s: a lease set outright (a study of expiry), not derived
+    lease_s: int | None = None
+    max_model_len: int = 4096
+    kv_cache_bytes: int = 256 * MiB
+    dtype: str = "bfloat16"
+    omp_threads_bind: str = "nobind"
+    # Torch's intra-op threads per engine (OMP_NUM_THREADS). One: several engines share a few
+    # cores, and a multi-threaded forward pass then waits at every OpenMP barrier for a thread the
+    # kernel has descheduled. Measured on 2 cores, 4 engines: while a decode engine busy-waited on
+    # a throttled pull (1.65 of 2 cores busy), a 500-token prefill elsewhere took 2.3-4.8 s
+    # instead of 0.05-0.35 s with torch's default of a thread per core. None: torch's default.
+    omp_threads: int | None = 1
+    nixl_progress_delay_us: int = 1000
+    # The idle engine core's and worker's re-check of their shared-memory queue (shm_wakeups.py);
+    # None: vLLM's own (5000 ms).
+    shm_recheck_ms: int | None = None
+    # The engine's CPU and run-queue wait, sampled this often (hoststats.py): the host stalls in
+    # question last 1-10 s (a deadline is 10 s), so half a second places them within a stage.
+    host_sample_s: float = 0.5
+    nixl_num_threads: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    seed: int = 0
+    gpu: bool = False
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("tcp", "rdma"):
+            raise ValueError(f"transport={self.transport!r} must be 'tcp' or 'rdma'")
+        if self.role not in ("prefill", "decode", "both"):
+            raise ValueError(f"role={self.role!r} must be 'prefill', 'decode' or 'both'")
+        if not 1 <= self.side_channel_port <= 65535:
+            raise ValueError(f"side_channel_port={self.side_channel_port} is not a port")
+        if self.request_deadline_s <= 0:
+            raise ValueError(f"request_deadline_s={self.request_deadline_s} must be > 0")
+        if self.kv_cache_bytes < 16 * MiB:
+            raise ValueError(f"kv_cache_bytes={self.kv_cache_bytes} is below 16 MiB")
+        if self.host_sample_s <= 0:
+            raise ValueError(f"host_sample_s={self.host_sample_s} must be > 0")
+        if self.nixl_progress_delay_us < 0:
+            raise ValueError(f"nixl_progress_delay_us={self.nixl_progress_delay_us} must be >= 0")
+        if not self.name or "/" in self.name:
+            raise ValueError(f"name={self.name!r} must be a non-empty path component")
+
+    @property
+    def kv_lease_s(self) -> int:
+        if self.lease_s is not None:
+            return max(6, int(self.lease_s))
+        return max(6, math.ceil(self.request_deadline_s + self.lease_margin_s))
+
+    @property
+    def engine_dir(self) -> Path:
+        """Run-owned folder of this engine: TMPDIR, vLLM's cache and IPC sockets live here."""
+        return Path(self.run_dir) / self.name
+
+    @property
+    def stage_log_path(self) -> Path:
+        """Where the engine's scheduler writes when it queues, allocates and receives KV (StageLog)."""
+        return self.engine_dir / "stages.tsv"
+
+    @property
+    def wakeup_log_path(self) -> Path:
+        """Where the engine core and worker record missed wake-ups of their queue (shm_wakeups.py)."""
+        return self.engine_dir / "shm_wakeups.tsv"
+
+    def environment(self) -> dict[str, str]:
+        """Variables set before the engine's processes start (they inherit them)."""
+        d = self.engine_dir
+        env = {
+            "VLLM_HOST_IP": self.host_ip,
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": self.host_ip,
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port),
+            "TMPDIR": str(d / "tmp"),
+            "VLLM_RPC_BASE_PATH": str(d / "tmp"),
+            "VLLM_CACHE_ROOT": str(d / "cache"),
+            "VLLM_CPU_OMP_THREADS_BIND": self.omp_threads_bind,
+            "GLOO_SOCKET_IFNAME": "lo",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            PROGRESS_DELAY_ENV: str(self.nixl_progress_delay_us),
+            STAGE_LOG_ENV: str(self.stage_log_path),
+            shm_wakeups.LOG_ENV: str(self.wakeup_log_path),
+        }
+        if self.shm_recheck_ms is not None:
+            env[shm_wakeups.RECHECK_ENV] = str(self.shm_recheck_ms)
+        if self.transport == "tcp":
+            # Only TCP: otherwise UCX sees engines of one host and copies across processes
+            # (CMA), and on real clusters it takes RDMA; either bypasses the shaped interface.
+            env["UCX_TLS"] = "tcp"
+            if self.net_device:
+                env["UCX_NET_DEVICES"] = self.net_device
+        if self.omp_threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.omp_threads)
+        env.update(self.extra_env)
+        return env
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """What the prefill engine hands the router: pass `kv_transfer_params` to `decode`."""
+
+    request_id: str
+    kv_transfer_params: dict[str, Any] | None
+    num_prompt_tokens: int
+    submitted_s: float
+    finished_s: float
+    finish_reason: str | None
+    # Seconds the request waited in the engine's scheduler before its prefill was
+    # scheduled (vLLM's queued_ts -> scheduled_ts); None when vLLM gave no stats.
+    queued_s: float | None = None
+    # The scheduler's events for the request, seconds after `submitted_s` (StageLog).
+    stages: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """Output of one decode; times are `time.monotonic()` in the engine's process."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    submitted_s: float
+    first_token_s: float | None
+    finished_s: float
+    finish_reason: str | None
+    top_logprobs: tuple[tuple[float, ...], ...] = ()
+    # The scheduler's events for the request, seconds after `submitted_s` (StageLog):
+    # "alloc_remote" (KV blocks allocated, the pull starts), "recv_done" (the pull ended).
+    stages: Mapping[str, float] = field(default_factory=dict)
+    # When each step's new tokens reached the front end (one entry per output vLLM yields,
+    # normally one token per engine step): step times and host stalls are read from these.
+    token_times: tuple[float, ...] = ()
+    # With `logprobs`: per step, the tokens of `top_logprobs` in the same order (core/canary.py
+    # excuses a divergence only where the output took the reference's second choice).
+    top_tokens: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason == "abort"
+
+
+# --------------------------------------------------------------------------- NIXL hook
+
+
+def install_nixl_progress_delay(delay_us: int | None = None) -> bool:
+    """Make vLLM's NIXL worker build its agent with a progress-thread delay.
+
+    Runs in the worker process (via the module `__getattr__` below). Returns
+    False when NIXL is missing or the delay is 0 (then nothing changes).
+    """
+    if delay_us is None:
+        delay_us = int(os.environ.get(PROGRESS_DELAY_ENV, "0") or 0)
+    if delay_us <= 0:
+        return False
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+
+    base = base_worker.NixlWrapper
+    if base is None:
+        return False
+    if getattr(base, "testbed_pthr_delay_us", None) == delay_us:
+        return True
+    base = getattr(base, "testbed_base", base)
+    api = sys.modules[base.__module__]  # nixl_cu12._api (or cu13/rocm)
+    if not hasattr(api, "nixlBind"):  # NIXL's internals moved: fail loudly, not spin
+        raise RuntimeError(f"{api.__name__} has no 'nixlBind': the NIXL progress-delay hook "
+                           "needs updating for this NIXL version (tested: 1.5.1)")
+
+    class _BindWithDelay:
+        """Stands in for NIXL's binding module while one agent is built."""
+
+        def __init__(self, real: Any) -> None:
+            self._real = real
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._real, name)
+
+        def nixlAgent(self, agent_name: str, config: Any) -> Any:  # noqa: N802 (NIXL's name)
+            config.pthrDelay = delay_us
+            return self._real.nixlAgent(agent_name, config)
+
+    class DelayedNixlAgent(base):  # type: ignore[misc, valid-type]
+        testbed_pthr_delay_us = delay_us
+        testbed_base = base
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # NIXL's __init__ sets pthrDelay = 0 and builds the agent in one go;
+            # swap its binding module for the constructor call only.
+            with _DELAY_LOCK:
+                real = api.nixlBind
+                api.nixlBind = _BindWithDelay(real)
+                try:
+                    super().__init__(*args, **kwargs)
+                finally:
+                    api.nixlBind = real
+
+    base_worker.NixlWrapper = DelayedNixlAgent
+    return True
+
+
+# --------------------------------------------------------------------------- stage log
+#
+# vLLM's front end learns of a request's scheduling only with its next output, and
+# its scheduler exports KV-fetch stages as counts, not per request. What the router
+# needs per request (is it still waiting for decode admission, pulling KV, or
+# decoding?) is known to the scheduler's side of the KV connector, which vLLM calls
+# when it queues a request (`on_new_request`), allocates its blocks
+# (`update_state_after_alloc`: with external tokens that is decode admission, and the
+# NIXL read starts) and when the worker reports the pull done (`update_connector_output`,
+# `finished_recving`). The connector below is vLLM's `NixlConnector` unchanged, plus
+# one line per such event in a file of the engine's own folder; the front end
+# (same node, same monotonic clock) reads it back (`StageLog`).
+
+
+# The stage log's events that end a KV pull (NIXL reports a failed read as finished too).
+PULL_ENDS = frozenset({"recv_done", "recv_failed"})
+
+
+def restore_affinity(cpus: set[int]) -> list[int]:
+    """Give every thread of this process the CPUs ``cpus`` back where something narrowed them;
+    returns the threads changed.
+
+    vLLM's NIXL worker on the CPU pins the thread that builds it to "one last core in each
+    NUMA node", to keep KV transfer off the cores the forward pass's OpenMP threads are bound to
+    (``NixlConnectorWorker.__init__``: ``os.sched_setaffinity(0, rsv_cores_for_kv)``). With
+    ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (EngineConfig.omp_threads_bind: several engines share a
+    few cores) there are no such bound threads: the pinned thread is the worker's main thread,
+    which runs the forward pass, and every thread it starts after (NIXL's and UCX's) inherits the
+    pin. Measured on the 2-core testbed: all four engines' workers on CPU 1, their forward passes
+    and busy-waits sharing it while CPU 0 had room (README "The prefill stall, explained")."""
+    changed = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.sched_getaffinity(int(tid)) != cpus:
+                os.sched_setaffinity(int(tid), cpus)
+                changed.append(int(tid))
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return changed
+
+
+def _stage_logging(base: type) -> type:
+    class StageLoggingNixlConnector(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            cpus = os.sched_getaffinity(0)
+            super().__init__(*args, **kwargs)
+            if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
+                restore_affinity(cpus)  # vLLM's KV-transfer core reservation, undone (see there)
+            path = os.environ.get(STAGE_LOG_ENV)
+            # Only the scheduler's instance (in the EngineCore process) sees these events.
+            self._testbed_log = (open(path, "a", buffering=1)
+                                 if path and getattr(self, "connector_scheduler", None) is not None else None)
+
+        def _testbed_event(self, request_id: str, event: str) -> None:
+            if self._testbed_log is not None:
+                self._testbed_log.write(f"{time.monotonic():.6f}\t{event}\t{request_id}\n")
+
+        def on_new_request(self, request: Any) -> None:
+            super().on_new_request(request)
+            self._testbed_event(request.request_id, "queued")
+
+        def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> Any:
+            out = super().update_state_after_alloc(request, blocks, num_external_tokens)
+            self._testbed_event(request.request_id, "alloc_remote" if num_external_tokens > 0 else "alloc")
+            return out
+
+        def update_connector_output(self, connector_output: Any) -> None:
+            super().update_connector_output(connector_output)
+            # A failed pull is "finished" too (NIXL's worker puts it in both sets): told apart, so
+            # that the request's failure stays in kv_transfer rather than looking decoded.
+            failed = set(getattr(connector_output, "failed_recving", None) or ())
+            finished = set(connector_output.finished_recving or ())
+            for rid in finished | failed:
+                self._testbed_event(rid, "recv_failed" if rid in failed else "recv_done")
+
+    StageLoggingNixlConnector.__name__ = StageLoggingNixlConnector.__qualname__ = "NixlConnector"
+    return StageLoggingNixlConnector
+
+
+class StageLog:
+    """The front end's reader of its engine's stage log: first time of each event per request.
+
+    vLLM makes its internal request id by appending ``-`` and 8 random characters to
+    ours (``InputProcessor.assign_request_id``); that suffix is dropped here.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._pos = 0
+        self._events: dict[str, dict[str, float]] = {}
+
+    def _catch_up(self) -> None:
+        lines, self._pos = new_lines(self.path, self._pos)
+        for line in lines:
+            t, event, rid = line.split("\t")
+            ours = rid.rsplit("-", 1)[0]
+            self._events.setdefault(ours, {}).setdefault(event, float(t))
+
+    def get(self, request_id: str) -> dict[str, float]:
+        self._catch_up()
+        return dict(self._events.get(request_id, {}))
+
+    def pop(self, request_id: str) -> dict[str, float]:
+        self._catch_up()
+        return self._events.pop(request_id, {})
+
+    def forget(self, request_id: str) -> None:
+        """Drop what was logged for the request since it was popped (an aborted pull's end)."""
+        self._catch_up()
+        self._events.pop(request_id, None)
+
+
+def __getattr__(name: str) -> Any:
+    # vLLM resolves `kv_connector` ("NixlConnector") from `kv_connector_module_path`
+    # (this module) in each engine process: install the delay, hand back vLLM's class
+    # with the stage log added.
+    if name == "NixlConnector":
+        install_nixl_progress_delay()
+        shm_wakeups.install()
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
+
+        return _stage_logging(NixlConnector)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------- stats
+
+
+class EngineStats:
+    """Per-engine counters and the latest scheduler snapshot, fed by vLLM's stat loggers."""
+
+    _NIXL_SUMS = {
+        "transfer_duration": "vllm:nixl_xfer_time_seconds",
+        "post_duration": "vllm:nixl_post_time_seconds",
+        "bytes_transferred": "vllm:nixl_bytes_transferred",
+        "num_descriptors": "vllm:nixl_num_descriptors",
+    }
+    _NIXL_COUNTS = {
+        "num_failed_transfers": "vllm:nixl_num_failed_transfers_total",
+        "num_failed_handshakes": "vllm:nixl_num_failed_transfers_total",
+        "num_failed_notifications": "vllm:nixl_num_failed_notifications_total",
+        "num_kv_expired_reqs": NIXL_KV_EXPIRED,
+        "num_notifications_after_expiry": NIXL_READS_AFTER_EXPIRY,
+    }
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.counters: dict[str, float] = {
+            "vllm:prefix_cache_queries_total": 0,
+            "vllm:prefix_cache_hits_total": 0,
+            "vllm:external_prefix_cache_queries_total": 0,
+            "vllm:external_prefix_cache_hits_total": 0,
+            "vllm:prompt_tokens_total": 0,
+            "vllm:generation_tokens_total": 0,
+        }
+        for metric in self._NIXL_SUMS.values():
+            self.counters[metric + "_sum"] = 0
+            self.counters[metric + "_count"] = 0
+        for metric in self._NIXL_COUNTS.values():
+            self.counters[metric] = 0
+        self.last_xfer_time_s: float | None = None
+        self.max_xfer_time_s = 0.0
+        self.snapshot: dict[str, Any] = {}
+        self.snapshot_s: float | None = None
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        c = self.counters
+        if iteration_stats is not None:
+            c["vllm:prompt_tokens_total"] += iteration_stats.num_prompt_tokens
+            c["vllm:generation_tokens_total"] += iteration_stats.num_generation_tokens
+        if scheduler_stats is None:
+            return
+        s = scheduler_stats
+        self.snapshot = {
+            "running": s.num_running_reqs,
+            "waiting": s.num_waiting_reqs + s.num_skipped_waiting_reqs,
+            "kv_usage": float(s.kv_cache_usage),
+            "kv_fetching": dict(s.num_kv_fetch_reqs_by_stage),
+        }
+        self.snapshot_s = self._clock()
+        c["vllm:prefix_cache_queries_total"] += s.prefix_cache_stats.queries
+        c["vllm:prefix_cache_hits_total"] += s.prefix_cache_stats.hits
+        if s.connector_prefix_cache_stats is not None:
+            c["vllm:external_prefix_cache_queries_total"] += s.connector_prefix_cache_stats.queries
+            c["vllm:external_prefix_cache_hits_total"] += s.connector_prefix_cache_stats.hits
+        data = s.kv_connector_stats or {}
+        for key, metric in self._NIXL_SUMS.items():
+            values = data.get(key) or []
+            c[metric + "_sum"] += float(sum(values))
+            c[metric + "_count"] += len(values)
+        for key, metric in self._NIXL_COUNTS.items():
+            c[metric] += float(sum(data.get(key) or []))
+        for seconds in data.get("transfer_duration") or []:
+            self.last_xfer_time_s = float(seconds)
+            self.max_xfer_time_s = max(self.max_xfer_time_s, float(seconds))
+
+    def logger_factory(self) -> Callable[..., Any]:
+        """A vLLM `StatLoggerFactory` whose loggers feed this object."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        stats = self
+
+        class _Logger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any,
+                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+                stats.record(scheduler_stats, iteration_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _Logger
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """One vLLM engine with NIXL KV transfer; create it, `await start()`, then serve."""
+
+    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self._llm: Any = None
+        self._stats = EngineStats(clock)
+        self._lost_wakeups = shm_wakeups.LostSeconds(config.wakeup_log_path)
+        self._inflight: set[str] = set()
+        self._submitted: dict[str, float] = {}  # request id -> when its call reached this engine
+        self._first: dict[str, float] = {}  # request id -> when its first token reached the front end
+        self._stage_log = StageLog(config.stage_log_path)
+        # Aborted requests whose KV pull had started and not ended: when their call reached this
+        # engine. vLLM cannot cancel the read; its end comes later (pull_end).
+        self._dead_pulls: dict[str, float] = {}
+        self.startup_s: float | None = None
+        self.warmup_s: float | None = None
+
+    # ---- lifecycle
+
+    def engine_args(self) -> Any:
+        """The `AsyncEngineArgs` this engine starts with (vLLM must be importable)."""
+        from vllm.config import KVTransferConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        cfg = self.config
+        extra: dict[str, Any] = {"kv_lease_duration": cfg.kv_lease_s}
+        if cfg.nixl_num_threads is not None:
+            extra["num_threads"] = cfg.nixl_num_threads
+        kv = KVTransferConfig(
+            kv_connector="NixlConnector",
+            kv_connector_module_path=__name__,
+            kv_role="kv_both",
+            # tcp stages the KV through host memory: UCX over TCP cannot read GPU memory
+            kv_buffer_device="cuda" if cfg.gpu and cfg.transport == "rdma" else "cpu",
+            kv_connector_extra_config=extra,
+        )
+        kwargs: dict[str, Any] = dict(
+            model=str(cfg.model),
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=True,
+            kv_cache_memory_bytes=cfg.kv_cache_bytes,
+            kv_transfer_config=kv,
+            seed=cfg.seed,
+            disable_log_stats=False,
+            enable_log_requests=False,
+        )
+        if cfg.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = cfg.max_num_seqs
+        if cfg.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+        return AsyncEngineArgs(**kwargs)
+
+    async def start(self, warmup: bool = True) -> float:
+        """Start the engine; returns the start-up seconds (warm-up included).
+
+        On 2 CPU cores one engine starts in 25-30 s alone and 50-70 s when two
+        start together. The first decode steps of a fresh engine are slow (the
+        CPU kernels are built on first use: 6-30 s for the first request), so
+        `warmup` runs one local request of three blocks before returning.
+        """
+        if self._llm is not None:
+            raise RuntimeError(f"engine {self.config.name} is already started")
+        for sub in ("tmp", "cache"):
+            (self.config.engine_dir / sub).mkdir(parents=True, exist_ok=True)
+        os.environ.update(self.config.environment())
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        t0 = self._clock()
+        args = self.engine_args()
+        # Built in a thread so the caller's event loop stays responsive; AsyncLLM
+        # starts its output handler lazily on the first request.
+        self._llm = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.logger_factory()])
+        if warmup:
+            t1 = self._clock()
+            prompt = [4 + (7 * i) % 2000 for i in range(2 * 128 + 45)]
+            await self.decode(f"warmup-{self.config.name}", prompt, max_tokens=8)
+            self.warmup_s = self._clock() - t1
+        self.startup_s = self._clock() - t0
+        return self.startup_s
+
+    async def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+
+    def gpu_uuid(self) -> str | None:
+        """NVML UUID (``GPU-...``) of the GPU this engine computes on; None for a CPU engine.
+
+        Resolved here, in the engine's process, where Ray set CUDA_VISIBLE_DEVICES: a
+        fault agent's NVML numbers GPUs physically, so the UUID is how it finds this one.
+        vLLM runs on CUDA device 0 of this process (one GPU per engine); its engine core,
+        a child, inherits the same CUDA_VISIBLE_DEVICES. It initialises CUDA in this process."""
+        if not self.config.gpu:
+            return None
+        from testbed.faults.gpu import visible_gpu_uuid
+
+        return visible_gpu_uuid(0)
+
+    def _require(self) -> Any:
+        if self._llm is None:
+            raise RuntimeError(f"engine {self.config.name} is not started")
+        return self._llm
+
+    # ---- requests
+
+    async def _generate(self, request_id: str, prompt_token_ids: Sequence[int], params: Any,
+                        times: list[float] | None = None, on_tokens: TokenSink | None = None,
+                        ) -> tuple[float | None, Any, dict[str, float]]:
+        """(first token time, last output, the scheduler's events as offsets from the call's start);
+        ``times`` gets the arrival time of every output that brought new tokens, ``on_tokens``
+        those new tokens (and the finish reason on the last)."""
+        llm = self._require()
+        first: float | None = None
+        last = None
+        seen = 0
+        self._inflight.add(request_id)
+        t0 = self._submitted[request_id] = self._clock()
+        try:
+            async for out in llm.generate(
+                    prompt={"prompt_token_ids": list(prompt_token_ids)},
+                    sampling_params=params, request_id=request_id):
+                n = len(out.outputs[0].token_ids) if out.outputs else 0
+                if n > seen:
+                    now = self._clock()
+                    if first is None:
+                        first = self._first[request_id] = now
+                    if times is not None:
+                        times.append(now)
+                    if on_tokens is not None:
+                        comp = out.outputs[0]
+                        on_tokens(list(comp.token_ids[seen:n]), comp.finish_reason)
+                    seen = n
+                last = out
+        finally:
+            self._inflight.discard(request_id)
+            self._submitted.pop(request_id, None)
+            self._first.pop(request_id, None)
+            events = self._stage_log.pop(request_id)
+        return first, last, {k: t - t0 for k, t in events.items()}
+
+    async def stages(self, request_id: str) -> dict[str, float]:
+        """Where an in-flight request is: the scheduler's events so far ("queued", "alloc",
+        "alloc_remote", "recv_done") and the front end's "first_token", in seconds after its
+        call reached this engine."""
+        t0 = self._submitted.get(request_id)
+        if t0 is None:
+            return {}
+        out = {k: t - t0 for k, t in self._stage_log.get(request_id).items()}
+        if request_id in self._first:
+            out["first_token"] = self._first[request_id] - t0
+        return out
+
+    async def prefill(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillResult:
+        """Compute the prompt's KV and keep it for a remote decoder (max_tokens=1)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=1, temperature=0.0, detokenize=False,
+            extra_args={"kv_transfer_params": {"do_remote_decode": True}})
+        t0 = self._clock()
+        _, last, stages = await self._generate(request_id, prompt_token_ids, params)
+        reason = last.outputs[0].finish_reason if last is not None and last.outputs else None
+        stats = getattr(last, "metrics", None)
+        queued = None
+        if stats is not None and getattr(stats, "scheduled_ts", 0.0) and getattr(stats, "queued_ts", 0.0):
+            queued = max(0.0, float(stats.scheduled_ts - stats.queued_ts))
+        return PrefillResult(
+            request_id=request_id,
+            kv_transfer_params=None if last is None else last.kv_transfer_params,
+            num_prompt_tokens=len(prompt_token_ids),
+            submitted_s=t0, finished_s=self._clock(), finish_reason=reason, queued_s=queued, stages=stages)
+
+    async def decode(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
+                     kv_transfer_params: Mapping[str, Any] | None = None, *,
+                     logprobs: int | None = None, ignore_eos: bool = True,
+                     sampling: Mapping[str, Any] | None = None, on_tokens: TokenSink | None = None) -> DecodeResult:
+        """Greedy-decode `max_tokens` tokens; with `kv_transfer_params` the prompt's KV is pulled.
+
+        Without params the engine computes the prompt itself (a single-engine run).
+        ``sampling``: further `SamplingParams` fields (an OpenAI request's temperature, top_p,
+        seed, ignore_eos), over the greedy defaults; ``on_tokens`` gets tokens as they come.
+        """
+        from vllm import SamplingParams
+
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+        extra = None if kv_transfer_params is None else {
+            "kv_transfer_params": dict(kv_transfer_params)}
+        fields: dict[str, Any] = dict(temperature=0.0, ignore_eos=ignore_eos, logprobs=logprobs)
+        fields.update(sampling or {})
+        params = SamplingParams(max_tokens=max_tokens, detokenize=False, extra_args=extra, **fields)
+        t0 = self._clock()
+        times: list[float] = []
+        first, last, stages = await self._generate(request_id, prompt_token_ids, params, times, on_tokens)
+        end = self._clock()
+        if last is None or not last.outputs:
+            return DecodeResult(request_id, (), t0, first, end, "abort", stages=stages, token_times=tuple(times))
+        comp = last.outputs[0]
+        tops: tuple[tuple[float, ...], ...] = ()
+        top_tokens: tuple[tuple[int, ...], ...] = ()
+        if logprobs and comp.logprobs:
+            ranked = [sorted(step.items(), key=lambda kv: kv[1].logprob, reverse=True) for step in comp.logprobs]
+            tops = tuple(tuple(lp.logprob for _, lp in step) for step in ranked)
+            top_tokens = tuple(tuple(int(tok) for tok, _ in step) for step in ranked)
+        return DecodeResult(request_id, tuple(comp.token_ids), t0, first, end,
+                            comp.finish_reason, tops, stages, tuple(times), top_tokens)
+
+    async def decode_stream(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
+                            kv_transfer_params: Mapping[str, Any] | None = None, *,
+                            sampling: Mapping[str, Any] | None = None) -> AsyncIterator[Any]:
+        """`decode` as a stream: (new token ids, finish reason) for each output that brought
+        tokens, then the `DecodeResult`. What a Ray streaming call relays to the router."""
+        chunks: asyncio.Queue = asyncio.Queue()
+        call = asyncio.ensure_future(self.decode(
+            request_id, prompt_token_ids, max_tokens, kv_transfer_params, sampling=sampling,
+            on_tokens=lambda ids, reason: chunks.put_nowait((ids, reason))))
+        call.add_done_callback(lambda _: chunks.put_nowait(None))
+        try:
+            while (chunk := await chunks.get()) is not None:
+                yield chunk
+            yield call.result()
+        finally:
+            if not call.done():  # the consumer went away: the request must not run on unseen
+                await self.abort(request_id)
+                call.cancel()
+
+    async def abort(self, request_id: str) -> None:
+        """Cancel a request (the router's deadline); its `decode` returns with `aborted` at once.
+        A KV pull in flight goes on regardless (vLLM 0.32 frees an aborted request's blocks only
+        once its NIXL read has ended): its end is kept for :meth:`pull_end`."""
+        t0 = self._submitted.get(request_id)
+        if t0 is not None:
+            events = self._stage_log.get(request_id)
+            if "alloc_remote" in events and not PULL_ENDS & events.keys():
+                self._dead_pulls[request_id] = t0
+        await self._require().abort(request_id)
+
+    async def pull_end(self, request_id: str, forget: bool = False) -> dict[str, float]:
+        """How an aborted request's KV pull ended ("recv_done" or "recv_failed", in seconds after
+        its call reached this engine), once the scheduler has logged it; {} until then (or for a
+        request without a pull in flight at its abort). Found, or with ``forget``, it is dropped."""
+        t0 = self._dead_pulls.get(request_id)
+        if t0 is None:
+            return {}
+        out = {k: t - t0 for k, t in self._stage_log.get(request_id).items() if k in PULL_ENDS}
+        if out or forget:
+            del self._dead_pulls[request_id]
+            self._stage_log.forget(request_id)
+        return out
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop cached prefixes, so one run's prompts cannot speed up the next run's."""
+        return bool(await self._require().reset_prefix_cache())
+
+    async def release_remote_kv(self, request_id: str,
+                                kv_transfer_params: Mapping[str, Any]) -> None:
+        """Tell the prefill engine to free KV it holds for a decode that will never run.
+
+        Call it on a decode engine when the router drops a prefilled request
+        before decoding it; otherwise the blocks stay pinned until the lease ends.
+        """
+        await self._require().notify_kv_transfer_request_rejected(
+            request_id, dict(kv_transfer_params))
+
+    # ---- observation
+
+    async def load(self) -> dict[str, Any]:
+        """Queue and KV state from the last scheduler step plus the front end's own count."""
+        llm = self._require()
+        snap = self._stats.snapshot
+        age = None if self._stats.snapshot_s is None else self._clock() - self._stats.snapshot_s
+        return {
+            "unfinished": llm.get_num_unfinished_requests(),
+            "running": snap.get("running", 0),
+            "waiting": snap.get("waiting", 0),
+            "kv_usage": snap.get("kv_usage", 0.0),
+            "kv_fetching": snap.get("kv_fetching", {}),
+            "stats_age_s": age,
+        }
+
+    async def health(self) -> dict[str, Any]:
+        """vLLM's own health check (the engine core alive and not errored: what vLLM's
+        ``/health`` answers), then the load: a dead core raises here."""
+        await self._require().check_health()
+        return await self.load()
+
+    async def metrics(self) -> dict[str, float | None]:
+        """Cumulative counters since start, named like vLLM's Prometheus series."""
+        out: dict[str, float | None] = dict(self._stats.counters)
+        out["nixl_last_xfer_time_s"] = self._stats.last_xfer_time_s
+        out["nixl_max_xfer_time_s"] = self._stats.max_xfer_time_s
+        out["startup_s"] = self.startup_s
+        out["warmup_s"] = self.warmup_s
+        # missed wake-ups of the engine core's and worker's queue (shm_wakeups.py); run.json's
+        # `engines` holds their deltas over the run
+        out["shm_lost_wakeup_s"] = self._lost_wakeups()
+        out["shm_missed_wakeups"] = self._lost_wakeups.count
+        return out

@@ -1,0 +1,258 @@
+"""The per-node fault agent, as a plain object: shaping, compute slow-down, TTLs.
+
+One agent per node (the Ray actor in ``testbed.faults.agent_actor`` is a thin
+adapter around it). It acts only on its own node: the link shaping in the
+calling thread's network namespace (the node's), the compute slow-down on
+processes of the node. Safety lives here, not in the caller:
+
+* only interfaces on the allowlist are touched; anything else raises
+  :class:`FaultRefused` before anything changes;
+* every fault carries a time to live, ``expire(now)`` removes what is due,
+  and the actor calls it on its own timer, so a fault expires even when the
+  driver that set it died;
+* ``clear_all`` undoes everything the agent set (the actor calls it on
+  SIGINT/SIGTERM and at exit).
+
+Faults are keyed (``"f0/pod1/link"``); applying a key again is "make it so".
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
+
+from testbed.faults import shaping
+from testbed.faults.shaping import Shaping, ShapingError
+
+if TYPE_CHECKING:
+    from testbed.faults.throttle import Backend
+
+Side = Literal["uplink", "downlink"]
+_DIRECTION: dict[str, shaping.Direction] = {"uplink": "egress", "downlink": "ingress"}
+
+
+class FaultRefused(ShapingError):
+    """A request the agent's safety rules do not allow (nothing was changed)."""
+
+
+@dataclass
+class _Active:
+    key: str
+    kind: str
+    expires_at: float
+    undo: Callable[[], Any]
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def pick_interface(allowlist: Sequence[str], present: Sequence[str] | None = None, where: str = "this node") -> str:
+    """The interface a node's faults shape and its KV crosses: the first of the allowlist
+    (``testbed.fault_interfaces``) that exists on the node, so nodes whose NICs have other names
+    (eth0 here, ens1f0 there) can share one spec. None present: one line naming what the node has."""
+    if present is None:
+        import socket
+
+        present = [name for _, name in socket.if_nameindex()]  # this process's network namespace
+    for name in allowlist:
+        if name in present:
+            return name
+    raise ValueError(f"{where} has none of testbed.fault_interfaces ({', '.join(allowlist)}); "
+                     f"it has {', '.join(sorted(present)) or 'no interface'}")
+
+
+class FaultAgent:
+    """Applies, measures and clears faults on one node."""
+
+    def __init__(self, node: str, allowlist: Iterable[str], clock: Callable[[], float] = time.monotonic) -> None:
+        self.node = node
+        self.allowlist = frozenset(allowlist)
+        if not self.allowlist:
+            raise ValueError("fault agent: the interface allowlist is empty")
+        self.clock = clock
+        self._active: dict[str, _Active] = {}
+        self._lock = threading.RLock()  # the TTL timer and calls may run in different threads
+
+    # --- safety -----------------------------------------------------------
+    def check_interface(self, ifname: str) -> None:
+        if ifname not in self.allowlist:
+            raise FaultRefused(f"interface {ifname!r} is not on the fault allowlist of node {self.node} "
+                               f"({', '.join(sorted(self.allowlist))}): refused, nothing changed")
+
+    @staticmethod
+    def check_ttl(key: str, ttl_s: float) -> None:
+        if not ttl_s > 0:
+            raise FaultRefused(f"fault {key}: a time to live > 0 s is required, got {ttl_s}: refused, nothing changed")
+
+    def _register(self, key: str, kind: str, ttl_s: float, undo: Callable[[], Any], **detail: Any) -> None:
+        self._active[key] = _Active(key, kind, self.clock() + ttl_s, undo, detail)
+
+    # --- link -------------------------------------------------------------
+    def apply_link(self, key: str, ifname: str, sides: Sequence[Side], rate_bps: float, ttl_s: float,
+                   kv_only: bool = False, delay_ms: float = 0.0, loss: float = 0.0) -> dict[str, Any]:
+        """Shape ``sides`` of ``ifname`` to ``rate_bps``; the key's earlier shaping is replaced."""
+        self.check_interface(ifname)
+        self.check_ttl(key, ttl_s)
+        bad = [s for s in sides if s not in _DIRECTION]
+        if bad or not sides:
+            raise FaultRefused(f"fault {key}: sides must be uplink and/or downlink, got {list(sides)}")
+        if (delay_ms > 0 or loss > 0) and (why := shaping.netem_missing()):
+            raise FaultRefused(f"fault {key}: {why}")
+        with self._lock:
+            if key in self._active:
+                self.clear(key)
+            done: list[Side] = []
+
+            def undo() -> None:
+                for side in done:
+                    shaping.unshape(ifname, _DIRECTION[side])
+
+            try:
+                for side in sides:
+                    shaping.shape(Shaping(ifname, _DIRECTION[side], rate_bps, kv_only, delay_ms, loss))
+                    done.append(side)
+            except BaseException:
+                undo()
+                raise
+            self._register(key, "link", ttl_s, undo, ifname=ifname, sides=list(sides), rate_bps=rate_bps)
+        return {"key": key, "ifname": ifname, "sides": list(sides), "rate_bps": rate_bps, "ttl_s": ttl_s}
+
+    def measure_uplink(self, ifname: str, peer: str, offered_bps: float, window_s: float = 0.4) -> float:
+        """Rate (bit/s) out of ``ifname`` while probe datagrams are offered to ``peer`` at ``offered_bps``.
+
+        The probe uses a source port in the KV range, so it is shaped like KV
+        traffic also with ``kv_only``. The rate is read from counters: the limited
+        class's where the project shapes the interface (with ``kv_only`` the interface
+        also carries unshaped traffic), else the interface's. Concurrent KV traffic
+        counts too: the shaper limits the sum."""
+        self.check_interface(ifname)
+        return self._rate_while(lambda: shaping.sent_bytes(ifname),
+                                lambda: shaping.blast(peer, offered_bps, window_s + 0.2), window_s)
+
+    def tx_bytes(self, ifname: str) -> int:
+        """Bytes ``ifname`` has transmitted (read-only; allowlisted interfaces only): the
+        start-up check that the KV crosses the interface the faults shape reads it."""
+        self.check_interface(ifname)
+        return shaping.tx_bytes(ifname)
+
+    def measure_downlink(self, ifname: str, window_s: float = 0.4) -> float:
+        """Rate (bit/s) into the node through ``ifname`` over ``window_s``: call it while a peer
+        offers traffic (``blast``). Read after the ingress shaper (its ifb) when there is one,
+        else from the interface's receive counter; 0 when nothing arrives."""
+        self.check_interface(ifname)
+        ifb = shaping.ifb_name(ifname)
+        if shaping.has_link(ifb):
+            return self._rate_while(lambda: shaping.sent_bytes(ifb), None, window_s)
+        return self._rate_while(lambda: shaping.rx_bytes(ifname), None, window_s)
+
+    @staticmethod
+    def _rate_while(counter: Callable[[], int], load: Callable[[], Any] | None, window_s: float,
+                    settle_s: float = 0.1, every_s: float = 0.005) -> float:
+        """Bytes/s through a counter over ``window_s``, from its first change to its last.
+
+        A shaper releases whole packets, GSO ones up to 64 KiB, and goes into debt for
+        them: at a few Mbit/s the counter moves in steps a good part of a second apart.
+        Counting from step to step measures the drain rate exactly; a plain delta over
+        the window would be off by up to a step at each end."""
+        t = threading.Thread(target=load, daemon=True) if load else None
+        if t:
+            t.start()
+        time.sleep(settle_s)  # let the shaper's queue fill: the window then sees its drain rate
+        t_start = time.monotonic()
+        samples = [(t_start, counter())]
+        while time.monotonic() - t_start < window_s:
+            time.sleep(every_s)
+            b = counter()
+            if b != samples[-1][1]:
+                samples.append((time.monotonic(), b))
+        end = (time.monotonic(), counter())
+        if t:
+            t.join()
+        if len(samples) >= 3:  # two steps or more: step to step
+            (t0, b0), (t1, b1) = samples[1], samples[-1]
+        else:
+            (t0, b0), (t1, b1) = samples[0], end
+        return (b1 - b0) * 8 / (t1 - t0)
+
+    @staticmethod
+    def blast(peer: str, offered_bps: float, duration_s: float) -> int:
+        """Offer probe traffic to ``peer`` (for a peer agent's ``measure_downlink``)."""
+        return shaping.blast(peer, offered_bps, duration_s)
+
+    # --- compute ----------------------------------------------------------
+    def apply_compute(self, key: str, pids: Sequence[int], factor: float, ttl_s: float,
+                      backend: Backend = "cpu", cores: float | None = None,
+                      gpu_uuids: Sequence[str] = ()) -> float:
+        """Slow the processes ``pids`` (and their threads and later children) by ``factor``;
+        returns the measured factor. ``backend`` is the device the engines run on
+        (``"cpu"``: a CPU quota on ``pids`` of ``cores / factor``, ``cores`` being what they
+        compute on, every core of the host if None; ``"gpu"``: the clocks of the GPUs
+        ``gpu_uuids``, the NVML UUIDs the engines resolved in their own processes: a GPU
+        fault without them is refused, never aimed at an index)."""
+        from testbed.faults.throttle import make_throttle
+
+        self.check_ttl(key, ttl_s)
+        gpus = list(gpu_uuids) if backend == "gpu" else []
+        with self._lock:
+            prev = self._active.get(key)
+            same = (prev is not None and prev.kind == "compute" and prev.detail["backend"] == backend
+                    and prev.detail["gpu_uuids"] == gpus)
+            # The cgroup is named for node, process and key: agents of several pods share one host here.
+            throttle = (prev.detail["throttle"] if same
+                        else make_throttle(f"{self.node}-{os.getpid()}-{key}", backend, cores, gpus))
+            if prev and not same:
+                self.clear(key)  # another kind of fault, backend or GPU set under this key: undo it first
+            measured = throttle.apply(list(pids), factor)
+            self._register(key, "compute", ttl_s, throttle.clear, throttle=throttle, factor=factor,
+                           backend=backend, gpu_uuids=gpus)
+        return measured
+
+    # --- lifecycle --------------------------------------------------------
+    def clear(self, key: str) -> Any:
+        """Undo one fault; returns what its undo returns (compute: the measured factor). Idempotent.
+        A fault whose undo fails stays registered, so the TTL timer tries it again."""
+        with self._lock:
+            a = self._active.get(key)
+            if a is None:
+                return None
+            result = a.undo()
+            del self._active[key]
+            return result
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Clear every fault whose time to live has run out; returns their keys."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            due = [k for k, a in self._active.items() if a.expires_at <= now]
+            errors = []
+            for k in due:
+                try:
+                    self.clear(k)
+                except Exception as e:  # the others still expire; this one is retried next time
+                    errors.append(f"{k}: {e}")
+        if errors:
+            raise ShapingError("expiring faults failed for " + "; ".join(errors))
+        return due
+
+    def clear_all(self) -> list[str]:
+        """Undo everything this agent set, then anything the project left in this namespace
+        on the allowlisted interfaces (an earlier agent that was killed)."""
+        with self._lock:
+            keys = list(self._active)
+            errors = []
+            for k in keys:
+                try:
+                    self.clear(k)
+                except Exception as e:  # keep clearing the others
+                    errors.append(f"{k}: {e}")
+            leftovers = shaping.clear_all(self.allowlist)
+        if errors:
+            raise ShapingError("clearing faults failed for " + "; ".join(errors))
+        return keys + leftovers
+
+    def active(self) -> dict[str, dict[str, Any]]:
+        now = self.clock()
+        with self._lock:
+            return {k: {"kind": a.kind, "ttl_left_s": a.expires_at - now,
+                        **{d: v for d, v in a.detail.items() if d != "throttle"}} for k, a in self._active.items()}

@@ -1,0 +1,366 @@
+"""NIC shaping with pyroute2 (no ``tc`` CLI): the link fault of the testbed.
+
+Everything here acts on the calling thread's network namespace (the fault
+agent runs inside its node's namespace; tests wrap calls in
+``testbed.hosts.netns.in_netns``) and opens, uses and closes its own
+``IPRoute`` handle: a pyroute2 0.9 handle belongs to the thread that opened it.
+
+Layout on an interface ``dev``, every handle in the project's own major
+``7e57`` so that ``clear_all`` can find what the project set and nothing else:
+
+* egress (``uplink``, what leaves the node: KV pulled *from* its prefill
+  engine): ``htb`` root ``7e57:`` on ``dev`` with class ``7e57:1`` limited to
+  the rate and class ``7e57:2`` left at line rate;
+* ingress (``downlink``, what enters it: KV its decode engine pulls): an
+  ``ingress`` qdisc on ``dev`` redirects every packet (u32 + mirred) to an
+  ``ifb`` device ``tb-ifb-<dev>``, which carries the same ``htb``;
+* which traffic is limited: everything (default class ``:1``), or with
+  ``kv_only`` only TCP/UDP with a port in :data:`KV_PORT_RANGE`, the range UCX
+  is told to listen on (``UCX_TCP_PORT_RANGE``); Ray's control traffic then
+  stays at line rate;
+* delay and loss: a ``netem`` child under ``7e57:1``. Kernels without netem
+  (this machine) get a :class:`ShapingError` saying so;
+* a link down (rate 0): htb cannot go below its rate's floor, and this kernel has
+  no ``gact`` (tc's drop action) nor netem's 100% loss, so ``7e57:1`` gets a
+  ``pfifo`` child of ``limit 0``, which drops every packet it is given (measured:
+  a TCP connect across it times out, and the qdisc counts the drops).
+
+htb rather than tbf: the second class is what makes ``kv_only`` possible, and
+htb is as exact as tbf for one flow (measured in tests/test_faults_shaping.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import TC_H_ROOT
+
+MAJOR = 0x7E57  # "test": every qdisc/class of the project has this major
+ROOT = MAJOR << 16
+SHAPED = ROOT | 0x1
+LINE_RATE = ROOT | 0x2
+NETEM = 0x7E580000
+DROP = 0x7E590000
+INGRESS = 0xFFFF0000
+IFB_PREFIX = "tb-ifb-"
+# UCX listens for its TCP connections in this range (UCX_TCP_PORT_RANGE), so
+# every KV connection has one end in it. 0x5000-0x50ff: one u32 mask matches it.
+KV_PORT_BASE, KV_PORT_MASK = 0x5000, 0xFF00
+KV_PORT_RANGE = f"{KV_PORT_BASE}-{KV_PORT_BASE + 0xFF}"
+_UNLIMITED_BPS = 100e9  # the line-rate class: above anything a NIC here carries
+_ETH_P_ALL, _ETH_P_IP = 0x0003, 0x0800
+
+Direction = Literal["egress", "ingress"]
+
+
+class ShapingError(RuntimeError):
+    """A shaping request that cannot be carried out; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """What is installed on one direction of one interface."""
+
+    ifname: str
+    direction: Direction
+    rate_bps: float  # bits per second; 0: drop everything it shapes (a link down)
+    kv_only: bool = False
+    delay_ms: float = 0.0
+    loss: float = 0.0  # fraction of packets dropped
+
+
+@contextmanager
+def _iproute() -> Iterator[IPRoute]:
+    """An IPRoute handle on a loop of its own: pyroute2 builds its loop from the current
+    policy, and under uvloop (Ray's workers) netlink sockets fail to open."""
+    loop = asyncio.SelectorEventLoop()
+    try:
+        with IPRoute(use_event_loop=loop) as ipr:
+            yield ipr
+    finally:
+        loop.close()
+
+
+def ifb_name(ifname: str) -> str:
+    return (IFB_PREFIX + ifname)[:15]  # IFNAMSIZ - 1
+
+
+def _index(ipr: IPRoute, ifname: str) -> int:
+    idx = ipr.link_lookup(ifname=ifname)
+    if not idx:
+        raise ShapingError(f"interface {ifname}: not found in this network namespace")
+    return idx[0]
+
+
+def _root_handle(ipr: IPRoute, idx: int) -> int | None:
+    for q in ipr.get_qdiscs(index=idx):
+        if q["parent"] == TC_H_ROOT:
+            return q["handle"]
+    return None
+
+
+def _del_root(ipr: IPRoute, idx: int) -> bool:
+    """Remove the root qdisc if it is the project's; True if one was removed."""
+    if _root_handle(ipr, idx) != ROOT:
+        return False
+    try:
+        ipr.tc("del", index=idx, handle=ROOT, parent=TC_H_ROOT)  # needs parent=root (FIELD-NOTES)
+    except NetlinkError as e:
+        if e.code != 2:  # ENOENT: removed meanwhile
+            raise
+    return True
+
+
+def _has_ingress(ipr: IPRoute, idx: int) -> bool:
+    return any(q["handle"] == INGRESS for q in ipr.get_qdiscs(index=idx))
+
+
+def netem_missing() -> str | None:
+    """None if this kernel has netem, else why delay/loss cannot be applied."""
+    try:
+        with open("/proc/config.gz", "rb") as f:
+            import gzip
+
+            config = gzip.decompress(f.read()).decode()
+        if "CONFIG_NET_SCH_NETEM=y" in config or "CONFIG_NET_SCH_NETEM=m" in config:
+            return None
+        return "this kernel has no netem (CONFIG_NET_SCH_NETEM is not set): delay and loss faults cannot be applied"
+    except OSError:
+        pass
+    import glob
+    import os
+
+    release = os.uname().release
+    if glob.glob(f"/lib/modules/{release}/kernel/net/sched/sch_netem.ko*") or os.path.isdir("/sys/module/sch_netem"):
+        return None
+    return f"no netem module for kernel {release}: delay and loss faults cannot be applied"
+
+
+def _install_htb(ipr: IPRoute, idx: int, s: Shaping) -> None:
+    rate_Bps = max(int(s.rate_bps / 8), 125)  # htb takes bytes/s; at least 1 kbit/s
+    # One MTU-sized burst at low rates; 4 ms of traffic at high ones (timer granularity).
+    burst = max(3200, int(rate_Bps * 0.004))
+    ipr.tc("add", "htb", idx, ROOT, default=(LINE_RATE if s.kv_only else SHAPED) & 0xFFFF)
+    ipr.tc("add-class", "htb", idx, SHAPED, parent=ROOT, rate=rate_Bps, ceil=rate_Bps, burst=burst, cburst=burst,
+           quantum=1514)
+    line = int(_UNLIMITED_BPS / 8)
+    ipr.tc("add-class", "htb", idx, LINE_RATE, parent=ROOT, rate=line, ceil=line, quantum=200000)
+    if s.kv_only:
+        # Source or destination port in the KV range: the 32-bit word at IP offset 20
+        # holds both ports (no IP options, as on every UCX/TCP packet).
+        for key in (f"0x{KV_PORT_BASE << 16:08x}/0x{KV_PORT_MASK << 16:08x}+20",
+                    f"0x{KV_PORT_BASE:08x}/0x{KV_PORT_MASK:08x}+20"):
+            ipr.tc("add-filter", "u32", idx, parent=ROOT, prio=10, protocol=_ETH_P_IP, target=SHAPED, keys=[key])
+    if s.rate_bps == 0:  # a pfifo of no room: every packet classified here is dropped
+        ipr.tc("add", "pfifo", idx, DROP, parent=SHAPED, limit=0)
+    elif s.delay_ms > 0 or s.loss > 0:
+        why = netem_missing()
+        if why:
+            raise ShapingError(why)
+        ipr.tc("add", "netem", idx, NETEM, parent=SHAPED, delay=int(s.delay_ms * 1000), loss=s.loss * 100)
+
+
+def _ensure_ifb(ipr: IPRoute, dev_idx: int, ifname: str) -> int:
+    name = ifb_name(ifname)
+    found = ipr.link_lookup(ifname=name)
+    if not found:
+        if _has_ingress(ipr, dev_idx):  # without the project's ifb, the ingress qdisc is someone else's
+            raise ShapingError(f"{ifname} ingress: an ingress qdisc the project did not set is there; "
+                               "refusing to replace it")
+        try:
+            ipr.link("add", ifname=name, kind="ifb")
+        except NetlinkError as e:
+            raise ShapingError(f"cannot create ifb device {name} for ingress shaping ({e.args[1] if len(e.args) > 1 else e})") from None
+        found = ipr.link_lookup(ifname=name)
+    ifb = found[0]
+    ipr.link("set", index=ifb, state="up")
+    if not _has_ingress(ipr, dev_idx):
+        ipr.tc("add", "ingress", dev_idx, INGRESS)
+        ipr.tc("add-filter", "u32", dev_idx, parent=INGRESS, prio=10, protocol=_ETH_P_ALL, keys=["0x0/0x0+0"],
+               target=0x1, action=dict(kind="mirred", direction="egress", action="redirect", ifindex=ifb))
+    return ifb
+
+
+def shape(s: Shaping) -> None:
+    """Make it so: ``s`` is what shapes ``s.direction`` of ``s.ifname`` (replacing the project's earlier one)."""
+    if not s.rate_bps >= 0:
+        raise ShapingError(f"{s.ifname}: rate must be 0 (down) or positive, got {s.rate_bps}")
+    with _iproute() as ipr:
+        dev = _index(ipr, s.ifname)
+        target = _ensure_ifb(ipr, dev, s.ifname) if s.direction == "ingress" else dev
+        root = _root_handle(ipr, target)
+        if root not in (None, ROOT, 0):
+            raise ShapingError(f"{s.ifname} {s.direction}: a root qdisc (handle {root >> 16:x}:) the project did not "
+                               "set is there; refusing to replace it")
+        _del_root(ipr, target)
+        try:
+            _install_htb(ipr, target, s)
+        except BaseException:
+            _del_root(ipr, target)
+            if s.direction == "ingress":
+                _remove_ingress(ipr, s.ifname)
+            raise
+
+
+def _remove_ingress(ipr: IPRoute, ifname: str) -> bool:
+    removed = False
+    dev = ipr.link_lookup(ifname=ifname)
+    ifb = ipr.link_lookup(ifname=ifb_name(ifname))
+    if dev and ifb and _has_ingress(ipr, dev[0]):
+        # Only an ingress qdisc whose redirect the project made (its ifb exists) is removed.
+        ipr.tc("del", "ingress", dev[0], INGRESS)
+        removed = True
+    if ifb:
+        ipr.link("del", index=ifb[0])
+        removed = True
+    return removed
+
+
+def unshape(ifname: str, direction: Direction) -> bool:
+    """Remove the project's shaping from one direction of ``ifname``; idempotent. True if something was removed."""
+    with _iproute() as ipr:
+        if direction == "egress":
+            dev = ipr.link_lookup(ifname=ifname)
+            return bool(dev) and _del_root(ipr, dev[0])
+        return _remove_ingress(ipr, ifname)
+
+
+def installed(ifname: str) -> dict[str, float]:
+    """Rates (bit/s) the project's shaping sets on ``ifname``, by direction; {} if none."""
+    out: dict[str, float] = {}
+    with _iproute() as ipr:
+        for direction, name in (("egress", ifname), ("ingress", ifb_name(ifname))):
+            idx = ipr.link_lookup(ifname=name)
+            if not idx or _root_handle(ipr, idx[0]) != ROOT:
+                continue
+            if any(q["handle"] == DROP for q in ipr.get_qdiscs(index=idx[0])):
+                out[direction] = 0.0
+                continue
+            for c in ipr.get_classes(index=idx[0]):
+                if c["handle"] == SHAPED:
+                    opts = c.get_attr("TCA_OPTIONS")
+                    parms = opts.get_attr("TCA_HTB_PARMS") if opts else None
+                    rate64 = opts.get_attr("TCA_HTB_RATE64") if opts else None
+                    rate = rate64 or (parms["rate"] if parms else 0)
+                    out[direction] = float(rate) * 8
+    return out
+
+
+def clear_all(allowlist: frozenset[str] | None = None) -> list[str]:
+    """Remove every shaping the project set in this namespace (``allowlist``: only on those
+    interfaces). Returns what was removed, as ``dev/direction``; idempotent."""
+    removed = []
+    with _iproute() as ipr:
+        for link in ipr.get_links():
+            name = link.get("ifname")
+            if name is None or name.startswith(IFB_PREFIX):
+                continue
+            if allowlist is not None and name not in allowlist:
+                continue
+            if _del_root(ipr, link["index"]):
+                removed.append(f"{name}/egress")
+            if _remove_ingress(ipr, name):
+                removed.append(f"{name}/ingress")
+        # An ifb whose parent interface went away (or was renamed) is still the project's.
+        for link in ipr.get_links():
+            name = link.get("ifname") or ""
+            if name.startswith(IFB_PREFIX) and (allowlist is None or name[len(IFB_PREFIX):] in allowlist):
+                ipr.link("del", index=link["index"])
+                removed.append(name)
+    return removed
+
+
+def probe_packet_source(port: int = KV_PORT_BASE + 0xFF) -> socket.socket:
+    """A UDP socket bound to a port in the KV range: probe traffic is classified like KV traffic."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    try:
+        s.bind(("0.0.0.0", port))
+    except OSError:
+        s.bind(("0.0.0.0", 0))  # a second probe at once: the port is only needed with kv_only
+    return s
+
+
+_UDP_SEGMENT = 103  # linux/udp.h: UDP GSO, many MTU-sized datagrams per send call
+
+
+def blast(dst: str, rate_bps: float, duration_s: float, port: int = 9, mtu: int = 1500) -> int:
+    """Send UDP datagrams to ``dst:port`` at about ``rate_bps`` for ``duration_s``; returns bytes offered.
+
+    Paced in 5 ms slices; segments are MTU-sized (UDP GSO where the kernel has
+    it), so port filters see a UDP header on every packet."""
+    import time
+
+    seg = mtu - 28
+    # A GSO send is one skb through the qdisc: keep it to ~5 ms of the offered rate, or a
+    # shaper's byte counter moves in lumps as large as the window it is read over.
+    n_seg = int(min(40, max(1, rate_bps / 8 * 0.005 // seg)))
+    s = probe_packet_source()
+    try:
+        try:
+            if n_seg > 1:
+                s.setsockopt(socket.SOL_UDP, _UDP_SEGMENT, seg)
+            chunk = seg * n_seg
+        except OSError:
+            chunk = seg
+        payload = bytes(chunk)
+        sent = 0
+        t0 = time.monotonic()
+        while (now := time.monotonic()) - t0 < duration_s:
+            due = rate_bps / 8 * (now - t0 + 0.005)
+            while sent < due:
+                try:
+                    sent += s.sendto(payload, (dst, port))
+                except (BlockingIOError, ConnectionRefusedError, OSError):
+                    break  # queue full or an ICMP error surfaced: keep pacing
+            time.sleep(0.002)
+        return sent
+    finally:
+        s.close()
+
+
+def _stats(ifname: str) -> dict[str, int]:
+    with _iproute() as ipr:
+        idx = _index(ipr, ifname)
+        return dict(ipr.link("get", index=idx)[0].get("IFLA_STATS64"))
+
+
+def tx_bytes(ifname: str) -> int:
+    """Bytes ``ifname`` transmitted so far (IFLA_STATS64); for the ifb, what left the ingress shaper."""
+    return int(_stats(ifname)["tx_bytes"])
+
+
+def rx_bytes(ifname: str) -> int:
+    return int(_stats(ifname)["rx_bytes"])
+
+
+def shaped_bytes(ifname: str) -> int | None:
+    """Bytes the project's limited class on ``ifname`` has sent, or None without the project's
+    shaping there. With ``kv_only`` the interface counter also counts the unshaped rest."""
+    with _iproute() as ipr:
+        idx = _index(ipr, ifname)
+        if _root_handle(ipr, idx) != ROOT:
+            return None
+        for c in ipr.get_classes(index=idx):
+            if c["handle"] == SHAPED:
+                return int(c.get_attr("TCA_STATS")["bytes"])
+    return None
+
+
+def sent_bytes(ifname: str) -> int:
+    """What to measure a shaped rate by: the limited class's bytes where the project shapes
+    ``ifname``, else the interface's transmit counter."""
+    b = shaped_bytes(ifname)
+    return tx_bytes(ifname) if b is None else b
+
+
+def has_link(ifname: str) -> bool:
+    with _iproute() as ipr:
+        return bool(ipr.link_lookup(ifname=ifname))

@@ -1,0 +1,135 @@
+"""Compute slow-down of the fault injector: a worker made slower by a factor.
+
+Two backends behind one small :class:`ComputeThrottle` protocol, chosen by the
+device the testbed's engines run on (:func:`make_throttle`), never by what the
+host happens to have:
+
+* ``"cpu"``: :class:`testbed.faults.cpu.CpuQuotaThrottle`, CFS
+  bandwidth control on the worker's processes (cgroups, see ``cgroups``).
+* ``"gpu"``: :class:`testbed.faults.gpu.GpuClockThrottle`, locked SM
+  clocks through pynvml on the GPUs named by UUID (never by index).
+
+The factor a caller gets back is *measured*, never the one asked for.
+
+A fault must never outlive the process that set it: active throttles are kept
+in a registry (here) that an ``atexit`` hook clears.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Literal, Protocol, get_args, runtime_checkable
+
+Backend = Literal["cpu", "gpu"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+
+_KEY_RE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class ComputeFaultError(RuntimeError):
+    """A compute fault that cannot be carried out; the message is one line."""
+
+
+@runtime_checkable
+class ComputeThrottle(Protocol):
+    """One slowed-down worker. ``apply`` is an idempotent "make it so"."""
+
+    key: str
+
+    def apply(self, pids: Sequence[int], factor: float) -> float:
+        """Slow ``pids`` down by ``factor`` (>= 1); returns the measured factor."""
+        ...
+
+    def clear(self) -> float:
+        """Undo everything (idempotent); returns the factor measured afterwards (about 1)."""
+        ...
+
+    @property
+    def active(self) -> bool: ...
+
+
+class _Registered(Protocol):
+    """What the exit registry needs of a throttle: its key and an undo that measures nothing."""
+
+    key: str
+
+    def _teardown(self) -> list[str]: ...
+
+
+def sanitize_key(key: str) -> str:
+    """``key`` with every character outside ``[A-Za-z0-9_.-]`` replaced by ``_`` (a safe file name)."""
+    return _KEY_RE.sub("_", key)
+
+
+def make_throttle(key: str, backend: Backend, cores: float | None = None,
+                  gpu_uuids: Sequence[str] = ()) -> ComputeThrottle:
+    """The slow-down for engines running on ``backend``: ``"cpu"`` quota (of ``cores / factor``;
+    ``cores`` None: every core the processes may use) or ``"gpu"`` clocks of ``gpu_uuids``.
+
+    ``backend`` is the testbed's engine device: a CPU testbed on a host that has a
+    GPU must still slow its CPU engines (and leave the GPU alone), so the host is
+    never probed to choose. ``"gpu"`` without a usable NVML is a
+    :class:`ComputeFaultError`; an unknown backend a :class:`ValueError`.
+
+    ``gpu_uuids`` are the NVML UUIDs of the engines' GPUs, resolved in the engines'
+    processes (``Engine.gpu_uuid``). NVML indices ignore CUDA_VISIBLE_DEVICES, so
+    without UUIDs a GPU fault is refused rather than aimed at physical GPU 0."""
+    # imported here: both backends import this module for the error and the registry
+    if backend == "cpu":
+        from testbed.faults.cpu import CpuQuotaThrottle
+
+        return CpuQuotaThrottle(key, baseline_cores=cores)
+    if backend == "gpu":
+        from testbed.faults.gpu import GpuClockThrottle, gpu_available
+
+        if not gpu_uuids:
+            raise ComputeFaultError(f"GPU throttle {key}: no GPU UUID given (the engines' gpu_uuid() must come "
+                                    "with a GPU compute fault): refused, nothing changed")
+        reason = gpu_available()
+        if reason is not None:
+            raise ComputeFaultError(f"GPU throttle {key} unavailable: {' '.join(reason.split())}")
+        return GpuClockThrottle(key, list(gpu_uuids))
+    raise ValueError(f"unknown compute throttle backend {backend!r}: known are {', '.join(BACKENDS)}")
+
+
+# --------------------------------------------------------------------------- registry
+
+_registry: dict[str, _Registered] = {}
+_registry_lock = threading.Lock()
+
+
+def register(t: _Registered) -> None:
+    """Record an active throttle, so that interpreter exit undoes it."""
+    with _registry_lock:
+        _registry[f"{type(t).__name__}:{t.key}"] = t
+
+
+def unregister(t: _Registered) -> None:
+    with _registry_lock:
+        _registry.pop(f"{type(t).__name__}:{t.key}", None)
+
+
+def registered() -> list[_Registered]:
+    """The throttles active in this process now (a snapshot)."""
+    with _registry_lock:
+        return list(_registry.values())
+
+
+# A forked child inherits the registry but not the faults: its exit must not undo its parent's.
+os.register_at_fork(after_in_child=_registry.clear)
+
+
+@atexit.register
+def _clear_all_at_exit() -> None:
+    # teardown without the measuring probe: at interpreter exit, spawning processes is
+    # the last thing to rely on, and nobody is left to read the figure
+    for t in registered():
+        try:
+            t._teardown()
+        except Exception as exc:  # keep clearing the others
+            print(f"{__name__}: clearing {t.key} at exit failed: {exc}", file=sys.stderr)

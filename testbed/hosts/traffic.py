@@ -1,0 +1,74 @@
+"""A TCP stream between two nodes of an emulated fabric, for measuring what a link carries.
+
+The receiver time-stamps every read, so the goodput over any window (and the
+moment a shaping took effect) can be read afterwards. Used by the shaping
+tests and ``benchmarks/bench_shaping.py``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from testbed.hosts.netns import Fabric, in_netns
+
+
+class TcpStream:
+    """A TCP stream from one namespace to another; the receiver time-stamps what it reads."""
+
+    def __init__(self, fab: Fabric, src: str, dst: str, port: int) -> None:
+        dst_node = fab.node(dst)
+        with in_netns(dst_node.netns):
+            self.srv = socket.create_server((dst_node.address, port))
+        self.got: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        threading.Thread(target=self._rx, daemon=True).start()
+        with in_netns(fab.node(src).netns):
+            self.cl = socket.create_connection((dst_node.address, port), timeout=5)
+        threading.Thread(target=self._tx, daemon=True).start()
+
+    def _rx(self) -> None:
+        conn, _ = self.srv.accept()
+        conn.settimeout(0.5)
+        while not self.stop.is_set():
+            try:
+                data = conn.recv(1 << 20)
+            except socket.timeout:
+                continue
+            if not data:
+                break
+            self.got.append((time.monotonic(), len(data)))
+        conn.close()
+
+    def _tx(self) -> None:
+        buf = bytes(1 << 16)
+        while not self.stop.is_set():
+            try:
+                self.cl.sendall(buf)
+            except OSError:
+                break
+
+    def rate(self, t0: float, t1: float) -> float:
+        """Goodput (bit/s) received in [t0, t1)."""
+        return sum(n for t, n in list(self.got) if t0 <= t < t1) * 8 / (t1 - t0)
+
+    def last(self, seconds: float) -> float:
+        t = time.monotonic()
+        return self.rate(t - seconds, t)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.cl.close()
+        self.srv.close()
+
+
+@contextmanager
+def tcp_stream(fab: Fabric, src: str, dst: str, port: int) -> Iterator[TcpStream]:
+    s = TcpStream(fab, src, dst, port)
+    try:
+        yield s
+    finally:
+        s.close()

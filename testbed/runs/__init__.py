@@ -1,0 +1,3 @@
+"""A testbed run's two halves: the launcher in the user's namespace (``launch``: model, emulated
+cluster, driver, teardown) and the driver in the head's namespace (``driver``: engines, router,
+one run directory per policy and seed)."""

@@ -1,0 +1,472 @@
+"""The testbed's driver: runs inside the head's network namespace, connected to Ray.
+
+    python -m testbed.runs.driver --job SPEC.json:A,B:0,1 --out DIR --model DIR --mode netns|local|cluster
+        [--calibrate FILE] ...
+
+Connected to Ray (``RAY_ADDRESS``), it finds the pods among the nodes' resources
+(:func:`discover_pods`; a spec bigger than the cluster is refused, saying what was
+found), starts every engine in parallel (one actor per topology worker, prefill or
+decode as the topology places it), checks once that KV pulled across pods
+decodes like a single engine (the probe, recorded in ``testbed.json``), makes
+every engine pair's first NIXL transfer, calibrates if asked
+(:mod:`testbed.calibration.calibrate`), then for each (policy, seed) creates a router
+actor that replays the spec's workload against them and streams the run
+directory, and finally shuts the engines down. `testbed run` brings the cluster
+up around it and down after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import ray
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from workloads.generate import Workload, generate
+
+from core.canary import Reference, canary_ids, reference, verdict
+from core.experiment import build_topology, run_dir_for, seed_streams, testbed_capacity
+from core.spec import ExperimentSpec
+from core.calibration import save_calibration
+from testbed.router.actor import EngineActor, FaultTargets, RouterActor
+from testbed.engines.engine import EngineConfig
+from testbed.calibration.calibrate import calibrate, warm_pairs
+from testbed.faults.agent_actor import FaultAgents
+from testbed.faults.injector import PodTargets
+from testbed.router.flow import prompt_ids
+
+log = logging.getLogger(__name__)
+
+HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node
+ENGINE_THREADS = EngineConfig.omp_threads  # torch threads an engine computes on
+SIDE_CHANNEL_BASE_PORT = 5600
+console = Console(stderr=True)
+
+
+def discover_pods(spec: ExperimentSpec, nodes: list[dict[str, Any]] | None = None) -> dict[int, dict[str, Any]]:
+    """The cluster's pods, from its alive nodes' resources (``pod<i>``: cluster.yaml's start
+    commands and the emulated cluster give them), checked against what ``spec`` needs: pods
+    0 .. topology.pods - 1, each on one node, with the GPUs its engines ask for. Returns pod
+    index -> {ip, node_id, CPU, GPU}; anything missing is one ValueError saying what was found."""
+    nodes = ray.nodes() if nodes is None else nodes
+    pods: dict[int, dict[str, Any]] = {}
+    for n in nodes:
+        if not n.get("Alive"):
+            continue
+        for r in n["Resources"]:
+            if r.startswith("pod") and r[3:].isdigit():
+                pods[int(r[3:])] = {"ip": n["NodeManagerAddress"], "node_id": n["NodeID"],
+                                    "CPU": n["Resources"].get("CPU", 0.0), "GPU": n["Resources"].get("GPU", 0.0)}
+    topo, t = spec.topology, spec.testbed
+    found = ", ".join(f"pod{i}@{p['ip']} ({p['GPU']:g} GPU)" for i, p in sorted(pods.items())) or "no pod resource"
+    missing = [i for i in range(topo.pods) if i not in pods]
+    if missing:
+        raise ValueError(f"topology: {topo.pods} pods, but the cluster's alive nodes have {found} "
+                         f"(missing pod{missing[0]}; a pod is a node with the custom resource pod<i>)")
+    need = topo.workers_per_pod * t.gpus_per_engine
+    short = [i for i in range(topo.pods) if pods[i]["GPU"] < need]
+    if short:
+        raise ValueError(f"testbed.gpus_per_engine: pod{short[0]} runs {topo.workers_per_pod} engines x "
+                         f"{t.gpus_per_engine} GPUs = {need}, but its node has {pods[short[0]]['GPU']:g} ({found})")
+    return {i: pods[i] for i in range(topo.pods)}
+
+
+def check_workload(wl: Workload, spec: ExperimentSpec) -> None:
+    """Real engines refuse prompts longer than their context: say so before starting."""
+    longest = int((wl.prompt_tokens + wl.output_tokens).max()) if len(wl) else 0
+    if longest > spec.testbed.max_model_len:
+        raise ValueError(f"workload: a request needs {longest} tokens (prompt + output) but testbed.max_model_len is "
+                         f"{spec.testbed.max_model_len}; lower the workload's prompt/output max")
+
+
+class Engines:
+    """The engine actors of the run, one per worker of the spec's topology, started together
+    and shut down together. ``prefill``/``decode`` follow the topology's worker order, so the
+    router's candidate index picks the engine directly."""
+
+    def __init__(self, spec: ExperimentSpec, model: str, engine_root: Path, mode: str,
+                 build_model: bool = False, first_token_limit_s: float | None = None) -> None:
+        """``first_token_limit_s``: the longest first-token limit of the jobs these engines serve
+        (default ``spec``'s), which their KV lease must outlive."""
+        t, e, topo = spec.testbed, spec.engine, build_topology(spec)
+        self.topo = topo
+        self.prefill: list[Any] = []
+        self.decode: list[Any] = []
+        self.names: list[str] = []  # in `all` order: prefill engines, then decode engines
+        self.gpu = t.gpus_per_engine > 0  # else vLLM's CPU build (EngineConfig.gpu)
+        # The interface KV crosses: on a real cluster the one the link faults shape.
+        # (the first allowlisted one the engine's node has: EngineActor resolves it there).
+        net_device = {"netns": "eth0", "local": "lo"}.get(mode, list(t.fault_interfaces))
+        # the pod's fault agent takes a sliver of the pod's resource; its engines share the rest
+        share = 0.9 / topo.workers_per_pod
+        for role, ids, out in (("prefill", topo.prefill_ids, self.prefill), ("decode", topo.decode_ids, self.decode)):
+            pods = topo.worker_pod[ids]
+            for k, w in enumerate(ids.tolist()):
+                pod = int(topo.worker_pod[w])
+                name = f"pod{pod}-{role}" + (f"{k}" if (pods == pod).sum() > 1 else "")
+                self.names.append(name)
+                # vLLM's batch limits are the engine block's: the simulator models the same engine
+                max_seqs = e.prefill_slots if role == "prefill" else e.decode_max_batch
+                cfg = dict(model=Path(model), run_dir=engine_root, name=name,
+                           side_channel_port=SIDE_CHANNEL_BASE_PORT + w, role=role,
+                           # the KV must outlive its pull, which ends before the first token
+                           request_deadline_s=first_token_limit_s or spec.first_token_limit_s,
+                           lease_s=e.kv_lease_s,
+                           max_model_len=t.max_model_len,
+                           kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
+                           max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
+                           transport=t.transport, gpu=self.gpu, shm_recheck_ms=t.shm_recheck_ms)
+                # Ray sets CUDA_VISIBLE_DEVICES for an actor only when it asks for GPUs.
+                out.append(EngineActor.options(resources={f"pod{pod}": share}, num_gpus=t.gpus_per_engine,
+                                               name=f"engine-{name}")
+                           .remote(cfg, net_device, build_model=build_model))
+
+    @property
+    def all(self) -> list[Any]:
+        return self.prefill + self.decode
+
+    def start(self, timeout_s: float) -> list[dict[str, Any]]:
+        return ray.get([a.start.remote() for a in self.all], timeout=timeout_s)
+
+    @staticmethod
+    def _each(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
+        """Each call's answer, or an empty dict where the engine (its actor or its core) died:
+        a run goes on without it, and the next runs too (the router stops choosing it).
+        ``timeout_s`` bounds them all together, as one ``ray.get`` of the list would."""
+        out = []
+        until = None if timeout_s is None else time.monotonic() + timeout_s
+        for ref in refs:
+            try:
+                out.append(ray.get(ref, timeout=None if until is None else max(0.0, until - time.monotonic())))
+            except (ray.exceptions.RayError, RuntimeError) as e:
+                log.warning("an engine did not answer: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
+                out.append({})
+        return out
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return self._each([a.metrics.remote() for a in self.all])
+
+    def reset(self) -> None:
+        self._each([a.reset_prefix_cache.remote() for a in self.all])
+
+    def loads(self) -> list[dict[str, Any]]:
+        return self._each([a.load.remote() for a in self.all])
+
+    def references(self, prompts: dict[int, list[int]], max_tokens: dict[int, int]) -> dict[int, Reference]:
+        """Each canary's single-engine greedy reference (core/canary.py): its prompt decoded alone
+        on a decode engine, no KV pulled, with the top-2 logprobs per step; the canaries spread
+        over the decode engines and decoded together. One whose engine failed or that came back
+        short stays unchecked. Call before the prefix caches are reset: the run must not find
+        these prompts cached (start_router resets them)."""
+        ids = sorted(prompts)
+        calls = [self.decode[k % len(self.decode)].decode.remote(f"canary-ref-{i}", prompts[i], max_tokens[i], None, 2)
+                 for k, i in enumerate(ids)]
+        refs: dict[int, Reference] = {}
+        for i, res in zip(ids, self._each(calls)):
+            if res and res.finish_reason != "abort" and len(res.token_ids) == max_tokens[i]:
+                refs[i] = reference(res.token_ids, res.top_logprobs, res.top_tokens)
+        return refs
+
+    def probe(self, vocab: int, n_tokens: int = 300, max_tokens: int = 16) -> dict[str, Any]:
+        """Prove the PD path moves correct KV across pods: prefill on the first pod, decode
+        on the last pod's decode engine with the pulled KV, against that engine decoding
+        the same prompt alone (greedy). A divergence is accepted only at a near-tie of the
+        reference (core/canary.py, as for the run's canaries), never elsewhere."""
+        ids = prompt_ids(10**9, n_tokens, vocab, salt=12345)
+        p, d = self.prefill[0], self.decode[-1]
+        before = ray.get(d.metrics.remote())["vllm:external_prefix_cache_hits_total"]
+        pre = ray.get(p.prefill.remote("probe-pd", ids))
+        pd = ray.get(d.decode.remote("probe-pd", ids, max_tokens, pre.kv_transfer_params))
+        hits = ray.get(d.metrics.remote())["vllm:external_prefix_cache_hits_total"] - before
+        self.reset()  # the reference must compute the prompt itself
+        ref = ray.get(d.decode.remote("probe-ref", ids, max_tokens, None, 2))
+        v = verdict(reference(ref.token_ids, ref.top_logprobs, ref.top_tokens), pd.token_ids)
+        said = {"equal": "equal", "near_tie": f"near-tie divergence at token {v.position}",
+                "corrupt": f"MISMATCH at token {v.position}"}[v.verdict]
+        return {"ok": v.verdict != "corrupt" and hits >= n_tokens and len(pd.token_ids) == max_tokens,
+                "verdict": said, "external_prefix_cache_hits": hits, "prompt_tokens": n_tokens,
+                "pd_tokens": list(pd.token_ids), "reference_tokens": list(ref.token_ids)}
+
+    def pod_gpu_uuids(self) -> list[list[str]]:
+        """Per pod, the NVML UUIDs of its engines' GPUs (each engine resolves its own); empty on CPUs."""
+        if not self.gpu:
+            return [[] for _ in range(self.topo.n_pods)]
+        uuids = ray.get([a.gpu_uuid.remote() for a in self.all])
+        pods = np.r_[self.topo.worker_pod[self.topo.prefill_ids], self.topo.worker_pod[self.topo.decode_ids]]
+        return [sorted({u for i in np.flatnonzero(pods == p) if (u := uuids[i])}) for p in range(self.topo.n_pods)]
+
+    def pod_pids(self) -> list[list[int]]:
+        """Per pod, the worker processes of its engines (what a compute fault slows)."""
+        pids = ray.get([a.compute_pids.remote() for a in self.all])
+        pods = np.r_[self.topo.worker_pod[self.topo.prefill_ids], self.topo.worker_pod[self.topo.decode_ids]]
+        return [[pid for i in np.flatnonzero(pods == p) for pid in pids[i]] for p in range(self.topo.n_pods)]
+
+    def shutdown(self) -> None:
+        try:
+            self._each([a.shutdown.remote() for a in self.all], timeout_s=120)
+        finally:
+            for a in self.all:
+                ray.kill(a)
+
+
+def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -> FaultTargets:
+    backend = "gpu" if engines.gpu else "cpu"  # the engines' device, not what the host has
+    # Each CPU engine computes on one torch thread (EngineConfig.omp_threads): a slow-down by f
+    # gives the pod's engines their threads' worth of cores over f, never more than the host has.
+    host = len(os.sched_getaffinity(0))
+    per_pod = np.bincount(engines.topo.worker_pod, minlength=engines.topo.n_pods)
+    cores = [float(host) if ENGINE_THREADS is None else min(float(n * ENGINE_THREADS), host) for n in per_pod]
+    pods = [PodTargets(agent, ip, ifname, pids, backend, c, gpus)
+            for agent, ip, ifname, pids, c, gpus in zip(agents.pods, agents.pod_ips, agents.pod_ifnames,
+                                                        engines.pod_pids(), cores, engines.pod_gpu_uuids())]
+    return FaultTargets(pods, agents.head, agents.head_ip)
+
+
+def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, workload_summary: dict[str, Any],
+                 engines: Engines, model_meta: dict[str, Any], targets: FaultTargets | None = None,
+                 canaries: dict[int, Reference] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """One run's router actor on the head node, over engines with their prefix caches reset
+    (no run finds an earlier one's prompts cached); also the engines' counters at its start."""
+    engines.reset()
+    before = engines.metrics()
+    router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
+        spec.model_dump(mode="json"), policy, seed, str(out), workload_summary, {"model": model_meta},
+        engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
+        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names,
+        canaries)
+    return router, before
+
+
+def close_router(router: Any, status: str, engines: Engines, before: list[dict[str, Any]],
+                 agents: FaultAgents | None) -> None:
+    """Close the run directory with the engines' counters over the run, then end the actor and
+    clear whatever faults the run left (it clears its own): the next run starts clean."""
+    after = engines.metrics()
+    names = engines.names
+    # per-run engine counters: e.g. external prefix-cache hits on a decode engine prove KV was pulled
+    deltas = {name: {k: a[k] - b[k] for k in a if isinstance(a[k], (int, float)) and isinstance(b.get(k), (int, float))}
+              for name, a, b in zip(names, after, before)}
+    try:
+        ray.get(router.close.remote(status, engines=deltas, engines_after=dict(zip(names, engines.loads()))))
+    finally:
+        ray.kill(router)
+        if agents is not None:
+            agents.clear_all()
+
+
+def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: Engines, model_meta: dict[str, Any],
+            progress: Progress, targets: FaultTargets | None = None, agents: FaultAgents | None = None) -> Path:
+    rngs = seed_streams(seed)
+    wl = generate(spec.workload, rngs["workload"])
+    check_workload(wl, spec)
+    run_dir = run_dir_for(out, spec, policy, seed)
+    # the canaries' references first: start_router then resets the prefix caches they filled
+    ids = canary_ids(len(wl), spec.testbed.canaries)
+    prompts = {i: prompt_ids(i, int(wl.prompt_tokens[i]), model_meta["vocab"], salt=seed) for i in ids}
+    checked = {i: min(int(wl.output_tokens[i]), spec.testbed.canary_tokens) for i in ids}
+    refs = engines.references(prompts, checked) if ids else {}
+    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets, refs)
+    task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
+    done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
+    status = "interrupted"
+    try:
+        while not ray.wait([done], timeout=0.5)[0]:
+            p = ray.get(router.progress.remote())
+            progress.update(task, completed=sum(p["outcomes"].values()))
+        outcomes = ray.get(done)
+        status = "finished"
+    finally:
+        close_router(router, status, engines, before, agents)
+        progress.update(task, visible=False)
+    progress.console.print(f"  {policy:<16} seed {seed}: {outcomes} -> {run_dir}")
+    return run_dir
+
+
+def serve_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: Engines, model_meta: dict[str, Any],
+              model: str, build_model: bool, targets: FaultTargets | None = None,
+              agents: FaultAgents | None = None) -> Path:
+    """The serve mode: one router actor serves outside clients through its OpenAI-compatible
+    ingress (ingress.py), the spec's faults on their schedule from now, until Ctrl-C; then it
+    drains and the run directory is closed as finished, like a workload's."""
+    run_dir = run_dir_for(out, spec, policy, seed)
+    router, before = start_router(spec, policy, seed, out, {"source": "ingress"}, engines, model_meta, targets)
+    t = spec.testbed
+    done = router.serve.remote(model, t.ingress_host, t.ingress_port, build_model)
+    status = "interrupted"
+    try:
+        try:
+            host, port = ray.get(router.ingress_address.remote())
+        except ray.exceptions.RayTaskError as e:  # e.g. the port is taken: its one line, no traceback
+            raise SystemExit(f"testbed: error: {getattr(e, 'cause', e)}") from None
+        # the marker line tests and scripts wait for (flushed: the driver's stderr may be a pipe)
+        console.print(f"serving {policy} (seed {seed}) at http://{host}:{port}/v1 -> {run_dir}; Ctrl-C stops")
+        sys.stderr.flush()
+        try:
+            while not ray.wait([done], timeout=1.0)[0]:
+                pass
+        except KeyboardInterrupt:
+            console.print("stopping: new requests get 503, those in flight finish")
+            ray.get(router.stop.remote())
+        outcomes = ray.get(done)
+        status = "finished"
+    finally:
+        close_router(router, status, engines, before, agents)
+    console.print(f"  {policy:<16} seed {seed}: {outcomes} -> {run_dir}")
+    return run_dir
+
+
+def kv_path_counter(engines: Engines, agents: FaultAgents | None) -> tuple[str, Callable[[], int]] | None:
+    """The interface and a reader of the transmit counter the probe's KV must move: the prefill pod's shaped interface
+    (decode pulls, so the bytes leave the prefill pod). None where no interface is shaped (local mode)
+    or the probe stays inside one pod."""
+    topo = engines.topo
+    src, dst = int(topo.worker_pod[topo.prefill_ids[0]]), int(topo.worker_pod[topo.decode_ids[-1]])
+    if agents is None or src == dst:
+        return None
+    agent, ifname = agents.pods[src], agents.pod_ifnames[src]
+    return ifname, lambda: ray.get(agent.tx_bytes.remote(ifname))
+
+
+def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: str) -> dict[str, Any]:
+    """Did the probe's KV cross the interface the faults shape? With UCX over TCP it sends about
+    1.05 x the KV bytes there (FIELD-NOTES); much less means another path (shared memory, RDMA,
+    another NIC), where a link fault would not touch the KV. Warns then."""
+    crossed = tx_bytes >= 0.9 * kv_bytes
+    if not crossed:
+        console.print(f"[bold red]warning[/]: the probe moved {kv_bytes / 2**20:.1f} MiB of KV but only "
+                      f"{tx_bytes / 2**20:.2f} MiB left the prefill pod through {ifname}: the KV takes another "
+                      f"path (transport {spec.testbed.transport}), and link faults on {ifname} will not slow it")
+    else:
+        console.print(f"KV path: {tx_bytes / 2**20:.1f} MiB through {ifname} for {kv_bytes / 2**20:.1f} MiB of KV")
+    return {"interface": ifname, "kv_bytes": kv_bytes, "tx_bytes": tx_bytes, "crossed": crossed}
+
+
+def _run_jobs(jobs: list[tuple[ExperimentSpec, list[str], list[int]]], out: Path, engines: Engines,
+              model_meta: dict[str, Any], targets: FaultTargets | None, agents: FaultAgents | None) -> None:
+    with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        for spec, policies, seeds in jobs:
+            for policy in policies:
+                for seed in seeds:
+                    run_one(spec, policy, seed, out, engines, model_meta, progress, targets, agents)
+
+
+def _cluster_pss(run_id: str | None) -> int | None:
+    if not run_id:
+        return None
+    from testbed.hosts.emulated import EmulatedCluster
+
+    return EmulatedCluster.attach(None, run_id).status().pss_bytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="testbed.runs.driver")
+    ap.add_argument("--job", action="append", required=True,
+                    help="SPEC.json:POLICY,POLICY:SEED,SEED (repeatable; every job shares the first one's engines)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--model-meta", required=True, help="JSON: vocab, kv_bytes_per_token")
+    ap.add_argument("--engine-root", required=True)
+    ap.add_argument("--mode", required=True, choices=["netns", "local", "cluster"],
+                    help="cluster: an existing Ray cluster (RAY_ADDRESS), its pods found from node resources")
+    ap.add_argument("--cluster-run-id", help="for the memory figure in testbed.json")
+    ap.add_argument("--calibrate", help="measure the engines and links first and write the calibration here")
+    ap.add_argument("--serve", action="store_true", help="serve the first job's policy and seed through the ingress "
+                                                          "until SIGINT, instead of the workloads")
+    args = ap.parse_args(argv)
+    # SIGTERM from `testbed run` (or a CI timeout) unwinds like Ctrl-C: runs are closed as interrupted.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # `testbed run` stops its driver with SIGINT: it must act on it even where it was started with
+    # SIGINT ignored (what a shell does to a background job), as the serve mode's stop relies on it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    jobs = []
+    for job in args.job:
+        path, policies, seeds = job.rsplit(":", 2)
+        spec = ExperimentSpec.model_validate(json.loads(Path(path).read_text()))
+        jobs.append((spec, [p for p in policies.split(",") if p], [int(x) for x in seeds.split(",") if x]))
+    spec0 = jobs[0][0]
+    model_meta = json.loads(args.model_meta)
+    if any(spec.faults for spec, _, _ in jobs) and args.mode == "local":
+        raise SystemExit("testbed driver: faults need the netns mode (root): local mode has no links to shape")
+    ray.init(log_to_driver=False)
+    try:
+        pods = discover_pods(spec0)
+    except ValueError as e:  # before anything started: one line, nothing to tear down
+        print(f"testbed: error: {e}", file=sys.stderr)  # not rich: it would wrap the line
+        ray.shutdown()
+        return 2
+    console.print(f"{len(pods)} pods: " + ", ".join(f"pod{i}@{p['ip']}" for i, p in pods.items()))
+    # On a cluster the nodes may not share the driver's disk: each engine builds the tiny model itself.
+    build_model = args.mode == "cluster" and spec0.testbed.model is None
+    engines = Engines(spec0, args.model, Path(args.engine_root), args.mode, build_model=build_model,
+                      first_token_limit_s=max(s.first_token_limit_s for s, _, _ in jobs))
+    agents: FaultAgents | None = None
+    summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
+                               "placement": spec0.topology.placement, "model": args.model, **model_meta}
+    try:
+        t0 = time.monotonic()
+        started = engines.start(spec0.testbed.engine_start_timeout_s)
+        summary["engines_ready_s"] = time.monotonic() - t0
+        summary["engines"] = started
+        summary["pss_bytes_ready"] = _cluster_pss(args.cluster_run_id)
+        console.print(f"{len(started)} engines ready in {summary['engines_ready_s']:.0f} s: "
+                      + ", ".join(f"{s['name']}@{s['host_ip']}" for s in started))
+        targets = None
+        if args.mode != "local":  # every node's agent: the KV check below reads its counters
+            agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
+            console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
+        counter = kv_path_counter(engines, agents)
+        before = counter[1]() if counter else 0
+        summary["pd_probe"] = probe = engines.probe(model_meta["vocab"])
+        console.print(f"KV transfer probe ({engines.names[0]} -> {engines.names[-1]}): {probe['verdict']}, "
+                      f"{probe['external_prefix_cache_hits']} external prefix-cache hits")
+        if counter:
+            ifname, tx = counter
+            summary["kv_path"] = kv_path_verdict(spec0, probe["prompt_tokens"] * model_meta["kv_bytes_per_token"],
+                                                  tx() - before, ifname)
+        # Every pair's first NIXL transfer carries a handshake (FIELD-NOTES: 1-2 s): make it now,
+        # so no run pays it and the simulator need not model it.
+        summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"])
+        console.print(f"{len(handshake)} engine pairs warmed up (first NIXL handshake "
+                      f"{np.median(handshake) if handshake else float('nan'):.2f} s median)")
+        if agents is not None and (any(spec.faults for spec, _, _ in jobs) or args.calibrate):
+            targets = fault_targets(spec0, agents, engines)
+        if args.calibrate:
+            t1 = time.monotonic()
+            cal = calibrate(spec0, engines.topo, engines.prefill, engines.decode, agents.pods,
+                            {**model_meta, "model": args.model}, handshake)
+            save_calibration(cal, args.calibrate)
+            summary["calibration"] = {"path": args.calibrate, "measure_s": time.monotonic() - t1}
+            console.print(f"calibrated in {time.monotonic() - t1:.0f} s -> {args.calibrate}")
+        if args.serve:
+            spec, policies, seeds = jobs[0]
+            serve_one(spec, policies[0], seeds[0], Path(args.out), engines, model_meta, args.model, build_model,
+                      targets, agents)
+        else:
+            _run_jobs(jobs, Path(args.out), engines, model_meta, targets, agents)
+        summary["pss_bytes_end"] = _cluster_pss(args.cluster_run_id)
+    finally:
+        summary_path = Path(args.out) / spec0.name / "testbed.json"
+        summary_path.parent.mkdir(parents=True, exist_ok=True)
+        summary_path.write_text(json.dumps(summary, indent=2, default=str))
+        try:
+            if agents is not None:
+                agents.shutdown()  # every fault cleared before anything else goes
+        finally:
+            engines.shutdown()
+            ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""`testbed run`: model, emulated cluster, driver in the head's namespace, teardown.
+
+Runs in the user's (root) namespace. Whatever happens (an error, Ctrl-C,
+SIGTERM) the cluster comes down: every Ray and vLLM process of the run, its
+namespaces and its temp folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from rich.console import Console
+
+from testbed.faults.shaping import netem_missing
+
+from core.spec import ExperimentSpec
+from core.sizes import available_memory_bytes
+from testbed.hosts.netns import missing_privileges
+from testbed.router.flow import ABORT_GRACE_S
+
+console = Console(stderr=True)
+
+
+def model_cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "testbed" / "models" / "tiny-llama"
+
+
+def prepare_model(spec: ExperimentSpec) -> tuple[Path, dict[str, int]]:
+    """The model directory (the tiny model is built once and cached) and what the router needs of it."""
+    from testbed.engines.model import build_tiny_model, kv_bytes_per_token
+
+    if spec.testbed.model is None:
+        path = build_tiny_model(model_cache_dir())
+    else:
+        path = Path(spec.testbed.model).expanduser()
+        if not (path / "config.json").is_file():
+            raise ValueError(f"testbed.model: {path} is not a model directory (no config.json)")
+    cfg = json.loads((path / "config.json").read_text())
+    return path, {"vocab": int(cfg["vocab_size"]), "kv_bytes_per_token": kv_bytes_per_token(path)}
+
+
+Job = tuple[ExperimentSpec, list[str], list[int]]
+
+
+def engine_limits(spec: ExperimentSpec) -> tuple[int, int, int, int | None]:
+    """What of the engine block the real engines are started with (vLLM's batch limits, and the
+    KV lease where the spec sets it; else the lease follows the jobs' longest first-token limit)."""
+    e = spec.engine
+    return e.prefill_slots, e.decode_max_batch, e.prefill_batch_tokens, e.kv_lease_s
+
+
+# What one CPU engine with the tiny model takes besides its KV cache (PSS of 4 engines plus the
+# cluster measured 8.0 GiB with 256 MiB of KV each: README "Performance"), and the Ray nodes.
+ENGINE_BASE_BYTES = int(1.5 * 2**30)
+CLUSTER_BYTES = 2**30
+# Verified: 4 engines on 2 cores (FIELD-NOTES). Past two engines a core, each engine loop, its
+# NIXL progress thread and UCX workers get under half a core and host stalls dominate results.
+ENGINES_PER_CORE = 2
+
+
+def check_machine(spec: ExperimentSpec, cores: int | None = None, available_bytes: int | None = None) -> None:
+    """Refuse a topology this machine cannot hold before starting anything: one vLLM engine per
+    topology worker, each needing memory and a share of the CPU."""
+    topo = spec.topology
+    n = topo.pods * topo.workers_per_pod
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    have = available_bytes if available_bytes is not None else available_memory_bytes()
+    need = n * (ENGINE_BASE_BYTES + spec.testbed.kv_cache_bytes) + CLUSTER_BYTES
+    if n > ENGINES_PER_CORE * cores:
+        raise ValueError(f"topology: {topo.pods} pods x {topo.workers_per_pod} workers = {n} vLLM engines, but this "
+                         f"machine's {cores} cores hold at most {ENGINES_PER_CORE * cores} (two engines a core)")
+    if need > have:
+        raise ValueError(f"topology: {n} vLLM engines need about {need / 2**30:.1f} GiB "
+                         f"({ENGINE_BASE_BYTES / 2**30:.1f} GiB each plus testbed.kv_cache_bytes, and the cluster), "
+                         f"but {have / 2**30:.1f} GiB are available")
+
+
+def check_faults(jobs: Sequence[Job]) -> None:
+    """Faults the testbed cannot apply are refused before anything starts."""
+    if not any(s.faults for s, _, _ in jobs):
+        return
+    t = jobs[0][0].testbed
+    if t.mode == "local" or (t.mode == "auto" and missing_privileges() is not None):
+        raise ValueError("faults need the netns mode (root, network namespaces): local mode has no links to shape")
+    for s, _, _ in jobs:
+        for i, f in enumerate(s.faults):
+            if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
+                raise ValueError(f"{s.name}: faults[{i}]: {why}")
+            if f.kind == "link" and f.residual_bw == 0 and not f.kv_only:
+                # Ray's control traffic to the pod would go down with it: the GCS declares the node
+                # dead and its raylet exits, taking the pod's engines and the fault agent that
+                # would clear the fault (engine death is a run's end on the testbed today).
+                raise ValueError(f"{s.name}: faults[{i}]: a link down on the testbed needs kv_only: true (the KV "
+                                 "traffic dropped, Ray's control traffic kept; with it down too the pod's Ray node "
+                                 "is declared dead)")
+
+
+def emulated_cluster_at(address: str) -> Any:
+    """The recorded emulated cluster whose head has this address (its head's namespace is the only
+    place it can be reached from), or None."""
+    from testbed.hosts.emulated import EmulatedCluster, default_state_dir
+
+    state_dir = default_state_dir()
+    for path in sorted(state_dir.glob("*.json")) if state_dir.exists() else []:
+        try:
+            c = EmulatedCluster.attach(state_dir, path.stem)
+        except Exception:  # a state file being written or removed meanwhile
+            continue
+        if c.status().up and c.address == address:
+            return c
+    return None
+
+
+def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
+                more: Sequence[Job] = (), calibrate_to: Path | None = None, address: str | None = None,
+                serve: bool = False) -> int:
+    """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines);
+    with ``calibrate_to``, measure the engines and links first and write the calibration there.
+    ``address``: on that Ray cluster (pods from its nodes' resources) instead of an emulated
+    cluster brought up and down for the run. ``serve``: one policy and seed serve outside
+    clients through the ingress instead of the workload, until Ctrl-C (a normal end)."""
+    from testbed.hosts.emulated import EmulatedCluster
+
+    jobs = [(spec, policies, seeds), *more]
+    for other, _, _ in more:
+        if (other.testbed, other.topology, engine_limits(other)) != (spec.testbed, spec.topology, engine_limits(spec)):
+            raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block, topology, engine "
+                             f"batch limits and kv_lease_s as {spec.name}")
+    if address is None:
+        check_machine(spec)  # the engines run here; on a given cluster, on its nodes
+    # Refuse a workload the engines cannot serve before spending minutes starting them.
+    from workloads.generate import generate
+
+    from core.experiment import seed_streams
+    from testbed.runs.driver import check_workload
+
+    for s, _, sds in [] if serve else jobs:
+        for seed in sds:
+            check_workload(generate(s.workload, seed_streams(seed)["workload"]), s)
+    if address is not None:
+        return _run_on_cluster(spec, out, jobs, calibrate_to, address, serve)
+    check_faults(jobs)
+    if calibrate_to is not None and (spec.testbed.mode == "local" or
+                                     (spec.testbed.mode == "auto" and missing_privileges() is not None)):
+        raise ValueError("calibrate needs the netns mode (root, network namespaces): it shapes a pod's link")
+    t0 = time.monotonic()
+    model, model_meta = prepare_model(spec)
+    topo = spec.topology
+    cluster = EmulatedCluster(topo.pods, mode=spec.testbed.mode, subnet=spec.testbed.subnet)
+    console.print(f"[bold]{spec.name}[/] on the testbed: {topo.pods} pods x {topo.workers_per_pod} vLLM engines "
+                  f"({topo.placement}), "
+                  f"{cluster.mode} mode, {len(policies)} policies x {len(seeds)} seeds -> {out / spec.name}")
+    old_term = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM tears down like Ctrl-C
+    try:
+        cluster.up()
+        console.print(f"cluster up in {time.monotonic() - t0:.0f} s (run {cluster.run_id}, head {cluster.address})")
+        argv = _driver_argv(jobs, out, model, model_meta, cluster.temp_root, cluster.mode, calibrate_to,
+                            cluster.run_id, serve)
+        with _ingress_forwarder(spec, cluster if serve else None):
+            return _drive(lambda: cluster.popen_in_head(argv), spec if serve else None)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        t1 = time.monotonic()
+        cluster.down()  # the run's namespaces go, and with them every qdisc and ifb in them; its empty cgroups
+        console.print(f"cluster down in {time.monotonic() - t1:.0f} s")
+
+
+@contextmanager
+def _ingress_forwarder(spec: ExperimentSpec, cluster: Any) -> Iterator[None]:
+    """Serving on an emulated cluster in namespaces: the ingress listens in the head's namespace,
+    so the same address on the host forwards there (testbed/hosts/forward.py)."""
+    if cluster is None or cluster.mode != "netns":
+        yield
+        return
+    from testbed.hosts.forward import NetnsForwarder
+
+    t = spec.testbed
+    inner = "127.0.0.1" if t.ingress_host in ("0.0.0.0", "") else t.ingress_host
+    fwd = NetnsForwarder((t.ingress_host, t.ingress_port), cluster.fabric.head.netns, (inner, t.ingress_port)).start()
+    try:
+        yield
+    finally:
+        fwd.stop()
+
+
+def _driver_argv(jobs: Sequence[Job], out: Path, model: Path, model_meta: dict[str, int], work: Path, mode: str,
+                 calibrate_to: Path | None, cluster_run_id: str | None = None, serve: bool = False) -> list[str]:
+    argv = [sys.executable, "-m", "testbed.runs.driver", "--out", str(out.resolve()),
+            "--model", str(model), "--model-meta", json.dumps(model_meta),
+            "--engine-root", str(work / "engines"), "--mode", mode] + (["--serve"] if serve else [])
+    if cluster_run_id:
+        argv += ["--cluster-run-id", cluster_run_id]
+    if calibrate_to is not None:
+        argv += ["--calibrate", str(Path(calibrate_to).resolve())]
+    work.mkdir(parents=True, exist_ok=True)
+    for i, (s, pols, sds) in enumerate(jobs):
+        spec_file = work / f"spec-{i}.json"
+        spec_file.write_text(json.dumps(s.model_dump(mode="json")))
+        argv += ["--job", f"{spec_file}:{','.join(pols)}:{','.join(map(str, sds))}"]
+    return argv
+
+
+def _drive(start: Callable[[], subprocess.Popen], serve: ExperimentSpec | None = None) -> int:
+    """Start the driver and wait for it; Ctrl-C (and SIGTERM, which callers map to it) is passed
+    on as SIGINT, so it closes its runs as interrupted, before the caller tears down. Serving,
+    Ctrl-C is the normal end: the driver drains and closes the run as finished."""
+    driver = None
+    try:
+        driver = start()
+        rc = driver.wait()
+    except KeyboardInterrupt:
+        if driver is not None and driver.poll() is None:
+            driver.send_signal(signal.SIGINT)
+            try:
+                # serving, the requests in flight end within their deadline and the abort's grace
+                rc = driver.wait(timeout=120 + (serve.deadline_s + ABORT_GRACE_S if serve else 0))
+            except subprocess.TimeoutExpired:
+                driver.kill()
+                rc = None
+            if serve is not None and rc == 0:
+                return 0
+        raise
+    if rc != 0:
+        raise RuntimeError(f"testbed driver exited with status {rc} (see its messages above)")
+    return 0
+
+
+def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[Job], calibrate_to: Path | None,
+                    address: str, serve: bool = False) -> int:
+    """The driver against a running Ray cluster: the same driver as on the emulated cluster, with
+    pods found from the nodes' resources. An emulated cluster's head is reachable only from its
+    namespace: the driver then runs there, with that cluster's token."""
+    import tempfile
+
+    # (netem for delay/loss is the nodes' kernels' business: their agents refuse it when missing)
+    model, model_meta = prepare_model(spec)
+    emulated = emulated_cluster_at(address)
+    # On an emulated cluster, in its temp root: `testbed cluster down` removes it even when this
+    # process was killed and its finally never ran.
+    work = Path(tempfile.mkdtemp(prefix="testbed-run-", dir=emulated.temp_root if emulated else None))
+    console.print(f"[bold]{spec.name}[/] on the Ray cluster at {address}"
+                  + (f" (emulated run {emulated.run_id})" if emulated else "")
+                  + f" -> {out / spec.name}")
+    argv = _driver_argv(jobs, out, model, model_meta, work, "cluster", calibrate_to,
+                        emulated.run_id if emulated else None, serve)
+    old_term = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the runs like Ctrl-C
+    try:
+        if emulated is not None:
+            with _ingress_forwarder(spec, emulated if serve else None):
+                return _drive(lambda: emulated.popen_in_head(argv), spec if serve else None)
+        return _drive(lambda: subprocess.Popen(argv, env={**os.environ, "RAY_ADDRESS": address}),
+                      spec if serve else None)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        shutil.rmtree(work, ignore_errors=True)
