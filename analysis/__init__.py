@@ -1,6 +1,6 @@
 """Run directories -> reliability metrics, summaries over seeds, plots, sim-vs-real comparison.
 
-Definitions of every metric: analysis/metrics.py docstrings (and the README's "Metrics" section); the
+Definitions of every metric: analysis/metrics.py docstrings (and docs/records.md "Metrics"); the
 sim-vs-testbed fidelity check (`testbed compare`, does a simulated result carry over): analysis/fidelity.py;
 a study's grid of cells (`testbed report STUDY_DIR`): analysis/study.py, study_plots.py, study_report.py.
 Their parameters (``MetricsSpec``) live in the core (``core.metrics_spec``): the experiment spec
@@ -12,7 +12,6 @@ from core.metrics_spec import FidelityTolerances, MetricsSpec, parse_metrics_spe
 from analysis.metrics import (
     ORACLE,
     FaultWindow,
-    RunData,
     decision_latency,
     degraded_availability,
     degraded_pod_shares,
@@ -22,18 +21,18 @@ from analysis.metrics import (
     gap_to_oracle,
     goodput_rps,
     latency_percentiles,
-    load_run,
     needless_deflection,
     needless_deflection_ratio,
     pod_exposure,
     price_contrast,
     resilience_index,
-    run_metrics,
     serving_latencies,
     success_series,
     timeout_share,
     traffic_deflection_ratio,
 )
+from analysis.run_data import RunData, load_run
+from analysis.run_metrics import run_metrics
 from analysis.fidelity import (
     Fidelity,
     Rank,

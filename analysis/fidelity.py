@@ -44,11 +44,15 @@ import pandas as pd
 from rich.console import Console
 from scipy import stats
 
+from analysis.metric_names import Metric as M, latency
 from analysis.fidelity_console import print_fidelity, write_fidelity
 from analysis.fidelity_plots import plot_price_overlay, plot_success_overlay
-from analysis.metrics import RunData, fault_window, latency_percentiles, load_run, run_metrics
+from analysis.metrics import fault_window, latency_percentiles
+from analysis.run_data import RunData, load_run
+from analysis.run_metrics import run_metrics
 from analysis.plots import RunCurves, run_curves
 from analysis.summary import discover_runs, mean_ci, runs_frame
+from core.records import Outcome
 from core.metrics_spec import FidelityTolerances
 from core.records import read_meta
 from core.stages import FAILURE_STAGES
@@ -57,7 +61,7 @@ NAN = math.nan
 EPS = 1e-12  # float rounding allowed in tolerance checks and ties
 WORLDS = ("sim", "testbed")
 COMPOSITION_STAGES = (*FAILURE_STAGES, "unknown")
-LATENCY_METRICS = ("ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")
+LATENCY_METRICS = (latency("ttft", 50), latency("ttft", 90), latency("e2e", 50), latency("e2e", 90))
 # What defines a scenario. Engine speeds, link rates and KV parameters may differ: the simulator's side
 # is calibrated to the testbed's hardware.
 SCENARIO_FIELDS = ("workload", "faults", "deadline_s", "health", "telemetry", "router", "weights")
@@ -175,17 +179,17 @@ def clean_failures(requests: pd.DataFrame, degraded_pods: Sequence[int]) -> dict
     dp = requests["decode_pod"].to_numpy()
     pods = np.asarray(degraded_pods, dtype=np.int64)
     clean = ((pp >= 0) | (dp >= 0)) & ~np.isin(pp, pods) & ~np.isin(dp, pods)
-    failed = ~requests["outcome"].eq("ok").to_numpy(dtype=bool, na_value=False)
+    failed = ~requests["outcome"].eq(Outcome.OK).to_numpy(dtype=bool, na_value=False)
     n, n_clean, n_bad = len(requests), int(clean.sum()), int((clean & failed).sum())
     return {
-        "noise_floor": n_bad / n_clean if n_clean else NAN,
-        "clean_share": n_clean / n if n else NAN,
-        "clean_failure_share": n_bad / n if n else NAN,
+        M.NOISE_FLOOR: n_bad / n_clean if n_clean else NAN,
+        M.CLEAN_SHARE: n_clean / n if n else NAN,
+        M.CLEAN_FAILURE_SHARE: n_bad / n if n else NAN,
     }
 
 
 def run_row(run: RunData) -> dict[str, Any]:
-    """:func:`analysis.metrics.run_metrics` of a run, plus TTFT/TPOT/E2E p50 and p90 (whatever the spec's
+    """:func:`analysis.run_metrics.run_metrics` of a run, plus TTFT/TPOT/E2E p50 and p90 (whatever the spec's
     percentiles) and its :func:`clean_failures`."""
     row = run_metrics(run)
     row.update(latency_percentiles(run.requests, (50, 90)))
@@ -215,9 +219,9 @@ def seed_mean(runs: pd.DataFrame, world: str, policy: str, metric: str) -> tuple
 
 def _checks(tol: FidelityTolerances) -> list[tuple[str, str, float]]:
     """(metric, "abs" | "rel", tolerance) of each per-policy check."""
-    return [("failure_rate", "abs", tol.failure_rate_abs),
+    return [(M.FAILURE_RATE, "abs", tol.failure_rate_abs),
             *((m, "rel", tol.latency_rel) for m in LATENCY_METRICS),
-            ("traffic_deflection_ratio", "abs", tol.deflection_abs)]
+            (M.TRAFFIC_DEFLECTION_RATIO, "abs", tol.deflection_abs)]
 
 
 def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances) -> pd.DataFrame:
@@ -259,7 +263,7 @@ def noise_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
     rows = []
     for policy in policies:
         row: dict[str, Any] = {"policy": policy}
-        for name in ("failure_rate", "noise_floor", "clean_share", "clean_failure_share"):
+        for name in (M.FAILURE_RATE, M.NOISE_FLOOR, M.CLEAN_SHARE, M.CLEAN_FAILURE_SHARE):
             for world in WORLDS:
                 row[f"{name}_{world}"] = seed_mean(runs, world, policy, name)[0]
         row["failure_rate_diff"] = row["failure_rate_testbed"] - row["failure_rate_sim"]
@@ -401,7 +405,7 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
     if not policies:
         raise ValueError(f"compare: no policy in common: sim has {', '.join(sorted(have['sim']))}; "
                          f"testbed has {', '.join(sorted(have['testbed']))}")
-    means = {w: {p: seed_mean(runs, w, p, "failure_rate")[0] for p in policies} for w in WORLDS}
+    means = {w: {p: seed_mean(runs, w, p, M.FAILURE_RATE)[0] for p in policies} for w in WORLDS}
     fid = Fidelity(
         scenario=scenario,
         policies=policies,

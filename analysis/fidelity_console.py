@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from analysis.metric_names import Metric as M, latency
 from core.stages import FAILURE_STAGES
 
 if TYPE_CHECKING:  # only for annotations: analysis.fidelity imports this module
@@ -61,11 +62,11 @@ def _policy_table(fid: Fidelity) -> Table:
         t.add_column(h, justify="right", no_wrap=h.startswith("fail."))  # keep "mean ± CI" on one line
     c = _checks(fid)
     for p in fid.policies:
-        fr = c[(p, "failure_rate")]
+        fr = c[(p, M.FAILURE_RATE)]
         t.add_row(escape(p), f"{fr['sim_n']}/{fr['testbed_n']}", _pct(fr["sim"], fr["sim_ci"]),
                   _pct(fr["testbed"], fr["testbed_ci"]), _num(100 * fr["diff"], "+.1f"),
-                  _mark(fr["verdict"], fr["verdict"]), _pair(c[(p, "ttft_p50_s")], ".3g", "rel"),
-                  _pair(c[(p, "e2e_p50_s")], ".3g", "rel"), _pair(c[(p, "traffic_deflection_ratio")], ".2f", "abs"))
+                  _mark(fr["verdict"], fr["verdict"]), _pair(c[(p, latency("ttft", 50))], ".3g", "rel"),
+                  _pair(c[(p, latency("e2e", 50))], ".3g", "rel"), _pair(c[(p, M.TRAFFIC_DEFLECTION_RATIO)], ".2f", "abs"))
     return t
 
 
@@ -76,7 +77,7 @@ def _tail_table(fid: Fidelity) -> Table:
     t.add_column("E2E p90 (s) sim / tb (rel. err)", justify="right")
     c = _checks(fid)
     for p in fid.policies:
-        t.add_row(escape(p), _pair(c[(p, "ttft_p90_s")], ".3g", "rel"), _pair(c[(p, "e2e_p90_s")], ".3g", "rel"))
+        t.add_row(escape(p), _pair(c[(p, latency("ttft", 90))], ".3g", "rel"), _pair(c[(p, latency("e2e", 90))], ".3g", "rel"))
     return t
 
 
@@ -144,7 +145,7 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
     # a failed failure rate says how much of its gap the testbed's host noise could account for
     explained = dict(zip(fid.noise["policy"], fid.noise["noise_explained_fraction"]))
     failed = [f"{p} {m}" + (f" (host noise could explain {100 * explained[p]:.0f}%)"
-                            if m == "failure_rate" and not _nan(explained.get(p, math.nan)) else "")
+                            if m == M.FAILURE_RATE and not _nan(explained.get(p, math.nan)) else "")
               for p, m, v in fid.verdicts() if v == "fail"]
     tail = "the simulation carries over" if not failed and n["pass"] else (
         "mismatch: " + ", ".join(failed) if failed else "nothing could be checked")

@@ -11,12 +11,12 @@ A request is marked ``host_stalled`` when its prompt's forward pass took at leas
 its engine's calibrated time (``engine.prefill_overhead_s`` + prompt / ``engine.prefill_tokens_per_s``:
 at most half of it was its own compute) while its engines' nodes were under CPU pressure half its
 life or more, and no compute fault slowed its prefill pod then. Such a stall is the host's, not the
-network fault's: on the 2-core testbed vLLM's CPU build keeps engines busy-waiting (README "The
-prefill stall, explained"), and a pull hanging on a throttled link keeps them at it for the whole
+network fault's: on the 2-core testbed vLLM's CPU build keeps engines busy-waiting (docs/reliability.md
+"The prefill stall, explained"), and a pull hanging on a throttled link keeps them at it for the whole
 hang, which starves engines that have nothing to do with the link; a GPU engine of one device has
-no such queue to spin on (not yet tried on a GPU). The
-factor 2 is a convention; the README shows the share marked at 1.5 and 3. The simulator has no host:
-its runs have no marks (NaN).
+no such queue to spin on (not yet tried on a GPU). The factor 2 is a convention;
+docs/reliability.md "Fault against control" shows the share marked at 1.5 and 3. The simulator has
+no host: its runs have no marks (NaN).
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from core.records import Outcome
+from core.limits import give_up_s, spec_first_token_limit
 
 COLUMNS = ("host_pressure", "host_cpu_s", "host_wait_s", "host_lost_wakeup_s", "prefill_slowdown", "host_stalled")
 PRESSURED = 0.5  # the share of a request's life under CPU pressure that counts as a pressured host
@@ -132,14 +135,11 @@ def run_host_marks(requests: pd.DataFrame, host: pd.DataFrame, meta: dict[str, A
 
 def timed_out_at(requests: pd.DataFrame, spec: dict[str, Any]) -> np.ndarray:
     """When the router gave up each request that timed out (NaN for the others): without a first
-    token at its first-token limit after arrival, else at its deadline (core/spec.py). Exact with
+    token at its first-token limit after arrival, else at its deadline (core/limits.py). Exact with
     retries too: the last attempt runs to the request's limit, not to its per-try one."""
-    from .metrics import limit_end
-
     if not {"outcome", "arrival_s", "first_token_s"} <= set(requests.columns):  # not a run's records
         return np.full(len(requests), np.nan)
-    deadline = float(spec.get("deadline_s", np.nan))
-    ttft = spec.get("ttft_timeout_s")  # core.spec.ExperimentSpec.first_token_limit_s, from run.json's dict
-    first_limit = min(deadline, float(ttft)) if ttft is not None else deadline
-    timed_out = (requests["outcome"] == "timeout").to_numpy()
-    return np.where(timed_out, limit_end(requests, first_limit, deadline), np.nan)
+    timed_out = (requests["outcome"] == Outcome.TIMEOUT).to_numpy()
+    ends = give_up_s(requests["arrival_s"], requests["first_token_s"].notna(), spec_first_token_limit(spec),
+                     float(spec.get("deadline_s", np.nan)))
+    return np.where(timed_out, ends, np.nan)

@@ -2,8 +2,8 @@
 
 Every metric is a pure function of record tables (pandas DataFrames with the
 columns of ``core.records``) and its parameters; the docstrings hold the
-exact definitions (the README's "Metrics" section repeats them word for word).
-Only :func:`load_run` and :func:`run_metrics` touch the file system.
+exact definitions (docs/records.md "Metrics" repeats them word for word).
+Reading a run directory is analysis/run_data.py's; all metrics of one run together, analysis/run_metrics.py's.
 
 Conventions: times are seconds since run start; a request *failed* when its
 ``outcome`` is not ``"ok"``; a metric that has nothing to measure is NaN.
@@ -11,29 +11,25 @@ Conventions: times are seconds since run start; a request *failed* when its
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from core.metrics_spec import MetricsSpec, parse_metrics_spec
-from core.records import NIXL_KV_EXPIRED, NIXL_READS_AFTER_EXPIRY, SCHEMAS, read_meta, read_table
+from analysis.metric_names import LATENCIES, UNKNOWN_STAGE, gap, latency, percentile_name
+from core.records import Outcome
+from core.limits import give_up_s
 from core.stages import FAILURE_STAGES
 
 NAN = math.nan
 ORACLE = "OracleAvoidance"
-# Tables the metrics read; health labels are not needed for any metric.
-RUN_TABLES = ("requests", "decisions", "faults", "prices")
-REQUIRED_META = ("world", "scenario", "policy", "seed")
 
 
-def _ok(requests: pd.DataFrame) -> np.ndarray:
-    return requests["outcome"].eq("ok").to_numpy(dtype=bool, na_value=False)
+def ok_mask(requests: pd.DataFrame) -> np.ndarray:
+    return requests["outcome"].eq(Outcome.OK).to_numpy(dtype=bool, na_value=False)
 
 
 def _arrivals(requests: pd.DataFrame) -> np.ndarray:
@@ -46,22 +42,15 @@ def _arrivals(requests: pd.DataFrame) -> np.ndarray:
 def failure_rate(requests: pd.DataFrame) -> float:
     """failure rate = failed requests / all requests (failed: outcome != "ok"); NaN with no requests."""
     n = len(requests)
-    return float((~_ok(requests)).sum() / n) if n else NAN
+    return float((~ok_mask(requests)).sum() / n) if n else NAN
 
 
 def timeout_share(requests: pd.DataFrame) -> float:
     """timeout share = requests with outcome "timeout" / failed requests; NaN with no failures."""
-    failed = int((~_ok(requests)).sum())
+    failed = int((~ok_mask(requests)).sum())
     if failed == 0:
         return NAN
-    return float(requests["outcome"].eq("timeout").to_numpy(dtype=bool, na_value=False).sum() / failed)
-
-
-def limit_end(requests: pd.DataFrame, first_token_limit_s: float, deadline_s: float) -> np.ndarray:
-    """The latest each request could still be in flight: arrival_s + the first-token limit without a
-    first token, else + the deadline (the router gives a request up there)."""
-    limit = np.where(requests["first_token_s"].isna(), first_token_limit_s, deadline_s)
-    return requests["arrival_s"].to_numpy(dtype=float) + limit
+    return float(requests["outcome"].eq(Outcome.TIMEOUT).to_numpy(dtype=bool, na_value=False).sum() / failed)
 
 
 def peak_in_flight(requests: pd.DataFrame, first_token_limit_s: float, deadline_s: float) -> int:
@@ -70,11 +59,12 @@ def peak_in_flight(requests: pd.DataFrame, first_token_limit_s: float, deadline_
     its limit at the latest (arrival_s + the first-token limit without a first token, else + the
     deadline), so where errors ended earlier this bounds the router's count from above. Rejected
     requests were never routed. At a tie an end comes before a start."""
-    routed = requests[requests["outcome"] != "rejected"]
+    routed = requests[requests["outcome"] != Outcome.REJECTED]
     if routed.empty:
         return 0
     ends = routed["end_s"].to_numpy(dtype=float)
-    ends = np.where(np.isnan(ends), limit_end(routed, first_token_limit_s, deadline_s), ends)
+    ends = np.where(np.isnan(ends), give_up_s(routed["arrival_s"], routed["first_token_s"].notna(),
+                                               first_token_limit_s, deadline_s), ends)
     t = np.concatenate([routed["routed_s"].to_numpy(dtype=float), ends])
     step = np.concatenate([np.ones(len(routed)), -np.ones(len(routed))])
     order = np.lexsort((step, t))
@@ -86,7 +76,7 @@ def failure_composition(requests: pd.DataFrame) -> dict[str, float]:
     of core.stages (prefill_queue, prefill, decode_queue, kv_transfer, decode), failed requests whose
     failed_stage is that one / failed requests; failures with no or an unknown stage count as "unknown", so
     the shares sum to 1. All NaN with no failures."""
-    failed = ~_ok(requests)
+    failed = ~ok_mask(requests)
     n = int(failed.sum())
     stage = requests["failed_stage"].to_numpy(dtype=object)[failed]
     out: dict[str, float] = {}
@@ -95,7 +85,7 @@ def failure_composition(requests: pd.DataFrame) -> dict[str, float]:
         hit = stage == s
         known |= hit
         out[s] = float(hit.sum() / n) if n else NAN
-    out["unknown"] = float((~known).sum() / n) if n else NAN
+    out[UNKNOWN_STAGE] = float((~known).sum() / n) if n else NAN
     return out
 
 
@@ -114,7 +104,7 @@ def success_series(requests: pd.DataFrame, bin_s: float) -> pd.DataFrame:
     idx = np.maximum(np.floor(arr / bin_s).astype(np.int64), 0)
     nb = int(idx.max()) + 1
     n = np.bincount(idx, minlength=nb)
-    n_ok = np.bincount(idx, weights=_ok(requests), minlength=nb).round().astype(np.int64)
+    n_ok = np.bincount(idx, weights=ok_mask(requests), minlength=nb).round().astype(np.int64)
     ratio = np.full(nb, NAN)
     np.divide(n_ok, n, out=ratio, where=n > 0)
     return pd.DataFrame({"bin_start_s": np.arange(nb) * bin_s, "n": n, "n_ok": n_ok, "success_ratio": ratio})
@@ -169,7 +159,7 @@ def degraded_availability(requests: pd.DataFrame, window: FaultWindow | None, bi
 def _pre_fault_success(requests: pd.DataFrame, window: FaultWindow) -> float:
     """S_0: the success ratio of the requests arriving before the fault's onset; NaN without any."""
     pre = _arrivals(requests) < window.onset_s
-    return float(_ok(requests)[pre].mean()) if pre.any() else NAN
+    return float(ok_mask(requests)[pre].mean()) if pre.any() else NAN
 
 
 def resilience_index(
@@ -255,7 +245,7 @@ def pod_exposure(requests: pd.DataFrame, window: FaultWindow | None) -> pd.DataF
     pp = requests["prefill_pod"].to_numpy()
     dp = requests["decode_pod"].to_numpy()
     arr = _arrivals(requests)
-    failed = ~_ok(requests)
+    failed = ~ok_mask(requests)
     routed = (pp >= 0) | (dp >= 0)
     pre = routed & (arr < window.onset_s)
     during = routed & (arr >= window.onset_s) & (arr < window.end_s)
@@ -321,11 +311,11 @@ def needless_deflection_ratio(
 # --------------------------------------------------------------------------- overhead, serving
 
 
-def _latency_us(latency_s: np.ndarray, percentiles: Sequence[float]) -> dict[str, Any]:
+def latency_us(latency_s: np.ndarray, percentiles: Sequence[float]) -> dict[str, Any]:
     x = latency_s[~np.isnan(latency_s)] * 1e6
     r: dict[str, Any] = {"n_decisions": int(x.size)}
     for q in percentiles:
-        r[f"latency_{_pname(q)}_us"] = float(np.percentile(x, q)) if x.size else NAN
+        r[f"latency_{percentile_name(q)}_us"] = float(np.percentile(x, q)) if x.size else NAN
     return r
 
 
@@ -335,10 +325,10 @@ def decision_latency(decisions: pd.DataFrame, percentiles: Sequence[float] = (50
     n_decisions, latency_p<q>_us for each q."""
     lat = decisions["latency_s"].to_numpy(dtype=float)
     cand = decisions["n_candidates"].to_numpy()
-    rows = [_latency_us(lat, percentiles)]
+    rows = [latency_us(lat, percentiles)]
     keys: list[Any] = [pd.NA]
     for c in np.unique(cand):
-        rows.append(_latency_us(lat[cand == c], percentiles))
+        rows.append(latency_us(lat[cand == c], percentiles))
         keys.append(int(c))
     out = pd.DataFrame(rows)
     out.insert(0, "n_candidates", pd.array(keys, dtype="Int64"))
@@ -348,7 +338,7 @@ def decision_latency(decisions: pd.DataFrame, percentiles: Sequence[float] = (50
 def serving_latencies(requests: pd.DataFrame) -> pd.DataFrame:
     """Per ok request: ttft_s = first_token_s - arrival_s; tpot_s = (end_s - first_token_s) /
     (output_tokens - 1), NaN unless output_tokens > 1; e2e_s = end_s - arrival_s."""
-    ok = requests.loc[_ok(requests)]
+    ok = requests.loc[ok_mask(requests)]
     arr = ok["arrival_s"].to_numpy(dtype=float)
     ft = ok["first_token_s"].to_numpy(dtype=float)
     end = ok["end_s"].to_numpy(dtype=float)
@@ -366,11 +356,11 @@ def latency_percentiles(requests: pd.DataFrame, percentiles: Sequence[float]) ->
     keys ttft_p<q>_s, tpot_p<q>_s, e2e_p<q>_s (q = 99.9 gives p99_9)."""
     lat = serving_latencies(requests)
     out: dict[str, float] = {}
-    for col in ("ttft", "tpot", "e2e"):
+    for col in LATENCIES:
         x = lat[f"{col}_s"].to_numpy(dtype=float)
         x = x[~np.isnan(x)]
         for q in percentiles:
-            out[f"{col}_{_pname(q)}_s"] = float(np.percentile(x, q)) if x.size else NAN
+            out[latency(col, q)] = float(np.percentile(x, q)) if x.size else NAN
     return out
 
 
@@ -429,224 +419,27 @@ def gap_to_oracle(runs: pd.DataFrame, metrics: Sequence[str], oracle: str = ORAC
         )
     merged = out[key].merge(ref, on=key, how="left")
     for m in metrics:
-        out[f"gap_{m}"] = out[m].to_numpy(dtype=float) - merged[m].to_numpy(dtype=float)
+        out[gap(m)] = out[m].to_numpy(dtype=float) - merged[m].to_numpy(dtype=float)
     return out
 
 
 # --------------------------------------------------------------------------- one run from disk
 
 
-@dataclass(frozen=True)
-class RunData:
-    """One run directory read into memory (the tables the metrics need)."""
-
-    path: Path
-    meta: dict[str, Any]
-    spec: MetricsSpec
-    requests: pd.DataFrame
-    decisions: pd.DataFrame
-    faults: pd.DataFrame
-    prices: pd.DataFrame
-    dead_pulls: pd.DataFrame  # empty for a run directory written before the table existed
-    breaker: pd.DataFrame  # likewise
-    attempts: pd.DataFrame  # likewise
-    engines: pd.DataFrame  # likewise
-    host: pd.DataFrame  # likewise; testbed only (empty in the simulator's runs)
-
-    @property
-    def scenario(self) -> str:
-        return str(self.meta["scenario"])
-
-    @property
-    def policy(self) -> str:
-        return str(self.meta["policy"])
-
-    @property
-    def world(self) -> str:
-        return str(self.meta["world"])
-
-    @property
-    def seed(self) -> int:
-        return int(self.meta["seed"])
-
-    @functools.cached_property
-    def host_marks(self) -> pd.DataFrame:
-        """Each request's host-stall account and mark (analysis/host.py), computed once for the
-        metrics and the report; no columns without host samples (the simulator's runs)."""
-        if self.host.empty:
-            return pd.DataFrame(index=self.requests.index)
-        from .host import run_host_marks
-
-        return run_host_marks(self.requests, self.host, self.meta, self.faults)
 
 
-def load_run(run_dir: Path | str) -> RunData:
-    """Read run.json and the tables of one run directory; a bad run.json raises a one-line ValueError."""
-    path = Path(run_dir)
-    meta = read_meta(path)
-    where = path / "run.json"
-    for k in REQUIRED_META:
-        if k not in meta:
-            raise ValueError(f"{where}: missing key {k!r}")
-    if isinstance(meta["seed"], bool) or not isinstance(meta["seed"], int):
-        raise ValueError(f"{where}: seed must be an integer, got {meta['seed']!r}")
-    spec_raw = meta.get("spec") or {}
-    if not isinstance(spec_raw, dict):
-        raise ValueError(f"{where}: spec must be a mapping, got {type(spec_raw).__name__}")
-    spec = parse_metrics_spec(spec_raw.get("metrics"), f"{where}: spec")
-    tables = {t: read_table(path, t) for t in RUN_TABLES}
-    for t in ("dead_pulls", "breaker", "attempts", "engines", "host"):  # tables younger than some run directories
-        tables[t] = read_table(path, t) if (path / f"{t}.parquet").exists() else SCHEMAS[t].empty_table().to_pandas()
-    req = tables["requests"]
-    if req["attempts"].isna().any():  # written before retries: one attempt each, none if rejected
-        req["attempts"] = req["attempts"].fillna(req["outcome"].ne("rejected").astype(int)).astype("int64")
-    return RunData(path=path, meta=meta, spec=spec, **tables)
 
 
-def host_stall(run: RunData) -> dict[str, float]:
-    """The host's part in a testbed run (analysis/host.py): the share of requests whose prefill the
-    host stalled, and the failure rate of the others, the fault's effect with the host's set apart.
-    NaN where there are no host samples (the simulator, runs before them)."""
-    if run.host.empty:
-        return {"host_stalled_share": NAN, "failure_rate_unstalled": NAN}
-    req = run.requests
-    stalled = run.host_marks["host_stalled"].fillna(False).to_numpy(bool)
-    rest = req[~stalled]
-    return {"host_stalled_share": float(stalled.mean()) if len(req) else NAN,
-            "failure_rate_unstalled": failure_rate(rest) if len(rest) else NAN}
 
 
-def kv_leases(meta: dict[str, Any]) -> dict[str, float]:
-    """A testbed run's expired KV leases, from its engines' counters over the run (run.json
-    ``engines``): a prefill engine that freed KV a decoder had not finished reading, and the reads
-    that finished after that (FIELD-NOTES: their KV may be another request's). The lease is the
-    deadline plus a margin unless engine.kv_lease_s sets it, and vLLM's decoder renews it while it
-    holds the request (testbed/engines/engine.py), so an expiry belongs to a request the decoder
-    dropped; canaries check the rest by the tokens. Runs on the same engines share the counters' timeline: an
-    expiry or a read that lands just after a run's end counts in the next run. NaN in the
-    simulator's runs (no engines)."""
-    engines = meta.get("engines")
-    if not isinstance(engines, dict) or not engines:
-        return {"kv_leases_expired": NAN, "kv_reads_after_expiry": NAN}
-    total = {"kv_leases_expired": 0.0, "kv_reads_after_expiry": 0.0}
-    for counters in engines.values():
-        if isinstance(counters, dict):
-            total["kv_leases_expired"] += float(counters.get(NIXL_KV_EXPIRED, 0.0))
-            total["kv_reads_after_expiry"] += float(counters.get(NIXL_READS_AFTER_EXPIRY, 0.0))
-    return total
 
 
-def corruption(requests: pd.DataFrame, meta: dict[str, Any], world: str) -> dict[str, float]:
-    """Silent corruption: requests that decoded to their end from KV that was not their prompt's
-    (outcome "corrupt"), over the requests whose output was checked. On the testbed those are the
-    canaries that got a verdict (run.json ``canaries.checked``; core/canary.py); the simulator knows
-    every pull's end against its lease (engine.kv_lease_s), so every request that decoded to its
-    end was checked. NaN with none checked."""
-    corrupt = int(requests["outcome"].eq("corrupt").sum())
-    if world == "testbed":
-        c = meta.get("canaries")
-        checked = int(c.get("checked", 0)) if isinstance(c, dict) else 0
-    else:
-        checked = int(requests["outcome"].isin(["ok", "corrupt"]).sum())
-    return {"n_corrupt": corrupt, "outputs_checked": checked,
-            "corrupt_rate_checked": corrupt / checked if checked else NAN}
 
 
-def breaker_time(breaker: pd.DataFrame, end_s: float) -> dict[str, float]:
-    """How often pods' circuit breakers opened, and the pod-seconds they were open (an open
-    breaker with no later change counts until ``end_s``)."""
-    opens, open_s = 0, 0.0
-    for _, rows in breaker.sort_values("time_s", kind="stable").groupby("pod"):
-        t, s = rows["time_s"].to_numpy(), rows["state"].to_numpy()
-        nxt = np.append(t[1:], max(end_s, t[-1]))
-        opened = s == "open"
-        opens += int(opened.sum())
-        open_s += float((nxt - t)[opened].sum())
-    return {"breaker_opens": opens, "breaker_open_pod_s": open_s}
 
 
-def dead_work(dead_pulls: pd.DataFrame) -> dict[str, float]:
-    """Dead work: pulls of requests given up in kv_transfer that went on after it (ended later,
-    or not seen to end), and the KV bytes they moved after it (as far as known: the testbed
-    estimates a finished pull's share at its mean rate and cannot know a failed one's)."""
-    d = dead_pulls
-    going = d["end_s"].isna() | (d["end_s"] > d["given_up_s"])
-    return {"n_dead_pulls": int(going.sum()), "dead_kv_bytes": float(d.loc[going, "bytes_after"].sum()),
-            "n_dead_pulls_unknown_bytes": int((going & d["bytes_after"].isna()).sum())}
 
 
-def retry_work(requests: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, float]:
-    """What retries (router.retry) did: the attempts given up and retried, the share of routed requests
-    retried at least once, those of them that ended ok (rescued), and the extra load: the prompt tokens
-    of the given-up attempts that had passed prefill over the routed requests' prompt tokens, and the
-    KV bytes their transfers moved or began to move (one attempt's kv_bytes each)."""
-    routed = requests["attempts"].to_numpy(dtype=float) > 0
-    retried = requests["attempts"].to_numpy(dtype=float) > 1
-    n = int(routed.sum())
-    prompt = requests.set_index("request_id")["prompt_tokens"]
-    past_prefill = attempts["failed_stage"].isin(["decode_queue", "kv_transfer", "decode"]).to_numpy()
-    wasted = float(prompt.reindex(attempts["request_id"].to_numpy()).to_numpy(dtype=float)[past_prefill].sum())
-    total = float(requests["prompt_tokens"].to_numpy(dtype=float)[routed].sum())
-    return {"retries": len(attempts), "retried_share": float(retried.sum() / n) if n else NAN,
-            "retry_rescued": int((retried & _ok(requests)).sum()),
-            "retry_extra_prefill_share": wasted / total if total else NAN,
-            "retry_kv_bytes": float(attempts["kv_bytes"].sum())}
 
 
-def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
-    """All scalar metrics of one run, keyed by column name, plus its world, scenario, policy, seed, status.
 
-    Latency percentiles are the spec's plus 50 and 99; decision latency is reported as p50/p99 in
-    microseconds over all decisions (the per-candidate-count table is :func:`decision_latency`).
-    """
-    if not isinstance(run, RunData):
-        run = load_run(run)
-    req, spec = run.requests, run.spec
-    window = fault_window(run.faults, req)
-    s_pre, s_during = degraded_pod_shares(req, window)
-    out: dict[str, Any] = {
-        "world": run.world,
-        "scenario": run.scenario,
-        "policy": run.policy,
-        "seed": run.seed,
-        "status": str(run.meta.get("status", "unknown")),
-        "run_dir": str(run.path),
-        "n_requests": len(req),
-        "n_failed": int((~_ok(req)).sum()),
-        "failure_rate": failure_rate(req),
-        "timeout_share": timeout_share(req),
-    }
-    out.update({f"fail_share_{k}": v for k, v in failure_composition(req).items()})
-    out.update(
-        {
-            "fault_onset_s": window.onset_s if window else NAN,
-            "fault_end_s": window.end_s if window else NAN,
-            "n_degraded_pods": len(window.pods) if window else 0,
-            "degraded_availability": degraded_availability(req, window, spec.bin_s, spec.availability_target),
-            "resilience_index": resilience_index(req, window, spec.bin_s, spec.recovery_horizon_s),
-            "recovery_s": recovery_s(req, window, spec.bin_s),
-            "degraded_share_pre": s_pre,
-            "degraded_share_during": s_during,
-            "traffic_deflection_ratio": traffic_deflection_ratio(req, window),
-        }
-    )
-    out.update(latency_percentiles(req, sorted(set(spec.percentiles) | {50.0, 99.0})))
-    out["goodput_rps"] = goodput_rps(req, spec.ttft_slo_s, spec.tpot_slo_s)
-    dl = _latency_us(run.decisions["latency_s"].to_numpy(dtype=float), (50, 99))
-    out.update(dead_work(run.dead_pulls))
-    out.update(retry_work(req, run.attempts))
-    out["engines_down"] = int(run.engines["worker"].nunique())
-    out.update(host_stall(run))
-    out.update(kv_leases(run.meta))
-    out.update(corruption(req, run.meta, run.world))
-    end_s = float(np.nanmax(run.decisions["time_s"].to_numpy(dtype=float), initial=0.0))
-    out.update(breaker_time(run.breaker, end_s))
-    out["n_decisions"] = dl["n_decisions"]
-    out["decision_latency_p50_us"] = dl["latency_p50_us"]
-    out["decision_latency_p99_us"] = dl["latency_p99_us"]
-    return out
-
-
-def _pname(q: float) -> str:
-    """Column-safe percentile name: 50 -> p50, 99.9 -> p99_9."""
-    return "p" + f"{float(q):g}".replace(".", "_")

@@ -17,8 +17,11 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis.metrics import FaultWindow, RunData, fault_window, price_contrast, success_series
-from core.stages import FAILURE_STAGES
+from analysis.metric_names import UNKNOWN_STAGE, fail_share
+from analysis.metric_names import Metric as M
+from analysis.metrics import FaultWindow, fault_window, price_contrast, success_series
+from analysis.run_data import RunData
+from core.stages import ADMISSION, FAILURE_STAGES
 
 
 @dataclass(frozen=True)
@@ -145,19 +148,19 @@ def plot_failure_composition(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     paths = []
     if runs.empty:
         return paths
-    stages = [*FAILURE_STAGES, "unknown"]
+    stages = [*FAILURE_STAGES, UNKNOWN_STAGE]
     colors = ["tab:purple", "tab:gray", "tab:blue", "tab:orange", "tab:red", "tab:green", "k"]
     for (scenario, world), g in runs.groupby(["scenario", "world"], sort=True):
         policies = sorted(g["policy"].unique())
-        fr = g["failure_rate"].to_numpy(dtype=float)
+        fr = g[M.FAILURE_RATE].to_numpy(dtype=float)
         fig = Figure(figsize=(max(5.0, 1.1 * len(policies) + 2), 4))
         ax = fig.add_subplot()
         bottom = np.zeros(len(policies))
         for stage, color in zip(stages, colors):
             # A run without failures has NaN shares but contributes 0 to every stage.
-            part = np.where(fr > 0, fr * g[f"fail_share_{stage}"].to_numpy(dtype=float), 0.0)
+            part = np.where(fr > 0, fr * g[fail_share(stage)].to_numpy(dtype=float), 0.0)
             h = pd.Series(part, index=g.index).groupby(g["policy"]).mean().reindex(policies).fillna(0.0).to_numpy()
-            if stage in ("admission", "unknown") and not h.any():  # only where there are any
+            if stage in (ADMISSION, UNKNOWN_STAGE) and not h.any():  # only where there are any
                 continue
             ax.bar(policies, h, bottom=bottom, color=color, label=stage)
             bottom += h

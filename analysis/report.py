@@ -11,28 +11,31 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.metrics import RunData, decision_latency, load_run, run_metrics
+from analysis.metric_names import Metric as M, check_metric, latency, gap
+from analysis.metrics import decision_latency
+from analysis.run_data import RunData, load_run
+from analysis.run_metrics import run_metrics
 from analysis.plots import RunCurves, run_curves, write_plots
 from analysis.summary import discover_runs, runs_frame, summarize
 
 # (summary metric, column header) of the console table, in order.
 KEY_METRICS = (
-    ("failure_rate", "failure rate"),
-    ("timeout_share", "timeout share"),
-    ("degraded_availability", "degraded avail."),
-    ("resilience_index", "resilience"),
-    ("traffic_deflection_ratio", "deflection"),
-    ("gap_failure_rate", "gap to oracle (fail.)"),
-    ("ttft_p50_s", "TTFT p50 (s)"),
-    ("ttft_p99_s", "TTFT p99 (s)"),
-    ("goodput_rps", "goodput (req/s)"),
-    ("decision_latency_p50_us", "decision p50 (µs)"),
+    (M.FAILURE_RATE, "failure rate"),
+    (M.TIMEOUT_SHARE, "timeout share"),
+    (M.DEGRADED_AVAILABILITY, "degraded avail."),
+    (M.RESILIENCE_INDEX, "resilience"),
+    (M.TRAFFIC_DEFLECTION_RATIO, "deflection"),
+    (gap(M.FAILURE_RATE), "gap to oracle (fail.)"),
+    (latency("ttft", 50), "TTFT p50 (s)"),
+    (latency("ttft", 99), "TTFT p99 (s)"),
+    (M.GOODPUT_RPS, "goodput (req/s)"),
+    (M.DECISION_LATENCY_P50_US, "decision p50 (µs)"),
     # testbed only (analysis/host.py): requests whose prefill the host stalled, and the failure rate
     # without them, the fault's effect with the host's set apart
-    ("host_stalled_share", "host-stalled"),
-    ("failure_rate_unstalled", "failure rate, rest"),
+    (M.HOST_STALLED_SHARE, "host-stalled"),
+    (M.FAILURE_RATE_UNSTALLED, "failure rate, rest"),
     # outputs decoded from KV not their prompt's, over those checked (testbed: canaries)
-    ("corrupt_rate_checked", "corrupt"),
+    (M.CORRUPT_RATE_CHECKED, "corrupt"),
 )
 
 
@@ -45,16 +48,26 @@ def _fmt(mean: float, half: float) -> str:
     return s if half is None or math.isnan(half) else f"{s} ± {half:.2g}"
 
 
+def check_columns(summary: pd.DataFrame, metrics: Sequence[str]) -> None:
+    """Every metric the report shows must be a known one (analysis/metric_names.py) and in the
+    summary: a metric renamed on one side fails here in one line instead of showing "–". A gap to
+    the oracle is shown only where OracleAvoidance ran."""
+    for m in metrics:
+        check_metric(m)
+        if f"{m}_mean" not in summary.columns and not m.startswith("gap_"):
+            raise ValueError(f"report: metric {str(m)!r} is not in the runs' summary (its columns: "
+                             f"{', '.join(c[:-5] for c in summary.columns if c.endswith('_mean'))})")
+
+
 def _table(summary: pd.DataFrame, scenario: str, world: str) -> Table:
     t = Table(title=escape(f"{scenario} [{world}]  (mean ± 95% CI half-width over seeds)"))
     t.add_column("policy", style="bold")
     t.add_column("runs", justify="right")
     for _, header in KEY_METRICS:
         t.add_column(header, justify="right")
+    check_columns(summary, [m for m, _ in KEY_METRICS])
     for _, r in summary.iterrows():
-        cells = [
-            _fmt(r.get(f"{m}_mean", math.nan), r.get(f"{m}_ci", math.nan)) for m, _ in KEY_METRICS
-        ]
+        cells = [_fmt(r[f"{m}_mean"], r[f"{m}_ci"]) if f"{m}_mean" in r else "–" for m, _ in KEY_METRICS]
         t.add_row(escape(str(r["policy"])), str(r["n_runs"]), *cells)
     return t
 

@@ -29,16 +29,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.metric_names import gap
+from analysis.metric_names import Metric as M
 from analysis.metrics import (
     EXPOSURE_COLUMNS,
     ORACLE,
     fault_window,
     gap_to_oracle,
-    load_run,
     needless_deflection,
     pod_exposure,
-    run_metrics,
 )
+from analysis.run_data import load_run
+from analysis.run_metrics import run_metrics
 from analysis.plots import run_curves
 from analysis.summary import GAP_METRICS, mean_ci
 from core.records import read_meta
@@ -184,7 +186,7 @@ def _nan(x: Any) -> Any:
 def cell_metrics(run_dir: Path | str, recompute: bool = False) -> dict[str, Any]:
     """Everything the study needs from one run, cached as metrics.json in the run directory.
 
-    Keys: ``metrics`` (:func:`analysis.metrics.run_metrics`), ``exposure`` (one dict per degraded pod,
+    Keys: ``metrics`` (:func:`analysis.run_metrics.run_metrics`), ``exposure`` (one dict per degraded pod,
     :func:`analysis.metrics.pod_exposure`), ``series`` (bin_s, onset_s, end_s and per bin around the fault:
     bin_start_s, n, success_ratio, degraded_price, other_price; :func:`_series`), plus ``schema``,
     ``run_started_at``, ``run_status``. The cache is used when it belongs to the run in the directory (same
@@ -252,7 +254,7 @@ def cell_finished(run_dir: Path, run_id: str) -> bool:
 
 def load_study(study_dir: Path | str) -> pd.DataFrame:
     """One row per finished cell (:func:`cell_finished`): cell, point, sweep, policy, seed, one column per axis
-    (NaN where the cell's sweep does not vary it), every :func:`analysis.metrics.run_metrics` value,
+    (NaN where the cell's sweep does not vary it), every :func:`analysis.run_metrics.run_metrics` value,
     needless_deflection_ratio (:func:`add_needless_deflection`) and gap_<metric> (:func:`add_gaps`).
     Sorted by sweep, point, policy, seed. ``attrs`` holds name, axes, n_cells and skipped (run_dir of every
     cell left out as unfinished). A missing or malformed study.json raises a one-line :class:`StudyError`."""
@@ -293,7 +295,7 @@ def add_gaps(frame: pd.DataFrame, oracle: str = ORACLE) -> pd.DataFrame:
     metrics = [m for m in GAP_METRICS if m in frame.columns]
     # gap_to_oracle pairs on world, scenario, seed; a study pairs on its point (= the run's scenario).
     paired = gap_to_oracle(frame.assign(scenario=frame["point"], world="study"), metrics, oracle)
-    return frame.assign(**{f"gap_{m}": paired[f"gap_{m}"] for m in metrics})
+    return frame.assign(**{gap(m): paired[gap(m)] for m in metrics})
 
 
 # --------------------------------------------------------------------------- selections and summaries
@@ -384,7 +386,7 @@ def failure_reduction(frame: pd.DataFrame, keys: Sequence[str], policy: str = "F
     baseline, 0 = none, negative = it fails more. Columns: keys..., mean, ci, n."""
     pair = frame.loc[frame["policy"].isin([policy, baseline])]
     idx = ["point", "seed"]
-    wide = pair.pivot_table(index=idx, columns="policy", values="failure_rate", aggfunc="first")
+    wide = pair.pivot_table(index=idx, columns="policy", values=M.FAILURE_RATE, aggfunc="first")
     if policy not in wide.columns or baseline not in wide.columns:
         return pd.DataFrame(columns=[*keys, "mean", "ci", "n"])
     base = wide[baseline].to_numpy(dtype=float)

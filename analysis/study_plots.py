@@ -20,6 +20,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from analysis.metric_names import Metric as M, gap
 from analysis.plots import _save, _slug
 from analysis.study import (
     LC,
@@ -113,7 +114,7 @@ def _draw_vs_r(ax, cells: pd.DataFrame, metric: str, label: str) -> None:
     _log_r_axis(ax, cells["severity"].unique())
     if metric not in cells.columns or cells[metric].isna().all():
         _no_data(ax, "no data" + (" (needs OracleAvoidance cells)" if metric.startswith("gap_") else
-                                  " (needs LC cells)" if metric == "needless_deflection_ratio" else ""))
+                                  " (needs LC cells)" if metric == M.NEEDLESS_DEFLECTION_RATIO else ""))
         return
     policies = _policies(cells)
     for k, policy in enumerate(policies):
@@ -150,21 +151,21 @@ def _vs_r(cells: pd.DataFrame, axes: Sequence[str], out: Path, name: str, title:
 def fig_failure_vs_severity(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
     """(a) failure rate vs r per policy, 95% CI error bars, log x; one panel per telemetry mode."""
     return _vs_r(cells, axes, out, "study_a_failure_vs_r", "Failure rate vs link severity",
-                 [("failure_rate", "failure rate (failed / all)")])
+                 [(M.FAILURE_RATE, "failure rate (failed / all)")])
 
 
 def fig_availability_vs_severity(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
     """(c) degraded availability and resilience index vs r per policy."""
     return _vs_r(cells, axes, out, "study_c_availability_vs_r", "Availability during the fault vs severity",
-                 [("degraded_availability", "degraded availability"), ("resilience_index", "resilience index")])
+                 [(M.DEGRADED_AVAILABILITY, "degraded availability"), (M.RESILIENCE_INDEX, "resilience index")])
 
 
 def fig_deflection_vs_severity(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
     """(d) traffic deflection ratio, gap to oracle (failure rate) and needless deflection ratio vs r."""
     return _vs_r(cells, axes, out, "study_d_deflection_vs_r", "Deflection and gap to oracle vs severity",
-                 [("traffic_deflection_ratio", "traffic deflection ratio"),
-                  ("gap_failure_rate", "gap to oracle (failure rate)"),
-                  ("needless_deflection_ratio", "needless deflection ratio")])
+                 [(M.TRAFFIC_DEFLECTION_RATIO, "traffic deflection ratio"),
+                  (gap(M.FAILURE_RATE), "gap to oracle (failure rate)"),
+                  (M.NEEDLESS_DEFLECTION_RATIO, "needless deflection ratio")])
 
 
 # --------------------------------------------------------------------------- b: paired reduction
@@ -233,7 +234,7 @@ def _series_figure(sel: pd.DataFrame, plabel: str, path: Path) -> Path:
     colors = {r: c for r, c in zip(rs, _colors(len(rs)))}
     fig = Figure(figsize=(11, 3.4 * len(policies)), layout="constrained")
     axs = fig.subplots(len(policies), 2, squeeze=False, sharex=True)
-    duration = float(np.nanmean(sel["fault_end_s"] - sel["fault_onset_s"]))
+    duration = float(np.nanmean(sel[M.FAULT_END_S] - sel[M.FAULT_ONSET_S]))
     for i, policy in enumerate(policies):
         price_ax, ok_ax = axs[i]
         for r in rs:
@@ -303,7 +304,7 @@ def _label_figure(sel: pd.DataFrame, path: Path) -> Path:
     policies = _policies(sel)
     delays = sorted(sel["label_delay_s"].unique())
     noises = sorted(sel["label_noise"].unique())
-    st = grouped_ci(sel, ["policy", "label_noise", "label_delay_s"], "failure_rate")
+    st = grouped_ci(sel, ["policy", "label_noise", "label_delay_s"], M.FAILURE_RATE)
     vmax = max(float(np.nanmax(st["mean"].to_numpy(dtype=float), initial=0.0)), 1e-9)
     fig = Figure(figsize=(4.2 * len(policies) + 1.2, 3.8), layout="constrained")
     axs = fig.subplots(1, len(policies), squeeze=False)[0]
@@ -347,13 +348,13 @@ def _sensitivity_figure(sel: pd.DataFrame, path: Path) -> Path:
     rs = sorted(sel["severity"].unique(), reverse=True)
     loads = sorted(sel["load"].unique())
     st = grouped_ci(sel.loc[sel["policy"].isin([LC, OTF])],
-                    ["point", "policy"], "failure_rate")  # a point fixes r, load and the panel's axes
+                    ["point", "policy"], M.FAILURE_RATE)  # a point fixes r, load and the panel's axes
     vmax = max(float(np.nanmax(st["mean"].to_numpy(dtype=float), initial=0.0)), 1e-9)
     fig = Figure(figsize=(4.4 * len(panels) + 1.2, 10.5), layout="constrained")
     axs = fig.subplots(3, len(panels), squeeze=False)
     im = None
     for j, (plabel, g) in enumerate(panels):
-        s = {p: grouped_ci(g.loc[g["policy"] == p], ["severity", "load"], "failure_rate") for p in (LC, OTF)}
+        s = {p: grouped_ci(g.loc[g["policy"] == p], ["severity", "load"], M.FAILURE_RATE) for p in (LC, OTF)}
         mats = {p: {v: _matrix(s[p], "severity", "load", rs, loads, v) for v in ("mean", "ci")}
                 for p in (LC, OTF)}
         for i, p in enumerate((LC, OTF)):

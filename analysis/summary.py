@@ -10,30 +10,32 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.metrics import ORACLE, gap_to_oracle, run_metrics
+from analysis.metric_names import Metric as M, latency
+from analysis.metrics import ORACLE, gap_to_oracle
+from analysis.run_metrics import run_metrics
 
 GROUP = ["scenario", "world", "policy"]
 # Per-run columns that identify or describe a run rather than measure it.
 NON_METRICS = {"world", "scenario", "policy", "seed", "status", "run_dir"}
 # Metrics that get a gap_<metric> column when OracleAvoidance runs are present.
 GAP_METRICS = (
-    "failure_rate",
-    "timeout_share",
-    "degraded_availability",
-    "resilience_index",
-    "goodput_rps",
-    "ttft_p99_s",
+    M.FAILURE_RATE,
+    M.TIMEOUT_SHARE,
+    M.DEGRADED_AVAILABILITY,
+    M.RESILIENCE_INDEX,
+    M.GOODPUT_RPS,
+    latency("ttft", 99),
 )
 # What compare_worlds compares unless told otherwise.
 COMPARE_METRICS = (
-    "failure_rate",
-    "timeout_share",
-    "degraded_availability",
-    "resilience_index",
-    "traffic_deflection_ratio",
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "goodput_rps",
+    M.FAILURE_RATE,
+    M.TIMEOUT_SHARE,
+    M.DEGRADED_AVAILABILITY,
+    M.RESILIENCE_INDEX,
+    M.TRAFFIC_DEFLECTION_RATIO,
+    latency("ttft", 50),
+    latency("ttft", 99),
+    M.GOODPUT_RPS,
 )
 
 
@@ -67,7 +69,7 @@ def discover_runs(paths: Iterable[Path | str]) -> list[Path]:
 
 
 def collect_runs(paths: Iterable[Path | str]) -> pd.DataFrame:
-    """One row of :func:`analysis.metrics.run_metrics` per run found below ``paths``."""
+    """One row of :func:`analysis.run_metrics.run_metrics` per run found below ``paths``."""
     return runs_frame([run_metrics(r) for r in discover_runs(paths)])
 
 

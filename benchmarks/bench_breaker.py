@@ -37,7 +37,8 @@ def _variants(spec: str | None, factor: float) -> list[Any]:
 
 
 def _figures(run_dir: Path) -> dict[str, Any]:
-    from analysis.metrics import load_run, run_metrics
+    from analysis.run_data import load_run
+    from analysis.run_metrics import run_metrics
 
     run = load_run(run_dir)
     m = run_metrics(run)

@@ -26,7 +26,7 @@ testbed's 0.5 requests/s (a slow tick always replaces ``view.pods``); back to ba
 before. That cache's rebuild (``Policy._refresh``) used to run inside the next timed ``choose``,
 on caches gone cold: the main part of the gap. The ticks now rebuild it (``Policy.prepare``), so
 the two columns differ little; what remains is the cold-cache cost of ``choose`` itself after an
-idle gap (README "Performance": the figures before and after).
+idle gap (docs/performance.md "Recorded decision latency": the figures before and after).
 
 Each (setting, policy) is a fresh RunContext; its first 3 decisions are dropped. With 40 spaced
 decisions a column's p99 is about its maximum; spaced cells vary up to ~2x from run to run (the

@@ -76,7 +76,7 @@ async def _ingress(client: Any, ids: list[int], max_tokens: int) -> tuple[float,
         r.raise_for_status()
         async for line in r.aiter_lines():
             if line.startswith('data: {"error"'):
-                return None  # the router's limit cut it (a host stall: FIELD-NOTES); counted apart
+                return None  # the router's limit cut it (a host stall: docs/verified.md "Host stalls on two cores"); counted apart
             if line.startswith("data: {") and first is None:
                 first = time.perf_counter()
     return first - t0, time.perf_counter() - t0

@@ -45,7 +45,7 @@ def _variants(spec: str | None, factor: float, ttfts: list[str]) -> list[Any]:
 
 
 def _figures(run_dir: Path) -> dict[str, Any]:
-    from analysis.metrics import run_metrics
+    from analysis.run_metrics import run_metrics
 
     m = run_metrics(run_dir)
     return {"policy": m["policy"], "seed": m["seed"], "n": m["n_requests"], "failure_rate": m["failure_rate"],

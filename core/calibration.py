@@ -18,7 +18,7 @@ The fitted models are the simulator's own (``simulator/cluster.py``):
 Every fit is a robust linear least squares on relative residuals: from a start
 with a Cauchy loss, samples whose residual exceeds 3 robust scales (1.4826 x the
 residuals' MAD) and 0.1 s are set aside and the line is refitted on the rest
-with scipy's ``least_squares`` and the ``soft_l1`` loss, until the set is stable. So the host stalls of a 2-core machine (FIELD-NOTES:
+with scipy's ``least_squares`` and the ``soft_l1`` loss, until the set is stable. So the host stalls of a 2-core machine (docs/verified.md "Host stalls on two cores":
 pulls and steps that stall for seconds) do not drag the line; they are counted
 as outliers and reported with the fit, as are R^2 (on the inliers), residual
 percentiles and sample counts.

@@ -38,6 +38,7 @@ __all__ = ["COMPILED_MODULES", "DIGEST_SUFFIX", "PURE_ENV", "compiled_is_current
 COMPILED_MODULES: tuple[str, ...] = (
     "simulator.events",
     "simulator.network",
+    "simulator.maxmin",  # FlowNetwork's base class: the allocation half of network
     "simulator.cluster",
     "core.routing",
     "core.ticket",

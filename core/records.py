@@ -20,6 +20,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,7 +33,19 @@ NAN = math.nan
 # single-engine reference on the testbed, core/canary.py; in the simulator a pull that outlived a
 # KV lease nobody renewed, engine.kv_lease_s and kv_lease_renewed). Its failed_stage is kv_transfer:
 # the only way a decode engine reads KV it did not compute.
-OUTCOMES = ("ok", "timeout", "error", "rejected", "corrupt")
+class Outcome(StrEnum):
+    """How a request (or one attempt of it) ended."""
+
+    OK = "ok"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    REJECTED = "rejected"
+    CORRUPT = "corrupt"
+
+
+OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
+# Plain-str names for the hot paths, as core.stages does for the stages.
+OK, TIMEOUT, ERROR, REJECTED, CORRUPT = OUTCOMES
 
 
 class RequestRecord(NamedTuple):
@@ -51,7 +64,7 @@ class RequestRecord(NamedTuple):
     kv_end_s: float = NAN
     first_token_s: float = NAN
     end_s: float = NAN
-    outcome: str = "ok"
+    outcome: str = OK
     failed_stage: str | None = None  # one of core.stages.STAGES
     kv_bytes: int = 0  # the KV the request's transfer moves; 0 if it never reached kv_transfer
     # Attempts made (router.retry): the record's other columns are the last one's; 0: rejected
@@ -192,7 +205,7 @@ class HostRecord(NamedTuple):
 PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 # How long after a request was given up both worlds keep looking for its dead pull's end; past it
 # the pull is "unseen". UCX over TCP gave a dead link's pulls up after about 47 s on the testbed
-# (README "A link down"): a bound above that sees them fail.
+# (docs/testbed.md "A link down"): a bound above that sees them fail.
 DEAD_PULL_WATCH_S = 60.0
 
 # vLLM's NIXL counters of expired KV leases, as run.json ``engines`` holds them per engine (the

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .records import ERROR, TIMEOUT
 import numpy as np
 
 from .spec import RetrySpec
@@ -29,7 +30,7 @@ from .ticket import Ticket
 # What a retry may follow: a failure (sgl-router retries 5xx statuses) or a given-up attempt
 # (its per-try timeout; Envoy's 504). "ok" ends a request; "rejected" never made an attempt;
 # "corrupt" looked like a success to the router (only a canary's check or the simulator knows).
-RETRYABLE = frozenset({"error", "timeout"})
+RETRYABLE = frozenset({ERROR, TIMEOUT})
 
 
 class NextAttempt(NamedTuple):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import math
 
+from .records import OK, TIMEOUT
 import numpy as np
 
 from .policies.weights import Weights
@@ -83,9 +84,9 @@ class RiskPriceEstimator:
             total[prefill_pod] += 1
         if decode_pod != -1 and decode_pod != prefill_pod:
             total[decode_pod] += 1
-        if outcome == "ok":
+        if outcome == OK:
             return
-        counts = self._new_timeouts if outcome == "timeout" else self._new_failures
+        counts = self._new_timeouts if outcome == TIMEOUT else self._new_failures
         for p in blamed_pods(stage, prefill_pod, decode_pod):
             counts[p] += 1
 

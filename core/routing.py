@@ -23,7 +23,7 @@ from faults.telemetry import BandwidthTelemetry
 
 from .breaker import PodBreakers
 from .policies import Policy
-from .records import DecisionRecord, EngineRecord, HealthRecord, PriceRecord, make_row
+from .records import OK, DecisionRecord, EngineRecord, HealthRecord, PriceRecord, make_row
 from .risk import RiskPriceEstimator
 from .stages import blamed_pods
 from .ticket import Ticket, rejected_record
@@ -117,10 +117,10 @@ class Router:
         loads.decode_kv_tokens[t.d_idx] -= t.prompt_tokens + t.output_tokens
         pp, dp = t.prefill_pod, t.decode_pod
         self.estimator.observe(now, pp, dp, outcome, stage)
-        blamed = () if outcome == "ok" else blamed_pods(stage, pp, dp)
+        blamed = () if outcome == OK else blamed_pods(stage, pp, dp)
         self.health.observe(now, (pp, dp), blamed, outcome)
         if self.breakers is not None:
-            served = () if outcome != "ok" else (pp,) if pp == dp else (pp, dp)
+            served = () if outcome != OK else (pp,) if pp == dp else (pp, dp)
             if self.breakers.observe(now, served, blamed):
                 self._breakers_changed()
 

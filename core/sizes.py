@@ -34,7 +34,7 @@ SIM_CPU_PER_WORKER_S = 6e-6
 # The risk price keeps three float64 rings of (window / bucket) x pods (core/risk.py).
 RISK_RING_BYTES_PER_CELL = 3 * 8
 # The testbed's engines start in parallel in 88-117 s when the machine is idle, 330 s when not
-# (README "Performance"): the slower figure bounds the start.
+# (docs/performance.md "Measured figures"): the slower figure bounds the start.
 ENGINE_START_S = 330.0
 # A run that would not end within a day is, far more often than not, a spec with a digit too
 # many; `--max-hours` raises the limit for one that means it.

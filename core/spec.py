@@ -13,12 +13,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .limits import first_token_limit
 from .metrics_spec import MetricsSpec
 from faults.spec import FaultSpec, HealthSpec, TelemetrySpec
 from workloads.spec import WorkloadSpec
 
 from .policies import Weights, check_policy_name
-from .study import StudySpec
+from .study_spec import StudySpec
 
 
 class _Spec(BaseModel):
@@ -49,7 +50,8 @@ class TopologySpec(_Spec):
     # Llama-3.1-8B: 32 layers x 8 KV heads x 128 head_dim x 2 (K and V) x 2 bytes (bf16) = 128 KiB.
     kv_bytes_per_token: int = Field(131072, ge=1)
     # Bytes on the wire per KV byte (protocol headers): 1.0 models an RDMA fabric's large MTU;
-    # NIXL over UCX/TCP measured about 1.05 (FIELD-NOTES); `testbed calibrate` measures it.
+    # NIXL over UCX/TCP measured about 1.05 (docs/verified.md "UCX over TCP, and what crosses the
+    # wire"); `testbed calibrate` measures it.
     kv_wire_overhead: float = Field(1.0, ge=1.0)
 
 
@@ -74,7 +76,8 @@ class EngineSpec(_Spec):
     # (80 GB - 16 GB weights - activations) x 0.9 gpu_memory_utilization ~ 52 GB / 128 KiB.
     decode_kv_tokens: int = Field(400_000, ge=1)
     # KV moves in whole cache blocks (NIXL reads every block of the prompt, the partial last one
-    # included): vLLM's CUDA block size is 16 tokens; its CPU build uses 128 (FIELD-NOTES).
+    # included): vLLM's CUDA block size is 16 tokens; its CPU build uses 128 (docs/verified.md
+    # "KV cache blocks of 128 tokens").
     kv_block_tokens: int = Field(16, ge=1)
     # Fixed cost of one KV pull beside its bytes (descriptor set-up, the completion notice):
     # not modelled for GPUs (0); `testbed calibrate` measures it on the testbed's engines.
@@ -99,9 +102,10 @@ class EngineSpec(_Spec):
     # scheduler sends a heartbeat every lease // 6 s until the pull ends or the request is aborted,
     # each extending the lease to 2/3 of it from then (nixl/base_scheduler.py, base_worker.py
     # _handle_heartbeat), so only KV of requests the decoder dropped expires; the testbed measured
-    # it (README "Silent corruption"). False models a lease that runs out from the prefill's end
-    # regardless (lost heartbeats, a connector without renewal): the simulator then ends a request
-    # whose pull ended after it as corrupt, every freed block taken as reused (an upper bound).
+    # it (docs/reliability.md "The lease, measured"). False models a lease that runs out from the
+    # prefill's end regardless (lost heartbeats, a connector without renewal): the simulator then
+    # ends a request whose pull ended after it as corrupt, every freed block taken as reused (an
+    # upper bound).
     kv_lease_renewed: bool = True
 
 
@@ -133,7 +137,7 @@ class RetrySpec(_Spec):
     # attempt runs to that limit. None: only attempts that fail (outcome error) are retried, as in
     # sgl-router, which has no per-try timeout. No default can be derived for a cluster: a healthy
     # attempt's time to first token is the floor, the first-token limit over max_attempts the
-    # ceiling (README "Retries" shows the sensitivity).
+    # ceiling (docs/reliability.md "Retries" shows the sensitivity).
     attempt_ttft_s: float | None = Field(None, gt=0)
     # Envoy's previous_hosts retry predicate, with the pod as the unit (the project's blame rule):
     # a retry avoids the pods its earlier attempts' failures were blamed on, unless that leaves no
@@ -155,7 +159,8 @@ class RouterSpec(_Spec):
     # at once, outcome `rejected` (the ingress answers 429), as sgl-router's --max-concurrent-requests
     # and vllm-router's rate limits do. None: no limit (theirs are off by default too). The engines'
     # batch capacity (prefill_slots x prefill workers + decode_max_batch x decode workers) is the
-    # natural value: what lies beyond it only queues (README "Overload").
+    # natural value: what lies beyond it only queues (docs/performance.md "Overload and the
+    # admission limit").
     max_in_flight: int | None = Field(None, ge=1)
     # Off by default, as in sgl-router and vllm-router: `circuit_breaker: {}` turns it on with
     # sgl-router's defaults.
@@ -224,10 +229,10 @@ class TestbedSpec(_Spec):
     # them, in ms: the most a lost wake-up of that queue costs (testbed/engines/shm_wakeups.py).
     # None: vLLM's own, 5000 ms (shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS). Kept by default:
     # every run records its engines' missed wake-ups, and the twin scenario's runs at vLLM's
-    # interval had none (README "The prefill stall, explained"), so nothing calls for changing
-    # the engine. 10 ms would be about one decode step of the CPU engines (engine.
-    # decode_step_base_s, 9.1 ms calibrated), at 3 ms of CPU a second per idle reader (measured
-    # on vLLM's queue here: 0 at 5000 ms, 15 ms at 1 ms).
+    # interval had none (docs/reliability.md "A lead, tested and ruled out here: lost wake-ups"), so
+    # nothing calls for changing the engine. 10 ms would be about one decode step of the CPU engines
+    # (engine.decode_step_base_s, 9.1 ms calibrated), at 3 ms of CPU a second per idle reader
+    # (measured on vLLM's queue here: 0 at 5000 ms, 15 ms at 1 ms).
     shm_recheck_ms: int | None = Field(None, ge=1)
 
 
@@ -264,7 +269,7 @@ class ExperimentSpec(_Spec):
     ttft_timeout_s: float | None = Field(60.0, gt=0)
     metrics: MetricsSpec = MetricsSpec()
     testbed: TestbedSpec = TestbedSpec()
-    # The study's grid (core/study.py): `testbed study` runs it; `sim` and `run` ignore it.
+    # The study's grid (core/study_spec.py; cells: core/study.py): `testbed study` runs it; `sim` and `run` ignore it.
     study: StudySpec | None = None
 
     @model_validator(mode="before")
@@ -309,8 +314,8 @@ class ExperimentSpec(_Spec):
 
     @property
     def first_token_limit_s(self) -> float:
-        """How long after its arrival a request may go without a first token."""
-        return min(self.deadline_s, self.ttft_timeout_s if self.ttft_timeout_s is not None else self.deadline_s)
+        """How long after its arrival a request may go without a first token (core/limits.py)."""
+        return first_token_limit(self.deadline_s, self.ttft_timeout_s)
 
     def weights_for(self, policy: str) -> Weights:
         for p in self.policies:

@@ -23,41 +23,53 @@ be the degraded one); decode depends on the decode worker.
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
 
-Stage = Literal["prefill_queue", "prefill", "decode_queue", "kv_transfer", "decode"]
 
-STAGES: tuple[str, ...] = ("prefill_queue", "prefill", "decode_queue", "kv_transfer", "decode")
+class Stage(StrEnum):
+    """The stages, in the order a request passes through them."""
+
+    PREFILL_QUEUE = "prefill_queue"
+    PREFILL = "prefill"
+    DECODE_QUEUE = "decode_queue"
+    KV_TRANSFER = "kv_transfer"
+    DECODE = "decode"
+
+
+STAGES: tuple[str, ...] = tuple(s.value for s in Stage)
+# Plain-str names of the stages for the hot paths (a simulator event, a routing decision), where an
+# enum member's Python-level hash and comparison cost twice a str's; the values are the enum's.
+PREFILL_QUEUE, PREFILL, DECODE_QUEUE, KV_TRANSFER, DECODE = STAGES
 
 # Where a request the router's admission limit refused ends (outcome "rejected", never routed):
 # not a stage a routed request passes through, and charged to no pod.
 ADMISSION = "admission"
 # Where a request with outcome "corrupt" failed: it decoded to its end, so the stage it was in says
 # nothing; its KV went wrong in transfer (a pull that read blocks its prefill engine had freed).
-CORRUPTED_IN = "kv_transfer"
+CORRUPTED_IN = KV_TRANSFER
 # What a failure's composition counts (analysis): admission, then the stages.
 FAILURE_STAGES: tuple[str, ...] = (ADMISSION, *STAGES)
 
 # The record column at which each stage starts (the previous stage ends there).
 STAGE_START: dict[str, str] = {
-    "prefill_queue": "routed_s",
-    "prefill": "prefill_start_s",
-    "decode_queue": "prefill_end_s",
-    "kv_transfer": "kv_start_s",
-    "decode": "kv_end_s",
+    PREFILL_QUEUE: "routed_s",
+    PREFILL: "prefill_start_s",
+    DECODE_QUEUE: "prefill_end_s",
+    KV_TRANSFER: "kv_start_s",
+    DECODE: "kv_end_s",
 }
 
 # Which end of the request each stage depends on: the blame rule above.
-BLAMED_ENDS: dict[str, tuple[str, ...]] = {
-    "prefill_queue": ("prefill",),
-    "prefill": ("prefill",),
-    "decode_queue": ("decode",),
-    "kv_transfer": ("prefill", "decode"),
-    "decode": ("decode",),
+BLAMED_ENDS: dict[str, tuple[str, ...]] = {  # the ends: the prefill and the decode worker
+    PREFILL_QUEUE: ("prefill",),
+    PREFILL: ("prefill",),
+    DECODE_QUEUE: ("decode",),
+    KV_TRANSFER: ("prefill", "decode"),
+    DECODE: ("decode",),
 }
 
 # Stages after which the prefill worker holds nothing of the request any more.
-AFTER_PREFILL = frozenset({"decode_queue", "kv_transfer", "decode"})
+AFTER_PREFILL = frozenset({DECODE_QUEUE, KV_TRANSFER, DECODE})
 
 
 def blamed_pods(stage: str | None, prefill_pod: int, decode_pod: int) -> tuple[int, ...]:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .records import NAN, OUTCOMES, AttemptRecord, RequestRecord
-from .stages import ADMISSION, AFTER_PREFILL, CORRUPTED_IN, STAGE_START
+from .records import CORRUPT, NAN, OK, OUTCOMES, REJECTED, AttemptRecord, RequestRecord
+from .stages import ADMISSION, AFTER_PREFILL, CORRUPTED_IN, PREFILL_QUEUE, STAGE_START
 
 if TYPE_CHECKING:
     from .routing import Router
@@ -34,7 +34,7 @@ _ENTER = {s: (STAGE_START[s], s in AFTER_PREFILL) for s in STAGE_START}
 def rejected_record(request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> RequestRecord:
     """The record of a request the admission limit refused: never routed, so no ticket."""
     return _record(request_id, arrival_s, prompt_tokens, output_tokens, -1, -1, -1, -1, NAN, NAN, NAN, NAN, NAN,
-                   NAN, NAN, "rejected", ADMISSION, 0, 0)
+                   NAN, NAN, REJECTED, ADMISSION, 0, 0)
 
 
 def _record(*fields: object) -> RequestRecord:
@@ -59,7 +59,7 @@ class Ticket:
         self.p_idx, self.d_idx = p_idx, d_idx
         self.prefill_worker, self.decode_worker = prefill_worker, decode_worker
         self.prefill_pod, self.decode_pod = prefill_pod, decode_pod
-        self.stage = "prefill_queue"
+        self.stage = PREFILL_QUEUE
         self.routed_s = now
         self.prefill_start_s = self.prefill_end_s = self.kv_start_s = self.kv_end_s = self.first_token_s = NAN
         # KV bytes the request's transfer moves (its prompt's KV as the engine stores it), set by
@@ -86,14 +86,14 @@ class Ticket:
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r} (known: {', '.join(OUTCOMES)})")
         self.done = True
-        failed = None if outcome == "ok" else CORRUPTED_IN if outcome == "corrupt" else self.stage
+        failed = None if outcome == OK else CORRUPTED_IN if outcome == CORRUPT else self.stage
         if self._prefill_held:
             self._prefill_held = False
             self.router.prefill_done(self)
         self.router.finished(now, self, outcome, failed, retrying)
         return failed
 
-    def finish(self, now: float, outcome: str = "ok") -> RequestRecord:
+    def finish(self, now: float, outcome: str = OK) -> RequestRecord:
         """End the request at ``now``: ``ok``, or a failure in the stage it is in."""
         failed = self._end(now, outcome, False)
         first = self.first_token_s if self.first_token_s <= now else NAN  # a first token after the end never came
@@ -101,7 +101,7 @@ class Ticket:
             self.request_id, self.arrival_s, self.prompt_tokens, self.output_tokens,
             self.prefill_worker, self.decode_worker, self.prefill_pod, self.decode_pod,
             self.routed_s, self.prefill_start_s, self.prefill_end_s, self.kv_start_s, self.kv_end_s, first,
-            now if outcome == "ok" or outcome == "corrupt" else NAN,  # end_s: decoded to its end
+            now if outcome == OK or outcome == CORRUPT else NAN,  # end_s: decoded to its end
             outcome, failed, self.kv_bytes, self.attempt + 1)
         self.router.sink(rec)
         return rec
@@ -110,7 +110,7 @@ class Ticket:
         """End this attempt at ``now``, failed (``outcome``) in the stage it is in, the request to
         be retried ``backoff_s`` later (core/retry.py): its failure counts as any other, and its
         row goes to ``attempts``; the request stays admitted."""
-        if outcome == "ok":
+        if outcome == OK:
             raise ValueError(f"request {self.request_id}: an attempt that ended ok is not retried")
         failed = self._end(now, outcome, True)
         rec = AttemptRecord(self.request_id, self.attempt, self.routed_s, now, self.prefill_worker, self.decode_worker,

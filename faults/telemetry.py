@@ -41,7 +41,8 @@ def probe_offered_bps(new: float, old: float, baseline_bps: float) -> float:
 
 def probe_window_s(offered_bps: float) -> float:
     """How long a probe at ``offered_bps`` is read: about eight 64 KiB (GSO) packets, the
-    shaper's step size (FIELD-NOTES: shorter windows read htb's debt, not its rate)."""
+    shaper's step size (docs/verified.md "htb counts GSO packets whole": shorter windows read htb's
+    debt, not its rate)."""
     return float(np.clip(8 * 65536 * 8 / (offered_bps / 2), PROBE_MIN_S, PROBE_MAX_S))
 
 

@@ -50,8 +50,10 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from core.records import DEAD_PULL_WATCH_S, NAN
+from core.limits import first_token_limit
+from core.records import CORRUPT, DEAD_PULL_WATCH_S, NAN, OK, TIMEOUT
 from core.run import RunContext
+from core.stages import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL
 from core.spec import EngineSpec
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
@@ -148,7 +150,7 @@ class ClusterSim:
         self.decode = [_Decode(worker_pod[w]) for w in topo.decode_ids.tolist()]
         for d in self.decode:
             d.step_s = self._step_s(d)  # an empty batch's
-        self.first_token_limit = deadline_s if first_token_limit_s is None else min(first_token_limit_s, deadline_s)
+        self.first_token_limit = first_token_limit(deadline_s, first_token_limit_s)
         # Arrivals and the sweeps of the per-request limits are chains (simulator.events), made
         # where processes would be: the event order is what SimPy processes would give.
         self._chains = [Chain(env, self._arrivals), Chain(env, self._deadlines)]
@@ -240,7 +242,7 @@ class ClusterSim:
                 return
             req = reqs[i]
             if req is not None and not req.done:
-                self._give_up(req, "timeout")
+                self._give_up(req, TIMEOUT)
             reqs[i] = None  # nothing refers to it any more
             i += 1
         chain.end()
@@ -254,7 +256,7 @@ class ClusterSim:
     def _first_token_check(self, i: int, now: float) -> None:
         req = self.reqs[i] if i < len(self.reqs) else None
         if req is not None and not req.done and not req.first_token_s <= now:
-            self._give_up(req, "timeout")
+            self._give_up(req, TIMEOUT)
 
     # --- retries (router.retry) ----------------------------------------------------
     def _limit_attempt(self, req: Ticket, now: float) -> None:
@@ -266,7 +268,7 @@ class ClusterSim:
     def _attempt_due(self, ev: Call) -> None:
         req = ev.data
         if not req.done and not req.first_token_s <= self.env._now:
-            self._give_up(req, "timeout")
+            self._give_up(req, TIMEOUT)
 
     def _retry(self, ev: Call) -> None:
         """Route a retried request again (its earlier attempt is in ``attempts``)."""
@@ -346,7 +348,7 @@ class ClusterSim:
             return
         w.busy = True
         for req in batch:
-            req.enter("prefill", now)
+            req.enter(PREFILL, now)
         dur = self.slowdown[w.pod] * (self._prefill_overhead + tokens / self._prefill_tps)
         call_after(self.env, dur, self._end_prefill, (idx, batch))
 
@@ -357,7 +359,7 @@ class ClusterSim:
         for req in batch:
             if req.done:
                 continue
-            req.enter("decode_queue", now)  # waiting for decode admission; the prefill worker is free of it
+            req.enter(DECODE_QUEUE, now)  # waiting for decode admission; the prefill worker is free of it
             decode[req.d_idx].waiting.append(req)
             self._admit(decode[req.d_idx], now)
         if self.prefill[idx].queue:
@@ -382,7 +384,7 @@ class ClusterSim:
             self._start_transfer(req, now)
 
     def _start_transfer(self, req: Ticket, now: float) -> None:
-        req.enter("kv_transfer", now)
+        req.enter(KV_TRANSFER, now)
         req.kv_bytes = nbytes = kv_transfer_bytes(req.prompt_tokens, self._block_tokens, self.kv_bpt)
         on_wire = nbytes * self.wire_overhead  # protocol headers travel too
         self._flows[req] = self.net.start(self.topo.path(req.prefill_worker, req.decode_worker), on_wire,
@@ -411,7 +413,7 @@ class ClusterSim:
                 self._release(self.decode[req.d_idx], req, now)
             return
         now = self.env._now
-        req.enter("decode", now)
+        req.enter(DECODE, now)
         self._decode_join(req, now)
 
     # --- decode (fluid continuous batching) ----------------------------------
@@ -466,7 +468,7 @@ class ClusterSim:
                 continue
             self._decode_leave(d, req)
             lease = self._lease
-            req.finish(now, "ok" if lease is None or req.kv_end_s <= req.prefill_end_s + lease else "corrupt")
+            req.finish(now, OK if lease is None or req.kv_end_s <= req.prefill_end_s + lease else CORRUPT)
             self.reqs[req.request_id] = None  # the sweeps skip it; its memory goes now
         if d.waiting:
             self._admit(d, now)
@@ -484,7 +486,7 @@ class ClusterSim:
         self.reqs[i] = None
         if nxt is not None:
             call_after(self.env, nxt.at_s - now, self._retry, (i, nxt))
-        if stage == "kv_transfer":
+        if stage == KV_TRANSFER:
             flow = self._flows.get(req)
             if flow is not None and self._finish_pulls:
                 # vLLM cannot cancel the read: it goes on, and the blocks stay held until it ends

@@ -12,7 +12,6 @@ import pytest
 from rich.console import Console
 
 from analysis.metrics import (
-    kv_leases,
     decision_latency,
     degraded_availability,
     degraded_pod_shares,
@@ -22,14 +21,14 @@ from analysis.metrics import (
     gap_to_oracle,
     goodput_rps,
     latency_percentiles,
-    load_run,
     peak_in_flight,
     resilience_index,
-    run_metrics,
     success_series,
     timeout_share,
     traffic_deflection_ratio,
 )
+from analysis.run_data import load_run
+from analysis.run_metrics import kv_leases, run_metrics
 from analysis.report import report
 from core.metrics_spec import MetricsSpec
 from analysis.summary import RunDiscoveryError, collect_runs, compare_worlds, discover_runs, mean_ci, summarize

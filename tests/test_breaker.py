@@ -5,10 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from analysis.metrics import run_metrics
+from analysis.run_metrics import run_metrics
 from core.breaker import CLOSED, HALF_OPEN, OPEN, PodBreakers
 from core.records import read_table
 from core.spec import parse_spec
+from builders import faulted_spec_dict, link_fault, poisson
 from simulator.run import run_sim
 
 
@@ -51,16 +52,11 @@ def test_one_failure_while_half_open_opens_again():
 
 
 # Pod 1's KV link down from 20 s to 50 s: every pull across it stalls until the deadline (10 s).
-RUN = {
-    "name": "breaker",
-    "seeds": [3],
-    "topology": {"pods": 4, "workers_per_pod": 4, "uplink_gbps": 400.0},
-    "workload": {"arrival": {"kind": "poisson", "rate_rps": 4.0}, "profile": "long_context", "duration_s": 90},
-    "faults": [{"kind": "link", "pods": [1], "residual_bw": 0.0, "start_s": 20.0, "duration_s": 30.0}],
-    "deadline_s": 10.0,
-    "router": {"circuit_breaker": {"failure_threshold": 3, "success_threshold": 2, "open_s": 15.0}},
-    "policies": ["LC"],
-}
+RUN = faulted_spec_dict(
+    name="breaker", seeds=[3], workload={"arrival": poisson(4.0), "duration_s": 90},
+    faults=[link_fault([1], 0.0, 20.0, 30.0)], deadline_s=10.0,
+    router={"circuit_breaker": {"failure_threshold": 3, "success_threshold": 2, "open_s": 15.0}},
+    policies=["LC"])
 
 
 def test_in_a_run_the_breaker_keeps_a_failing_pod_out_and_lets_it_back_once_healed(tmp_path):

@@ -3,7 +3,7 @@ corrupted KV transfer ends as outcome ``corrupt`` instead of a success (core/can
 
 The verdict and the request flow here (scripted engines, as in test_stages); a real corrupted
 transfer between real engines is in test_runtime_engine.py, the canaries of real runs in
-test_testbed_e2e.py, the simulator's lease in test_sim.py.
+test_testbed_e2e_jobs.py, the simulator's lease in test_sim.py.
 """
 
 from __future__ import annotations

@@ -234,13 +234,13 @@ def _sigint_default() -> None:
 
 
 def test_jobs_sharing_engines_must_agree_on_what_the_engines_are_started_with(tmp_path):
-    from core.spec import load_spec, parse_spec
+    from builders import parse, shipped_spec_dict
     from testbed.runs.launch import run_testbed
 
-    base = load_spec(None, default="testbed.yaml").model_dump(mode="json", exclude={"study"})
+    base = shipped_spec_dict("testbed.yaml", exclude={"study"})
     # a longer first-token limit is fine (the engines' lease follows the longest); another lease is not
-    longer = parse_spec({**base, "name": "longer", "deadline_s": 30.0})
-    other = parse_spec({**base, "name": "other", "engine": {**base["engine"], "kv_lease_s": 30}})
+    longer = parse(base, name="longer", deadline_s=30.0)
+    other = parse(base, name="other", engine={"kv_lease_s": 30})
     with pytest.raises(ValueError, match="other: .*kv_lease_s"):
-        run_testbed(parse_spec(base), tmp_path / "runs", ["LC"], [0], more=[(longer, ["LC"], [0]), (other, ["LC"], [0])])
+        run_testbed(parse(base), tmp_path / "runs", ["LC"], [0], more=[(longer, ["LC"], [0]), (other, ["LC"], [0])])
     assert not (tmp_path / "runs").exists()

@@ -273,7 +273,7 @@ def _run_on_node(shell_command: str, node_ip: str, home: Path, bin_: Path, log: 
 def _node_env_expected() -> dict[str, str]:
     """The Ray settings every emulated node runs with, which the real nodes must share."""
     pytest.importorskip("pyroute2", reason="testbed needs pyroute2 (./install.sh)")
-    from testbed.hosts.emulated import NODE_ENV
+    from testbed.hosts.raynodes import NODE_ENV
 
     return {k: v for k, v in NODE_ENV.items() if k != "RAY_USAGE_STATS_ENABLED"}  # that one: --disable-usage-stats
 

@@ -1,7 +1,7 @@
 """Engines that die mid-run: the router stops choosing them, from their own state (a call that
 raised, then vLLM's health check through the engine's actor), never from a label. Through the
 testbed's real request flow and its liveness check against scripted engines; the end-to-end test
-kills real engines (tests/test_testbed_e2e.py)."""
+kills real engines (tests/test_testbed_e2e_cluster.py)."""
 
 from __future__ import annotations
 
@@ -15,23 +15,16 @@ from core.experiment import build_topology, make_router, seed_streams
 from core.policies import POLICY_NAMES
 from core.records import read_table
 from core.run import RunContext
-from core.spec import parse_spec
+from builders import parse, poisson, small_spec_dict
 from test_stages import KV, ScriptedEngine
 from testbed.router.flow import Liveness, RequestFlow
 
 
 def _spec(**over):
     """4 pods by_pod, one worker each: pods 0-1 prefill (workers 0-1), pods 2-3 decode (workers 2-3)."""
-    base = {
-        "name": "engine_death",
-        "topology": {"pods": 4, "workers_per_pod": 1, "placement": "by_pod", "nic_gbps": 8.0},
-        "workload": {"arrival": {"kind": "poisson", "rate_rps": 2.0}, "prompt": {"kind": "fixed", "value": 256},
-                     "output": {"kind": "fixed", "value": 10}, "max_requests": 10},
-        "deadline_s": 10.0,
-        "policies": ["LC"],
-    }
-    base.update(over)
-    return parse_spec(base)
+    return parse(small_spec_dict(name="engine_death",
+                                 topology={"pods": 4, "workers_per_pod": 1, "placement": "by_pod"},
+                                 workload={"arrival": poisson(2.0), "max_requests": 10}, deadline_s=10.0), **over)
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
@@ -181,7 +174,7 @@ def test_a_slow_engine_is_not_taken_for_a_dead_one(tmp_path):
 
 
 def test_an_engine_calls_exception_reaches_the_router_without_vllms_types():
-    from testbed.router.actor import _plain_errors
+    from testbed.engines.actor import _plain_errors
     from testbed.engines.engine import EngineError
 
     class EngineDeadError(Exception):  # stands for vLLM's (vllm/v1/engine/exceptions.py)

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from testbed.faults.cgroups import PARENT
+from testbed.faults.compute import make_throttle
 from testbed.faults.cpu import CpuQuotaThrottle, clear_project_cgroups
 from testbed.faults.gpu import GpuClockThrottle, gpu_available
 from testbed.faults.procs import descendants
-from testbed.faults.throttle import ComputeFaultError, ComputeThrottle, make_throttle
+from testbed.faults.throttle import ComputeFaultError, ComputeThrottle
 
 REPO = Path(__file__).resolve().parents[1]
 

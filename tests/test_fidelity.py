@@ -25,7 +25,8 @@ from analysis.fidelity import (
 from core.calibration import save_calibration
 from core.metrics_spec import FidelityTolerances, MetricsSpec
 from core.records import RunWriter
-from core.spec import load_spec, parse_spec
+from core.spec import parse_spec
+from builders import shipped_spec_dict
 from simulator.run import run_sim
 from test_analysis import T975, Reqs, link_fault
 from test_calibration import _calibration
@@ -311,7 +312,7 @@ def test_refusals_are_one_line(tmp_path, case, needle):
 
 def _sim_runs(out: Path, name: str = "smoke", rate: float | None = None) -> Path:
     """The smoke scenario (shortened) simulated for the three ranked policies, seed 0."""
-    data = load_spec(REPO / "experiments" / "smoke.yaml").model_dump(mode="json")
+    data = shipped_spec_dict(path=REPO / "experiments" / "smoke.yaml")
     data["name"] = name
     data["workload"]["duration_s"] = 60.0
     if rate is not None:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from core.spec import load_spec
+from builders import shipped_spec_dict
 from cli.main import main
 from workloads.samples import write_azure, write_burstgpt, write_mooncake
 
@@ -58,7 +58,7 @@ def _drop(d: dict, path: tuple) -> dict:
 
 def _base() -> dict:
     """smoke.yaml with every default written out: each field is there to break."""
-    data = load_spec(SMOKE).model_dump(mode="json", exclude={"study"})
+    data = shipped_spec_dict(path=SMOKE, exclude={"study"})
     return data
 
 

@@ -26,9 +26,10 @@ import pytest
 from testbed.faults import gpu
 from testbed.faults import throttle
 from testbed.faults.agent import FaultAgent
+from testbed.faults.compute import make_throttle
 from testbed.faults.gpu import (GpuClockThrottle, gpu_available, locked_uuids, nvml_uuid,
                                            reset_project_gpu_locks, visible_gpu_uuid)
-from testbed.faults.throttle import ComputeFaultError, make_throttle, registered
+from testbed.faults.throttle import ComputeFaultError, registered
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"  # physical index 0

@@ -1,6 +1,6 @@
 """The OpenAI-compatible ingress (testbed/router/ingress.py), driven by the real `openai`
 client over loopback, in front of the router's real RequestFlow and run context; engines
-are scripted here (the emulated cluster's real vLLM engines are in test_testbed_e2e.py)."""
+are scripted here (the emulated cluster's real vLLM engines are in test_testbed_e2e_serving.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from core.experiment import build_topology
 from core.records import read_table
 from core.run import RunContext
-from core.spec import parse_spec
+from builders import fixed, parse, small_spec_dict
 from testbed.engines.engine import DecodeResult, PrefillResult
 from testbed.router.ingress import Ingress
 from testbed.router.flow import RequestFlow
@@ -78,13 +78,9 @@ class StreamingEngine:
 
 
 def _spec(deadline_s: float = 30.0, max_in_flight: int | None = None):
-    return parse_spec({
-        "name": "ingress",
-        "topology": {"pods": 1, "workers_per_pod": 2, "nic_gbps": 8.0},
-        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "prompt": {"kind": "fixed", "value": 16},
-                     "output": {"kind": "fixed", "value": 4}, "max_requests": 1},
-        "router": {"max_in_flight": max_in_flight},
-        "deadline_s": deadline_s, "policies": ["LC"]})
+    return parse(small_spec_dict(name="ingress", topology={"pods": 1},
+                                 workload={"prompt": fixed(16), "output": fixed(4)},
+                                 router={"max_in_flight": max_in_flight}, deadline_s=deadline_s))
 
 
 async def _serving(tmp_path: Path, tokenizer, engine: StreamingEngine, client_fn, deadline_s: float = 30.0,

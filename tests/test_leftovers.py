@@ -42,7 +42,7 @@ def test_namespaces_qdiscs_and_links_are_listed_while_they_exist_and_not_after()
 
 
 def test_a_process_of_an_emulated_cluster_is_listed_by_its_marker():
-    from testbed.hosts.emulated import RUN_MARKER_ENV
+    from testbed.hosts.runprocs import RUN_MARKER_ENV
     from testbed.hosts.leftovers import find_leftovers
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],

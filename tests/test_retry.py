@@ -16,28 +16,22 @@ from core.policies import POLICY_NAMES
 from core.records import read_table
 from core.retry import Retries
 from core.run import RunContext
-from core.spec import RetrySpec, SpecError, parse_spec
+from core.spec import RetrySpec, SpecError
+from builders import HAND_ENGINE, merge, parse, poisson, small_spec_dict
 from simulator.run import run_sim
 from test_stages import KV, DeadEngine, ScriptedEngine
 from testbed.router.flow import RequestFlow
 
 
+# 4 pods by_pod, one worker each: pods 0-1 prefill, pods 2-3 decode (the twin's shape).
+BASE = small_spec_dict(name="retry", topology={"pods": 4, "workers_per_pod": 1, "placement": "by_pod"},
+                       engine=HAND_ENGINE, workload={"arrival": poisson(2.0), "max_requests": 60},
+                       deadline_s=30.0, ttft_timeout_s=10.0)
+
+
 def _spec(retry=None, **over):
-    """4 pods by_pod, one worker each: pods 0-1 prefill, pods 2-3 decode (the twin's shape)."""
-    base = {
-        "name": "retry",
-        "topology": {"pods": 4, "workers_per_pod": 1, "placement": "by_pod", "nic_gbps": 8.0},
-        "engine": {"prefill_tokens_per_s": 1000.0, "prefill_overhead_s": 0.0, "decode_step_base_s": 0.01,
-                   "decode_step_per_seq_s": 0.0, "decode_step_per_kv_token_s": 0.0},
-        "workload": {"arrival": {"kind": "poisson", "rate_rps": 2.0}, "prompt": {"kind": "fixed", "value": 256},
-                     "output": {"kind": "fixed", "value": 10}, "max_requests": 60},
-        "deadline_s": 30.0,
-        "ttft_timeout_s": 10.0,
-        "policies": ["LC"],
-        "router": {"retry": retry},
-    }
-    base.update(over)
-    return parse_spec(base)
+    """:data:`BASE` with ``router.retry`` = ``retry``."""
+    return parse(merge(BASE, router={"retry": retry}), **over)
 
 
 def _router(spec):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.spec import load_spec, parse_spec
+from builders import parse, shipped_spec_dict
 from testbed.runs.driver import discover_pods
 
 
@@ -14,10 +14,9 @@ def _node(ip: str, *, alive: bool = True, gpus: float = 0, **res: float) -> dict
 
 
 def _spec(pods: int = 2, workers: int = 2, gpus: int = 0, **testbed) -> object:
-    base = load_spec(None, default="testbed.yaml").model_dump(mode="json")
-    return parse_spec({**base, "faults": [], "topology": {**base["topology"], "pods": pods, "workers_per_pod": workers,
-                                                         "placement": "within_pod"},
-                       "testbed": {**base["testbed"], "gpus_per_engine": gpus, **testbed}})
+    return parse(shipped_spec_dict("testbed.yaml", faults=[],
+                                   topology={"pods": pods, "workers_per_pod": workers, "placement": "within_pod"},
+                                   testbed={"gpus_per_engine": gpus, **testbed}))
 
 
 def test_pods_come_from_node_resources_and_extra_nodes_are_ignored():
@@ -42,12 +41,12 @@ def test_engines_asking_for_more_gpus_than_a_pod_has_are_refused():
 
 
 def test_rdma_refuses_a_link_fault_in_one_line():
-    base = load_spec(None, default="testbed.yaml").model_dump(mode="json")
+    base = shipped_spec_dict("testbed.yaml")
     assert any(f["kind"] == "link" for f in base["faults"])
     from core.spec import SpecError
 
     with pytest.raises(SpecError) as e:
-        parse_spec({**base, "testbed": {**base["testbed"], "transport": "rdma"}}, "x.yaml")
+        parse(base, "x.yaml", testbed={"transport": "rdma"})
     assert "RDMA bypasses" in str(e.value) and "\n" not in str(e.value)
 
 

@@ -26,9 +26,9 @@ import pytest
 HAVE_HF = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers"))
 HAVE_VLLM = HAVE_HF and all(importlib.util.find_spec(m) for m in ("vllm", "nixl"))
 needs_hf = pytest.mark.skipif(not HAVE_HF, reason="torch/transformers/tokenizers not installed "
-                              "(see testbed/install.md)")
+                              "(see docs/verified.md)")
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM CPU build or NIXL not installed "
-                                "(see testbed/install.md)")
+                                "(see docs/verified.md)")
 
 from testbed.engines.engine import EngineConfig  # noqa: E402  (no vLLM import at module level)
 
@@ -67,7 +67,7 @@ def test_tiny_model_is_cached_and_rebuilt_on_new_parameters(tiny_model, tmp_path
 def test_kv_bytes_per_token_follows_the_config(tiny_model, tmp_path):
     from testbed.engines.model import build_tiny_model, kv_bytes_per_token
 
-    assert kv_bytes_per_token(tiny_model) == 8 * 8 * 32 * 2 * 2  # FIELD-NOTES: 8 KiB per token
+    assert kv_bytes_per_token(tiny_model) == 8 * 8 * 32 * 2 * 2  # 8 KiB per token: docs/verified.md "A tiny model built locally"
     small = build_tiny_model(tmp_path / "f32", layers=2, hidden=64, head_dim=16, kv_heads=2,
                              vocab=512, dtype="float32")
     assert kv_bytes_per_token(small) == 2 * 2 * 16 * 2 * 4
@@ -250,7 +250,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     if not HAVE_VLLM:
-        pytest.skip("vLLM CPU build or NIXL not installed (see testbed/install.md)")
+        pytest.skip("vLLM CPU build or NIXL not installed (see docs/verified.md)")
     from testbed.engines.model import build_tiny_model
 
     root = tmp_path_factory.mktemp("engines")
@@ -274,8 +274,8 @@ def engines(tmp_path_factory):
                  "processes": [len(r.tree()) for r in remotes]}
         print(f"\nengine facts: {facts}", file=sys.stderr)
         # The pair's first NIXL transfer (its handshake) before any test checks one, as the
-        # testbed does (runtime.calibrate.warm_pairs): a host stall that hits it (FIELD-NOTES;
-        # once ~70 s here, past the KV lease) is not what these tests are about.
+        # testbed does (calibration.calibrate.warm_pairs): a host stall that hits it (docs/verified.md
+        # "Host stalls on two cores"; once ~70 s here, past the KV lease) is not what these tests are about.
         warm = _prompt(7, 2 * BLOCK + 1)
         pre = p.call("prefill", request_id="warm-pre", prompt_token_ids=warm)
         d.call("decode", request_id="warm-dec", prompt_token_ids=warm, max_tokens=1,
@@ -327,7 +327,7 @@ def test_idle_engines_do_not_spin_a_core(engines):
 def test_no_engine_thread_is_pinned_to_fewer_cores_than_it_was_given(engines):
     # vLLM's NIXL worker pins its thread to the last core of each NUMA node (a KV-transfer core):
     # with nobind that thread is the forward pass, and every engine of a host lands on one core.
-    # The connector hook gives the worker's threads their CPUs back (engine.restore_affinity).
+    # The connector hook gives the worker's threads their CPUs back (vllm_hooks.restore_affinity).
     given = os.sched_getaffinity(0)
     pinned = {}
     for e in (engines["prefill"], engines["decode"]):
@@ -343,10 +343,11 @@ def test_no_engine_thread_is_pinned_to_fewer_cores_than_it_was_given(engines):
     assert not pinned, pinned
 
 
+@needs_vllm
 def test_restore_affinity_gives_every_narrowed_thread_its_cpus_back():
     import threading
 
-    from testbed.engines.engine import restore_affinity
+    from testbed.engines.vllm_hooks import restore_affinity  # (the hooks module imports vLLM)
 
     given = os.sched_getaffinity(0)
     if len(given) < 2:
@@ -535,3 +536,26 @@ def test_transport_mode_sets_ucx_and_the_kv_buffer(tmp_path, gpu, transport, tls
     assert args.kv_transfer_config.kv_buffer_device == buffer
     with pytest.raises(ValueError, match="transport"):
         EngineConfig(model=tmp_path, run_dir=tmp_path, name="x", side_channel_port=1, transport="ib")
+
+
+@needs_vllm
+def test_vllm_loads_the_connector_from_the_hooks_module_by_path(tmp_path):
+    """vLLM imports the module the engine names and takes ``NixlConnector`` from it as a plain
+    attribute: vLLM's own class with the stage log; importing engine.py itself imports no vLLM."""
+    import subprocess
+
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
+
+    from testbed.engines import vllm_hooks
+    from testbed.engines.engine import HOOKS_MODULE, Engine
+
+    cfg = EngineConfig(model=tmp_path / "m", run_dir=tmp_path / "run", name="p0", side_channel_port=5601)
+    kv = Engine(cfg).engine_args().kv_transfer_config
+    assert kv.kv_connector_module_path == HOOKS_MODULE == vllm_hooks.__name__
+    cls = KVConnectorFactory.get_connector_class(kv)
+    assert cls is vllm_hooks.NixlConnector and issubclass(cls, NixlConnector) and cls.__name__ == "NixlConnector"
+    assert "__getattr__" not in vars(vllm_hooks)
+    code = "import sys, testbed.engines.engine; print('vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -9,28 +9,18 @@ from analysis.metrics import peak_in_flight
 from simulator.run import run_sim
 from core.records import read_table
 from core.spec import parse_spec
+from builders import HAND_ENGINE, faulted_spec_dict, fixed, link_fault, parse, poisson, small_spec_dict
 from core.topology import GBPS
 
 KV = 131072  # bytes per token
 
 
+# One request of 1000 prompt tokens on 2 x 2 workers, engine times in round numbers.
+BASE = small_spec_dict(engine=HAND_ENGINE, workload={"prompt": fixed(1000)})
+
+
 def _spec(**over):
-    base = {
-        "name": "t",
-        "topology": {"pods": 2, "workers_per_pod": 2, "nic_gbps": 8.0},
-        "engine": {"prefill_tokens_per_s": 1000.0, "prefill_overhead_s": 0.0, "decode_step_base_s": 0.01,
-                   "decode_step_per_seq_s": 0.0, "decode_step_per_kv_token_s": 0.0},
-        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "prompt": {"kind": "fixed", "value": 1000},
-                     "output": {"kind": "fixed", "value": 10}, "max_requests": 1},
-        "deadline_s": 100.0,
-        "policies": ["LC"],
-    }
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            base[k] = {**base[k], **v}
-        else:
-            base[k] = v
-    return parse_spec(base)
+    return parse(BASE, **over)
 
 
 def _run(tmp_path, spec, policy="LC", seed=0):
@@ -152,16 +142,11 @@ def test_a_timed_out_request_frees_its_worker_for_the_next(tmp_path):
     assert r.kv_start_s[1] == pytest.approx(30.0)  # admitted the moment request 0 was aborted
 
 
-CORE = {
-    "name": "core",
-    "seeds": [3],
-    "topology": {"pods": 4, "workers_per_pod": 4, "uplink_gbps": 400.0},
-    "workload": {"arrival": {"kind": "poisson", "rate_rps": 4.0}, "profile": "long_context", "duration_s": 90},
-    "faults": [{"kind": "link", "pods": [1], "residual_bw": 0.005, "start_s": 20.0, "duration_s": 30.0}],
-    "deadline_s": 20.0,
-    "health": {"model": "alert"},  # the tests below read the alert monitor's delay
-    "policies": ["LC", "OTF-R", "OracleAvoidance"],
-}
+CORE = faulted_spec_dict(
+    name="core", seeds=[3], workload={"arrival": poisson(4.0), "duration_s": 90},
+    faults=[link_fault([1], 0.005, 20.0, 30.0)],
+    health={"model": "alert"},  # the tests below read the alert monitor's delay
+    policies=["LC", "OTF-R", "OracleAvoidance"])
 
 
 def test_same_seed_gives_identical_records(tmp_path):
@@ -344,7 +329,7 @@ def test_a_pull_given_up_at_its_deadline_is_cancelled_or_finishes_as_dead_work(t
     else:  # the rest of the pull, at the link's rate, after the request was given up
         assert dead.ending == "done" and dead.end_s == pytest.approx(1.0 + pull_s)
         assert dead.bytes_after == pytest.approx(nbytes * (1.0 + pull_s - 1.5) / pull_s)
-    from analysis.metrics import run_metrics
+    from analysis.run_metrics import run_metrics
 
     m = run_metrics(d)  # what the report counts as dead work
     assert (m["n_dead_pulls"], m["dead_kv_bytes"]) == ((0, 0.0) if on_abort == "cancel" else (1, dead.bytes_after))
@@ -366,7 +351,7 @@ def test_a_pull_that_outlives_an_unrenewed_kv_lease_ends_corrupt(tmp_path):
     assert r.kv_end_s[0] - r.prefill_end_s[0] > 6 > r.kv_end_s[1] - r.prefill_end_s[1]
     # decoded to its end, blamed on the transfer that read the freed blocks
     assert r.failed_stage[0] == "kv_transfer" and r.end_s[0] == pytest.approx(held.end_s[0])
-    from analysis.metrics import run_metrics
+    from analysis.run_metrics import run_metrics
 
     m = run_metrics(d)
     assert (m["n_corrupt"], m["outputs_checked"], m["corrupt_rate_checked"]) == (1, 2, 0.5)

@@ -7,16 +7,13 @@ import time
 import pytest
 
 from core.sizes import SizeError, check_fits, check_study_fits, expected_requests, footprint
-from core.spec import load_spec, parse_spec
+from builders import parse, shipped_spec_dict
 
 GiB = 2**30
 
 
 def _spec(**over):
-    data = load_spec(None).model_dump(mode="json")  # 32 x 32, 246 req/s for 240 s
-    for key, value in over.items():
-        data[key] = {**data[key], **value} if isinstance(value, dict) else value
-    return parse_spec(data)
+    return parse(shipped_spec_dict(**over))  # 32 x 32, 246 req/s for 240 s
 
 
 def test_the_shipped_scenario_fits_and_its_estimate_is_what_was_measured():

@@ -4,7 +4,7 @@ record in both worlds, and a timeout in each stage is recorded as that stage in 
 The simulator side runs the SimPy model; the testbed side runs the router actor's real
 :class:`testbed.router.flow.RequestFlow` on the wall clock against scripted engines that
 report their scheduler's events as vLLM's engines do through the stage log
-(``testbed.engines.engine.StageLog``), since real engines take minutes to start.
+(``testbed.engines.stagelog.StageLog``), since real engines take minutes to start.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from core.experiment import build_topology, make_router, seed_streams
 from core.records import read_table
 from core.run import RunContext
-from core.spec import parse_spec
+from builders import HAND_ENGINE, parse, small_spec_dict
 from core.stages import BLAMED_ENDS, STAGE_START, STAGES, blamed_pods
 from simulator.run import run_sim
 from testbed.engines.engine import DecodeResult, PrefillResult
@@ -33,20 +33,11 @@ ENDS_AT = {"prefill_queue": "prefill_start_s", "prefill": "prefill_end_s", "deco
            "kv_transfer": "kv_end_s", "decode": "end_s"}
 
 
+BASE = small_spec_dict(name="stages", topology={"pods": 1}, engine=HAND_ENGINE)  # one pod of 2 workers
+
+
 def _spec(**over):
-    base = {
-        "name": "stages",
-        "topology": {"pods": 1, "workers_per_pod": 2, "nic_gbps": 8.0},
-        "engine": {"prefill_tokens_per_s": 1000.0, "prefill_overhead_s": 0.0, "decode_step_base_s": 0.01,
-                   "decode_step_per_seq_s": 0.0, "decode_step_per_kv_token_s": 0.0},
-        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "prompt": {"kind": "fixed", "value": 256},
-                     "output": {"kind": "fixed", "value": 10}, "max_requests": 1},
-        "deadline_s": 100.0,
-        "policies": ["LC"],
-    }
-    for k, v in over.items():
-        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-    return parse_spec(base)
+    return parse(BASE, **over)
 
 
 def _trace(tmp_path, rows):

@@ -15,6 +15,7 @@ import yaml
 
 from core.records import read_table
 from core.spec import SpecError, load_spec, parse_spec
+from builders import faulted_spec_dict, link_fault, poisson
 from analysis.study import load_study
 from core.study import expand_study
 from cli.study_runner import cell_is_done, run_cell, run_study
@@ -22,16 +23,9 @@ from cli.study_runner import cell_is_done, run_cell, run_study
 REPO = Path(__file__).resolve().parents[1]
 
 # A grid that simulates in about a second per cell: 4 pods x 4 workers, pod 1 degraded.
-BASE = {
-    "name": "tiny_study",
-    "seeds": [0],
-    "topology": {"pods": 4, "workers_per_pod": 4, "uplink_gbps": 400},
-    "workload": {"arrival": {"kind": "poisson", "rate_rps": 4}, "profile": "long_context", "duration_s": 60},
-    "faults": [{"kind": "link", "pods": [1], "residual_bw": 0.05, "start_s": 20, "duration_s": 20}],
-    "deadline_s": 20,
-    "policies": ["LC", "FaultAwareOTF-R"],
-    "metrics": {"bin_s": 5.0, "recovery_horizon_s": 10.0},
-}
+BASE = faulted_spec_dict(
+    name="tiny_study", workload={"arrival": poisson(4.0)}, faults=[link_fault([1], 0.05, 20.0, 20.0)],
+    policies=["LC", "FaultAwareOTF-R"], metrics={"bin_s": 5.0, "recovery_horizon_s": 10.0})
 
 
 def _spec(study: dict, **over) -> object:

@@ -14,13 +14,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from analysis.metrics import (
-    fault_window,
-    load_run,
-    needless_deflection,
-    needless_deflection_ratio,
-    pod_exposure,
-)
+from analysis.metrics import fault_window, needless_deflection, needless_deflection_ratio, pod_exposure
+from analysis.run_data import load_run
+from builders import faulted_spec_dict, link_fault, poisson
 from analysis.study import (
     StudyError,
     cell_metrics,
@@ -147,16 +143,10 @@ def test_separation_needs_a_factor_three_and_disjoint_intervals():
 # --------------------------------------------------------------------------- a tiny study of real runs
 
 # Simulates in about 0.1 s a cell: 4 pods x 4 workers, pod 0's core links degraded from 20 s to 45 s.
-BASE = {
-    "name": "tiny",
-    "seeds": [0],
-    "topology": {"pods": 4, "workers_per_pod": 4, "uplink_gbps": 400},
-    "workload": {"arrival": {"kind": "poisson", "rate_rps": 4}, "profile": "long_context", "duration_s": 60},
-    "faults": [{"kind": "link", "pods": [0], "residual_bw": 0.05, "start_s": 20, "duration_s": 25}],
-    "deadline_s": 20,
-    "policies": ["LC", "FaultAwareLC", "OTF-R", "FaultAwareOTF-R", "OracleAvoidance"],
-    "metrics": {"bin_s": 5.0, "recovery_horizon_s": 10.0},
-}
+BASE = faulted_spec_dict(
+    name="tiny", workload={"arrival": poisson(4.0)}, faults=[link_fault([0], 0.05, 20.0, 25.0)],
+    policies=["LC", "FaultAwareLC", "OTF-R", "FaultAwareOTF-R", "OracleAvoidance"],
+    metrics={"bin_s": 5.0, "recovery_horizon_s": 10.0})
 SEVERITY = {"name": "severity", "axes": {"severity": [0.2, 0.005], "telemetry": ["direct", "none"]}}
 LABELS = {"name": "labels", "set": {"health.model": "alert", "severity": 0.005},
           "policies": ["FaultAwareLC", "FaultAwareOTF-R"], "axes": {"label_delay_s": [0, 10], "label_noise": [0, 0.2]}}

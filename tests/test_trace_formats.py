@@ -394,9 +394,10 @@ def test_simulator_replays_an_azure_sample(samples, tmp_path):
 
 
 def test_a_too_long_rule_without_a_limit_takes_the_testbed_engines_context():
-    from core.spec import load_spec, parse_spec
+    from builders import shipped_spec_dict
+    from core.spec import parse_spec
 
-    base = load_spec(None).model_dump(mode="json")
+    base = shipped_spec_dict()
     wl = {k: v for k, v in base["workload"].items() if k != "duration_s"}
 
     def arrival(**kw):

@@ -133,7 +133,7 @@ class Policy:
         """Rebuild what depends only on pod state (filters, pod-level scores) now, when the
         router's slow loop or labels change it, rather than in the next decision: measured
         on the testbed, that rebuild on caches gone cold between requests was most of the
-        recorded decision latency (README "Performance")."""
+        recorded decision latency (docs/performance.md "Recorded decision latency")."""
         if view.pods is not self._cached_for:
             self._refresh(view)
 

@@ -18,8 +18,8 @@ to the quantities the two worlds are later compared on:
   shipped fault's r. Shaped pulls are fitted on NIXL's own transfer time (the
   decode engine's ``vllm:nixl_xfer_time_seconds``, read after each pull): the wire,
   without the host stalls of seconds that a 2-core machine puts before a pull now
-  and then (FIELD-NOTES; they made the stage-time fit useless on one CI run, R^2
-  0.63). What the stage adds to the wire is kept as noise (``pull_start_*``). The
+  and then (docs/verified.md "Host stalls on two cores"; they made the stage-time fit useless
+  on one CI run, R^2 0.63). What the stage adds to the wire is kept as noise (``pull_start_*``). The
   first pull after each rate change is measured apart (``rate_change_*``): TCP
   meets a queue seconds deep where it had milliseconds, and that pull took up to
   2.7x bytes / rate here, the ones after it 1.05x;
@@ -52,7 +52,7 @@ from core.topology import Topology, kv_transfer_bytes
 from testbed.router.flow import CPU_BLOCK_TOKENS, prompt_ids
 
 console = Console(stderr=True)
-BLOCK = CPU_BLOCK_TOKENS  # prompts of a block or less move no KV (FIELD-NOTES)
+BLOCK = CPU_BLOCK_TOKENS  # prompts of a block or less move no KV (docs/verified.md "KV cache blocks of 128 tokens")
 SALT = 424242  # calibration prompts never share a prefix with a run's
 # Prompt lengths for prefill and unshaped pulls: one block and a bit to most of the tiny model's context.
 PREFILL_LENGTHS = (160, 384, 768, 1536, 2560)

@@ -19,23 +19,16 @@ Give each engine a process of its own (a Ray actor is one): the environment
 below is set in `os.environ` before the children start, and vLLM's Prometheus
 logger unregisters every `vllm:` collector of the process when an engine
 starts, so two engines in one process would share one environment and one
-registry. This module therefore keeps its own per-engine counters
-(`metrics()`) fed by a stat logger, rather than reading the registry.
+registry. An engine therefore keeps its own counters (`metrics()`; stats.py)
+fed by a stat logger, rather than reading the registry.
 
-NIXL's progress thread. NIXL's Python agent hard-codes `pthrDelay=0`, and the
-UCX backend's shared progress thread then polls with a zero timeout: it spins
-a core per engine (two engines on two cores starve each other). Neither NIXL
-(no config key or env var reaches `pthrDelay`) nor vLLM (its connector builds
-`nixl_agent_config(num_threads=..., capture_telemetry=True)` itself) exposes
-the delay. The narrowest supported hook is vLLM's `kv_connector_module_path`:
-the engine names this module, vLLM resolves `NixlConnector` from it in every
-engine process, and the module-level `__getattr__` below installs a subclass
-of NIXL's agent that sets `pthrDelay` (from `TESTBED_NIXL_PROGRESS_DELAY_US`)
-before returning vLLM's own, unchanged `NixlConnector` class. With a delay the
-thread sleeps in `poll()` on the UCX workers' event fds and still wakes at
-once on traffic; the delay only bounds the periodic re-poll. The same hook
-installs the record of missed wake-ups of the queue between the engine core and
-its worker (shm_wakeups.py).
+vLLM's in-process hooks. vLLM takes its KV connector from the module this
+engine names by path (`HOOKS_MODULE`, testbed/engines/vllm_hooks.py): vLLM's own
+`NixlConnector` plus the stage log (stagelog.py) and the CPUs given back; importing
+that module, in each engine process, installs the NIXL progress-thread delay
+(`TESTBED_NIXL_PROGRESS_DELAY_US`: NIXL's agent would spin a core per engine) and
+the record of missed wake-ups of the queue between the engine core and its worker
+(shm_wakeups.py). This module never imports it, so importing it imports no vLLM.
 """
 
 from __future__ import annotations
@@ -43,22 +36,22 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.records import NIXL_KV_EXPIRED, NIXL_READS_AFTER_EXPIRY
 from testbed.engines import shm_wakeups
-from testbed.engines.logtail import new_lines
+from testbed.engines.stagelog import PULL_ENDS, STAGE_LOG_ENV, StageLog
+from testbed.engines.stats import EngineStats
 
-#: Environment variable read in the worker process: NIXL progress-thread delay.
+#: Environment variable read in the worker process: NIXL progress-thread delay
+#: (vllm_hooks.install_nixl_progress_delay).
 PROGRESS_DELAY_ENV = "TESTBED_NIXL_PROGRESS_DELAY_US"
-STAGE_LOG_ENV = "TESTBED_STAGE_LOG"
-_DELAY_LOCK = threading.Lock()
+#: The module vLLM imports by path in each engine process for its KV connector and our hooks
+#: (kv_connector_module_path); named, never imported here: it imports vLLM.
+HOOKS_MODULE = "testbed.engines.vllm_hooks"
 # Receives each output's new token ids and its finish reason (None until the last).
 TokenSink = Callable[[list[int], "str | None"], None]
 MiB = 1 << 20
@@ -91,10 +84,11 @@ class EngineConfig:
     pull still reads: the decoder would decode from corrupt KV and return
     success. With lease >= deadline that can only happen after the router has
     given the request up; and vLLM 0.32's decoder renews the lease by heartbeat
-    while it holds the request (measured: README "Silent corruption"), so only
+    while it holds the request (measured: docs/reliability.md "The lease, measured"), so only
     KV of requests it dropped expires. The price: a decoder that dies pins its
     prefill KV for 2/3 of the lease after its last heartbeat, and on the CPU
-    build the prefill engine spins meanwhile (README "Engines that die").
+    build the prefill engine spins meanwhile (docs/reliability.md "Found: a dead decoder leaves
+    its prefill partner spinning").
     `lease_s` sets the lease outright (core.spec.EngineSpec.kv_lease_s); the
     run's canaries (core/canary.py) catch what an expiry corrupts.
     """
@@ -167,7 +161,7 @@ class EngineConfig:
 
     @property
     def stage_log_path(self) -> Path:
-        """Where the engine's scheduler writes when it queues, allocates and receives KV (StageLog)."""
+        """Where the engine's scheduler writes when it queues, allocates and receives KV (stagelog.py)."""
         return self.engine_dir / "stages.tsv"
 
     @property
@@ -255,280 +249,6 @@ class DecodeResult:
         return self.finish_reason == "abort"
 
 
-# --------------------------------------------------------------------------- NIXL hook
-
-
-def install_nixl_progress_delay(delay_us: int | None = None) -> bool:
-    """Make vLLM's NIXL worker build its agent with a progress-thread delay.
-
-    Runs in the worker process (via the module `__getattr__` below). Returns
-    False when NIXL is missing or the delay is 0 (then nothing changes).
-    """
-    if delay_us is None:
-        delay_us = int(os.environ.get(PROGRESS_DELAY_ENV, "0") or 0)
-    if delay_us <= 0:
-        return False
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
-
-    base = base_worker.NixlWrapper
-    if base is None:
-        return False
-    if getattr(base, "testbed_pthr_delay_us", None) == delay_us:
-        return True
-    base = getattr(base, "testbed_base", base)
-    api = sys.modules[base.__module__]  # nixl_cu12._api (or cu13/rocm)
-    if not hasattr(api, "nixlBind"):  # NIXL's internals moved: fail loudly, not spin
-        raise RuntimeError(f"{api.__name__} has no 'nixlBind': the NIXL progress-delay hook "
-                           "needs updating for this NIXL version (tested: 1.5.1)")
-
-    class _BindWithDelay:
-        """Stands in for NIXL's binding module while one agent is built."""
-
-        def __init__(self, real: Any) -> None:
-            self._real = real
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._real, name)
-
-        def nixlAgent(self, agent_name: str, config: Any) -> Any:  # noqa: N802 (NIXL's name)
-            config.pthrDelay = delay_us
-            return self._real.nixlAgent(agent_name, config)
-
-    class DelayedNixlAgent(base):  # type: ignore[misc, valid-type]
-        testbed_pthr_delay_us = delay_us
-        testbed_base = base
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            # NIXL's __init__ sets pthrDelay = 0 and builds the agent in one go;
-            # swap its binding module for the constructor call only.
-            with _DELAY_LOCK:
-                real = api.nixlBind
-                api.nixlBind = _BindWithDelay(real)
-                try:
-                    super().__init__(*args, **kwargs)
-                finally:
-                    api.nixlBind = real
-
-    base_worker.NixlWrapper = DelayedNixlAgent
-    return True
-
-
-# --------------------------------------------------------------------------- stage log
-#
-# vLLM's front end learns of a request's scheduling only with its next output, and
-# its scheduler exports KV-fetch stages as counts, not per request. What the router
-# needs per request (is it still waiting for decode admission, pulling KV, or
-# decoding?) is known to the scheduler's side of the KV connector, which vLLM calls
-# when it queues a request (`on_new_request`), allocates its blocks
-# (`update_state_after_alloc`: with external tokens that is decode admission, and the
-# NIXL read starts) and when the worker reports the pull done (`update_connector_output`,
-# `finished_recving`). The connector below is vLLM's `NixlConnector` unchanged, plus
-# one line per such event in a file of the engine's own folder; the front end
-# (same node, same monotonic clock) reads it back (`StageLog`).
-
-
-# The stage log's events that end a KV pull (NIXL reports a failed read as finished too).
-PULL_ENDS = frozenset({"recv_done", "recv_failed"})
-
-
-def restore_affinity(cpus: set[int]) -> list[int]:
-    """Give every thread of this process the CPUs ``cpus`` back where something narrowed them;
-    returns the threads changed.
-
-    vLLM's NIXL worker on the CPU pins the thread that builds it to "one last core in each
-    NUMA node", to keep KV transfer off the cores the forward pass's OpenMP threads are bound to
-    (``NixlConnectorWorker.__init__``: ``os.sched_setaffinity(0, rsv_cores_for_kv)``). With
-    ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (EngineConfig.omp_threads_bind: several engines share a
-    few cores) there are no such bound threads: the pinned thread is the worker's main thread,
-    which runs the forward pass, and every thread it starts after (NIXL's and UCX's) inherits the
-    pin. Measured on the 2-core testbed: all four engines' workers on CPU 1, their forward passes
-    and busy-waits sharing it while CPU 0 had room (README "The prefill stall, explained")."""
-    changed = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            if os.sched_getaffinity(int(tid)) != cpus:
-                os.sched_setaffinity(int(tid), cpus)
-                changed.append(int(tid))
-        except OSError:  # a thread that ended meanwhile
-            continue
-    return changed
-
-
-def _stage_logging(base: type) -> type:
-    class StageLoggingNixlConnector(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            cpus = os.sched_getaffinity(0)
-            super().__init__(*args, **kwargs)
-            if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
-                restore_affinity(cpus)  # vLLM's KV-transfer core reservation, undone (see there)
-            path = os.environ.get(STAGE_LOG_ENV)
-            # Only the scheduler's instance (in the EngineCore process) sees these events.
-            self._testbed_log = (open(path, "a", buffering=1)
-                                 if path and getattr(self, "connector_scheduler", None) is not None else None)
-
-        def _testbed_event(self, request_id: str, event: str) -> None:
-            if self._testbed_log is not None:
-                self._testbed_log.write(f"{time.monotonic():.6f}\t{event}\t{request_id}\n")
-
-        def on_new_request(self, request: Any) -> None:
-            super().on_new_request(request)
-            self._testbed_event(request.request_id, "queued")
-
-        def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> Any:
-            out = super().update_state_after_alloc(request, blocks, num_external_tokens)
-            self._testbed_event(request.request_id, "alloc_remote" if num_external_tokens > 0 else "alloc")
-            return out
-
-        def update_connector_output(self, connector_output: Any) -> None:
-            super().update_connector_output(connector_output)
-            # A failed pull is "finished" too (NIXL's worker puts it in both sets): told apart, so
-            # that the request's failure stays in kv_transfer rather than looking decoded.
-            failed = set(getattr(connector_output, "failed_recving", None) or ())
-            finished = set(connector_output.finished_recving or ())
-            for rid in finished | failed:
-                self._testbed_event(rid, "recv_failed" if rid in failed else "recv_done")
-
-    StageLoggingNixlConnector.__name__ = StageLoggingNixlConnector.__qualname__ = "NixlConnector"
-    return StageLoggingNixlConnector
-
-
-class StageLog:
-    """The front end's reader of its engine's stage log: first time of each event per request.
-
-    vLLM makes its internal request id by appending ``-`` and 8 random characters to
-    ours (``InputProcessor.assign_request_id``); that suffix is dropped here.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._pos = 0
-        self._events: dict[str, dict[str, float]] = {}
-
-    def _catch_up(self) -> None:
-        lines, self._pos = new_lines(self.path, self._pos)
-        for line in lines:
-            t, event, rid = line.split("\t")
-            ours = rid.rsplit("-", 1)[0]
-            self._events.setdefault(ours, {}).setdefault(event, float(t))
-
-    def get(self, request_id: str) -> dict[str, float]:
-        self._catch_up()
-        return dict(self._events.get(request_id, {}))
-
-    def pop(self, request_id: str) -> dict[str, float]:
-        self._catch_up()
-        return self._events.pop(request_id, {})
-
-    def forget(self, request_id: str) -> None:
-        """Drop what was logged for the request since it was popped (an aborted pull's end)."""
-        self._catch_up()
-        self._events.pop(request_id, None)
-
-
-def __getattr__(name: str) -> Any:
-    # vLLM resolves `kv_connector` ("NixlConnector") from `kv_connector_module_path`
-    # (this module) in each engine process: install the delay, hand back vLLM's class
-    # with the stage log added.
-    if name == "NixlConnector":
-        install_nixl_progress_delay()
-        shm_wakeups.install()
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
-
-        return _stage_logging(NixlConnector)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# --------------------------------------------------------------------------- stats
-
-
-class EngineStats:
-    """Per-engine counters and the latest scheduler snapshot, fed by vLLM's stat loggers."""
-
-    _NIXL_SUMS = {
-        "transfer_duration": "vllm:nixl_xfer_time_seconds",
-        "post_duration": "vllm:nixl_post_time_seconds",
-        "bytes_transferred": "vllm:nixl_bytes_transferred",
-        "num_descriptors": "vllm:nixl_num_descriptors",
-    }
-    _NIXL_COUNTS = {
-        "num_failed_transfers": "vllm:nixl_num_failed_transfers_total",
-        "num_failed_handshakes": "vllm:nixl_num_failed_transfers_total",
-        "num_failed_notifications": "vllm:nixl_num_failed_notifications_total",
-        "num_kv_expired_reqs": NIXL_KV_EXPIRED,
-        "num_notifications_after_expiry": NIXL_READS_AFTER_EXPIRY,
-    }
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self.counters: dict[str, float] = {
-            "vllm:prefix_cache_queries_total": 0,
-            "vllm:prefix_cache_hits_total": 0,
-            "vllm:external_prefix_cache_queries_total": 0,
-            "vllm:external_prefix_cache_hits_total": 0,
-            "vllm:prompt_tokens_total": 0,
-            "vllm:generation_tokens_total": 0,
-        }
-        for metric in self._NIXL_SUMS.values():
-            self.counters[metric + "_sum"] = 0
-            self.counters[metric + "_count"] = 0
-        for metric in self._NIXL_COUNTS.values():
-            self.counters[metric] = 0
-        self.last_xfer_time_s: float | None = None
-        self.max_xfer_time_s = 0.0
-        self.snapshot: dict[str, Any] = {}
-        self.snapshot_s: float | None = None
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
-        c = self.counters
-        if iteration_stats is not None:
-            c["vllm:prompt_tokens_total"] += iteration_stats.num_prompt_tokens
-            c["vllm:generation_tokens_total"] += iteration_stats.num_generation_tokens
-        if scheduler_stats is None:
-            return
-        s = scheduler_stats
-        self.snapshot = {
-            "running": s.num_running_reqs,
-            "waiting": s.num_waiting_reqs + s.num_skipped_waiting_reqs,
-            "kv_usage": float(s.kv_cache_usage),
-            "kv_fetching": dict(s.num_kv_fetch_reqs_by_stage),
-        }
-        self.snapshot_s = self._clock()
-        c["vllm:prefix_cache_queries_total"] += s.prefix_cache_stats.queries
-        c["vllm:prefix_cache_hits_total"] += s.prefix_cache_stats.hits
-        if s.connector_prefix_cache_stats is not None:
-            c["vllm:external_prefix_cache_queries_total"] += s.connector_prefix_cache_stats.queries
-            c["vllm:external_prefix_cache_hits_total"] += s.connector_prefix_cache_stats.hits
-        data = s.kv_connector_stats or {}
-        for key, metric in self._NIXL_SUMS.items():
-            values = data.get(key) or []
-            c[metric + "_sum"] += float(sum(values))
-            c[metric + "_count"] += len(values)
-        for key, metric in self._NIXL_COUNTS.items():
-            c[metric] += float(sum(data.get(key) or []))
-        for seconds in data.get("transfer_duration") or []:
-            self.last_xfer_time_s = float(seconds)
-            self.max_xfer_time_s = max(self.max_xfer_time_s, float(seconds))
-
-    def logger_factory(self) -> Callable[..., Any]:
-        """A vLLM `StatLoggerFactory` whose loggers feed this object."""
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        stats = self
-
-        class _Logger(StatLoggerBase):
-            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-                pass
-
-            def record(self, scheduler_stats: Any, iteration_stats: Any,
-                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
-                stats.record(scheduler_stats, iteration_stats)
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return _Logger
-
-
 # --------------------------------------------------------------------------- engine
 
 
@@ -564,7 +284,7 @@ class Engine:
             extra["num_threads"] = cfg.nixl_num_threads
         kv = KVTransferConfig(
             kv_connector="NixlConnector",
-            kv_connector_module_path=__name__,
+            kv_connector_module_path=HOOKS_MODULE,
             kv_role="kv_both",
             # tcp stages the KV through host memory: UCX over TCP cannot read GPU memory
             kv_buffer_device="cuda" if cfg.gpu and cfg.transport == "rdma" else "cpu",

@@ -2,7 +2,7 @@
 
 On the 2-core testbed a KV pull hanging on a throttled link keeps the engine on each end spinning
 (measured: its ``VLLM::Worker`` main thread busy-waits on vLLM's shared-memory queue, near a full
-core for as long as the pull lasts; README "The prefill stall, explained"), and the other engines
+core for as long as the pull lasts; docs/reliability.md "The prefill stall, explained"), and the other engines
 on the same host then wait for a CPU: a healthy pod's prefill stalls for seconds. That is the host,
 not the network; on a cluster with cores of its own per engine it would not happen. To let the
 report tell the two apart, every engine samples, on its own node:

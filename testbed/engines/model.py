@@ -113,6 +113,20 @@ def build_tiny_model(path: Path, *, layers: int = 8, kv_heads: int = 8, head_dim
     return path
 
 
+def ensure_tiny_model(path: str | Path) -> None:
+    """A real cluster's node has no copy of the driver's tiny model: build the same one here
+    (seeded weights), at the same path, once per node (a file lock beside it)."""
+    import fcntl
+
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build_tiny_model(path)
+
+
 def _write_tokenizer(out: Path, vocab: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -8,8 +8,8 @@ message silently when its pipe looks full) or until `SHM_READER_RECHECK_INTERVAL
 (5000 in vLLM 0.32) runs out. A notification that is lost leaves a written message
 unread until that re-check: an engine with work in it sits idle for up to 5 s.
 
-`install` (run in the engine core and the worker through the connector-module hook,
-testbed/engines/engine.py) records each such event: a read that completed right
+`install` (run in the engine core and the worker when vLLM imports the connector module,
+testbed/engines/vllm_hooks.py) records each such event: a read that completed right
 after an idle poll that returned with no notification (and none pending after it):
 the message was there but nothing woke the reader. One line per event in the
 engine's folder, read back by `read_missed_wakeups` and `LostSeconds`. It can also

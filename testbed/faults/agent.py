@@ -190,7 +190,7 @@ class FaultAgent:
         compute on, every core of the host if None; ``"gpu"``: the clocks of the GPUs
         ``gpu_uuids``, the NVML UUIDs the engines resolved in their own processes: a GPU
         fault without them is refused, never aimed at an index)."""
-        from testbed.faults.throttle import make_throttle
+        from testbed.faults.compute import make_throttle
 
         self.check_ttl(key, ttl_s)
         gpus = list(gpu_uuids) if backend == "gpu" else []

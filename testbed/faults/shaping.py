@@ -111,7 +111,7 @@ def _del_root(ipr: IPRoute, idx: int) -> bool:
     if _root_handle(ipr, idx) != ROOT:
         return False
     try:
-        ipr.tc("del", index=idx, handle=ROOT, parent=TC_H_ROOT)  # needs parent=root (FIELD-NOTES)
+        ipr.tc("del", index=idx, handle=ROOT, parent=TC_H_ROOT)  # needs parent=root (docs/verified.md "Deleting a root qdisc")
     except NetlinkError as e:
         if e.code != 2:  # ENOENT: removed meanwhile
             raise

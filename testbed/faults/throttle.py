@@ -1,8 +1,8 @@
 """Compute slow-down of the fault injector: a worker made slower by a factor.
 
 Two backends behind one small :class:`ComputeThrottle` protocol, chosen by the
-device the testbed's engines run on (:func:`make_throttle`), never by what the
-host happens to have:
+device the testbed's engines run on (:func:`testbed.faults.compute.make_throttle`),
+never by what the host happens to have:
 
 * ``"cpu"``: :class:`testbed.faults.cpu.CpuQuotaThrottle`, CFS
   bandwidth control on the worker's processes (cgroups, see ``cgroups``).
@@ -13,6 +13,9 @@ The factor a caller gets back is *measured*, never the one asked for.
 
 A fault must never outlive the process that set it: active throttles are kept
 in a registry (here) that an ``atexit`` hook clears.
+
+This module is what both backends share (the protocol, the error, the key rule, the
+registry) and imports neither; the choice between them is :mod:`testbed.faults.compute`.
 """
 
 from __future__ import annotations
@@ -64,37 +67,6 @@ class _Registered(Protocol):
 def sanitize_key(key: str) -> str:
     """``key`` with every character outside ``[A-Za-z0-9_.-]`` replaced by ``_`` (a safe file name)."""
     return _KEY_RE.sub("_", key)
-
-
-def make_throttle(key: str, backend: Backend, cores: float | None = None,
-                  gpu_uuids: Sequence[str] = ()) -> ComputeThrottle:
-    """The slow-down for engines running on ``backend``: ``"cpu"`` quota (of ``cores / factor``;
-    ``cores`` None: every core the processes may use) or ``"gpu"`` clocks of ``gpu_uuids``.
-
-    ``backend`` is the testbed's engine device: a CPU testbed on a host that has a
-    GPU must still slow its CPU engines (and leave the GPU alone), so the host is
-    never probed to choose. ``"gpu"`` without a usable NVML is a
-    :class:`ComputeFaultError`; an unknown backend a :class:`ValueError`.
-
-    ``gpu_uuids`` are the NVML UUIDs of the engines' GPUs, resolved in the engines'
-    processes (``Engine.gpu_uuid``). NVML indices ignore CUDA_VISIBLE_DEVICES, so
-    without UUIDs a GPU fault is refused rather than aimed at physical GPU 0."""
-    # imported here: both backends import this module for the error and the registry
-    if backend == "cpu":
-        from testbed.faults.cpu import CpuQuotaThrottle
-
-        return CpuQuotaThrottle(key, baseline_cores=cores)
-    if backend == "gpu":
-        from testbed.faults.gpu import GpuClockThrottle, gpu_available
-
-        if not gpu_uuids:
-            raise ComputeFaultError(f"GPU throttle {key}: no GPU UUID given (the engines' gpu_uuid() must come "
-                                    "with a GPU compute fault): refused, nothing changed")
-        reason = gpu_available()
-        if reason is not None:
-            raise ComputeFaultError(f"GPU throttle {key} unavailable: {' '.join(reason.split())}")
-        return GpuClockThrottle(key, list(gpu_uuids))
-    raise ValueError(f"unknown compute throttle backend {backend!r}: known are {', '.join(BACKENDS)}")
 
 
 # --------------------------------------------------------------------------- registry

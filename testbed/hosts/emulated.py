@@ -17,7 +17,9 @@ local-provider cluster file, ``ray down`` before the teardown. ``launcher="direc
 session. Nodes are stopped by process group and by namespace, never with
 ``ray stop`` (which kills every Ray process on the host, other runs' included). PIDs go into a JSON state file
 (``<state_dir>/<run_id>.json``) as they start, so ``down`` works for a
-crashed run too (``EmulatedCluster.attach`` or ``down_all``).
+crashed run too (``EmulatedCluster.attach`` or ``down_all``). How the nodes are
+started and waited for is in testbed/hosts/raynodes.py; the run's processes as /proc
+shows them, in testbed/hosts/runprocs.py.
 
 Drivers must run inside the head's namespace: use ``popen_in_head`` /
 ``run_in_head`` (or ``head_argv`` to build the command), which also set
@@ -27,15 +29,12 @@ Drivers must run inside the head's namespace: use ``popen_in_head`` /
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -44,76 +43,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from testbed.faults.procs import all_pids, ppid, stat_fields
-from testbed.faults.shaping import KV_PORT_RANGE
-
+from testbed.faults.procs import all_pids
 from testbed.hosts import netns as nn
-from testbed.hosts import rayup
-from testbed.hosts.netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric, NodeLink
+from testbed.hosts import rayup, runprocs
+from testbed.hosts.netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric
+from testbed.hosts.raynodes import RAY_PORT, ClusterError, ClusterInfo, RayNodes, free_ports
+from testbed.hosts.runprocs import RUN_MARKER_ENV
 
 log = logging.getLogger(__name__)
 
-RAY_PORT = 6379
 # Ray's sockets live at <temp_root>/<node>/ray/session_<date>_<pid>/sockets/plasma_store,
 # and a unix socket path holds at most 107 bytes.
 MAX_TEMP_ROOT_CHARS = 32
-RUN_MARKER_ENV = "TESTBED_CLUSTER_RUN"  # set in every node's environment: finds the run's processes
 Mode = Literal["auto", "netns", "local"]
 Launcher = Literal["ray_up", "direct"]
-
-# Ray defaults that hurt an emulated cluster (FIELD-NOTES): SIGTERM would wait
-# 30 s for a drain, and slow links would make Ray resend object chunks.
-NODE_ENV = {
-    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-    "RAY_object_manager_pull_timeout_ms": "120000",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
-
-# In namespaces only: UCX (NIXL's KV transport) must use TCP over eth0, or it sees
-# one host and copies across processes (CMA), bypassing the veth and its shaping.
-# Its listening ports go in the range a kv_only link fault classifies as KV.
-NETNS_NODE_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0", "UCX_TCP_PORT_RANGE": KV_PORT_RANGE}
-
-# Runs in the head's namespace: waits until the expected nodes are alive with
-# their resources, then prints them as one JSON line.
-_WAIT_NODES = r"""
-import json, sys, time
-import ray
-address, count, resources, timeout = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), float(sys.argv[4])
-ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-deadline = time.monotonic() + timeout
-while True:
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    have = {r for n in nodes for r in n["Resources"]}
-    if len(nodes) >= count and all(r in have for r in resources):
-        break
-    if time.monotonic() > deadline:
-        sys.stderr.write("only %d of %d nodes alive after %.0f s (resources %s)\n" % (len(nodes), count, timeout, sorted(have)))
-        sys.exit(3)
-    time.sleep(0.2)
-print(json.dumps([{"ip": n["NodeManagerAddress"], "node_id": n["NodeID"], "resources": n["Resources"]} for n in nodes]))
-"""
-
-
-class ClusterError(RuntimeError):
-    """The emulated cluster could not be brought up or down; one-line message."""
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    name: str  # "head", "pod0", ...
-    address: str  # the node's IP (its --node-ip-address)
-    netns: str | None  # None in local mode
-    ray_node_id: str
-    resources: tuple[tuple[str, float], ...]
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    run_id: str
-    mode: str
-    address: str  # "ip:port" of the head's GCS
-    nodes: tuple[NodeInfo, ...]
 
 
 @dataclass(frozen=True)
@@ -144,66 +87,9 @@ class ClusterStatus:
         return not self.pids and not self.namespaces
 
 
-# ---------------------------------------------------------------- /proc helpers
-
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, session id, start time in clock ticks since boot), or None if gone."""
-    fields = stat_fields(pid)
-    if fields is None:
-        return None
-    return fields[0], int(fields[3]), int(fields[19])
-
-
-def _alive(pid: int, start_ticks: int) -> bool:
-    """The process ``pid`` exists, is not a zombie, and is the one started at ``start_ticks``."""
-    st = _proc_stat(pid)
-    return st is not None and st[0] != "Z" and st[2] == start_ticks
-
-
-def _pss_bytes(pids: Sequence[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-                    break
-        except OSError:
-            continue
-    return total
-
-
-def _protected_pids() -> set[int]:
-    """This process and its ancestors: never signalled by a sweep."""
-    pids, pid = set(), os.getpid()
-    while pid > 1 and pid not in pids:
-        pids.add(pid)
-        pid = ppid(pid) or 0  # unreadable or gone: the chain ends here
-    return pids
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _log_tail(path: str | Path, lines: int = 1) -> str:
-    try:
-        text = [l.strip() for l in Path(path).read_text(errors="replace").splitlines() if l.strip()]
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])
-
-
 # ---------------------------------------------------------------- the cluster
 
-class EmulatedCluster:
+class EmulatedCluster(RayNodes):
     """Head + ``n_pods`` Ray nodes, each in its own network namespace (or one local node)."""
 
     def __init__(
@@ -346,7 +232,7 @@ class EmulatedCluster:
             raise ClusterError("emulated cluster: Ray is not installed (pip install 'ray[default]')")
         started = time.monotonic()
         nn.update_state(self.state_path, run_id=self.run_id, mode=self.mode, n_pods=self.n_pods,
-                        temp_root=str(self.temp_root), creator_start_ticks=_self_start_ticks(), processes=[],
+                        temp_root=str(self.temp_root), creator_start_ticks=runprocs.self_start_ticks(), processes=[],
                         launcher=self.launcher)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -354,7 +240,7 @@ class EmulatedCluster:
             if self.mode == "netns":
                 nn.create_fabric(self.fabric, self.state_path)
             else:
-                gcs, *rest = _free_ports(5)
+                gcs, *rest = free_ports(5)
                 self._ports = {"gcs": gcs, "agent_http": rest[0], "agent_grpc": rest[1],
                                "runtime_env": rest[2], "metrics": rest[3]}
                 nn.update_state(self.state_path, ports=self._ports)
@@ -374,185 +260,6 @@ class EmulatedCluster:
                  time.monotonic() - started)
         return self.info
 
-    def _node_env(self, name: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        env.update(NODE_ENV)
-        if self.mode == "netns":
-            env.update(NETNS_NODE_ENV)
-        # The nodes' workers must import the project's code.
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        tmp = self.temp_root / name / "tmp"  # run-owned TMPDIR: engines' socket files go with the run
-        tmp.mkdir(parents=True, exist_ok=True)
-        env["TMPDIR"] = str(tmp)
-        env[RUN_MARKER_ENV] = self.run_id
-        env.update(self.auth_env)
-        env.update(self.extra_env)
-        return env
-
-    def _ray_argv(self, name: str) -> list[str]:
-        node_dir = self.temp_root / name / "ray"
-        argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
-                f"--object-store-memory={self.object_store_bytes}", "--disable-usage-stats", f"--temp-dir={node_dir}"]
-        if self.mode == "local":
-            resources = {HEAD: 1.0} | {p.name: self.pod_resource for p in self.fabric.pods}
-            p = self._ports
-            # No --node-ip-address: Ray replaces 127.0.0.1 with the host's routable address anyway.
-            return argv + ["--head", "--include-dashboard=false", f"--port={p['gcs']}",
-                           f"--num-cpus={self.head_cpus + self.n_pods * self.pod_cpus}",
-                           f"--resources={json.dumps(resources)}",
-                           f"--dashboard-agent-listen-port={p['agent_http']}",
-                           f"--dashboard-agent-grpc-port={p['agent_grpc']}",
-                           f"--runtime-env-agent-port={p['runtime_env']}", f"--metrics-export-port={p['metrics']}"]
-        node = self.fabric.node(name)
-        if name == HEAD:
-            return argv + ["--head", "--include-dashboard=false", f"--node-ip-address={node.address}", f"--port={RAY_PORT}",
-                           f"--num-cpus={self.head_cpus}", f"--resources={json.dumps({HEAD: 1.0})}"]
-        return argv + [f"--address={self.fabric.head.address}:{RAY_PORT}", f"--node-ip-address={node.address}",
-                       f"--num-cpus={self.pod_cpus}", f"--resources={json.dumps({name: self.pod_resource})}"]
-
-    def _start_node(self, name: str) -> None:
-        argv = self._ray_argv(name)
-        if self.mode == "netns":
-            argv = nn.netns_exec_argv(self.fabric.node(name).netns, argv)
-        log_path = self.log_dir / f"{name}.log"
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(argv, env=self._node_env(name), stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=self.temp_root)
-        self._record_process(name, proc, log_path, self.fabric.node(name).netns if self.mode == "netns" else None)
-
-    def _record_process(self, name: str, proc: subprocess.Popen, log_path: Path, netns: str | None) -> None:
-        self._popen[name] = proc
-        st = _proc_stat(proc.pid)
-        entry = {"node": name, "pid": proc.pid, "start_ticks": st[2] if st else -1, "log": str(log_path),
-                 "netns": netns}
-        state = nn.read_state(self.state_path)
-        nn.update_state(self.state_path, processes=state.get("processes", []) + [entry])
-
-    def _ray_up(self) -> None:
-        """Every node's sshd, then ``ray up`` on the run's cluster file from the head's namespace."""
-        root = self.temp_root
-        rayup.make_keys(root, self.fabric)
-        (root / "fabric.json").write_text(json.dumps({"run_id": self.run_id, "nodes": [
-            {"name": n.name, "address": n.address} for n in self.fabric.nodes]}))
-        rayup.write_node_commands(root, {n.name: ([a for a in self._ray_argv(n.name) if a != "--block"],
-                                                  self._node_env(n.name)) for n in self.fabric.nodes})
-        rayup.ensure_privsep_dir()
-        for n in self.fabric.nodes:
-            log_path = self.log_dir / f"{n.name}.log"  # sshd's, and what the node's sessions print
-            with open(log_path, "ab") as out:
-                proc = subprocess.Popen(nn.netns_exec_argv(n.netns, rayup.sshd_argv(rayup.sshd_config(root, n))),
-                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True, cwd=root)
-            self._record_process(n.name, proc, log_path, n.netns)
-        for n in self.fabric.nodes:
-            self._wait_port(n, 22, "sshd")
-        path = rayup.write_cluster_file(self.fabric, root)
-        log_path = self.log_dir / "ray-up.log"
-        env = self.driver_env({**rayup.RAY_UP_ENV, "TMPDIR": str(root)})
-        with open(log_path, "ab") as out:
-            try:
-                rc = subprocess.run(self.head_argv(rayup.ray_cli_argv("up", path)), env=env, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT, cwd=root,
-                                    timeout=self.ready_timeout_s).returncode
-            except subprocess.TimeoutExpired:
-                raise ClusterError(f"ray up {path}: not done after {self.ready_timeout_s:.0f} s "
-                                   f"(log: {log_path})") from None
-        if rc != 0:
-            raise ClusterError(f"ray up {path} exited with status {rc} ({_log_tail(log_path) or 'no output'}; "
-                               f"log: {log_path})")
-        self._wait_gcs()
-
-    def _ray_down(self) -> None:
-        """``ray down`` on the run's cluster file (stops the head; the caller removes the rest)."""
-        path = self.temp_root / rayup.CLUSTER_FILE
-        if self.mode != "netns" or not path.exists() or not nn.netns_path(self.fabric.head.netns).exists():
-            return
-        log_path = self.temp_root / "logs" / "ray-down.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = self.driver_env({**rayup.RAY_UP_ENV, "TMPDIR": str(self.temp_root)})
-        with open(log_path, "ab") as out:
-            try:
-                subprocess.run(self.head_argv(rayup.ray_cli_argv("down", path)), env=env, stdin=subprocess.DEVNULL,
-                               stdout=out, stderr=subprocess.STDOUT, cwd=self.temp_root, timeout=60)
-            except subprocess.TimeoutExpired:
-                log.warning("ray down %s: not done after 60 s; removing the run's processes", path)
-        rayup.remove_bootstrap_files(self.fabric, self.temp_root)
-
-    def _wait_port(self, node: NodeLink, port: int, what: str) -> None:
-        self._wait_reachable(node.address, port, f"{what} on {node.name} ({node.address}:{port}) not reachable",
-                             self.log_dir / f"{node.name}.log", 0.1)
-
-    def _wait_reachable(self, ip: str, port: int, failure: str, log_path: Path, every_s: float) -> None:
-        """Until ``ip:port`` accepts a connection from the head's namespace (this one in local mode),
-        failing early when a node process exits and after ``ready_timeout_s``."""
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            self._check_nodes_running()
-            try:
-                if self.mode == "netns":
-                    with nn.in_netns(self.fabric.head.netns):  # the socket belongs to the head's namespace
-                        socket.create_connection((ip, port), timeout=1.0).close()
-                else:
-                    socket.create_connection((ip, port), timeout=1.0).close()
-                return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{failure} after {self.ready_timeout_s:.0f} s (log: {log_path})")
-            time.sleep(every_s)
-
-    def _check_nodes_running(self) -> None:
-        for name, proc in self._popen.items():
-            if proc.poll() is not None:
-                log_path = self.log_dir / f"{name}.log"
-                raise ClusterError(f"ray node {name} exited with status {proc.returncode} during start "
-                                   f"({_log_tail(log_path) or 'no output'}; log: {log_path})")
-
-    def _wait_gcs(self) -> None:
-        port = self._ports.get("gcs", RAY_PORT)
-        self._wait_reachable(self.head_ip, port, f"ray head: GCS port {self.head_ip}:{port} not open",
-                             self.log_dir / "head.log", 0.2)
-
-    def _wait_nodes(self) -> ClusterInfo:
-        want = [HEAD] + [p.name for p in self.fabric.pods]
-        count = len(want) if self.mode == "netns" else 1
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            check = subprocess.Popen(
-                self.head_argv([sys.executable, "-c", _WAIT_NODES, self.address, str(count), json.dumps(want),
-                                str(self.ready_timeout_s)]),
-                env=self.driver_env({"TMPDIR": str(self.temp_root)}), stdout=out, stderr=err, cwd=self.temp_root)
-            try:
-                while check.poll() is None:
-                    self._check_nodes_running()
-                    time.sleep(0.2)
-            finally:
-                if check.poll() is None:
-                    check.kill()
-                    check.wait()
-            out.seek(0)
-            err.seek(0)
-            stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-        if check.returncode != 0:
-            last = next((l for l in reversed(stderr.splitlines()) if l.strip()), "no output")
-            raise ClusterError(f"ray nodes not ready: {last.strip()} (logs: {self.log_dir})")
-        ray_nodes = json.loads(stdout.strip().splitlines()[-1])
-        by_ip = {n["ip"]: n for n in ray_nodes}
-        if self.mode == "local":  # one node, at whatever address Ray chose for it
-            rn = ray_nodes[0]
-            return ClusterInfo(run_id=self.run_id, mode=self.mode, address=self.address, nodes=(
-                NodeInfo(name=HEAD, address=rn["ip"], netns=None, ray_node_id=rn["node_id"],
-                         resources=tuple(sorted(rn["resources"].items()))),))
-        nodes = []
-        for name in want:
-            ip = self.node_ips[name]
-            rn = by_ip.get(ip)
-            if rn is None:
-                raise ClusterError(f"ray node {name}: no live Ray node with address {ip} (found {sorted(by_ip)})")
-            nodes.append(NodeInfo(name=name, address=ip, netns=self.fabric.node(name).netns, ray_node_id=rn["node_id"],
-                                  resources=tuple(sorted(rn["resources"].items()))))
-        return ClusterInfo(run_id=self.run_id, mode=self.mode, address=self.address, nodes=tuple(nodes))
-
     # -- down and status
 
     def _run_pids(self, state: Mapping[str, Any]) -> set[int]:
@@ -563,7 +270,7 @@ class EmulatedCluster:
         marker = f"{RUN_MARKER_ENV}={self.run_id}".encode()
         found = set()
         for pid in all_pids():
-            st = _proc_stat(pid)
+            st = runprocs.proc_stat(pid)
             if st is None or st[0] == "Z":
                 continue
             if st[1] in sids and st[2] >= min_ticks:
@@ -576,7 +283,7 @@ class EmulatedCluster:
                 pass
         if self.mode == "netns":
             found |= set(nn.processes_in_namespaces(self.fabric.namespaces))
-        return found - _protected_pids()
+        return found - runprocs.protected_pids()
 
     def down(self, keep_logs: bool = False) -> None:
         """Stop every process of the run (SIGTERM to the node sessions, SIGKILL after
@@ -588,7 +295,7 @@ class EmulatedCluster:
         if self.launcher == "ray_up":
             self._ray_down()
         for p in state.get("processes", []):
-            if _alive(p["pid"], p["start_ticks"]):
+            if runprocs.alive(p["pid"], p["start_ticks"]):
                 try:
                     os.killpg(p["pid"], signal.SIGTERM)  # the node's session: ray start, gcs, raylet, workers
                 except ProcessLookupError:
@@ -640,11 +347,11 @@ class EmulatedCluster:
             p = recorded.get(n.name)
             ns = n.netns if self.mode == "netns" else None
             nodes.append(NodeStatus(name=n.name, pid=p["pid"] if p else None,
-                                    alive=bool(p) and _alive(p["pid"], p["start_ticks"]),
+                                    alive=bool(p) and runprocs.alive(p["pid"], p["start_ticks"]),
                                     netns=ns, netns_exists=ns is not None and ns in namespaces))
         pids = tuple(sorted(self._run_pids(state)))
         return ClusterStatus(run_id=self.run_id, mode=self.mode, nodes=tuple(nodes), namespaces=namespaces,
-                             pids=pids, pss_bytes=_pss_bytes(pids))
+                             pids=pids, pss_bytes=runprocs.pss_bytes(pids))
 
     @classmethod
     def attach(cls, state_dir: str | Path | None, run_id: str) -> EmulatedCluster:
@@ -677,11 +384,6 @@ def default_state_dir() -> Path:
     if os.geteuid() == 0:
         return DEFAULT_STATE_DIR
     return Path(tempfile.gettempdir()) / f"testbed-state-{os.geteuid()}"
-
-
-def _self_start_ticks() -> int:
-    st = _proc_stat(os.getpid())
-    return st[2] if st else 0
 
 
 def down_all(state_dir: str | Path | None = None) -> list[str]:

@@ -27,7 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.hosts.emulated import RUN_MARKER_ENV, _protected_pids, default_state_dir
+from testbed.hosts.emulated import default_state_dir
+from testbed.hosts.runprocs import RUN_MARKER_ENV, protected_pids
 from testbed.faults.agent_actor import clear_lock_path
 from testbed.faults.procs import all_pids
 from testbed.hosts.netns import PREFIX, NetnsError, in_netns, list_namespaces, processes_in_namespaces
@@ -125,7 +126,7 @@ def _processes() -> list[Leftover]:
             continue
         if any(e.startswith(marker) for e in env):
             found.setdefault(pid, "host")
-    mine = _protected_pids()
+    mine = protected_pids()
     return [Leftover("process", f"{pid} [{where}] {_cmdline(pid)[:120]}")
             for pid, where in sorted(found.items()) if pid not in mine]
 

@@ -4,8 +4,8 @@ Each node of the fabric (``netns``) runs its own sshd, inside the node's network
 on the node's address only and accepting one key made for the run.
 Then ``ray up`` runs in the head's namespace on a cluster file generated for the run, exactly as a
 user runs it against ``cluster.yaml``: Ray's local provider sshes into the head, starts it, and the
-head's autoscaler sshes into every worker and starts it. Verified with Ray 2.60 (FIELD-NOTES and
-issue 11): ``ray up`` returns in about 8 s and the workers join within about 20 s; only with
+head's autoscaler sshes into every worker and starts it. Verified with Ray 2.60 (docs/verified.md
+"ray up with the local provider", and issue 11): ``ray up`` returns in about 8 s and the workers join within about 20 s; only with
 ``RAY_UP_enable_autoscaler_v2=0`` (under v2 only one of two workers ever started).
 
 What differs from a real cluster, and why:

@@ -1,23 +1,19 @@
-"""Ray actors of the testbed: thin adapters around plain objects.
+"""The router's Ray actor: a thin adapter around plain objects.
 
-* :class:`EngineActor` holds one :class:`testbed.engines.engine.Engine` and is
-  pinned to its pod through the pod's node resource;
-* :class:`RouterActor` holds the run: the run context both worlds open
-  (:class:`core.run.RunContext`: writer, router, periodic loops, fault steps) on
-  the wall clock, :class:`RequestFlow`, the fault injector and the open-loop
-  replay of the workload. It lives on the head node.
+:class:`RouterActor` holds the run: the run context both worlds open
+(:class:`core.run.RunContext`: writer, router, periodic loops, fault steps) on
+the wall clock, :class:`RequestFlow`, the fault injector and the open-loop
+replay of the workload. It lives on the head node and calls the engines'
+actors (testbed/engines/actor.py).
 
-Both are async actors, so an abort reaches an engine while its decode call is
+It is an async actor, so an abort reaches an engine while its decode call is
 still awaiting, and nothing blocks the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -58,153 +54,13 @@ class FaultTargets:
     head_ip: str
 
 
-def ensure_tiny_model(path: str | Path) -> None:
-    """A real cluster's node has no copy of the driver's tiny model: build the same one here
-    (seeded weights, testbed/engines/model.py), at the same path, once per node."""
-    import fcntl
-
-    from testbed.engines.model import build_tiny_model
-
-    path = Path(path)
-    if (path / "config.json").is_file():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        build_tiny_model(path)
-
-
-def _plain_errors(method: Any) -> Any:
-    """An engine actor's method whose exceptions reach the caller as EngineError (engine.py):
-    never a vLLM exception type, which the router would have to import vLLM to unpickle."""
-    from testbed.engines.engine import EngineError
-
-    if inspect.isasyncgenfunction(method):
-        @functools.wraps(method)
-        async def stream(*a: Any, **kw: Any) -> Any:
-            try:
-                async for item in method(*a, **kw):
-                    yield item
-            except EngineError:
-                raise
-            except Exception as e:
-                raise EngineError.of(e) from None
-        return stream
-
-    @functools.wraps(method)
-    async def call(*a: Any, **kw: Any) -> Any:
-        try:
-            return await method(*a, **kw)
-        except EngineError:
-            raise
-        except Exception as e:
-            raise EngineError.of(e) from None
-    return call
-
-
-@ray.remote(num_cpus=0)
-class EngineActor:
-    def __init__(self, config: dict[str, Any], net_device: str | list[str] | None, build_model: bool = False) -> None:
-        from ray.util import get_node_ip_address
-
-        from testbed.engines.engine import Engine, EngineConfig
-
-        if build_model:
-            ensure_tiny_model(config["model"])
-
-        if isinstance(net_device, list):  # an allowlist: the first interface this node has
-            from testbed.faults.agent import pick_interface
-
-            net_device = pick_interface(net_device, where=f"engine {config['name']}'s node")
-        # The pod's own address: NIXL's side channel and UCX must use the pod's link.
-        self.engine = Engine(EngineConfig(**config, host_ip=get_node_ip_address(), net_device=net_device))
-
-    async def start(self) -> dict[str, Any]:
-        seconds = await self.engine.start()
-        from testbed.engines.hoststats import HostSampler
-        from testbed.faults.procs import descendants
-        from testbed.engines.shm_wakeups import LostSeconds
-
-        # the engine's CPU and run-queue wait, and its node's CPU pressure (hoststats.py): the
-        # actor (vLLM's front end) and its engine core and workers
-        me = os.getpid()
-        self.host = HostSampler(lambda: [me, *descendants(me)], self.engine.config.host_sample_s,
-                                lost_wakeup_s=LostSeconds(self.engine.config.wakeup_log_path))
-        return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds}
-
-    async def host_samples(self, since_wall: float = 0.0) -> list[tuple[float, ...]]:
-        """This engine's host samples (hoststats.HostSample) taken at or after ``since_wall``."""
-        host = getattr(self, "host", None)
-        return [tuple(s) for s in host.samples(since_wall)] if host is not None else []
-
-    @_plain_errors
-    async def prefill(self, request_id: str, prompt_token_ids: list[int]) -> Any:
-        return await self.engine.prefill(request_id, prompt_token_ids)
-
-    @_plain_errors
-    async def decode(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                     kv_transfer_params: Any = None, logprobs: int | None = None) -> Any:
-        return await self.engine.decode(request_id, prompt_token_ids, max_tokens, kv_transfer_params, logprobs=logprobs)
-
-    @_plain_errors
-    async def decode_stream(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                            kv_transfer_params: Any = None, sampling: dict[str, Any] | None = None) -> Any:
-        """Call with ``.options(num_returns="streaming")``: Ray relays each chunk as it comes."""
-        async for item in self.engine.decode_stream(request_id, prompt_token_ids, max_tokens, kv_transfer_params,
-                                                    sampling=sampling):
-            yield item
-
-    @_plain_errors
-    async def abort(self, request_id: str) -> None:
-        await self.engine.abort(request_id)
-
-    @_plain_errors
-    async def health(self) -> dict[str, Any]:
-        return await self.engine.health()
-
-    @_plain_errors
-    async def load(self) -> dict[str, Any]:
-        return await self.engine.load()
-
-    @_plain_errors
-    async def stages(self, request_id: str) -> dict[str, float]:
-        return await self.engine.stages(request_id)
-
-    @_plain_errors
-    async def pull_end(self, request_id: str, forget: bool = False) -> dict[str, float]:
-        return await self.engine.pull_end(request_id, forget)
-
-    async def compute_pids(self) -> list[int]:
-        """The engine's worker processes (vLLM's engine core and its children): what a
-        compute fault slows. The actor's own process (the API front end) is left alone."""
-        from testbed.faults.procs import descendants
-
-        return descendants(os.getpid())
-
-    @_plain_errors
-    async def metrics(self) -> dict[str, Any]:
-        return await self.engine.metrics()
-
-    async def gpu_uuid(self) -> str | None:
-        """NVML UUID of the GPU this engine uses (None on the CPU): what a GPU fault locks."""
-        return self.engine.gpu_uuid()
-
-    @_plain_errors
-    async def reset_prefix_cache(self) -> bool:
-        """Between runs: a later policy must not find the earlier one's prompts cached."""
-        return await self.engine.reset_prefix_cache()
-
-    async def shutdown(self) -> None:
-        await self.engine.shutdown()
-
-
 @ray.remote(num_cpus=0)
 class RouterActor:
-    def __init__(self, spec_json: dict[str, Any], policy: str, seed: int, out: str, workload_summary: dict[str, Any],
+    def __init__(self, spec: ExperimentSpec, policy: str, seed: int, out: str, workload_summary: dict[str, Any],
                  meta: dict[str, Any], prefill: list[Any], decode: list[Any], topo: Topology, capacity: Capacity,
                  vocab: int, kv_bytes_per_token: int, fault_targets: FaultTargets | None = None,
                  engine_names: list[str] | None = None, canaries: dict[int, Reference] | None = None) -> None:
-        spec = ExperimentSpec.model_validate(spec_json)
+        # the spec object the driver was handed (validated once, by the command line; Ray pickles it)
         self.spec = spec
         self.ctx = RunContext(spec, "testbed", policy, seed, out, topo, workload_summary, capacity, meta, flush_s=1.0)
         self.t0 = time.monotonic()
@@ -261,7 +117,7 @@ class RouterActor:
         # call asks its engine at once (Liveness.error).
         self._loops.append(asyncio.ensure_future(self._every(self.spec.testbed.engine_check_s, self.liveness.tick)))
         # every table on disk within about flush_s of its rows, even one that gets no new row to
-        # flush it (a SIGKILLed driver's run keeps its fault rows: tests/test_testbed_e2e.py)
+        # flush it (a SIGKILLed driver's run keeps its fault rows: tests/test_testbed_e2e_cluster.py)
         self._loops.append(asyncio.ensure_future(self._every(self.ctx.writer.flush_s, lambda _: self.ctx.writer.flush_due())))
         self._loops.append(asyncio.ensure_future(self._collect_host()))
         if self.injector:
@@ -301,6 +157,8 @@ class RouterActor:
         self._serving = asyncio.get_running_loop().create_future()
         try:
             if build_model:  # the tokenizer too is the tiny model's: a node without the driver's disk builds it
+                from testbed.engines.model import ensure_tiny_model
+
                 await asyncio.to_thread(ensure_tiny_model, model)
             tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model)
             self.ingress = Ingress(self._submit, self._health, Path(model).name, tokenizer,

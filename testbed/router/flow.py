@@ -41,17 +41,21 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from core.canary import Reference, Verdict, verdict
-from core.records import DEAD_PULL_WATCH_S, NAN
+from core.limits import first_token_limit
+from core.records import CORRUPT, DEAD_PULL_WATCH_S, ERROR, NAN, OK, REJECTED, TIMEOUT
 from core.run import RunContext
+from core.stages import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
-from testbed.engines.engine import PULL_ENDS, TokenSink  # (engine.py imports vLLM only when an engine starts)
+from testbed.engines.engine import TokenSink  # (engine.py imports vLLM only when an engine starts)
+from testbed.engines.stagelog import PULL_ENDS
 
 log = logging.getLogger(__name__)
 
 # After an abort the engine call returns within a step or two; this bounds the wait.
 ABORT_GRACE_S = 30.0
-# vLLM's CPU build stores KV in blocks of 128 tokens (FIELD-NOTES); NIXL pulls whole blocks.
+# vLLM's CPU build stores KV in blocks of 128 tokens; NIXL pulls whole blocks (docs/verified.md
+# "KV cache blocks of 128 tokens").
 CPU_BLOCK_TOKENS = 128
 # How often the router asks a decode engine whether a dead pull (see _watch_dead_pull) has ended:
 # its end is then known to this much, a small fraction of the throttled pulls' tens of seconds.
@@ -68,7 +72,7 @@ class EngineClient(Protocol):
 
 
 class RayEngine:
-    """Awaitable calls on an engine actor handle (`EngineActor` in actors.py)."""
+    """Awaitable calls on an engine actor handle (`EngineActor`, testbed/engines/actor.py)."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
@@ -164,7 +168,7 @@ class RequestFlow:
     ) -> None:
         self.ctx, self.prefill, self.decode = ctx, list(prefill), list(decode)
         self.deadline_s, self.clock = deadline_s, clock
-        self.first_token_s = deadline_s if first_token_limit_s is None else min(first_token_limit_s, deadline_s)
+        self.first_token_s = first_token_limit(deadline_s, first_token_limit_s)
         self.vocab, self.kv_bpt, self.block = vocab, kv_bytes_per_token, block_tokens
         self.salt = salt
         self.outcomes: dict[str, int] = {}
@@ -206,16 +210,16 @@ class RequestFlow:
         """The decode engine's admission and pull end, as far as they happened by ``limit``."""
         admitted = _at(sent, offsets, "alloc_remote", limit)
         if admitted is not None:
-            t.enter("kv_transfer", admitted)
+            t.enter(KV_TRANSFER, admitted)
             t.kv_bytes = kv_transfer_bytes(t.prompt_tokens, self.block, self.kv_bpt)
         received = _at(sent, offsets, "recv_done", limit)
         if received is not None and admitted is not None:
-            t.enter("decode", received)
+            t.enter(DECODE, received)
 
     def _admit(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> bool:
         if self.ctx.admit(self.clock(), request_id, arrival_s, prompt_tokens, output_tokens):
             return True
-        self.outcomes["rejected"] = self.outcomes.get("rejected", 0) + 1
+        self.outcomes[REJECTED] = self.outcomes.get(REJECTED, 0) + 1
         return False
 
     def submit(self, request_id: int, arrival_s: float, ids: Sequence[int], output_tokens: int, *,
@@ -224,7 +228,7 @@ class RequestFlow:
         refusal can still be an HTTP status; if admitted, served by a task of this loop."""
         if not self._admit(request_id, arrival_s, len(ids), output_tokens):
             done: asyncio.Future = asyncio.get_running_loop().create_future()
-            done.set_result("rejected")
+            done.set_result(REJECTED)
             return Submitted(request_id, done)
         return Submitted(request_id, asyncio.ensure_future(self._serve(
             request_id, arrival_s, len(ids), output_tokens, ids=ids, on_tokens=on_tokens, sampling=sampling)))
@@ -238,7 +242,7 @@ class RequestFlow:
         ``ids`` (its prompt tokenised), ``sampling`` fields and an ``on_tokens`` receiver of its
         output as the decode engine makes it. Both are routed, limited and recorded alike."""
         if not self._admit(request_id, arrival_s, prompt_tokens, output_tokens):
-            return "rejected"
+            return REJECTED
         return await self._serve(request_id, arrival_s, prompt_tokens, output_tokens, ids=ids, on_tokens=on_tokens,
                                  sampling=sampling)
 
@@ -283,14 +287,14 @@ class RequestFlow:
                 res = await self._abort(p_eng, rid, res)
                 started = _at(sent, _with_call_log(where, res), "alloc", first_by)
                 if started is not None:
-                    t.enter("prefill", started)
-                return "timeout", None
+                    t.enter(PREFILL, started)
+                return TIMEOUT, None
             started = _at(sent, dict(res.stages), "alloc")
             queued = getattr(res, "queued_s", None)
-            t.enter("prefill", started if started is not None else sent + (queued or 0.0))
+            t.enter(PREFILL, started if started is not None else sent + (queued or 0.0))
             if res.kv_transfer_params is None or res.finish_reason == "abort":
-                return "error", None  # no KV to hand over: prefill failed
-            t.enter("decode_queue", self.clock())  # the prefill engine holds the KV for the decoder now
+                return ERROR, None  # no KV to hand over: prefill failed
+            t.enter(DECODE_QUEUE, self.clock())  # the prefill engine holds the KV for the decoder now
             # --- decode_queue, kv_transfer, decode on the decode engine ------------------
             calling = ("decode", t.d_idx)
             sent = self.clock()
@@ -309,14 +313,14 @@ class RequestFlow:
                 res = await self._abort(d_eng, rid, res)
                 self._mark_decode(t, sent, _with_call_log(where, res), limit)
                 first = getattr(res, "first_token_s", None) if res is not None else None
-                if first is not None and t.stage == "decode" and sent + (first - res.submitted_s) <= limit:
+                if first is not None and t.stage == DECODE and sent + (first - res.submitted_s) <= limit:
                     t.first_token_s = sent + (first - res.submitted_s)
-                if t.stage == "kv_transfer":
+                if t.stage == KV_TRANSFER:
                     # vLLM cannot cancel a NIXL read in flight: the call returned at the abort,
                     # the pull goes on; what became of it is recorded once it is known
-                    return "timeout", self._watch_dead_pull(t, d_eng, rid, sent, limit,
+                    return TIMEOUT, self._watch_dead_pull(t, d_eng, rid, sent, limit,
                                                             dict(res.stages) if res is not None else {})
-                return "timeout", None
+                return TIMEOUT, None
             offsets = dict(res.stages)
             if "alloc_remote" not in offsets:
                 self.unseparated += 1
@@ -324,23 +328,23 @@ class RequestFlow:
             self._mark_decode(t, sent, offsets, math.inf)
             if res.first_token_s is not None:
                 t.first_token_s = sent + (res.first_token_s - res.submitted_s)
-                if t.stage == "kv_transfer":  # no pull end reported: the first token is the first evidence
-                    t.enter("decode", t.first_token_s)
+                if t.stage == KV_TRANSFER:  # no pull end reported: the first token is the first evidence
+                    t.enter(DECODE, t.first_token_s)
             if res.aborted or res.first_token_s is None:
-                return "error", None
+                return ERROR, None
             ref = self.canaries.get(t.request_id)
             if ref is not None:
                 v = self.canary_verdicts[t.request_id] = verdict(ref, res.token_ids)
-                if v.verdict == "corrupt":
+                if v.verdict == "corrupt":  # the canary verdict (core/canary.py)
                     log.warning("request %s: corrupt output (token %d differs, reference gap %.2f nats)",
                                 rid, v.position, v.gap)
-                    return "corrupt", None
-            return "ok", None
+                    return CORRUPT, None
+            return OK, None
         except Exception as e:  # an engine died or a call failed: an error in the stage it was in
             log.warning("request %s failed: %s", rid, e)
             if self.on_engine_error is not None:
                 self.on_engine_error(*calling, e)
-            return "error", None
+            return ERROR, None
 
     def _watch(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
+from core.records import CORRUPT, ERROR, OK, REJECTED, TIMEOUT
 from testbed.router.flow import Submitted
 
 log = logging.getLogger(__name__)
@@ -118,9 +119,9 @@ Health = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 
 # How the flow's outcomes answer a client (the record says more: stage, times). A rejection is
 # OpenAI's (and sgl-router's) 429: the client may retry later.
-_FAILED = {"timeout": (504, "Timeout", "timed out"), "error": (502, "EngineError", "failed in an engine"),
-           "rejected": (429, "RateLimitError", "was rejected: the router's admission limit is reached"),
-           "corrupt": (502, "EngineError", "was decoded from KV that was not its prompt's")}
+_FAILED = {TIMEOUT: (504, "Timeout", "timed out"), ERROR: (502, "EngineError", "failed in an engine"),
+           REJECTED: (429, "RateLimitError", "was rejected: the router's admission limit is reached"),
+           CORRUPT: (502, "EngineError", "was decoded from KV that was not its prompt's")}
 
 
 class _Detok:
@@ -271,9 +272,9 @@ class Ingress:
         chunks: asyncio.Queue = asyncio.Queue()
         sub = self.submit(ids, max_tokens, self._sampling(body), lambda t, r: chunks.put_nowait((t, r)))
         self.served += 1
-        if isinstance(sub.outcome, asyncio.Future) and sub.outcome.done() and sub.outcome.result() == "rejected":
+        if isinstance(sub.outcome, asyncio.Future) and sub.outcome.done() and sub.outcome.result() == REJECTED:
             # refused before anything started: a status, also for a stream (no event sent yet)
-            status, kind, what = _FAILED["rejected"]
+            status, kind, what = _FAILED[REJECTED]
             return IngressError(status, self._failure(sub.request_id, what), kind).response()
         outcome = asyncio.ensure_future(sub.outcome)
         outcome.add_done_callback(lambda _: chunks.put_nowait(None))
@@ -289,7 +290,7 @@ class Ingress:
             out_ids.extend(item[0])
             reason = item[1] or reason
         result = await outcome
-        if result != "ok":
+        if result != OK:
             status, kind, what = _FAILED.get(result, (500, "InternalServerError", result))
             return IngressError(status, self._failure(sub.request_id, what), kind).response()
         text = self.tok.decode(out_ids, skip_special_tokens=True)
@@ -333,7 +334,7 @@ class Ingress:
                 yield event([choice(text, reason, first)])
                 first = False
         result = await outcome
-        if result != "ok":
+        if result != OK:
             # The status line is long gone: an error event, as vLLM sends one mid-stream.
             status, kind_, what = _FAILED.get(result, (500, "InternalServerError", result))
             yield f"data: {json.dumps({'error': {'message': self._failure(int(rid.split('-')[1]), what), 'type': kind_, 'code': status}})}\n\n"

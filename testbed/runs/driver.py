@@ -1,9 +1,11 @@
 """The testbed's driver: runs inside the head's network namespace, connected to Ray.
 
-    python -m testbed.runs.driver --job SPEC.json:A,B:0,1 --out DIR --model DIR --mode netns|local|cluster
+    python -m testbed.runs.driver --jobs JOBS.pkl --out DIR --model DIR --mode netns|local|cluster
         [--calibrate FILE] ...
 
-Connected to Ray (``RAY_ADDRESS``), it finds the pods among the nodes' resources
+The jobs are the launcher's (testbed/runs/jobs.py): each spec as the command line validated it,
+its policies and seeds, and each seed's workload as the launcher generated it; none is parsed
+or generated again here, and each router actor gets the spec object itself. Connected to Ray (``RAY_ADDRESS``), it finds the pods among the nodes' resources
 (:func:`discover_pods`; a spec bigger than the cluster is refused, saying what was
 found), starts every engine in parallel (one actor per topology worker, prefill or
 decode as the topology places it), checks once that KV pulled across pods
@@ -32,18 +34,20 @@ import ray
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from workloads.generate import Workload, generate
+from workloads.generate import Workload
 
 from core.canary import Reference, canary_ids, reference, verdict
-from core.experiment import build_topology, run_dir_for, seed_streams, testbed_capacity
+from core.experiment import build_topology, run_dir_for, testbed_capacity
 from core.spec import ExperimentSpec
 from core.calibration import save_calibration
-from testbed.router.actor import EngineActor, FaultTargets, RouterActor
+from testbed.engines.actor import EngineActor
+from testbed.router.actor import FaultTargets, RouterActor
 from testbed.engines.engine import EngineConfig
 from testbed.calibration.calibrate import calibrate, warm_pairs
 from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
 from testbed.router.flow import prompt_ids
+from testbed.runs.jobs import RunJob, read_jobs
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +83,6 @@ def discover_pods(spec: ExperimentSpec, nodes: list[dict[str, Any]] | None = Non
         raise ValueError(f"testbed.gpus_per_engine: pod{short[0]} runs {topo.workers_per_pod} engines x "
                          f"{t.gpus_per_engine} GPUs = {need}, but its node has {pods[short[0]]['GPU']:g} ({found})")
     return {i: pods[i] for i in range(topo.pods)}
-
-
-def check_workload(wl: Workload, spec: ExperimentSpec) -> None:
-    """Real engines refuse prompts longer than their context: say so before starting."""
-    longest = int((wl.prompt_tokens + wl.output_tokens).max()) if len(wl) else 0
-    if longest > spec.testbed.max_model_len:
-        raise ValueError(f"workload: a request needs {longest} tokens (prompt + output) but testbed.max_model_len is "
-                         f"{spec.testbed.max_model_len}; lower the workload's prompt/output max")
 
 
 class Engines:
@@ -240,7 +236,7 @@ def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, worklo
     engines.reset()
     before = engines.metrics()
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
-        spec.model_dump(mode="json"), policy, seed, str(out), workload_summary, {"model": model_meta},
+        spec, policy, seed, str(out), workload_summary, {"model": model_meta},
         engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
         model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names,
         canaries)
@@ -264,11 +260,11 @@ def close_router(router: Any, status: str, engines: Engines, before: list[dict[s
             agents.clear_all()
 
 
-def run_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: Engines, model_meta: dict[str, Any],
-            progress: Progress, targets: FaultTargets | None = None, agents: FaultAgents | None = None) -> Path:
-    rngs = seed_streams(seed)
-    wl = generate(spec.workload, rngs["workload"])
-    check_workload(wl, spec)
+def run_one(spec: ExperimentSpec, policy: str, seed: int, wl: Workload, out: Path, engines: Engines,
+            model_meta: dict[str, Any], progress: Progress, targets: FaultTargets | None = None,
+            agents: FaultAgents | None = None) -> Path:
+    """One (policy, seed) of ``spec`` replaying ``wl``, the seed's workload (generated and checked
+    by the launcher: testbed/runs/jobs.py)."""
     run_dir = run_dir_for(out, spec, policy, seed)
     # the canaries' references first: start_router then resets the prefix caches they filled
     ids = canary_ids(len(wl), spec.testbed.canaries)
@@ -339,7 +335,7 @@ def kv_path_counter(engines: Engines, agents: FaultAgents | None) -> tuple[str, 
 
 def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: str) -> dict[str, Any]:
     """Did the probe's KV cross the interface the faults shape? With UCX over TCP it sends about
-    1.05 x the KV bytes there (FIELD-NOTES); much less means another path (shared memory, RDMA,
+    1.05 x the KV bytes there (docs/verified.md "UCX over TCP, and what crosses the wire"); much less means another path (shared memory, RDMA,
     another NIC), where a link fault would not touch the KV. Warns then."""
     crossed = tx_bytes >= 0.9 * kv_bytes
     if not crossed:
@@ -351,14 +347,15 @@ def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: 
     return {"interface": ifname, "kv_bytes": kv_bytes, "tx_bytes": tx_bytes, "crossed": crossed}
 
 
-def _run_jobs(jobs: list[tuple[ExperimentSpec, list[str], list[int]]], out: Path, engines: Engines,
+def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
               model_meta: dict[str, Any], targets: FaultTargets | None, agents: FaultAgents | None) -> None:
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
-        for spec, policies, seeds in jobs:
-            for policy in policies:
-                for seed in seeds:
-                    run_one(spec, policy, seed, out, engines, model_meta, progress, targets, agents)
+        for job in jobs:
+            for policy in job.policies:
+                for seed in job.seeds:
+                    run_one(job.spec, policy, seed, job.workloads[seed], out, engines, model_meta, progress, targets,
+                            agents)
 
 
 def _cluster_pss(run_id: str | None) -> int | None:
@@ -371,8 +368,8 @@ def _cluster_pss(run_id: str | None) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="testbed.runs.driver")
-    ap.add_argument("--job", action="append", required=True,
-                    help="SPEC.json:POLICY,POLICY:SEED,SEED (repeatable; every job shares the first one's engines)")
+    ap.add_argument("--jobs", required=True,
+                    help="the launcher's jobs file (testbed/runs/jobs.py); every job shares the first one's engines")
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--model-meta", required=True, help="JSON: vocab, kv_bytes_per_token")
@@ -389,14 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     # `testbed run` stops its driver with SIGINT: it must act on it even where it was started with
     # SIGINT ignored (what a shell does to a background job), as the serve mode's stop relies on it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    jobs = []
-    for job in args.job:
-        path, policies, seeds = job.rsplit(":", 2)
-        spec = ExperimentSpec.model_validate(json.loads(Path(path).read_text()))
-        jobs.append((spec, [p for p in policies.split(",") if p], [int(x) for x in seeds.split(",") if x]))
-    spec0 = jobs[0][0]
+    jobs = read_jobs(Path(args.jobs))
+    spec0 = jobs[0].spec
     model_meta = json.loads(args.model_meta)
-    if any(spec.faults for spec, _, _ in jobs) and args.mode == "local":
+    if any(job.spec.faults for job in jobs) and args.mode == "local":
         raise SystemExit("testbed driver: faults need the netns mode (root): local mode has no links to shape")
     ray.init(log_to_driver=False)
     try:
@@ -409,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     # On a cluster the nodes may not share the driver's disk: each engine builds the tiny model itself.
     build_model = args.mode == "cluster" and spec0.testbed.model is None
     engines = Engines(spec0, args.model, Path(args.engine_root), args.mode, build_model=build_model,
-                      first_token_limit_s=max(s.first_token_limit_s for s, _, _ in jobs))
+                      first_token_limit_s=max(job.spec.first_token_limit_s for job in jobs))
     agents: FaultAgents | None = None
     summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
                                "placement": spec0.topology.placement, "model": args.model, **model_meta}
@@ -434,12 +427,12 @@ def main(argv: list[str] | None = None) -> int:
             ifname, tx = counter
             summary["kv_path"] = kv_path_verdict(spec0, probe["prompt_tokens"] * model_meta["kv_bytes_per_token"],
                                                   tx() - before, ifname)
-        # Every pair's first NIXL transfer carries a handshake (FIELD-NOTES: 1-2 s): make it now,
-        # so no run pays it and the simulator need not model it.
+        # Every pair's first NIXL transfer carries a handshake (1-2 s: docs/verified.md "The
+        # handshake"): make it now, so no run pays it and the simulator need not model it.
         summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"])
         console.print(f"{len(handshake)} engine pairs warmed up (first NIXL handshake "
                       f"{np.median(handshake) if handshake else float('nan'):.2f} s median)")
-        if agents is not None and (any(spec.faults for spec, _, _ in jobs) or args.calibrate):
+        if agents is not None and (any(job.spec.faults for job in jobs) or args.calibrate):
             targets = fault_targets(spec0, agents, engines)
         if args.calibrate:
             t1 = time.monotonic()
@@ -449,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             summary["calibration"] = {"path": args.calibrate, "measure_s": time.monotonic() - t1}
             console.print(f"calibrated in {time.monotonic() - t1:.0f} s -> {args.calibrate}")
         if args.serve:
-            spec, policies, seeds = jobs[0]
-            serve_one(spec, policies[0], seeds[0], Path(args.out), engines, model_meta, args.model, build_model,
+            job = jobs[0]
+            serve_one(job.spec, job.policies[0], job.seeds[0], Path(args.out), engines, model_meta, args.model, build_model,
                       targets, agents)
         else:
             _run_jobs(jobs, Path(args.out), engines, model_meta, targets, agents)

@@ -26,6 +26,7 @@ from core.spec import ExperimentSpec
 from core.sizes import available_memory_bytes
 from testbed.hosts.netns import missing_privileges
 from testbed.router.flow import ABORT_GRACE_S
+from testbed.runs.jobs import Job, RunJob, prepare_jobs, write_jobs
 
 console = Console(stderr=True)
 
@@ -49,9 +50,6 @@ def prepare_model(spec: ExperimentSpec) -> tuple[Path, dict[str, int]]:
     return path, {"vocab": int(cfg["vocab_size"]), "kv_bytes_per_token": kv_bytes_per_token(path)}
 
 
-Job = tuple[ExperimentSpec, list[str], list[int]]
-
-
 def engine_limits(spec: ExperimentSpec) -> tuple[int, int, int, int | None]:
     """What of the engine block the real engines are started with (vLLM's batch limits, and the
     KV lease where the spec sets it; else the lease follows the jobs' longest first-token limit)."""
@@ -60,11 +58,13 @@ def engine_limits(spec: ExperimentSpec) -> tuple[int, int, int, int | None]:
 
 
 # What one CPU engine with the tiny model takes besides its KV cache (PSS of 4 engines plus the
-# cluster measured 8.0 GiB with 256 MiB of KV each: README "Performance"), and the Ray nodes.
+# cluster measured 8.0 GiB with 256 MiB of KV each: docs/performance.md "Measured figures"), and
+# the Ray nodes.
 ENGINE_BASE_BYTES = int(1.5 * 2**30)
 CLUSTER_BYTES = 2**30
-# Verified: 4 engines on 2 cores (FIELD-NOTES). Past two engines a core, each engine loop, its
-# NIXL progress thread and UCX workers get under half a core and host stalls dominate results.
+# Verified: 4 engines on 2 cores (docs/verified.md "Memory: four engines on two cores"). Past two
+# engines a core, each engine loop, its NIXL progress thread and UCX workers get under half a core
+# and host stalls dominate results.
 ENGINES_PER_CORE = 2
 
 
@@ -138,17 +138,11 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
                              f"batch limits and kv_lease_s as {spec.name}")
     if address is None:
         check_machine(spec)  # the engines run here; on a given cluster, on its nodes
-    # Refuse a workload the engines cannot serve before spending minutes starting them.
-    from workloads.generate import generate
-
-    from core.experiment import seed_streams
-    from testbed.runs.driver import check_workload
-
-    for s, _, sds in [] if serve else jobs:
-        for seed in sds:
-            check_workload(generate(s.workload, seed_streams(seed)["workload"]), s)
+    # Each workload generated once, here, and refused before minutes go into starting engines
+    # that cannot serve it; the driver runs these very workloads (testbed/runs/jobs.py).
+    run_jobs = prepare_jobs(jobs, serve)
     if address is not None:
-        return _run_on_cluster(spec, out, jobs, calibrate_to, address, serve)
+        return _run_on_cluster(spec, out, run_jobs, calibrate_to, address, serve)
     check_faults(jobs)
     if calibrate_to is not None and (spec.testbed.mode == "local" or
                                      (spec.testbed.mode == "auto" and missing_privileges() is not None)):
@@ -165,7 +159,7 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     try:
         cluster.up()
         console.print(f"cluster up in {time.monotonic() - t0:.0f} s (run {cluster.run_id}, head {cluster.address})")
-        argv = _driver_argv(jobs, out, model, model_meta, cluster.temp_root, cluster.mode, calibrate_to,
+        argv = _driver_argv(run_jobs, out, model, model_meta, cluster.temp_root, cluster.mode, calibrate_to,
                             cluster.run_id, serve)
         with _ingress_forwarder(spec, cluster if serve else None):
             return _drive(lambda: cluster.popen_in_head(argv), spec if serve else None)
@@ -194,8 +188,9 @@ def _ingress_forwarder(spec: ExperimentSpec, cluster: Any) -> Iterator[None]:
         fwd.stop()
 
 
-def _driver_argv(jobs: Sequence[Job], out: Path, model: Path, model_meta: dict[str, int], work: Path, mode: str,
+def _driver_argv(jobs: Sequence[RunJob], out: Path, model: Path, model_meta: dict[str, int], work: Path, mode: str,
                  calibrate_to: Path | None, cluster_run_id: str | None = None, serve: bool = False) -> list[str]:
+    """The driver's command line; the jobs (specs and workloads) go to it in one file under ``work``."""
     argv = [sys.executable, "-m", "testbed.runs.driver", "--out", str(out.resolve()),
             "--model", str(model), "--model-meta", json.dumps(model_meta),
             "--engine-root", str(work / "engines"), "--mode", mode] + (["--serve"] if serve else [])
@@ -204,11 +199,8 @@ def _driver_argv(jobs: Sequence[Job], out: Path, model: Path, model_meta: dict[s
     if calibrate_to is not None:
         argv += ["--calibrate", str(Path(calibrate_to).resolve())]
     work.mkdir(parents=True, exist_ok=True)
-    for i, (s, pols, sds) in enumerate(jobs):
-        spec_file = work / f"spec-{i}.json"
-        spec_file.write_text(json.dumps(s.model_dump(mode="json")))
-        argv += ["--job", f"{spec_file}:{','.join(pols)}:{','.join(map(str, sds))}"]
-    return argv
+    write_jobs(work / "jobs.pkl", jobs)
+    return argv + ["--jobs", str(work / "jobs.pkl")]
 
 
 def _drive(start: Callable[[], subprocess.Popen], serve: ExperimentSpec | None = None) -> int:
@@ -236,7 +228,7 @@ def _drive(start: Callable[[], subprocess.Popen], serve: ExperimentSpec | None =
     return 0
 
 
-def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[Job], calibrate_to: Path | None,
+def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[RunJob], calibrate_to: Path | None,
                     address: str, serve: bool = False) -> int:
     """The driver against a running Ray cluster: the same driver as on the emulated cluster, with
     pods found from the nodes' resources. An emulated cluster's head is reachable only from its

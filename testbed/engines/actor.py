@@ -1,0 +1,141 @@
+"""The engine's Ray actor: a thin adapter around one :class:`testbed.engines.engine.Engine`.
+
+The driver (testbed/runs/driver.py) places one per topology worker on its pod's node (the pod's
+node resource); the router actor (testbed/router/actor.py) calls it. It is an async actor, so
+an abort reaches an engine while its decode call is still awaiting, and nothing blocks the event
+loop. Every call's exception reaches the caller as :class:`EngineError` (``_plain_errors``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from typing import Any
+
+import ray
+
+from testbed.engines.engine import Engine, EngineConfig, EngineError
+from testbed.engines.model import ensure_tiny_model
+
+
+def _plain_errors(method: Any) -> Any:
+    """An engine actor's method whose exceptions reach the caller as EngineError (engine.py):
+    never a vLLM exception type, which the router would have to import vLLM to unpickle."""
+    if inspect.isasyncgenfunction(method):
+        @functools.wraps(method)
+        async def stream(*a: Any, **kw: Any) -> Any:
+            try:
+                async for item in method(*a, **kw):
+                    yield item
+            except EngineError:
+                raise
+            except Exception as e:
+                raise EngineError.of(e) from None
+        return stream
+
+    @functools.wraps(method)
+    async def call(*a: Any, **kw: Any) -> Any:
+        try:
+            return await method(*a, **kw)
+        except EngineError:
+            raise
+        except Exception as e:
+            raise EngineError.of(e) from None
+    return call
+
+
+@ray.remote(num_cpus=0)
+class EngineActor:
+    """One engine as a Ray actor; the driver pins it to its pod through the pod's node resource."""
+
+    def __init__(self, config: dict[str, Any], net_device: str | list[str] | None, build_model: bool = False) -> None:
+        from ray.util import get_node_ip_address
+
+        if build_model:
+            ensure_tiny_model(config["model"])
+
+        if isinstance(net_device, list):  # an allowlist: the first interface this node has
+            from testbed.faults.agent import pick_interface
+
+            net_device = pick_interface(net_device, where=f"engine {config['name']}'s node")
+        # The pod's own address: NIXL's side channel and UCX must use the pod's link.
+        self.engine = Engine(EngineConfig(**config, host_ip=get_node_ip_address(), net_device=net_device))
+
+    async def start(self) -> dict[str, Any]:
+        seconds = await self.engine.start()
+        from testbed.engines.hoststats import HostSampler
+        from testbed.faults.procs import descendants
+        from testbed.engines.shm_wakeups import LostSeconds
+
+        # the engine's CPU and run-queue wait, and its node's CPU pressure (hoststats.py): the
+        # actor (vLLM's front end) and its engine core and workers
+        me = os.getpid()
+        self.host = HostSampler(lambda: [me, *descendants(me)], self.engine.config.host_sample_s,
+                                lost_wakeup_s=LostSeconds(self.engine.config.wakeup_log_path))
+        return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds}
+
+    async def host_samples(self, since_wall: float = 0.0) -> list[tuple[float, ...]]:
+        """This engine's host samples (hoststats.HostSample) taken at or after ``since_wall``."""
+        host = getattr(self, "host", None)
+        return [tuple(s) for s in host.samples(since_wall)] if host is not None else []
+
+    @_plain_errors
+    async def prefill(self, request_id: str, prompt_token_ids: list[int]) -> Any:
+        return await self.engine.prefill(request_id, prompt_token_ids)
+
+    @_plain_errors
+    async def decode(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
+                     kv_transfer_params: Any = None, logprobs: int | None = None) -> Any:
+        return await self.engine.decode(request_id, prompt_token_ids, max_tokens, kv_transfer_params, logprobs=logprobs)
+
+    @_plain_errors
+    async def decode_stream(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
+                            kv_transfer_params: Any = None, sampling: dict[str, Any] | None = None) -> Any:
+        """Call with ``.options(num_returns="streaming")``: Ray relays each chunk as it comes."""
+        async for item in self.engine.decode_stream(request_id, prompt_token_ids, max_tokens, kv_transfer_params,
+                                                    sampling=sampling):
+            yield item
+
+    @_plain_errors
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    @_plain_errors
+    async def health(self) -> dict[str, Any]:
+        return await self.engine.health()
+
+    @_plain_errors
+    async def load(self) -> dict[str, Any]:
+        return await self.engine.load()
+
+    @_plain_errors
+    async def stages(self, request_id: str) -> dict[str, float]:
+        return await self.engine.stages(request_id)
+
+    @_plain_errors
+    async def pull_end(self, request_id: str, forget: bool = False) -> dict[str, float]:
+        return await self.engine.pull_end(request_id, forget)
+
+    async def compute_pids(self) -> list[int]:
+        """The engine's worker processes (vLLM's engine core and its children): what a
+        compute fault slows. The actor's own process (the API front end) is left alone."""
+        from testbed.faults.procs import descendants
+
+        return descendants(os.getpid())
+
+    @_plain_errors
+    async def metrics(self) -> dict[str, Any]:
+        return await self.engine.metrics()
+
+    async def gpu_uuid(self) -> str | None:
+        """NVML UUID of the GPU this engine uses (None on the CPU): what a GPU fault locks."""
+        return self.engine.gpu_uuid()
+
+    @_plain_errors
+    async def reset_prefix_cache(self) -> bool:
+        """Between runs: a later policy must not find the earlier one's prompts cached."""
+        return await self.engine.reset_prefix_cache()
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()

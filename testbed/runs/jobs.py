@@ -1,0 +1,65 @@
+"""A testbed run's jobs as the launcher hands them to the driver: a spec travels once.
+
+The command line validates the spec (core.spec); the launcher (launch.py) generates each
+seed's workload once, from the seed's workload stream (core.experiment.seed_streams, as the
+simulator does), and checks it against the engines' context before anything starts; the
+driver (driver.py, in the head's namespace) reads the jobs back from one file and hands the
+spec object and the workload to each run's router actor through Ray. Nothing on the way
+re-validates the spec or regenerates a workload. The file is a pickle: the launcher and the
+driver are the same interpreter and code, and a spec's validated object is what travels.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.experiment import seed_streams
+from core.spec import ExperimentSpec
+from workloads.generate import Workload, generate
+
+# What the command line asks for: a spec, its policies and its seeds.
+Job = tuple[ExperimentSpec, list[str], list[int]]
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One job as the driver runs it: ``workloads`` holds each seed's workload (none when serving:
+    the ingress's clients are the workload)."""
+
+    spec: ExperimentSpec
+    policies: list[str]
+    seeds: list[int]
+    workloads: dict[int, Workload] = field(default_factory=dict)
+
+
+def check_workload(wl: Workload, spec: ExperimentSpec) -> None:
+    """Real engines refuse prompts longer than their context: say so before starting."""
+    longest = int((wl.prompt_tokens + wl.output_tokens).max()) if len(wl) else 0
+    if longest > spec.testbed.max_model_len:
+        raise ValueError(f"workload: a request needs {longest} tokens (prompt + output) but testbed.max_model_len is "
+                         f"{spec.testbed.max_model_len}; lower the workload's prompt/output max")
+
+
+def prepare_jobs(jobs: Sequence[Job], serve: bool = False) -> list[RunJob]:
+    """Each job with its seeds' workloads, generated once and checked (ValueError on one the
+    engines cannot serve); serving, no workload."""
+    out = []
+    for spec, policies, seeds in jobs:
+        workloads = {}
+        for seed in [] if serve else seeds:
+            workloads[seed] = wl = generate(spec.workload, seed_streams(seed)["workload"])
+            check_workload(wl, spec)
+        out.append(RunJob(spec, list(policies), list(seeds), workloads))
+    return out
+
+
+def write_jobs(path: Path, jobs: Sequence[RunJob]) -> None:
+    Path(path).write_bytes(pickle.dumps(list(jobs), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def read_jobs(path: Path) -> list[RunJob]:
+    """What :func:`write_jobs` wrote (the launcher, for this driver: the same code)."""
+    return pickle.loads(Path(path).read_bytes())

@@ -1,0 +1,421 @@
+"""The emulated cluster the slow end-to-end tests share, and every job it runs.
+
+The emulated cluster comes up the way a real one does, through `ray up` (sshd in every node's
+namespace), and everything runs against its address as on a real cluster: `testbed cluster
+status --address`, a spec bigger than the cluster refused by `testbed run --address`, the runs,
+`testbed faults clear --address`; then `testbed cluster down` must leave nothing behind.
+One set of engines (the embedded twin scenario's: 4 pods `by_pod`, one engine
+each) is calibrated, then serves six jobs: every policy on a short healthy workload, then
+requests whose decode outlives the deadline, then requests from a prefill pod whose link the
+fault agents throttle hard (the spec's fault schedule), then the same with retries, then at ten
+times the rate behind an admission limit, then the throttled link for 20 s under a circuit
+breaker. The calibrated simulator then runs the throttled job as its twin. Then `testbed run` serves the
+ingress, runs with a link down and is SIGKILLed, and runs while two of its engines are killed
+(each of these on engines of its own). Slow (engine start-up dominates: several minutes on 2
+cores); CI runs it all the same.
+
+The cluster comes up once a session (tests/conftest.py's ``testbed_runs``): :func:`run_on_cluster`
+brings it up, runs every job and command below on it, brings it down, and the tests
+(tests/test_testbed_e2e_*.py) each read the run directories and outputs it left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from builders import shipped_spec_dict
+from core.policies import POLICY_NAMES
+from core.records import read_table
+from core.spec import ExperimentSpec, parse_spec
+from testbed.hosts.emulated import EmulatedCluster
+from testbed.runs.launch import run_testbed
+
+BREAKER = {"failure_threshold": 2, "success_threshold": 2, "open_s": 10.0}
+BREAKER_FAULT_S = 20.0
+TIME_COLUMNS = ["routed_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "kv_end_s", "first_token_s", "end_s"]
+RETRY_TTFT_S = 8.0  # router.retry.attempt_ttft_s of the retried run (derived in job_specs)
+OVERLOAD_REQUESTS = 40
+OVERLOAD_LIMIT = 4  # router.max_in_flight of the overload run
+
+
+def _leftovers() -> dict[str, list[str]]:
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    # A "<defunct>" entry is dead already: a node's agent killed with its session after its raylet,
+    # reparented to PID 1, which reaps it when it gets to it (seen once with 4 pods); not left running.
+    procs = [p for p in subprocess.run(["pgrep", "-af", "raylet|gcs_server|EngineCore|ray::"], capture_output=True,
+                                       text=True).stdout.splitlines() if not p.endswith("<defunct>")]
+    procs += [p for p in subprocess.run(["pgrep", "-af", "sshd: .*tb-"], capture_output=True, text=True).stdout.splitlines()]
+    tmp = [p.name for p in Path("/tmp").glob("tb-*")]
+    # the project's qdiscs (handle 7e57:) on the host's own interfaces
+    qdiscs = [q for q in subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout.splitlines()
+              if " 7e57:" in q]
+    home = Path(os.path.expanduser("~root"))
+    boot = [p.name for p in home.glob("ray_bootstrap_*")]
+    return {"namespaces": [n for n in ns if n.startswith("tb-")], "processes": procs, "tmp": tmp,
+            "qdiscs": qdiscs, "bootstrap": boot}
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+
+
+def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
+    """The jobs the shared engines serve, in the order they run: healthy (every policy), slow
+    (decode past the deadline), throttled (pod 0's link), retried, overload, breaker."""
+    healthy = parse_spec({**base, "name": "e2e_policies",
+                          "workload": {**base["workload"], "arrival": {"kind": "poisson", "rate_rps": 1.0},
+                                       "duration_s": None, "max_requests": 3}})
+    slow = parse_spec({**base, "name": "e2e_deadline", "deadline_s": 8.0, "policies": ["LC"],
+                       "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 2,
+                                    "prompt": {"kind": "uniform", "low": 300, "high": 400},
+                                    "output": {"kind": "fixed", "value": 3000}}})
+    # Pod 0's link at 2 Mbit/s (r = 0.008 of 250 Mbit/s) in both directions, KV traffic only:
+    # a 600-token prompt's 5 blocks of KV (5.2 MB) then need about 21 s, twice the deadline.
+    throttled = parse_spec({**base, "name": "e2e_link_fault", "deadline_s": 10.0, "policies": ["Random"],
+                            "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 8,
+                                         "prompt": {"kind": "uniform", "low": 600, "high": 700},
+                                         "output": {"kind": "fixed", "value": 8}},
+                            "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": 60.0,
+                                        "residual_bw": 0.008, "kv_only": True}],
+                            "health": {"model": "alert", "detection_delay_s": 2.0, "clear_delay_s": 2.0}})
+    # The same throttled link with retries: an attempt without its first token RETRY_TTFT_S after it
+    # was routed is given up and routed again, away from the pods blamed. The per-try limit lets a
+    # healthy attempt through and cuts a stuck one: it lies above the slowest healthy prefill measured
+    # under this fault (7.85 s: docs/reliability.md "Fault against control"; at 3 s a fresh clone's run,
+    # 2026-11-24, lost every retry to host stalls on the healthy pod) and below a pull across
+    # 2 Mbit/s (~21 s). The deadline, 20 s, leaves a retry as much again (8 + 8 s) and stays below
+    # that pull; the engines' KV lease follows the longest first-token limit of the jobs they serve.
+    retried = parse_spec({**throttled.model_dump(mode="json", exclude={"study"}), "name": "e2e_retry",
+                          "deadline_s": 20.0,
+                          "router": {**base["router"], "retry": {"attempt_ttft_s": RETRY_TTFT_S}}})
+    # Overload: the shipped scenario at 10x its rate (5 requests/s), OVERLOAD_REQUESTS of them, behind
+    # an admission limit of OVERLOAD_LIMIT. Without a limit, 224 requests at this rate held up to 86
+    # in flight here, a TTFT p50 of 3.2 s (docs/performance.md "Overload and the admission
+    # limit"), so a limit of 4 binds within a few.
+    rate = base["workload"]["arrival"]["rate_rps"] * 10
+    overload = parse_spec({**base, "name": "e2e_overload", "policies": ["LC"],
+                           "workload": {**base["workload"], "arrival": {"kind": "poisson", "rate_rps": rate},
+                                        "duration_s": None, "max_requests": OVERLOAD_REQUESTS},
+                           "router": {**base["router"], "max_in_flight": OVERLOAD_LIMIT}})
+    # The circuit breaker (router.circuit_breaker): pod 0's link throttled as above for BREAKER_FAULT_S,
+    # then healed, under Random (which sends half the prompts there whatever happens). Its pulls time
+    # out a deadline (10 s) after routing, and a pull routed after ~10 s ends once the link heals:
+    # only the first few fail, so 2 failures in a row open pod 0's breaker (the simulator, same
+    # spec and seed: at 15.5 s, after 3 prompts there). Open for 10 s (sgl-router's 30 s would
+    # outlast the run), it half-opens on a healed link and 2 successes close it; 40 requests at
+    # 1/s leave ~15 s of arrivals for them (simulated: closed at 32 s).
+    breaker = parse_spec({**throttled.model_dump(mode="json", exclude={"study"}), "name": "e2e_breaker",
+                          "workload": {**throttled.workload.model_dump(mode="json"), "max_requests": 40},
+                          "faults": [{**throttled.faults[0].model_dump(mode="json"), "duration_s": BREAKER_FAULT_S}],
+                          "router": {**base["router"], "circuit_breaker": BREAKER}})
+    return healthy, slow, throttled, retried, overload, breaker
+
+
+def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
+    """Bring the emulated cluster up through `ray up`, run every job and command on it, bring it down.
+    Returns (out, leftovers before, leftovers after, the throttled spec, what each command saw)."""
+    base = shipped_spec_dict("testbed.yaml", faults=[])
+    healthy, slow, throttled, retried, overload, breaker = job_specs(base)
+    big = out / "too_big.yaml"
+    big.write_text(json.dumps({**base, "name": "too_big", "topology": {**base["topology"], "pods": 5}}))
+    # What is on the machine already (another run's, a crashed session's) is not this test's to judge.
+    before = _leftovers()
+    cli: dict[str, subprocess.CompletedProcess] = {"leftovers_before": _cli("leftovers")}
+    cluster = EmulatedCluster(healthy.topology.pods, mode="netns", launcher="ray_up")
+    cli["run_id"] = cluster.run_id
+    scrapes: list[str] = []
+    stop = threading.Event()
+    try:
+        cluster.up()
+        addr = cluster.address
+        cli["status"] = _cli("cluster", "status", "--address", addr)
+        cli["too_big"] = _cli("run", str(big), "--address", addr, "--out", str(out))
+        # What an outside Prometheus on the head node sees while the runs go on.
+        poller = threading.Thread(target=_scrape_while, args=(cluster, stop, scrapes), daemon=True)
+        poller.start()
+        try:
+            run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0]),
+                                                                      (retried, ["Random"], [0]),
+                                                                      (overload, ["LC"], [0]),
+                                                                      (breaker, ["Random"], [0])],
+                        calibrate_to=out / "calibration.json", address=addr)
+        finally:
+            stop.set()
+            poller.join(30)
+        cli["clear"] = _cli("faults", "clear", "--address", addr)
+        cli["clear_again"] = _cli("faults", "clear", "--address", addr)
+        cli["serve"] = _serve_and_query(base, addr, out)
+        cli["killed"] = _kill_mid_run(base, addr, out)
+        cli["engine_death"] = _kill_engines_mid_run(base, addr, out, cluster)
+    finally:
+        cluster.down()
+        cli["down"] = _cli("cluster", "status")
+        after = _leftovers()
+        cli["leftovers"] = _cli("leftovers")
+    cli["scrapes"] = scrapes
+    return out, before, after, throttled, cli
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
+    """`testbed run --serve` on the cluster, as a user starts it; the `openai` client on the host
+    (through the forwarder into the head's namespace) sends a completion and a streamed chat, then
+    Ctrl-C (SIGINT) stops it. Returns what the clients and the command saw."""
+    import httpx
+    import openai
+
+    port = _free_port()
+    spec_file = out / "e2e_serve.yaml"
+    spec_file.write_text(json.dumps({**base, "name": "e2e_serve", "testbed": {**base["testbed"], "ingress_port": port}}))
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--serve", "--address", addr,
+                             "--policies", "LC", "--seeds", "0", "--out", str(out)],
+                            stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+                            # as from a terminal: a test run in the background inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("serving "):
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    seen: dict = {}
+    try:
+        assert ready.wait(600) or proc.poll() is not None, "".join(lines)
+        assert proc.poll() is None, "".join(lines)
+        base_url = f"http://127.0.0.1:{port}"
+        seen["health"] = httpx.get(f"{base_url}/health", timeout=30).json()
+        c = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+        seen["models"] = [m.id for m in c.models.list().data]
+        r = c.completions.with_raw_response.create(model=seen["models"][0], prompt="The router sends this prompt",
+                                                   max_tokens=8, temperature=0.0, extra_body={"ignore_eos": True})
+        seen["completion"], seen["completion_id"] = r.parse(), int(r.headers["x-testbed-request-id"])
+        seen["chunks"] = list(c.chat.completions.create(
+            model=seen["models"][0], messages=[{"role": "user", "content": "Hello, testbed"}], max_tokens=8,
+            stream=True, extra_body={"ignore_eos": True}))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            seen["rc"] = proc.wait(300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            seen["rc"] = proc.wait()
+        reader.join(10)
+        seen["stderr"] = "".join(lines)
+    return seen
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a `testbed run` started in a session of its own (it and its driver), if still running."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+KILL_FAULT_S = 90.0  # the faults of the killed run: applied at 0 s, for this long
+KILL_AFTER_S = 65.0  # the kill, this long after they were applied: past the ~47 s after which UCX gives up
+
+
+def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
+    """`testbed run` with pod 0's KV link down, SIGKILLed (the command
+    and its driver, one process group, as a terminal's kill would) mid-run. Then, the cluster still
+    up: what is left right after, and once the faults' time to live has passed (the agents remove
+    them by themselves, the driver being gone)."""
+    from testbed.hosts.leftovers import find_leftovers
+
+    spec_file = out / "e2e_killed.yaml"
+    spec_file.write_text(json.dumps({
+        **base, "name": "e2e_killed", "deadline_s": 8.0, "policies": ["Random"],
+        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 200,
+                     "prompt": {"kind": "uniform", "low": 300, "high": 400}, "output": {"kind": "fixed", "value": 4}},
+        # (no compute fault: on nodes `ray up` starts, `ip netns exec` remounts /sys and hides the
+        # cgroup mounts from the agent; the session note has it)
+        "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": KILL_FAULT_S, "residual_bw": 0.0,
+                    "kv_only": True}]}))
+    run_dir = out / "e2e_killed" / "Random" / "seed-0"
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--address", addr,
+                             "--policies", "Random", "--seeds", "0", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    seen: dict = {}
+    try:
+        deadline = time.monotonic() + 600  # engines start, then the faults are applied at 0 s
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                faults = read_table(run_dir, "faults")
+                if (faults.event == "apply").sum() >= 2:  # pod 0's egress and ingress
+                    break
+            except Exception:  # not written yet
+                pass
+            time.sleep(1.0)
+        applied_at = time.monotonic()
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(KILL_AFTER_S)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        killed_at = time.monotonic()
+        time.sleep(5.0)  # Ray ends the actors the dead driver owned
+        seen["right_after"] = [x.line() for x in find_leftovers()]
+        seen["engines_after_kill"] = subprocess.run(["pgrep", "-af", "EngineCore"], capture_output=True,
+                                                    text=True).stdout.splitlines()
+        # the faults' time to live: their scheduled end (KILL_FAULT_S after the run's start) plus the margin
+        ttl_end = applied_at + KILL_FAULT_S + base["testbed"].get("fault_ttl_margin_s", 10.0) + 5.0
+        time.sleep(max(0.0, ttl_end - time.monotonic()))
+        seen["after_ttl"] = [x.line() for x in find_leftovers()]
+        seen["killed_after_s"] = killed_at - applied_at
+    finally:
+        _end_group(proc)
+    seen["run_dir"] = run_dir
+    return seen
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _engine_process(run_id: str, pod: int, which: str, wait_s: float = 60.0) -> int:
+    """The PID of pod ``pod``'s engine actor (``which="actor"``: its Ray worker process) or of
+    that engine's vLLM engine core (``which="core"``); waited for, and, when none comes, an error
+    that lists what the namespace holds.
+
+    The engine core is found as the actor's spawned child, not by vLLM's ``VLLM::EngineCore``
+    title: twice (from fresh clones, 2026-11-23 and -24) a serving engine core and its worker kept
+    their ``multiprocessing.spawn`` command lines. Why is not known (setproctitle, which vLLM
+    imports only then, gives up silently when it cannot find argv; likely, not shown). Ray sets the
+    actor's title as its worker starts, and it was there every time."""
+    from testbed.faults.procs import ppid, stat_fields
+    from testbed.hosts.netns import processes_in_namespaces
+
+    ns = f"tb-{run_id}-pod{pod}"
+    until = time.monotonic() + wait_s
+    while True:
+        seen: dict[int, str] = {}
+        for pid in processes_in_namespaces([ns]):
+            try:
+                seen[pid] = _cmdline(pid)
+            except OSError:
+                continue
+        parent = {pid: ppid(pid) for pid in seen}
+        # the engine core: the actor's child that is neither multiprocessing's resource tracker nor
+        # anything else the actor may run; the engine's own worker is the core's child, not the actor's
+        cores = {pid: a for pid, a in parent.items()
+                 if a in seen and seen[a].startswith("ray::EngineActor")
+                 and ("EngineCore" in seen[pid] or "spawn_main" in seen[pid])}
+        if cores:  # an earlier run's actor could linger: the newest engine (start time) is this run's
+            core = max(cores, key=lambda c: int((stat_fields(c) or ["0"] * 20)[19]))
+            return core if which == "core" else cores[core]
+        if time.monotonic() > until:
+            raise AssertionError(f"no engine {which} process in pod {pod} after {wait_s:.0f} s; {ns} holds {seen}")
+        time.sleep(1.0)
+
+
+DEATH_REQUESTS = 30
+ENGINE_KILLS = ((2, "core"), (0, "actor"))  # pod 2's decode engine core, then pod 0's prefill actor
+# Between the kills: the test needs requests routed after pod 2's death is seen and at least 4 s
+# before pod 0's. At 0.5 requests/s an 8 s gap left a window of under a second once pod 2's death
+# was seen 5 s after its kill (fresh clone, 2026-11-23: no request in it); 16 s leaves about 7 s.
+KILL_GAP_S = 16.0
+
+
+# The router actor's Prometheus metrics, read from inside the head's namespace.
+SCRAPE = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())"
+
+
+def _in_flight(cluster: EmulatedCluster, worker: int) -> float:
+    """Requests the router has in flight on ``worker``, from its Prometheus metrics (head's namespace);
+    with curl where there is one: a Python's start-up here outlasts a short request."""
+    import shutil
+
+    argv = ["curl", "-s", "-m", "5", "http://127.0.0.1:9464/metrics"] if shutil.which("curl") \
+        else [sys.executable, "-c", SCRAPE]
+    try:
+        res = cluster.run_in_head(argv, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return 0.0
+    for line in res.stdout.splitlines():
+        if line.startswith("testbed_in_flight{") and f'worker="{worker}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedCluster) -> dict:
+    """`testbed run` (LC, no fault) on engines of its own, killed one by one while requests flow:
+    pod 2's decode engine core process (vLLM's front end in the actor lives on) while the router
+    has a request on it, then pod 0's prefill engine actor (its Ray worker process), SIGKILL each,
+    as a crash or the OOM killer would. The run must go on to its end with the engines left,
+    pods 1 and 3."""
+    run_id = cluster.run_id
+    spec_file = out / "e2e_engine_death.yaml"
+    spec_file.write_text(json.dumps({
+        **base, "name": "e2e_engine_death", "policies": ["LC"], "faults": [],
+        # a death between calls is seen within the liveness check's period
+        "testbed": {**base["testbed"], "engine_check_s": 2.0},
+        # 0.5/s: once pod 2 is gone, pod 3 decodes everything alone (at 1/s it ran past the deadline)
+        "workload": {"arrival": {"kind": "poisson", "rate_rps": 0.5}, "max_requests": DEATH_REQUESTS,
+                     "prompt": {"kind": "uniform", "low": 300, "high": 400},
+                     # a decode of 64 tokens lasts a second or two here: time for the kill to land
+                     "output": {"kind": "fixed", "value": 64}}}))
+    run_dir = out / "e2e_engine_death" / "LC" / "seed-0"
+    log = out / "e2e_engine_death.log"  # read back whatever happens: a pipe would be lost with an error
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--address", addr,
+                                 "--policies", "LC", "--seeds", "0", "--out", str(out)],
+                                stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    seen: dict = {"kills": [], "run_dir": run_dir}
+    try:
+        deadline = time.monotonic() + 600  # the engines start, then requests flow
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if (read_table(run_dir, "requests").outcome == "ok").sum() >= 5:
+                    break
+            except Exception:  # not written yet
+                pass
+            time.sleep(1.0)
+        assert proc.poll() is None, f"the run ended before its engines could be killed: {log.read_text()[-3000:]}"
+        for pod, which in ENGINE_KILLS:
+            pid = _engine_process(run_id, pod, which)
+            if pod == 2:  # with a request of the router's on it (worker = pod here: one engine per pod)
+                until = time.monotonic() + 60
+                while _in_flight(cluster, 2) < 1 and time.monotonic() < until:
+                    time.sleep(0.1)
+            os.kill(pid, signal.SIGKILL)
+            seen["kills"].append((pod, which, pid, time.time()))
+            time.sleep(KILL_GAP_S)
+        proc.wait(timeout=600)
+        seen["rc"] = proc.returncode
+    except Exception as e:  # this run's own failure, for its own test: the fixture's other runs stand
+        seen["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        _end_group(proc)
+        seen["output"] = log.read_text()
+    return seen
+
+
+def _scrape_while(cluster: EmulatedCluster, stop: threading.Event, scrapes: list[str]) -> None:
+    """Scrape the router actor's metrics from inside the head's namespace every few seconds."""
+    while not stop.wait(5.0):
+        try:
+            res = cluster.run_in_head([sys.executable, "-c", SCRAPE], capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            continue
+        if res.returncode == 0:
+            scrapes.append(res.stdout)

@@ -1,0 +1,151 @@
+"""The shared cluster itself, end to end (tests/e2e_cluster.py): reached by its address like a
+real one, a run with a link down SIGKILLed mid-run, engines killed mid-run, and nothing left
+behind once `testbed cluster down` has run. Slow."""
+
+import json
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the README's install command installs it)")
+pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
+
+from core.records import read_meta, read_table  # noqa: E402
+from e2e_cluster import DEATH_REQUESTS  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_cluster_is_reached_by_its_address_like_a_real_one(testbed_runs):
+    """ray up brought it up; status shows its nodes and pods; a spec bigger than it is refused in one
+    line naming what was found; faults clear acts on every node and is idempotent."""
+    out, _, _, _, cli = testbed_runs
+    status = " ".join(cli["status"].stdout.split())
+    assert cli["status"].returncode == 0, cli["status"].stderr
+    for pod in ("pod0", "pod1", "pod2", "pod3"):
+        assert pod in status
+    assert "eth0" in status
+    too_big = cli["too_big"]
+    assert too_big.returncode != 0
+    assert "topology: 5 pods, but the cluster's alive nodes have pod0@" in too_big.stderr and "missing pod4" in too_big.stderr
+    assert not (out / "too_big").exists() or not list((out / "too_big").rglob("requests.parquet"))
+    for key in ("clear", "clear_again"):
+        assert cli[key].returncode == 0, cli[key].stdout + cli[key].stderr
+        assert len([l for l in cli[key].stdout.splitlines() if l.startswith("10.")]) == 5  # head + 4 pods
+    meta = json.loads((out / "e2e_policies" / "testbed.json").read_text())
+    assert meta["mode"] == "cluster" and meta["kv_path"]["crossed"], meta.get("kv_path")
+
+
+def test_a_link_down_on_the_testbed_stalls_every_pull_across_it(testbed_runs):
+    """residual_bw 0 (kv_only) on pod 0: not one request whose KV leaves pod 0 gets a first
+    token, while pulls from the other prefill pod go on. How they fail differs from the
+    simulator's dead link: the first pulls hang until their deadline (timeouts in kv_transfer),
+    then UCX gives the connection up and later pulls fail at once (NIXL's failed transfers,
+    errors); see the session note."""
+    *_, cli = testbed_runs
+    d = cli["killed"]["run_dir"]
+    req = read_table(d, "requests")
+    faults = read_table(d, "faults")
+    applied_s = faults[(faults.event == "apply") & (faults.kind == "link")].time_s.min()
+    link = faults[(faults.event == "apply") & (faults.kind == "link")]
+    assert (link.severity == 0.0).all() and (link.measured_bps == 0.0).all(), link  # the probe got nothing through
+    across = req[(req.prefill_pod == 0) & (req.kv_start_s > applied_s)]
+    assert len(across) > 0, req
+    assert across.first_token_s.isna().all() and (across.outcome != "ok").all(), across  # not one got through
+    assert set(across.outcome) <= {"timeout", "error"}
+    timed_out = across[across.outcome == "timeout"]
+    assert len(timed_out) > 0
+    # a pull that hung (timeout) or that NIXL gave up on (error): either way it failed in kv_transfer
+    assert (across.failed_stage == "kv_transfer").all(), across
+    elsewhere = req[(req.prefill_pod != 0) & (req.outcome == "ok")]
+    assert len(elsewhere) > 0, req
+
+
+def test_a_killed_driver_leaves_its_faults_to_their_ttl_and_nothing_after_cluster_down(testbed_runs):
+    """SIGKILLed mid-run: the run directory keeps what was flushed (status still "running": nobody
+    closed it), the agents still hold the faults (the cluster is up), their time to live removes
+    them, and `testbed cluster down` leaves nothing at all, by the project's own inventory."""
+    *_, cli = testbed_runs
+    k = cli["killed"]
+    assert read_meta(k["run_dir"])["status"] == "running"
+    right_after = "\n".join(k["right_after"])
+    assert "qdisc" in right_after, right_after  # held by the live agents
+    assert not [x for x in k["after_ttl"] if x.startswith(("qdisc", "cgroup", "link"))], k["after_ttl"]
+    assert _new_leftovers(cli) == [], cli["leftovers"].stdout
+    assert cli["run_id"] not in cli["leftovers"].stdout
+    if cli["leftovers_before"].returncode == 0:  # a clean machine before: a clean one after
+        assert cli["leftovers"].returncode == 0, cli["leftovers"].stdout
+        assert "nothing of the project's is left" in cli["leftovers"].stdout
+
+
+def test_engines_killed_mid_run_fail_their_requests_and_are_never_chosen_again(testbed_runs):
+    seen = testbed_runs[4]["engine_death"]
+    assert "error" not in seen, f"{seen['error']}\n{seen['output'][-3000:]}"
+    assert seen["rc"] == 0, seen["output"]
+    d = seen["run_dir"]
+    meta = read_meta(d)
+    assert meta["status"] == "finished"
+    # the dead engines' errors reached the router as plain EngineErrors: it never imported vLLM
+    # (and torch), which held its event loop for 7-10 s (testbed/engines/engine.py EngineError)
+    assert meta["router_imported"] == [], meta["router_imported"]
+    req = read_table(d, "requests")
+    eng = read_table(d, "engines").set_index("pod")
+    dec = read_table(d, "decisions")
+    # both deaths seen from the engines' own state (worker = pod here: one engine per pod)
+    assert set(eng.index) == {0, 2}, eng
+    assert eng.loc[2, "role"] == "decode" and eng.loc[0, "role"] == "prefill"
+    assert eng.loc[2, "time_s"] < eng.loc[0, "time_s"]  # in the order they were killed
+    # every request has its record; the requests on pod 2's decode engine when its core died ended
+    # as errors in its stages, and every error is a dead engine's, in a stage that depends on it
+    # (the blame rule: a KV pull from pod 0's dead prefill engine fails in kv_transfer too)
+    assert len(req) == DEATH_REQUESTS and set(req.outcome) <= {"ok", "error"}, req.outcome.value_counts()
+    errors = req[req.outcome == "error"]
+    from core.stages import BLAMED_ENDS
+
+    for r in errors.itertuples():
+        ends = BLAMED_ENDS[r.failed_stage]
+        assert ("prefill" in ends and r.prefill_pod == 0) or ("decode" in ends and r.decode_pod == 2), errors
+    assert ((errors.decode_pod == 2) & (errors.routed_s < eng.loc[2, "time_s"])).sum() >= 1, errors
+    for pod in (2, 0):  # and no request is routed to a dead engine once it is down
+        assert (dec[dec.time_s > eng.loc[pod, "time_s"]][["prefill_pod", "decode_pod"]] != pod).all().all()
+    # the dead engines' host samples were collected while they lived (every HOST_FETCH_S), not lost
+    # with them: pod 0's prefill engine, killed 16 s after pod 2's, has rows up to shortly before
+    from testbed.router.actor import HOST_FETCH_S
+
+    host = read_table(d, "host")
+    for pod in (0, 2):
+        mine = host[host.pod == pod]
+        assert len(mine) and mine.time_s.max() > eng.loc[pod, "time_s"] - HOST_FETCH_S - 4.0, (pod, mine.time_s.max())
+    # the run went on with pods 1 and 3: requests routed after both deaths were served there
+    after = req[req.routed_s > eng.time_s.max()]
+    assert len(after) > 0 and (after.prefill_pod == 1).all() and (after.decode_pod == 3).all()
+    assert (after.outcome == "ok").mean() >= 0.9, after.outcome.value_counts()
+    # a decode engine's death did not stall prefill elsewhere: pod 0 and 1 kept prefilling after it
+    # (routed at least 4 s before pod 0's death was seen: killed, its calls fail within the liveness
+    # period of 2 s and a request's prefill takes well under a second)
+    between = req[(req.routed_s > eng.loc[2, "time_s"]) & (req.routed_s < eng.loc[0, "time_s"] - 4.0)]
+    assert len(between) > 0 and between.prefill_end_s.notna().all(), between
+    # A router frozen by the death (7-10 s when it imported vLLM) delays every request in the window,
+    # hence the median. One answer can still come late: from a fresh clone (2026-11-23) pod 1's prefill
+    # answer took 5.8 s, its engine idle, while pod 3's pull from pod 0 took 5.6 s and pod 0's engine
+    # held KV for dead pod 2 (lease: EngineConfig) with the host at PSI 0.78; not explained yet.
+    assert (between.prefill_end_s - between.routed_s).median() < 5.0, between
+    # and the reverse: decode on pod 3 went on as pod 0's prefill engine died
+    around = req[(req.routed_s > eng.loc[0, "time_s"] - 4.0) & (req.routed_s < eng.loc[0, "time_s"] + 10.0)
+                 & (req.decode_pod == 3) & (req.outcome == "ok")]
+    assert len(around) > 0 and (around.first_token_s - around.prefill_end_s).max() < 5.0, around
+
+
+def _new_leftovers(cli: dict) -> list[str]:
+    """`testbed leftovers` lines after the cluster's down that were not there before it came up."""
+    before = set(cli["leftovers_before"].stdout.splitlines())
+    return [x for x in cli["leftovers"].stdout.splitlines() if x not in before]
+
+
+def test_nothing_is_left_behind(testbed_runs):
+    _, before, after, _, cli = testbed_runs
+    for key in ("namespaces", "processes", "qdiscs", "bootstrap", "tmp"):
+        assert sorted(set(after[key]) - set(before[key])) == [], (before, after)
+        assert not [x for x in after[key] if cli["run_id"] in x], after
+    if not before["namespaces"]:  # (a machine with another cluster on it lists that one)
+        assert "no emulated cluster recorded" in cli["down"].stdout
+    assert cli["run_id"] not in cli["down"].stdout

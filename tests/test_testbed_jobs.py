@@ -1,0 +1,143 @@
+"""A spec travels once on the testbed: the command line validates it, the launcher generates each
+seed's workload once (testbed/runs/jobs.py), and the driver hands that spec object and that
+workload to each run's router actor, which neither parses nor generates again. Checked over the
+launcher's hand-off, the driver's job path and the router actor's constructor, with stand-ins for
+Ray and the engines (real engines take minutes)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import io
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
+
+
+class _Call:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class _FakeRay:
+    """What the driver's run path asks of Ray, answered at once in this process."""
+
+    import ray as _ray
+
+    exceptions = _ray.exceptions
+
+    @staticmethod
+    def wait(refs, timeout=None):
+        return refs, []
+
+    @staticmethod
+    def get(x, timeout=None):
+        return x
+
+    @staticmethod
+    def kill(actor):
+        pass
+
+
+class _FakeEngines:
+    def __init__(self, topo):
+        self.topo = topo
+        self.prefill = [f"prefill{i}" for i in range(len(topo.prefill_ids))]
+        self.decode = [f"decode{i}" for i in range(len(topo.decode_ids))]
+        self.names = []
+
+    def references(self, prompts, max_tokens):
+        return {}
+
+    def reset(self):
+        pass
+
+    def metrics(self):
+        return []
+
+    def loads(self):
+        return []
+
+
+def test_a_spec_is_validated_once_and_each_workload_generated_once_on_the_way_to_the_router(tmp_path, monkeypatch):
+    from rich.console import Console
+    from rich.progress import Progress
+
+    import testbed.runs.driver as driver
+    from core.experiment import build_topology, seed_streams
+    from core.spec import ExperimentSpec, load_spec
+    from testbed.router.actor import RouterActor
+    from testbed.runs.jobs import prepare_jobs
+    from testbed.runs.launch import _driver_argv
+
+    wg = importlib.import_module("workloads.generate")  # (the package's `generate` is the function)
+    # as the command line hands it over (validated there), without faults: no agents here
+    spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
+    seeds, policies = [0, 1], ["LC", "OTF-R"]
+    expected = {s: wg.generate(spec.workload, seed_streams(s)["workload"]) for s in seeds}
+
+    calls = {"validate": 0, "generate": 0}
+    validate, generate = ExperimentSpec.model_validate.__func__, wg.generate
+
+    def counted_validate(cls, *a, **kw):
+        calls["validate"] += 1
+        return validate(cls, *a, **kw)
+
+    def counted_generate(*a, **kw):
+        calls["generate"] += 1
+        return generate(*a, **kw)
+
+    monkeypatch.setattr(ExperimentSpec, "model_validate", classmethod(counted_validate))
+    for module in list(sys.modules.values()):  # whoever holds generate, however it was imported
+        if getattr(module, "generate", None) is generate:
+            monkeypatch.setattr(module, "generate", counted_generate)
+
+    # the launcher: workloads generated and checked, the driver's command line and its jobs file
+    argv = _driver_argv(prepare_jobs([(spec, policies, seeds)]), tmp_path / "out", tmp_path / "model",
+                        {"vocab": 2048, "kv_bytes_per_token": 8192}, tmp_path / "work", "local", None)
+    assert calls == {"validate": 0, "generate": len(seeds)}
+
+    # the driver: its jobs read back, each (policy, seed) run through to a router actor (the real
+    # class's constructor, its arguments pickled as Ray would) and closed
+    jobs = driver.read_jobs(Path(argv[argv.index("--jobs") + 1]))
+    replayed: dict[tuple[str, int], list[float]] = {}
+
+    class FakeRouterActor:
+        @staticmethod
+        def options(**kw):
+            return FakeRouterActor
+
+        @staticmethod
+        def remote(*args):
+            got_spec, policy, seed = pickle.loads(pickle.dumps(args))[:3]
+            assert isinstance(got_spec, ExperimentSpec)
+            actor = RouterActor.__ray_metadata__.modified_class(*pickle.loads(pickle.dumps(args)))
+            handle = type("Handle", (), {})()
+            handle.run = _Call(lambda arrival, prompt, output: (replayed.__setitem__((policy, seed), arrival),
+                                                                 {"ok": len(arrival)})[1])
+            handle.progress = _Call(lambda: {"outcomes": {}})
+            handle.close = _Call(lambda status, **kw: asyncio.run(actor.close(status, **kw)))
+            return handle
+
+    monkeypatch.setattr(driver, "ray", _FakeRay)
+    monkeypatch.setattr(driver, "RouterActor", FakeRouterActor)
+    engines = _FakeEngines(build_topology(spec))
+    with Progress(console=Console(file=io.StringIO())) as progress:
+        for job in jobs:
+            for policy in job.policies:
+                for seed in job.seeds:
+                    run_dir = driver.run_one(job.spec, policy, seed, job.workloads[seed], tmp_path / "out", engines,
+                                             {"vocab": 2048, "kv_bytes_per_token": 8192}, progress)
+                    meta = json.loads((run_dir / "run.json").read_text())
+                    assert meta["spec"] == spec.model_dump(mode="json") and meta["status"] == "finished"
+
+    assert calls == {"validate": 0, "generate": len(seeds)}  # nothing parsed or generated again
+    assert sorted(replayed) == sorted((p, s) for p in policies for s in seeds)
+    for (_, seed), arrival in replayed.items():  # the very workload of the seed's stream
+        np.testing.assert_array_equal(arrival, expected[seed].arrival_s)
