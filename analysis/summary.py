@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.metric_names import Metric as M, latency
+from analysis.metric_names import RUN_IDENTITY, Metric as M, latency
 from analysis.metrics import ORACLE, gap_to_oracle
 from analysis.run_metrics import run_metrics
 
 GROUP = ["scenario", "world", "policy"]
 # Per-run columns that identify or describe a run rather than measure it.
-NON_METRICS = {"world", "scenario", "policy", "seed", "status", "run_dir"}
+NON_METRICS = set(RUN_IDENTITY)
 # Metrics that get a gap_<metric> column when OracleAvoidance runs are present.
 GAP_METRICS = (
     M.FAILURE_RATE,
