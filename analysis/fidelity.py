@@ -1,15 +1,22 @@
 """Sim vs testbed: does a result found in simulation carry over? (``testbed compare SIM TESTBED``)
 
-Two sets of runs of one scenario, one per world, compared policy by policy. "Mean" is the mean over seeds
-and "CI" its 95% half-width (:func:`analysis.summary.mean_ci`); seeds need not be paired. Tolerances are
-the ``metrics.fidelity`` block of the testbed runs' spec (``core.metrics_spec.FidelityTolerances``).
+Two sets of runs of one scenario, one per world, compared policy by policy; the testbed (the measured
+world) is the reference. "Mean" is the mean over seeds and "CI" its 95% half-width
+(:func:`analysis.summary.mean_ci`); seeds need not be paired. Tolerances are the ``metrics.fidelity``
+block of the testbed runs' spec (``core.metrics_spec.FidelityTolerances``).
 
 * failure rate: mean and CI per world; diff = testbed - sim (absolute; printed in percentage points);
   pass when |diff| <= failure_rate_abs.
+* outcome agreement (analysis/paired.py): the share of the requests matched by (policy, seed, id)
+  that end the same way in both worlds; in the table sim = the agreement, diff = 1 - agreement (the
+  share that ended differently), testbed NaN; pass when agreement >= outcome_agreement_min.
 * failure composition: per stage of core.stages plus "unknown", the mean over seeds of the stage's share
   of the failures (runs without failures, whose shares are NaN, left out).
-* TTFT and E2E p50 and p90 over ok requests: mean over seeds of each run's percentile;
-  rel_error = (testbed - sim) / sim; pass when |rel_error| <= latency_rel.
+* TTFT and E2E p50 and p90 over ok requests: mean over seeds of each run's percentile; diff = testbed -
+  sim as above, and rel_error = (sim - testbed) / testbed, the simulator's error relative to the
+  measured value as simulator-accuracy studies define it (Vidur, Agrawal et al., MLSys 2024): -0.5 is
+  a simulated latency half the testbed's. Pass when |rel_error| <= latency_p50_rel (p50) or
+  latency_p90_rel (p90).
 * traffic deflection ratio: diff = testbed - sim; pass when |diff| <= deflection_abs.
 * rank agreement: Kendall tau-b (scipy.stats.kendalltau) between the worlds' mean failure rates over the
   policies in both worlds with a finite mean on each side; pass when tau >= kendall_tau_min.
@@ -26,13 +33,18 @@ the ``metrics.fidelity`` block of the testbed runs' spec (``core.metrics_spec.Fi
   clean_failure_share(sim), where clean_failure_share = failed clean requests / all requests: the part
   of the failure-rate difference made of failures that no fault explains.
 
+* the paired report (analysis/paired.py): per request, outcome confusion, per-stage latency errors, where
+  the E2E gap comes from inside and outside the fault window, MAPE.
+* repeatability (analysis/repeatability.py), given a second set of testbed runs: every check computed
+  again with the repeat in the simulator's place; per check, the testbed's deviation from itself and
+  whether the simulator's is within it or beyond it.
+
 A verdict is "pass", "fail", or "n/a" where the value compared is NaN (e.g. a relative error against a
-simulated latency of 0, or a tau over fewer than two policies). Comparisons allow 1e-12 of float rounding.
+testbed latency of 0, or a tau over fewer than two policies). Comparisons allow 1e-12 of float rounding.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -45,9 +57,12 @@ from rich.console import Console
 from scipy import stats
 
 from analysis.metric_names import Metric as M, latency
+from analysis.calibration_check import calibration_check, print_calibration_check, write_calibration_check
 from analysis.fidelity_console import print_fidelity, write_fidelity
 from analysis.fidelity_plots import plot_price_overlay, plot_success_overlay
 from analysis.metrics import fault_window, latency_percentiles
+from analysis.paired import OUTCOME_AGREEMENT, PairedReport, concat_frames, paired_from_frames, request_frame
+from analysis.repeatability import add_repeatability, with_deviation
 from analysis.run_data import RunData, load_run
 from analysis.run_metrics import run_metrics
 from analysis.plots import RunCurves, run_curves
@@ -60,8 +75,8 @@ from core.stages import FAILURE_STAGES
 NAN = math.nan
 EPS = 1e-12  # float rounding allowed in tolerance checks and ties
 WORLDS = ("sim", "testbed")
+REPEAT = "repeat"  # the world label of a second set of testbed runs (repeatability)
 COMPOSITION_STAGES = (*FAILURE_STAGES, "unknown")
-LATENCY_METRICS = (latency("ttft", 50), latency("ttft", 90), latency("e2e", 50), latency("e2e", 90))
 # What defines a scenario. Engine speeds, link rates and KV parameters may differ: the simulator's side
 # is calibrated to the testbed's hardware.
 SCENARIO_FIELDS = ("workload", "faults", "deadline_s", "health", "telemetry", "router", "weights")
@@ -167,6 +182,31 @@ def check_same_scenario(sim: Sequence[tuple[Path, Mapping[str, Any]]],
     return names["sim"][0]
 
 
+def check_repeat(testbed: Sequence[tuple[Path, Mapping[str, Any]]],
+                 repeat: Sequence[tuple[Path, Mapping[str, Any]]]) -> None:
+    """Refuse (one-line ValueError) a repeat set that is empty, holds a run of another world, scenario
+    name or scenario fingerprint than the first testbed run, or a run whose policy and seed the testbed
+    runs lack (it would repeat nothing). Each side is a list of (run directory, run.json contents)."""
+    if not repeat:
+        raise ValueError("compare: --repeat names no testbed runs")
+    path0, meta0 = testbed[0]
+    ref = scenario_fingerprint(_spec_of(path0, meta0))
+    held = {(str(m.get("policy")), m.get("seed")) for _, m in testbed}
+    for path, meta in repeat:
+        if meta.get("world") != "testbed":
+            raise ValueError(f"compare: the repeat {path} is a {meta.get('world')!r} run; a repeat is a testbed run")
+        if meta.get("scenario") != meta0.get("scenario"):
+            raise ValueError(f"compare: the repeat {path} is scenario {meta.get('scenario')!r}, the testbed runs "
+                             f"scenario {meta0.get('scenario')!r}")
+        d = fingerprint_difference(ref, scenario_fingerprint(_spec_of(path, meta)))
+        if d:
+            raise ValueError(f"compare: the repeat {path} differs from the testbed runs in {d[0]} "
+                             f"({d[2]!r} vs {d[1]!r})")
+        if (str(meta.get("policy")), meta.get("seed")) not in held:
+            raise ValueError(f"compare: the repeat {path} is {meta.get('policy')} seed {meta.get('seed')}, which "
+                             "the testbed runs do not hold; a repeat runs the testbed's policies and seeds again")
+
+
 # --------------------------------------------------------------------------- per run
 
 
@@ -208,6 +248,13 @@ def verdict(deviation: float, tolerance: float) -> str:
     return "pass" if abs(deviation) <= tolerance + EPS else "fail"
 
 
+def verdict_min(value: float, minimum: float) -> str:
+    """"pass" when value >= minimum, "fail" when below, "n/a" when value is NaN."""
+    if value is None or math.isnan(value):
+        return "n/a"
+    return "pass" if value >= minimum - EPS else "fail"
+
+
 def seed_mean(runs: pd.DataFrame, world: str, policy: str, metric: str) -> tuple[float, float, int]:
     """(mean, CI half-width, n) over the seeds of ``world`` and ``policy`` in a runs table; NaN, NaN, 0
     when the table has no such runs or no such column."""
@@ -218,29 +265,54 @@ def seed_mean(runs: pd.DataFrame, world: str, policy: str, metric: str) -> tuple
 
 
 def _checks(tol: FidelityTolerances) -> list[tuple[str, str, float]]:
-    """(metric, "abs" | "rel", tolerance) of each per-policy check."""
+    """(metric, "abs" | "rel" | "min", tolerance) of each per-policy check."""
+    rel = {50: tol.latency_p50_rel, 90: tol.latency_p90_rel}
     return [(M.FAILURE_RATE, "abs", tol.failure_rate_abs),
-            *((m, "rel", tol.latency_rel) for m in LATENCY_METRICS),
-            (M.TRAFFIC_DEFLECTION_RATIO, "abs", tol.deflection_abs)]
+            *((latency(k, q), "rel", rel[q]) for k in ("ttft", "e2e") for q in (50, 90)),
+            (M.TRAFFIC_DEFLECTION_RATIO, "abs", tol.deflection_abs),
+            (OUTCOME_AGREEMENT, "min", tol.outcome_agreement_min)]
 
 
-def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances) -> pd.DataFrame:
-    """One row per policy and checked metric (failure_rate, TTFT/E2E p50/p90, traffic_deflection_ratio):
-    sim and testbed mean, CI half-width and n, diff = testbed - sim, rel_error = diff / sim (NaN where sim
-    is 0 or NaN), the tolerance, its kind ("abs": on diff, "rel": on rel_error) and the verdict.
-    ``runs`` holds both worlds' per-run rows (columns world, policy and the metrics)."""
+def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
+                   agreement: Mapping[str, tuple[float, int]] | None = None, other: str = "sim") -> pd.DataFrame:
+    """One row per policy and checked metric (failure_rate, TTFT/E2E p50/p90, traffic_deflection_ratio,
+    outcome_agreement), the testbed against ``other`` (a world of ``runs``: "sim", or "repeat"): other's
+    and the testbed's mean, CI half-width and n (columns <other>, <other>_ci, <other>_n, testbed, ...),
+    diff = testbed - other, rel_error = (other - testbed) / testbed (NaN where the testbed's is 0 or
+    NaN), the tolerance, its kind ("abs": on diff, "rel": on rel_error, "min": on the agreement) and the
+    verdict. ``runs`` holds the per-run rows (columns world, policy and the metrics); ``agreement`` maps
+    a policy to its (outcome agreement, matched requests) (:meth:`analysis.paired.PairedReport.agreement_of`;
+    without it the agreement is NaN): its row holds the agreement as <other>, the matched requests as
+    both n, and diff = 1 - agreement."""
     rows = []
     for policy in policies:
         for metric, kind, limit in _checks(tol):
-            sm, sh, sn = seed_mean(runs, "sim", policy, metric)
-            tm, th, tn = seed_mean(runs, "testbed", policy, metric)
-            diff = tm - sm
-            rel = diff / sm if sm != 0 and not math.isnan(sm) else NAN
-            rows.append({"policy": policy, "metric": metric, "sim": sm, "sim_ci": sh, "sim_n": sn,
+            if kind == "min":
+                a, n = (agreement or {}).get(policy, (NAN, 0))
+                om, oh, on, tm, th, tn, diff, rel = a, NAN, n, NAN, NAN, n, 1.0 - a, NAN
+                v = verdict_min(a, limit)
+            else:
+                om, oh, on = seed_mean(runs, other, policy, metric)
+                tm, th, tn = seed_mean(runs, "testbed", policy, metric)
+                diff = tm - om
+                rel = (om - tm) / tm if tm != 0 and not math.isnan(tm) else NAN
+                v = verdict(diff if kind == "abs" else rel, limit)
+            rows.append({"policy": policy, "metric": metric, other: om, f"{other}_ci": oh, f"{other}_n": on,
                          "testbed": tm, "testbed_ci": th, "testbed_n": tn, "diff": diff, "rel_error": rel,
-                         "tolerance": limit, "tolerance_kind": kind,
-                         "verdict": verdict(diff if kind == "abs" else rel, limit)})
+                         "tolerance": limit, "tolerance_kind": kind, "verdict": v})
     return pd.DataFrame(rows)
+
+
+def repeat_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
+                 agreement: Mapping[str, tuple[float, int]]) -> pd.DataFrame:
+    """The testbed against its repeat, check by check (:func:`fidelity_table` with the repeat as the other
+    side; the testbed's runs only of the (policy, seed) pairs the repeat holds), with each row's
+    ``deviation`` (analysis/repeatability.py) and without tolerance or verdict."""
+    tb = runs[runs["world"] == "testbed"]
+    held = pd.MultiIndex.from_frame(repeat_runs[["policy", "seed"]])
+    tb = tb[pd.MultiIndex.from_frame(tb[["policy", "seed"]]).isin(held)]
+    table = fidelity_table(pd.concat([tb, repeat_runs], ignore_index=True), policies, tol, agreement, REPEAT)
+    return with_deviation(table).drop(columns=["tolerance", "verdict"])
 
 
 def composition_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
@@ -346,6 +418,11 @@ class Fidelity:
     rank: Rank  # fidelity_rank.csv
     tolerances: FidelityTolerances
     calibration_noise: dict[str, float]
+    paired: PairedReport | None = None  # the testbed against the sim, request by request
+    repeat: PairedReport | None = None  # the testbed against its repeat (None without one)
+    repeatability: pd.DataFrame | None = None  # repeat_table: fidelity_repeatability.csv
+    # analysis.calibration_check: each fit against the quiet requests; calibration_check.csv
+    calibration_check: pd.DataFrame | None = None
     out_dir: Path | None = None
     files: tuple[Path, ...] = ()
 
@@ -375,26 +452,43 @@ def _policy_names(spec: Mapping[str, Any]) -> list[str]:
 
 
 def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str], out_dir: Path | str | None = None,
-            calibration: Mapping[str, Any] | None = None, console: Console | None = None) -> Fidelity:
+            calibration: Mapping[str, Any] | None = None, console: Console | None = None,
+            repeat_paths: Iterable[Path | str] | None = None) -> Fidelity:
     """Compare the sim runs in or below ``sim_paths`` with the testbed runs in or below ``testbed_paths``
-    (same scenario; refused otherwise, see :func:`check_same_scenario`). Prints the tables to ``console``
-    (default: stdout) and writes fidelity.csv, fidelity_composition.csv, fidelity_noise.csv,
-    fidelity_rank.csv and the overlay PNGs into ``out_dir`` (default: a ``fidelity`` folder next to the
-    first testbed path, as `testbed report` puts its ``report`` folder next to its first path)."""
+    (same scenario; refused otherwise, see :func:`check_same_scenario`), and, given ``repeat_paths``, the
+    testbed runs with a second set of testbed runs of the same scenario, policies and seeds (refused
+    otherwise, see :func:`check_repeat`). Prints the tables to ``console`` (default: stdout) and writes
+    fidelity.csv, fidelity_composition.csv, fidelity_noise.csv, fidelity_rank.csv, the paired report's
+    CSVs (fidelity_paired.csv, fidelity_confusion.csv, fidelity_stages.csv, fidelity_mape.csv),
+    fidelity_repeatability.csv with a repeat, and the overlay PNGs into ``out_dir`` (default: a
+    ``fidelity`` folder next to the first testbed path, as `testbed report` puts its ``report`` folder
+    next to its first path)."""
     sim_paths, testbed_paths = list(sim_paths), list(testbed_paths)
+    repeat_paths = list(repeat_paths) if repeat_paths is not None else []
     dirs = {"sim": discover_runs(sim_paths), "testbed": discover_runs(testbed_paths)}
+    if repeat_paths:
+        dirs[REPEAT] = discover_runs(repeat_paths)
     metas = {w: [(d, read_meta(d)) for d in ds] for w, ds in dirs.items()}
     scenario = check_same_scenario(metas["sim"], metas["testbed"])
+    if repeat_paths:
+        check_repeat(metas["testbed"], metas[REPEAT])
 
     rows: list[dict[str, Any]] = []
+    repeat_rows: list[dict[str, Any]] = []
+    frames: dict[str, list[pd.DataFrame]] = {w: [] for w in dirs}
     curves: list[RunCurves] = []
     tol: FidelityTolerances | None = None
-    for d in [*dirs["sim"], *dirs["testbed"]]:
-        run = load_run(d)  # one run in memory at a time: sim runs can hold millions of requests
-        rows.append(run_row(run))
-        curves.append(run_curves(run))
-        if tol is None and run.world == "testbed":
-            tol = run.spec.fidelity
+    for world, ds in dirs.items():
+        for d in ds:
+            run = load_run(d)  # one run in memory at a time: sim runs can hold millions of requests
+            frames[world].append(request_frame(run))
+            if world == REPEAT:
+                repeat_rows.append({**run_row(run), "world": REPEAT})
+                continue
+            rows.append(run_row(run))
+            curves.append(run_curves(run))
+            if tol is None and run.world == "testbed":
+                tol = run.spec.fidelity
     runs = runs_frame(rows)
     tol = tol or FidelityTolerances()  # not reached: check_same_scenario refuses an empty testbed side
 
@@ -406,23 +500,40 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
         raise ValueError(f"compare: no policy in common: sim has {', '.join(sorted(have['sim']))}; "
                          f"testbed has {', '.join(sorted(have['testbed']))}")
     means = {w: {p: seed_mean(runs, w, p, M.FAILURE_RATE)[0] for p in policies} for w in WORLDS}
+    tb_frame = concat_frames(frames["testbed"])
+    paired = paired_from_frames(tb_frame, concat_frames(frames["sim"]), "sim", policies)
+    table = fidelity_table(runs, policies, tol, {p: paired.agreement_of(p) for p in policies})
+    repeat, rep_table = None, None
+    if repeat_rows:
+        repeat = paired_from_frames(tb_frame, concat_frames(frames[REPEAT]), REPEAT, policies)
+        rep_table = repeat_table(runs, runs_frame(repeat_rows), policies, tol,
+                                 {p: repeat.agreement_of(p) for p in policies})
     fid = Fidelity(
         scenario=scenario,
         policies=policies,
         only_sim=tuple(sorted(have["sim"] - set(policies))),
         only_testbed=tuple(sorted(have["testbed"] - set(policies))),
         runs=runs,
-        table=fidelity_table(runs, policies, tol),
+        table=add_repeatability(table, rep_table),
         composition=composition_table(runs, policies),
         noise=noise_table(runs, policies),
         rank=rank_agreement(means["sim"], means["testbed"], tol),
         tolerances=tol,
         calibration_noise=calibration_noise(calibration),
+        paired=paired,
+        repeat=repeat,
+        repeatability=rep_table,
     )
     out = Path(out_dir) if out_dir is not None else Path(testbed_paths[0]).resolve().parent / "fidelity"
     out.mkdir(parents=True, exist_ok=True)
     files = write_fidelity(fid, out)
     plots = [plot_success_overlay(curves, policies, scenario, out), plot_price_overlay(curves, policies, scenario, out)]
-    fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)))
+    check = None
+    if calibration is not None:  # each fit against the run's own quiet requests (issue 27)
+        check = calibration_check(dirs["testbed"], calibration)
+        files = (*files, write_calibration_check(check, out))
+    fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)), calibration_check=check)
     print_fidelity(fid, console or Console())
+    if check is not None:
+        print_calibration_check(check, console or Console())
     return fid

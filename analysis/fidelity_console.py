@@ -1,4 +1,5 @@
-"""The sim-vs-testbed comparison on the console (rich tables) and as CSV files."""
+"""The sim-vs-testbed comparison on the console (rich tables) and as CSV files: the per-policy checks,
+the paired report (analysis/paired.py) and the testbed's repeatability (analysis/repeatability.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.metric_names import Metric as M, latency
+from analysis.metric_names import LATENCIES, Metric as M, latency
+from analysis.paired import ALL, OUTCOME_AGREEMENT, SPAN_NAMES, PairedReport
+from analysis.paired_stats import SUMMARY_STATS
 from core.stages import FAILURE_STAGES
 
 if TYPE_CHECKING:  # only for annotations: analysis.fidelity imports this module
     from analysis.fidelity import Fidelity, Order
 
-COLOR = {"pass": "green", "fail": "red", "n/a": "dim"}
+COLOR = {"pass": "green", "fail": "red", "n/a": "dim", "within": "green", "beyond": "yellow"}
+LABEL = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
 
 
 def format_order(order: Order) -> str:
@@ -55,9 +59,10 @@ def _pair(r: pd.Series, fmt: str, dev: str) -> str:
 
 
 def _policy_table(fid: Fidelity) -> Table:
-    t = Table(title=escape(f"Fidelity: {fid.scenario}, sim vs testbed (mean ± 95% CI half-width over seeds)"))
+    t = Table(title=escape(f"Fidelity: {fid.scenario}, sim vs testbed (mean ± 95% CI half-width over seeds; "
+                           "rel. err = (sim - testbed) / testbed)"))
     t.add_column("policy", no_wrap=True)  # the other columns give way first
-    for h in ("seeds sim/tb", "fail. rate sim", "fail. rate testbed", "diff (pp)", "verdict",
+    for h in ("seeds sim/tb", "fail. rate sim", "fail. rate testbed", "diff (pp)", "verdict", "outcome agreement",
               "TTFT p50 (s) sim / tb (rel. err)", "E2E p50 (s) sim / tb (rel. err)", "deflection sim / tb (diff)"):
         t.add_column(h, justify="right", no_wrap=h.startswith("fail."))  # keep "mean ± CI" on one line
     c = _checks(fid)
@@ -65,9 +70,17 @@ def _policy_table(fid: Fidelity) -> Table:
         fr = c[(p, M.FAILURE_RATE)]
         t.add_row(escape(p), f"{fr['sim_n']}/{fr['testbed_n']}", _pct(fr["sim"], fr["sim_ci"]),
                   _pct(fr["testbed"], fr["testbed_ci"]), _num(100 * fr["diff"], "+.1f"),
-                  _mark(fr["verdict"], fr["verdict"]), _pair(c[(p, latency("ttft", 50))], ".3g", "rel"),
+                  _mark(fr["verdict"], fr["verdict"]), _agreement(c.get((p, OUTCOME_AGREEMENT))),
+                  _pair(c[(p, latency("ttft", 50))], ".3g", "rel"),
                   _pair(c[(p, latency("e2e", 50))], ".3g", "rel"), _pair(c[(p, M.TRAFFIC_DEFLECTION_RATIO)], ".2f", "abs"))
     return t
+
+
+def _agreement(r: pd.Series | None) -> str:
+    """"94.4% of 18", coloured by the outcome-agreement check."""
+    if r is None or _nan(r["sim"]):
+        return "–"
+    return _mark(f"{_pct(r['sim'])} of {int(r['sim_n'])}", r["verdict"])
 
 
 def _tail_table(fid: Fidelity) -> Table:
@@ -109,11 +122,167 @@ def _noise_lines(fid: Fidelity) -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------------- the paired report
+
+
+def _rel(x: float, sign: str = "+") -> str:
+    return "–" if _nan(x) else f"{100 * x:{sign}.0f}%"
+
+
+def _ci(row: pd.Series, key: str) -> str:
+    """"-76% [-81, -63]": a quantile of relative errors with its bootstrap interval (no sign on |err|)."""
+    lo, hi = row[f"{key}_lo"], row[f"{key}_hi"]
+    sign = "" if key.startswith("abs") else "+"
+    ci = "" if _nan(lo) else f" [{100 * lo:{sign}.0f}, {100 * hi:{sign}.0f}]"
+    return _rel(row[key], sign) + ci
+
+
+def _classes(cells: pd.DataFrame, col: str) -> list[str]:
+    return sorted(set(cells[col]), key=lambda c: (c != "ok", c))
+
+
+def _confusion_table(rep: PairedReport, checks: dict[tuple[str, str], pd.Series]) -> Table:
+    who = rep.versus
+    t = Table(title=escape(f"Outcomes request by request: testbed (rows) vs {who} (columns), pooled over seeds"))
+    t.add_column("policy", no_wrap=True)
+    t.add_column("testbed")
+    others = _classes(rep.confusion, "other")
+    for c in others:
+        t.add_column(escape(c), justify="right")
+    t.add_column("agreement", justify="right")
+    t.add_column(f"one side only (tb/{who})", justify="right")
+    agree = rep.agreement.set_index("policy")
+    for p in rep.policies:
+        cells = rep.confusion[rep.confusion["policy"] == p]
+        a = agree.loc[p]
+        first = True
+        for tc in _classes(cells, "testbed") or ["–"]:
+            row = cells[cells["testbed"] == tc].set_index("other")["n"]
+            verdict = checks.get((p, OUTCOME_AGREEMENT), pd.Series({"verdict": "n/a"}))["verdict"]
+            share = f"{_pct(a['agreement'])} ({int(a['agree'])}/{int(a['matched'])})"
+            t.add_row(escape(p) if first else "", escape(tc),
+                      *(str(int(row[o])) if o in row.index else "" for o in others),
+                      _mark(share, verdict) if first else "",
+                      f"{int(a['only_testbed'])}/{int(a['only_other'])}" if first else "")
+            first = False
+    return t
+
+
+def _error_table(rep: PairedReport) -> Table:
+    t = Table(title=escape(f"Per-request latency error ({rep.versus} - testbed) / testbed, requests ok in both: "
+                           "quantile [95% bootstrap CI]"))
+    t.add_column("policy", no_wrap=True)
+    t.add_column("", no_wrap=True)
+    for h in ("n", "median", "p90", "|err| median", "|err| p90", "median inside / outside fault"):
+        t.add_column(h, justify="right")
+    e = rep.errors.set_index(["policy", "window", "metric"])
+    for p in rep.policies:
+        for i, m in enumerate(LATENCIES):
+            r = e.loc[(p, ALL, m)]
+            split = " / ".join(_rel(e.loc[(p, w, m), "signed_p50"]) if (p, w, m) in e.index else "–"
+                               for w in ("inside", "outside"))
+            t.add_row(escape(p) if i == 0 else "", LABEL[m], str(int(r["n"])), _ci(r, "signed_p50"), _ci(r, "signed_p90"),
+                      _ci(r, "abs_p50"), _ci(r, "abs_p90"), split if m != "tpot" else "")
+    return t
+
+
+def _stage_table(rep: PairedReport) -> Table:
+    t = Table(title=escape(f"Where the E2E gap comes from: mean ({rep.versus} - testbed) per stage, s "
+                           "(share of the E2E gap), requests ok in both"))
+    t.add_column("policy", no_wrap=True)
+    t.add_column("fault window")
+    t.add_column("n", justify="right")
+    for s in (*SPAN_NAMES, "e2e"):
+        t.add_column(escape(s.replace("_", " ") if s != "e2e" else "E2E"), justify="right")
+    g = rep.stages.set_index(["policy", "window", "stage"])
+    for p in rep.policies:
+        for i, w in enumerate(("inside", "outside")):
+            cells = []
+            for s in (*SPAN_NAMES, "e2e"):
+                r = g.loc[(p, w, s)]
+                share = "" if _nan(r["share"]) or s == "e2e" else f" ({100 * r['share']:.0f}%)"
+                cells.append(_num(r["gap_mean_s"], "+.2f") + share)
+            t.add_row(escape(p) if i == 0 else "", w, str(int(g.loc[(p, w, "e2e"), "n"])), *cells)
+    return t
+
+
+def _mape_table(rep: PairedReport) -> Table:
+    t = Table(title=escape(f"MAPE of the {rep.versus} against the testbed: mean over seeds of "
+                           f"|stat {rep.versus} - stat testbed| / stat testbed, ok requests"))
+    t.add_column("policy", no_wrap=True)
+    t.add_column("seeds", justify="right")
+    for m in LATENCIES:
+        t.add_column(LABEL[m], justify="right")
+    mp = rep.mape.set_index(["policy", "metric", "stat"])
+    for p in (*rep.policies, ALL):
+        if (p, "ttft", "mean") not in mp.index:
+            continue
+        cells = []
+        for m in LATENCIES:
+            parts = [f"{st} {100 * mp.loc[(p, m, st), 'mape']:.0f}%" for st in SUMMARY_STATS
+                     if not _nan(mp.loc[(p, m, st), "mape"])]
+            cells.append(" · ".join(parts) or "–")
+        t.add_row(escape(p), str(int(mp.loc[(p, "ttft", "mean"), "n_seeds"])), *cells)
+    return t
+
+
+def print_paired(rep: PairedReport, console: Console, checks: dict[tuple[str, str], pd.Series] | None = None) -> None:
+    """The paired report's tables: outcomes, per-request errors, stage gaps, MAPE."""
+    console.print(_confusion_table(rep, checks or {}))
+    console.print(_error_table(rep))
+    console.print(_stage_table(rep))
+    console.print(_mape_table(rep))
+
+
+# --------------------------------------------------------------------------- repeatability
+
+REPEAT_COLUMNS = ((M.FAILURE_RATE, "fail. rate (pp)"), (OUTCOME_AGREEMENT, "outcomes differ"),
+                  (latency("ttft", 50), "TTFT p50"), (latency("ttft", 90), "TTFT p90"),
+                  (latency("e2e", 50), "E2E p50"), (latency("e2e", 90), "E2E p90"))
+
+
+def _dev(x: float, kind: str) -> str:
+    if _nan(x):
+        return "–"
+    return _rel(x) if kind == "rel" else f"{100 * x:+.1f}" if kind == "abs" else f"{100 * x:.1f}%"
+
+
+def _repeat_table(fid: Fidelity) -> Table:
+    t = Table(title=escape("Repeatability: the testbed against its repeat, beside the sim against the testbed "
+                           "(repeat / sim; green: the sim within the testbed's own deviation)"))
+    t.add_column("policy", no_wrap=True)
+    t.add_column("seeds", justify="right")
+    for _, h in REPEAT_COLUMNS:
+        t.add_column(h, justify="right")
+    t.add_column("per request |err| median TTFT / E2E, repeat (sim)", justify="right")
+    c = _checks(fid)
+    rep_t = fid.repeatability.set_index(["policy", "metric"]) if fid.repeatability is not None else None
+    errs = {v.versus: v.errors.set_index(["policy", "window", "metric"]) for v in (fid.paired, fid.repeat) if v}
+    for p in fid.policies:
+        cells = []
+        for m, _ in REPEAT_COLUMNS:
+            r = c[(p, m)]
+            kind = r["tolerance_kind"]
+            sim_dev = r["rel_error"] if kind == "rel" else r["diff"]
+            cells.append(_mark(f"{_dev(r['repeatability'], kind)} / {_dev(sim_dev, kind)}", r["beyond_repeatability"]))
+        med = []
+        for m in ("ttft", "e2e"):
+            rp, sm = (errs[v].loc[(p, ALL, m), "abs_p50"] if v in errs else math.nan for v in ("repeat", "sim"))
+            med.append(f"{_rel(rp, '')} ({_rel(sm, '')})")
+        seeds = int(rep_t.loc[(p, M.FAILURE_RATE), "repeat_n"]) if rep_t is not None else 0
+        t.add_row(escape(p), str(seeds), *cells, " / ".join(med))
+    return t
+
+
 def print_fidelity(fid: Fidelity, console: Console) -> None:
     """The comparison's tables, rank, noise floor and overall verdict."""
     console.print(_policy_table(fid))
     console.print(_tail_table(fid))
     console.print(_composition_table(fid))
+    if fid.paired is not None:
+        print_paired(fid.paired, console, _checks(fid))
+    if fid.repeat is not None:
+        console.print(_repeat_table(fid))
     rk = fid.rank
     console.print(
         f"Kendall tau = {_num(rk.kendall_tau, '.2f')} ({len(rk.policies)} policies; needs >= {rk.tau_min:g}): "
@@ -144,19 +313,42 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
     n = fid.counts()
     # a failed failure rate says how much of its gap the testbed's host noise could account for
     explained = dict(zip(fid.noise["policy"], fid.noise["noise_explained_fraction"]))
+    beyond = {(r.policy, r.metric): r.beyond_repeatability for r in fid.table.itertuples()
+              if "beyond_repeatability" in fid.table.columns}
     failed = [f"{p} {m}" + (f" (host noise could explain {100 * explained[p]:.0f}%)"
                             if m == M.FAILURE_RATE and not _nan(explained.get(p, math.nan)) else "")
+              + (" (within the testbed's repeatability)" if beyond.get((p, m)) == "within" else "")
               for p, m, v in fid.verdicts() if v == "fail"]
     tail = "the simulation carries over" if not failed and n["pass"] else (
         "mismatch: " + ", ".join(failed) if failed else "nothing could be checked")
+    judged = [beyond.get((p, m)) for p, m, v in fid.verdicts() if v == "fail"]
+    if any(b in ("within", "beyond") for b in judged):
+        tail += f"; {judged.count('beyond')} of {len(judged)} beyond the testbed's repeatability"
     console.print(f"[bold]verdict:[/] {n['pass']} pass, {n['fail']} fail, {n['n/a']} n/a: {escape(tail)}")
     if fid.out_dir is not None:
         console.print(f"wrote {len(fid.files)} file(s) to {escape(str(fid.out_dir))}")
 
 
+def _paired_frames(fid: Fidelity) -> dict[str, pd.DataFrame]:
+    """The paired report's CSVs, the sim's rows and the repeat's (column versus) in each."""
+    reps = [r for r in (fid.paired, fid.repeat) if r is not None]
+    if not reps:
+        return {}
+
+    def both(get) -> pd.DataFrame:
+        return pd.concat([get(r).assign(versus=r.versus) for r in reps], ignore_index=True)
+
+    confusion = both(lambda r: r.confusion.merge(r.agreement, on="policy", how="left"))
+    return {"fidelity_paired.csv": both(lambda r: r.errors), "fidelity_confusion.csv": confusion,
+            "fidelity_stages.csv": both(lambda r: r.stages), "fidelity_mape.csv": both(lambda r: r.mape)}
+
+
 def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
-    """fidelity.csv (per policy and metric), fidelity_composition.csv, fidelity_noise.csv and
-    fidelity_rank.csv (one row) into ``out_dir``; returns the paths."""
+    """fidelity.csv (per policy and metric), fidelity_composition.csv, fidelity_noise.csv,
+    fidelity_rank.csv (one row), the paired report's fidelity_paired.csv (per-request latency errors),
+    fidelity_confusion.csv (the confusion matrix beside each policy's agreement), fidelity_stages.csv
+    and fidelity_mape.csv (each with a column versus: "sim", or "repeat"), and with a repeat
+    fidelity_repeatability.csv, into ``out_dir``; returns the paths."""
     rk = fid.rank
     rank = pd.DataFrame([{
         "n_policies": len(rk.policies), "policies": ",".join(rk.policies), "kendall_tau": rk.kendall_tau,
@@ -165,7 +357,9 @@ def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
         "order_verdict": rk.order_verdict,
     }])
     frames = {"fidelity.csv": fid.table, "fidelity_composition.csv": fid.composition,
-              "fidelity_noise.csv": fid.noise, "fidelity_rank.csv": rank}
+              "fidelity_noise.csv": fid.noise, "fidelity_rank.csv": rank, **_paired_frames(fid)}
+    if fid.repeatability is not None:
+        frames["fidelity_repeatability.csv"] = fid.repeatability
     paths = []
     for name, df in frames.items():
         path = out_dir / name

@@ -1,6 +1,6 @@
 """The ``testbed`` command line.
 
-    testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
+    testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE] [--[no-]repeat]
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
     testbed calibrate [SPEC] [--out FILE]
     testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
@@ -8,7 +8,7 @@
     testbed faults clear
     testbed leftovers
     testbed report PATH... [--out DIR]
-    testbed compare SIM_PATH TESTBED_PATH [--out DIR] [--calibration FILE]
+    testbed compare SIM_PATH TESTBED_PATH [--out DIR] [--calibration FILE] [--repeat TESTBED_PATH2]
     testbed policies
 
 Errors are one line on stderr and exit status 2; rows recorded before an
@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     tw = experiment_parser(sub, "twin", "one spec in both worlds: calibrate the testbed, run it, run the calibrated "
                             "simulator, compare", "the embedded testbed scenario", cmd_twin, out="runs/twin")
     tw.add_argument("--calibration", help="use this calibration instead of measuring one first")
+    tw.add_argument("--repeat", action=argparse.BooleanOptionalAction, default=None,
+                    help="run every seed on the testbed a second time, on the same engines and workloads, and "
+                         "judge each sim-to-testbed difference against the testbed's own run-to-run difference "
+                         "(default: with several seeds; docs/twin.md \"Repeatability\")")
     ru = experiment_parser(sub, "run", "run an experiment spec on the real testbed (Ray + vLLM engines)",
                             "the embedded testbed scenario", cmd_run)
     ru.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
@@ -106,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to write CSVs and plots (default: a fidelity folder next to TESTBED_PATH)")
     cp.add_argument("--calibration", metavar="FILE",
                     help="the JSON `testbed calibrate` wrote; its noise entries are shown")
+    cp.add_argument("--repeat", metavar="TESTBED_PATH2",
+                    help="a second set of testbed runs of the same scenario, policies and seeds: each verdict then "
+                         "says whether the sim's difference is within the testbed's own run-to-run difference "
+                         "(docs/twin.md \"Repeatability\")")
     cp.set_defaults(fn=cmd_compare)
     p = sub.add_parser("policies", help="list the known policies")
     p.set_defaults(fn=cmd_policies)

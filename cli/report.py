@@ -31,5 +31,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from core.calibration import load_calibration
 
     cal = load_calibration(args.calibration).model_dump() if args.calibration else None  # before any run is read
-    compare([Path(args.sim_path)], [Path(args.testbed_path)], Path(args.out) if args.out else None, cal, out_console())
+    compare([Path(args.sim_path)], [Path(args.testbed_path)], Path(args.out) if args.out else None, cal, out_console(),
+            repeat_paths=[Path(args.repeat)] if args.repeat else None)
     return 0

@@ -51,12 +51,18 @@ def cmd_twin(args: argparse.Namespace) -> int:
     cal_path = Path(args.calibration) if args.calibration else out / "calibration.json"
     if args.calibration:
         load_calibration(cal_path)  # a bad file is refused before minutes of engine start-up
-    for world in ("testbed", "sim"):
-        check_sizes(spec, world, len(policies) * len(seeds), args)
-    run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else cal_path)
+    # The testbed's repeatability is measured where confidence is asked for (several seeds), not in
+    # the one-seed main job, which would take twice as long (issue 27).
+    repeat = len(seeds) > 1 if args.repeat is None else args.repeat
+    repeat_to = out / "testbed-repeat" if repeat else None
+    check_sizes(spec, "testbed", len(policies) * len(seeds) * (2 if repeat else 1), args)
+    check_sizes(spec, "sim", len(policies) * len(seeds), args)
+    run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else cal_path,
+                repeat_to=repeat_to)
     cal = load_calibration(cal_path)
     simulate(spec, policies, seeds, out / "sim", Path(args.spec).resolve().parent if args.spec else None, cal)
     shown = out_console()
     report([out / "testbed" / spec.name, out / "sim" / spec.name], out / "report", shown)
-    compare([out / "sim" / spec.name], [out / "testbed" / spec.name], out / "fidelity", cal.model_dump(), shown)
+    compare([out / "sim" / spec.name], [out / "testbed" / spec.name], out / "fidelity", cal.model_dump(), shown,
+            repeat_paths=[repeat_to / spec.name] if repeat_to else None)
     return 0

@@ -13,7 +13,11 @@ The fitted models are the simulator's own (``simulator/cluster.py``):
 * a KV pull through a link shaped to ``rate`` bit/s:
   ``seconds = latency + 8 * bytes * kv_wire_overhead / rate``;
   through an unshaped link: ``seconds = kv_transfer_latency_s + bytes / unshaped_Bps``
-  (the fixed cost is taken from the unshaped pulls, where bytes are cheap).
+  (the fixed cost is taken from the unshaped pulls, where bytes are cheap);
+* the host: the cores the engines may run on and how many engines share them
+  (:class:`HostCalibration`); where CPU engines outnumber the cores the simulator shares them
+  (``engine.host_cores``: docs/simulator.md "The host model"), and a concurrent phase checks
+  that model's slowdown against the one measured with several engines busy at once.
 
 Every fit is a robust linear least squares on relative residuals: from a start
 with a Cauchy loss, samples whose residual exceeds 3 robust scales (1.4826 x the
@@ -198,6 +202,21 @@ class NetworkCalibration(_Model):
     unshaped_gbps: float = Field(gt=0)
 
 
+class HostCalibration(_Model):
+    """The host the engines run on, measured (``testbed/calibration/calibrate.py`` measure_host)."""
+
+    # CPUs the engines' processes may run on (the union of their affinities) on the host that has
+    # the most engines; machines told apart by their boot id (an emulated cluster's pods are one)
+    cores: float = Field(gt=0)
+    engines: int = Field(ge=1)  # engines on that host
+    hosts: int = Field(ge=1)  # machines the engines run on
+    gpus_per_engine: int = Field(ge=0)
+    shared: bool  # core.host_model.host_shared: the simulator then shares the cores (engine.host_cores)
+    # The concurrent phase: prefills timed with several engines busy at once against alone, and the
+    # host model's slowdown for the same demand (calibrate's module docstring). Empty if not run.
+    concurrent: dict[str, float] = Field(default_factory=dict)
+
+
 class FitReport(_Model):
     params: dict[str, float]
     r2: float | None
@@ -218,6 +237,8 @@ class Calibration(_Model):
     handshake_s: list[float] = Field(default_factory=list)
     noise: dict[str, float] = Field(default_factory=dict)
     samples: dict[str, list[list[float]]] = Field(default_factory=dict)
+    # None: a file from before the host was measured; the spec's own engine.host_cores then stands.
+    host: HostCalibration | None = None
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -250,15 +271,19 @@ def save_calibration(cal: Calibration, path: str | Path) -> Path:
 def apply_calibration(spec: ExperimentSpec, cal: Calibration) -> ExperimentSpec:
     """The spec as the simulator should run it to model the calibrated testbed: the engine's
     measured speeds and KV geometry; each worker's NIC and the pods' core links at the unshaped
-    rate measured (one engine pair per link on the emulated cluster), with the headers on the wire.
-    The topology's structure, the link baseline (what a fault's r is relative to), the workload,
-    faults and everything else stay the spec's."""
+    rate measured (one engine pair per link on the emulated cluster), with the headers on the wire;
+    the host's cores where the engines share them (``engine.host_cores``; None where they do not:
+    one accelerator per engine). The topology's structure, the link baseline (what a fault's r is
+    relative to), the workload, faults and everything else stay the spec's."""
     n = cal.network
     wire_gbps = n.unshaped_gbps * n.kv_wire_overhead  # the fit is of KV bytes; links carry headers too
     topo = spec.topology.model_copy(update={
         "nic_gbps": wire_gbps, "uplink_gbps": wire_gbps * spec.topology.workers_per_pod,
         "kv_bytes_per_token": n.kv_bytes_per_token, "kv_wire_overhead": n.kv_wire_overhead})
-    engine = spec.engine.model_copy(update=cal.engine.model_dump())
+    update = cal.engine.model_dump()
+    if cal.host is not None:
+        update["host_cores"] = cal.host.cores if cal.host.shared else None
+    engine = spec.engine.model_copy(update=update)
     # validate the result as a whole (model_copy does not)
     return ExperimentSpec.model_validate({**spec.model_dump(), "topology": topo.model_dump(),
                                           "engine": engine.model_dump()})
@@ -267,8 +292,8 @@ def apply_calibration(spec: ExperimentSpec, cal: Calibration) -> ExperimentSpec:
 def calibration_from_fits(*, created: str, source: dict[str, Any], prefill: LinearFit, decode: LinearFit,
                           pull: LinearFit, unshaped: LinearFit, kv_bytes_per_token: int, kv_block_tokens: int,
                           decode_kv_tokens: int, handshake_s: Sequence[float], noise: dict[str, float],
-                          samples: dict[str, list[list[float]]]) -> Calibration:
-    """Assemble the file from the four fits (see the module docstring for their models)."""
+                          samples: dict[str, list[list[float]]], host: HostCalibration | None = None) -> Calibration:
+    """Assemble the file from the four fits (see the module docstring for their models) and the host."""
     overhead, s_per_token = prefill.coef
     base, per_seq, per_kv = decode.coef
     # The fixed cost of a pull is best seen where bytes are cheap: the unshaped fit's intercept
@@ -289,4 +314,4 @@ def calibration_from_fits(*, created: str, source: dict[str, Any], prefill: Line
                                                         "decode_step_per_kv_token_s"])),
               "kv_pull_shaped": FitReport(**pull.report(["kv_transfer_latency_s", "kv_wire_overhead"])),
               "kv_pull_unshaped": FitReport(**unshaped.report(["kv_transfer_latency_s", "unshaped_s_per_byte"]))},
-        handshake_s=[float(h) for h in handshake_s], noise=noise, samples=samples)
+        handshake_s=[float(h) for h in handshake_s], noise=noise, samples=samples, host=host)

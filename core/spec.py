@@ -107,6 +107,32 @@ class EngineSpec(_Spec):
     # ends a request whose pull ended after it as corrupt, every freed block taken as reused (an
     # upper bound).
     kv_lease_renewed: bool = True
+    # The host the engines run on (the simulator's host model: docs/simulator.md "The host model").
+    # None: each engine has an accelerator of its own and shares nothing of its host that the model
+    # would notice (a GPU cluster; the model as it was). A number: every engine of the cluster
+    # shares that many CPU cores, as on the emulated testbed, where each pod is a network namespace
+    # of one machine: an engine that has work (or spins) demands host_engine_cores, and when the
+    # engines demand more than there is, each computes at cores / demand of its speed (processor
+    # sharing, as Linux's fair scheduler gives runnable threads). `testbed calibrate` measures the
+    # cores (core/calibration.py HostCalibration) and sets this where CPU engines outnumber them.
+    host_cores: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # What one engine demands while it has work: vLLM's CPU engine computes on one thread
+    # (OMP_NUM_THREADS=1, docs/testbed.md "One engine thread"), and while it waits its worker spins on
+    # that thread; measured at 1.0 core per VLLM::Worker process while pulls hung (docs/reliability.md
+    # "Measured").
+    host_engine_cores: float = Field(1.0, gt=0, allow_inf_nan=False)
+    # How long an engine's worker goes on spinning after its last call: vLLM's shared-memory queue
+    # reader busy-waits that long after each read (shm_broadcast.SpinCondition, busy_loop_s = 1:
+    # docs/reliability.md "What spins").
+    host_spin_s: float = Field(1.0, ge=0, allow_inf_nan=False)
+
+    @field_validator("host_cores", mode="before")
+    @classmethod
+    def _cores_not_bool(cls, v: Any) -> Any:
+        # `host_cores: true` reads as "the host is shared" but would mean one core
+        if isinstance(v, bool):
+            raise ValueError(f"host_cores is a number of cores (e.g. 2) or null, not {str(v).lower()}")
+        return v
 
 
 class CircuitBreakerSpec(_Spec):

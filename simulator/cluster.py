@@ -20,7 +20,9 @@
   timeout of that stage;
 * retries (``router.retry``): an attempt without its first token ``attempt_ttft_s`` after it
   was routed is given up the same way and, as :mod:`core.retry` decides, routed again after its
-  backoff (the simulated engines never fail otherwise, so that is all that is retried here).
+  backoff (the simulated engines never fail otherwise, so that is all that is retried here);
+* each engine has its own accelerator: where the engines share a host's cores instead
+  (``engine.host_cores``), :class:`simulator.host.HostedClusterSim` runs this model with them.
 
 Everything around the cluster is the run context both worlds open
 (:class:`core.run.RunContext`): routing returns a :class:`core.ticket.Ticket`,
@@ -349,7 +351,11 @@ class ClusterSim:
         w.busy = True
         for req in batch:
             req.enter(PREFILL, now)
-        dur = self.slowdown[w.pod] * (self._prefill_overhead + tokens / self._prefill_tps)
+        self._run_prefill(idx, batch, tokens)
+
+    def _run_prefill(self, idx: int, batch: list[Ticket], tokens: int) -> None:
+        """Time the batch just started on prefill worker idx (simulator.host makes it fluid)."""
+        dur = self.slowdown[self.prefill[idx].pod] * (self._prefill_overhead + tokens / self._prefill_tps)
         call_after(self.env, dur, self._end_prefill, (idx, batch))
 
     def _end_prefill(self, ev: Call) -> None:

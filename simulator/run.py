@@ -15,7 +15,7 @@ from core.run import RunContext
 from core.spec import ExperimentSpec
 from workloads.generate import Workload, generate
 
-from .cluster import ClusterSim
+from .host import HostedClusterSim, cluster_sim
 
 
 # Young-generation threshold while a simulation runs (CPython's default: 700).
@@ -63,9 +63,11 @@ def run_sim(
     wl = workload if workload is not None else generate(spec.workload, seed_streams(seed)["workload"], base_dir=base_dir)
     with RunContext(spec, "sim", policy, seed, out, build_topology(spec), wl.summary()) as ctx:
         env = simpy.Environment()
-        sim = ClusterSim(env, ctx, spec.engine, wl, spec.deadline_s, spec.topology.kv_bytes_per_token, progress,
-                         spec.topology.kv_wire_overhead, spec.first_token_limit_s)
+        sim = cluster_sim(env, ctx, spec.engine, wl, spec.deadline_s, spec.topology.kv_bytes_per_token, progress,
+                          spec.topology.kv_wire_overhead, spec.first_token_limit_s)
         with _fewer_collections():
             sim.run()
         ctx.writer.meta["sim_end_s"] = env.now
+        if isinstance(sim, HostedClusterSim):  # the shared host's summary (docs/simulator.md "The host model")
+            ctx.writer.meta["sim_host"] = sim.host_summary()
     return ctx.run_dir

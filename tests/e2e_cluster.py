@@ -101,7 +101,7 @@ def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
     # an admission limit of OVERLOAD_LIMIT. Without a limit, 224 requests at this rate held up to 86
     # in flight here, a TTFT p50 of 3.2 s (docs/performance.md "Overload and the admission
     # limit"), so a limit of 4 binds within a few.
-    rate = base["workload"]["arrival"]["rate_rps"] * 10
+    rate = 5.0
     overload = parse_spec({**base, "name": "e2e_overload", "policies": ["LC"],
                            "workload": {**base["workload"], "arrival": {"kind": "poisson", "rate_rps": rate},
                                         "duration_s": None, "max_requests": OVERLOAD_REQUESTS},

@@ -143,3 +143,49 @@ def test_a_spec_is_validated_once_and_each_workload_generated_once_on_the_way_to
     assert sorted(replayed) == sorted((p, s) for p in policies for s in seeds)
     for (_, seed), arrival in replayed.items():  # the very workload of the seed's stream
         np.testing.assert_array_equal(arrival, expected[seed].arrival_s)
+
+
+def test_a_repeat_runs_the_same_workloads_again_on_the_same_engines_into_its_own_folder(tmp_path, monkeypatch):
+    """`testbed twin --repeat` (the testbed's repeatability): the driver runs every (policy, seed)
+    twice, the second pass into the repeat folder, each with the seed's very arrival times."""
+    from rich.console import Console
+
+    import testbed.runs.driver as driver
+    from core.experiment import build_topology
+    from core.spec import load_spec
+    from testbed.router.actor import RouterActor
+    from testbed.runs.jobs import prepare_jobs, repeat_of, write_jobs
+
+    spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
+    jobs = prepare_jobs([(spec, ["LC", "OTF-R"], [0, 1])])
+    jobs.append(repeat_of(jobs[0], tmp_path / "repeat"))
+    write_jobs(tmp_path / "jobs.pkl", jobs)
+    jobs = driver.read_jobs(tmp_path / "jobs.pkl")  # as the driver gets them
+    replayed: list[tuple[str, int, str, list[float]]] = []
+
+    class FakeRouterActor:
+        @staticmethod
+        def options(**kw):
+            return FakeRouterActor
+
+        @staticmethod
+        def remote(*args):
+            actor = RouterActor.__ray_metadata__.modified_class(*pickle.loads(pickle.dumps(args)))
+            handle = type("Handle", (), {})()
+            handle.run = _Call(lambda arrival, prompt, output: (replayed.append((args[1], args[2], args[3], list(arrival))),
+                                                                 {"ok": len(arrival)})[1])
+            handle.progress = _Call(lambda: {"outcomes": {}})
+            handle.close = _Call(lambda status, **kw: asyncio.run(actor.close(status, **kw)))
+            return handle
+
+    monkeypatch.setattr(driver, "ray", _FakeRay)
+    monkeypatch.setattr(driver, "RouterActor", FakeRouterActor)
+    monkeypatch.setattr(driver, "console", Console(file=io.StringIO()))
+    driver._run_jobs(jobs, tmp_path / "out", _FakeEngines(build_topology(spec)), {"vocab": 2048, "kv_bytes_per_token": 8192},
+                     None, None)
+    first = [(p, s, a) for p, s, o, a in replayed if Path(o) == tmp_path / "out"]
+    again = [(p, s, a) for p, s, o, a in replayed if Path(o) == (tmp_path / "repeat").resolve()]
+    assert len(replayed) == 8 and first == again  # the same runs, in the same order, the same arrivals
+    for out in (tmp_path / "out", tmp_path / "repeat"):
+        assert sorted(d.relative_to(out).as_posix() for d in out.glob("*/*/seed-*")) == sorted(
+            f"{spec.name}/{p}/seed-{s}" for p in ("LC", "OTF-R") for s in (0, 1))

@@ -27,7 +27,16 @@ to the quantities the two worlds are later compared on:
   gaps between successive token arrivals while all ``b`` run are the step time at
   batch ``b`` with their KV tokens; gaps far above the typical step are host stalls
   (:func:`core.calibration.stall_stats`);
-* **NIXL's first handshake**: each pair's first pull minus its second of the same size.
+* **NIXL's first handshake**: each pair's first pull minus its second of the same size;
+* **the host** (:func:`measure_host`): on each engine's node, the CPUs its processes may run on
+  (their affinity) and the machine's boot id, so engines on one machine are counted together;
+  where CPU engines outnumber its cores the simulator shares them (docs/simulator.md "The host
+  model");
+* **the host under load** (:func:`concurrent_phase`): a prompt timed on the first prefill engine
+  alone, on every prefill engine at once, and on every prefill engine at once while a pull from
+  the first hangs on its shaped link (its decoder waits, its prefill engine holds the KV: vLLM's
+  CPU engines spin on both ends), each after the workers' busy-wait of the last call has ended;
+  the slowdown against alone beside the host model's for the same demand.
 
 The fits and the file are :mod:`core.calibration`'s.
 """
@@ -44,8 +53,9 @@ import numpy as np
 import ray
 from rich.console import Console
 
-from core.calibration import (Calibration, calibration_from_fits, fit_decode, fit_prefill, fit_pull,
-                              fit_unshaped_pull, pull_noise, stall_stats)
+from core.calibration import (Calibration, HostCalibration, calibration_from_fits, fit_decode, fit_prefill,
+                              fit_pull, fit_unshaped_pull, pull_noise, stall_stats)
+from core.host_model import host_shared, host_speed
 from core.spec import ExperimentSpec
 from core.topology import Topology, kv_transfer_bytes
 
@@ -66,6 +76,13 @@ SHAPE_TTL_S = 120.0
 DECODE_BATCHES = (1, 2, 4, 8, 16)
 DECODE_PROMPTS = (256, 1024)
 DECODE_TOKENS = 32
+# The concurrent phase: prompts of this length (about 0.4 s alone on the CI machine's engines), each
+# setting this many times; a hanging pull of HANG_BLOCKS blocks at the shaped rate lasts 10 s at
+# r = 0.01 of 250 Mbit/s, well past the 1.5 s wait and the prefills timed during it.
+HOST_PROMPT = 1536
+HOST_REPEATS = 3
+HANG_BLOCKS = 2
+HOST_PROBE_TIMEOUT_S = 60.0
 
 
 class _Ids:
@@ -221,6 +238,17 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
                 decode_samples.append([b, b * (tokens + DECODE_TOKENS / 2), step])
     console.print(f"  calibrate: decode steps ({len(gaps)} gaps) in {time.monotonic() - t2:.0f} s")
 
+    host = measure_host(spec, topo, prefill, decode)
+    if host is not None and len(prefill) > 0:
+        t3 = time.monotonic()
+        concurrent, rows = concurrent_phase(spec, prefill, D, agent, ifname, SHAPED[-1][0] * baseline_bps, ids,
+                                            host.cores)
+        host = host.model_copy(update={"concurrent": concurrent})
+        console.print(f"  calibrate: host {host.cores:g} cores, {host.engines} engines, shared {host.shared}; "
+                      f"under load {_show(concurrent)} in {time.monotonic() - t3:.0f} s")
+    else:
+        rows = []
+
     ps, us, ss, ds = (np.asarray(x, float) for x in (prefill_samples, unshaped, shaped, decode_samples))
     f_pre = fit_prefill(ps[:, 0], ps[:, 1])
     f_dec = fit_decode(ds[:, 0], ds[:, 1], ds[:, 2])
@@ -237,10 +265,116 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
         decode_kv_tokens=spec.testbed.kv_cache_bytes // kvpt, handshake_s=handshake_s, noise=noise,
         samples={"prefill_tokens_s_batch": prefill_samples, "pull_unshaped_bytes_s": unshaped,
                  "pull_shaped_bytes_bps_nixl_s_stage_s": shaped, "pull_after_rate_change_bytes_bps_nixl_s_stage_s": first,
-                 "decode_batch_kvtokens_step_s": decode_samples})
+                 "decode_batch_kvtokens_step_s": decode_samples, "host_phase_engine_s": rows},
+        host=host)
 
 
 def _cores() -> int:
     import os
 
     return len(os.sched_getaffinity(0))
+
+
+@ray.remote(num_cpus=0)
+def _host_probe(pids: list[int]) -> tuple[str, list[int]]:
+    """On an engine's node: the machine's boot id and the CPUs the engine's processes may run on."""
+    import os
+    from pathlib import Path
+
+    cpus: set[int] = set()
+    for pid in pids:
+        try:
+            cpus |= os.sched_getaffinity(pid)
+        except OSError:  # gone since it was listed
+            pass
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip(), sorted(cpus)
+
+
+def measure_host(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any],
+                 decode: Sequence[Any]) -> HostCalibration | None:
+    """The host the engines share (module docstring); None, with a warning, where an engine's node
+    cannot be probed (the simulator then keeps the spec's host)."""
+    engines = [(int(topo.worker_pod[w]), e) for w, e in zip(topo.prefill_ids.tolist(), prefill)] + \
+              [(int(topo.worker_pod[w]), e) for w, e in zip(topo.decode_ids.tolist(), decode)]
+    try:
+        pids = ray.get([e.compute_pids.remote() for _, e in engines], timeout=HOST_PROBE_TIMEOUT_S)
+        probes = ray.get([_host_probe.options(resources={f"pod{pod}": 0.001}).remote(p)
+                          for (pod, _), p in zip(engines, pids)], timeout=HOST_PROBE_TIMEOUT_S)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as e:
+        console.print(f"  calibrate: the host was not measured ({type(e).__name__}: {e}); the simulator keeps the spec's")
+        return None
+    by_host: dict[str, list[set[int]]] = {}
+    for boot, cpus in probes:
+        by_host.setdefault(boot, []).append(set(cpus))
+    busiest = max(by_host.values(), key=len)
+    cores = float(len(set().union(*busiest)))
+    gpus = spec.testbed.gpus_per_engine
+    return HostCalibration(cores=cores, engines=len(busiest), hosts=len(by_host), gpus_per_engine=gpus,
+                           shared=host_shared(cores, len(busiest), gpus, spec.engine.host_engine_cores))
+
+
+def _quiet(spec: ExperimentSpec) -> None:
+    """Wait until every engine's worker has stopped spinning after its last call (host_spin_s)."""
+    time.sleep(spec.engine.host_spin_s + 0.5)
+
+
+def _prefill_all(engines: Sequence[Any], ids: _Ids) -> tuple[list[float], list[tuple[str, list[int], Any]]]:
+    """One prompt on each engine at once: each one's seconds as the router records them, and the
+    requests (id, prompt, result) whose KV is still held."""
+    reqs = [ids(HOST_PROMPT) for _ in engines]
+    sent = time.monotonic()
+    refs = [e.prefill.remote(rid, p) for e, (rid, p) in zip(engines, reqs)]
+    back: dict[Any, float] = {}
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        back[done[0]] = time.monotonic()
+    res = ray.get(refs)
+    secs = [back[r] - sent - x.stages.get("alloc", 0.0) for r, x in zip(refs, res)]
+    return secs, [(rid, p, x) for (rid, p), x in zip(reqs, res)]
+
+
+def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, agent: Any, ifname: str,
+                     rate_bps: float, ids: _Ids, cores: float) -> tuple[dict[str, float], list[list[float]]]:
+    """The host under load (module docstring): a HOST_PROMPT prompt on prefill[0] alone (1 engine
+    demanding), on every prefill engine at once (k), and on every one while a pull from prefill[0] to
+    ``decode`` hangs on prefill[0]'s uplink shaped to ``rate_bps`` (k + 1: its decoder waits). Returns
+    the medians, the measured slowdowns against alone and the host model's for the same demand, and
+    rows (setting 0/1/2, engine index, seconds)."""
+    k, per = len(prefill), spec.engine.host_engine_cores
+    rows: list[list[float]] = []
+    for _ in range(HOST_REPEATS):
+        _quiet(spec)
+        secs, held = _prefill_all(prefill[:1], ids)
+        rows += [[0, 0, secs[0]]]
+        ray.get([decode.decode.remote(rid, p, 1, x.kv_transfer_params) for rid, p, x in held])
+    for _ in range(HOST_REPEATS):
+        _quiet(spec)
+        secs, held = _prefill_all(prefill, ids)
+        rows += [[1, i, s] for i, s in enumerate(secs)]
+        ray.get([decode.decode.remote(rid, p, 1, x.kv_transfer_params) for rid, p, x in held])
+    for _ in range(HOST_REPEATS):
+        rid, p = ids(HANG_BLOCKS * BLOCK + BLOCK // 2)
+        pre = ray.get(prefill[0].prefill.remote(rid, p))
+        ray.get(agent.apply_link.remote("calibrate-host", ifname, ["uplink"], rate_bps, SHAPE_TTL_S, True))
+        try:
+            hang = decode.decode.remote(rid, p, 1, pre.kv_transfer_params)
+            _quiet(spec)  # the pull has started and hangs; only its two ends demand
+            secs, held = _prefill_all(prefill, ids)
+            rows += [[2, i, s] for i, s in enumerate(secs)]
+        finally:
+            ray.get(agent.clear.remote("calibrate-host"))
+        ray.get([hang] + [decode.decode.remote(r, q, 1, x.kv_transfer_params) for r, q, x in held])
+    a = np.asarray(rows, float)
+    alone, every, hung = (float(np.median(a[a[:, 0] == s, 2])) for s in (0, 1, 2))
+    out = {"prompt_tokens": float(HOST_PROMPT), "prefill_engines": float(k), "alone_s": alone,
+           "all_prefill_s": every, "all_prefill_hang_s": hung}
+    for name, measured, demand in (("all_prefill", every, k), ("all_prefill_hang", hung, k + 1)):
+        out |= {f"{name}_demand_engines": float(demand), f"{name}_slowdown": measured / alone,
+                f"{name}_model_slowdown": 1.0 / host_speed(cores, demand * per)}
+    return out, rows
+
+
+def _show(c: dict[str, float]) -> str:
+    return ", ".join(f"{n}: x{c[f'{n}_slowdown']:.2f} (model x{c[f'{n}_model_slowdown']:.2f})"
+                     for n in ("all_prefill", "all_prefill_hang"))

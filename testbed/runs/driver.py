@@ -354,8 +354,8 @@ def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
         for job in jobs:
             for policy in job.policies:
                 for seed in job.seeds:
-                    run_one(job.spec, policy, seed, job.workloads[seed], out, engines, model_meta, progress, targets,
-                            agents)
+                    run_one(job.spec, policy, seed, job.workloads[seed], job.out_dir or out, engines, model_meta,
+                            progress, targets, agents)
 
 
 def _cluster_pss(run_id: str | None) -> int | None:

@@ -33,6 +33,10 @@ class RunJob:
     policies: list[str]
     seeds: list[int]
     workloads: dict[int, Workload] = field(default_factory=dict)
+    # Where its runs go (absolute); None: the driver's --out. A repeat of a job on the same engines
+    # (the testbed's repeatability, docs/twin.md "Repeatability") goes to its own folder, so each
+    # pass is one set of runs of the scenario.
+    out_dir: Path | None = None
 
 
 def check_workload(wl: Workload, spec: ExperimentSpec) -> None:
@@ -54,6 +58,12 @@ def prepare_jobs(jobs: Sequence[Job], serve: bool = False) -> list[RunJob]:
             check_workload(wl, spec)
         out.append(RunJob(spec, list(policies), list(seeds), workloads))
     return out
+
+
+def repeat_of(job: RunJob, out_dir: Path) -> RunJob:
+    """The same job run again into ``out_dir``: the very workloads (the same requests at the same
+    times), so what differs between the two passes is the testbed's own doing."""
+    return RunJob(job.spec, job.policies, job.seeds, job.workloads, Path(out_dir).resolve())
 
 
 def write_jobs(path: Path, jobs: Sequence[RunJob]) -> None:

@@ -26,7 +26,7 @@ from core.spec import ExperimentSpec
 from core.sizes import available_memory_bytes
 from testbed.hosts.netns import missing_privileges
 from testbed.router.flow import ABORT_GRACE_S
-from testbed.runs.jobs import Job, RunJob, prepare_jobs, write_jobs
+from testbed.runs.jobs import Job, RunJob, prepare_jobs, repeat_of, write_jobs
 
 console = Console(stderr=True)
 
@@ -123,9 +123,11 @@ def emulated_cluster_at(address: str) -> Any:
 
 def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
                 more: Sequence[Job] = (), calibrate_to: Path | None = None, address: str | None = None,
-                serve: bool = False) -> int:
+                serve: bool = False, repeat_to: Path | None = None) -> int:
     """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines);
-    with ``calibrate_to``, measure the engines and links first and write the calibration there.
+    with ``calibrate_to``, measure the engines and links first and write the calibration there;
+    with ``repeat_to``, run ``policies`` x ``seeds`` once more at the end, on the same engines and
+    with the same workloads, into that folder (the testbed's repeatability).
     ``address``: on that Ray cluster (pods from its nodes' resources) instead of an emulated
     cluster brought up and down for the run. ``serve``: one policy and seed serve outside
     clients through the ingress instead of the workload, until Ctrl-C (a normal end)."""
@@ -141,6 +143,10 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     # Each workload generated once, here, and refused before minutes go into starting engines
     # that cannot serve it; the driver runs these very workloads (testbed/runs/jobs.py).
     run_jobs = prepare_jobs(jobs, serve)
+    if repeat_to is not None:
+        if serve:
+            raise ValueError("--serve: a served run has no workload to repeat")
+        run_jobs.append(repeat_of(run_jobs[0], repeat_to))
     if address is not None:
         return _run_on_cluster(spec, out, run_jobs, calibrate_to, address, serve)
     check_faults(jobs)
