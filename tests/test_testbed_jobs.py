@@ -65,6 +65,30 @@ class _FakeEngines:
         return []
 
 
+def _fake_router_actor(on_run):
+    """A stand-in for RouterActor's Ray handle: the real class is built from its arguments pickled as
+    Ray would, its run hands (the actor's arguments, the arrival times) to ``on_run``, and its
+    close closes the real run."""
+    from testbed.router.actor import RouterActor
+
+    class FakeRouterActor:
+        @staticmethod
+        def options(**kw):
+            return FakeRouterActor
+
+        @staticmethod
+        def remote(*args):
+            args = pickle.loads(pickle.dumps(args))
+            actor = RouterActor.__ray_metadata__.modified_class(*args)
+            handle = type("Handle", (), {})()
+            handle.run = _Call(lambda arrival, prompt, output: (on_run(args, arrival), {"ok": len(arrival)})[1])
+            handle.progress = _Call(lambda: {"outcomes": {}})
+            handle.close = _Call(lambda status, **kw: asyncio.run(actor.close(status, **kw)))
+            return handle
+
+    return FakeRouterActor
+
+
 def test_a_spec_is_validated_once_and_each_workload_generated_once_on_the_way_to_the_router(tmp_path, monkeypatch):
     from rich.console import Console
     from rich.progress import Progress
@@ -72,7 +96,6 @@ def test_a_spec_is_validated_once_and_each_workload_generated_once_on_the_way_to
     import testbed.runs.driver as driver
     from core.experiment import build_topology, seed_streams
     from core.spec import ExperimentSpec, load_spec
-    from testbed.router.actor import RouterActor
     from testbed.runs.jobs import prepare_jobs
     from testbed.runs.launch import _driver_argv
 
@@ -110,22 +133,12 @@ def test_a_spec_is_validated_once_and_each_workload_generated_once_on_the_way_to
     jobs = driver.read_jobs(Path(argv[argv.index("--jobs") + 1]))
     replayed: dict[tuple[str, int], list[float]] = {}
 
-    class FakeRouterActor:
-        @staticmethod
-        def options(**kw):
-            return FakeRouterActor
+    def on_run(args, arrival):
+        got_spec, policy, seed = args[:3]
+        assert isinstance(got_spec, ExperimentSpec)
+        replayed[(policy, seed)] = arrival
 
-        @staticmethod
-        def remote(*args):
-            got_spec, policy, seed = pickle.loads(pickle.dumps(args))[:3]
-            assert isinstance(got_spec, ExperimentSpec)
-            actor = RouterActor.__ray_metadata__.modified_class(*pickle.loads(pickle.dumps(args)))
-            handle = type("Handle", (), {})()
-            handle.run = _Call(lambda arrival, prompt, output: (replayed.__setitem__((policy, seed), arrival),
-                                                                 {"ok": len(arrival)})[1])
-            handle.progress = _Call(lambda: {"outcomes": {}})
-            handle.close = _Call(lambda status, **kw: asyncio.run(actor.close(status, **kw)))
-            return handle
+    FakeRouterActor = _fake_router_actor(on_run)
 
     monkeypatch.setattr(driver, "ray", _FakeRay)
     monkeypatch.setattr(driver, "RouterActor", FakeRouterActor)
@@ -153,7 +166,6 @@ def test_a_repeat_runs_the_same_workloads_again_on_the_same_engines_into_its_own
     import testbed.runs.driver as driver
     from core.experiment import build_topology
     from core.spec import load_spec
-    from testbed.router.actor import RouterActor
     from testbed.runs.jobs import prepare_jobs, repeat_of, write_jobs
 
     spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
@@ -163,20 +175,7 @@ def test_a_repeat_runs_the_same_workloads_again_on_the_same_engines_into_its_own
     jobs = driver.read_jobs(tmp_path / "jobs.pkl")  # as the driver gets them
     replayed: list[tuple[str, int, str, list[float]]] = []
 
-    class FakeRouterActor:
-        @staticmethod
-        def options(**kw):
-            return FakeRouterActor
-
-        @staticmethod
-        def remote(*args):
-            actor = RouterActor.__ray_metadata__.modified_class(*pickle.loads(pickle.dumps(args)))
-            handle = type("Handle", (), {})()
-            handle.run = _Call(lambda arrival, prompt, output: (replayed.append((args[1], args[2], args[3], list(arrival))),
-                                                                 {"ok": len(arrival)})[1])
-            handle.progress = _Call(lambda: {"outcomes": {}})
-            handle.close = _Call(lambda status, **kw: asyncio.run(actor.close(status, **kw)))
-            return handle
+    FakeRouterActor = _fake_router_actor(lambda args, arrival: replayed.append((args[1], args[2], args[3], list(arrival))))
 
     monkeypatch.setattr(driver, "ray", _FakeRay)
     monkeypatch.setattr(driver, "RouterActor", FakeRouterActor)

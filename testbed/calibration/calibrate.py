@@ -149,17 +149,24 @@ def warm_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, tokens
 def _prefill_batch(engine: Any, decode: Any, ids: _Ids, k: int, tokens: int) -> float:
     """k equal prompts at once: first allocation to last return (then pulled, freeing their KV)."""
     reqs = [ids(tokens) for _ in range(k)]
+    sent, back, res = _timed_prefills([engine] * k, reqs)
+    start = min(sent + r.stages.get("alloc", 0.0) for r in res)
+    ray.get([decode.decode.remote(rid, p, 1, r.kv_transfer_params) for (rid, p), r in zip(reqs, res)])
+    return max(back) - start
+
+
+def _timed_prefills(engines: Sequence[Any],
+                    reqs: Sequence[tuple[str, list[int]]]) -> tuple[float, list[float], list[Any]]:
+    """Each request prefilled on its engine, all sent at once: when they were sent, when each
+    came back (in request order) and the results."""
     sent = time.monotonic()
-    refs = [engine.prefill.remote(rid, p) for rid, p in reqs]
+    refs = [e.prefill.remote(rid, p) for e, (rid, p) in zip(engines, reqs)]
     back: dict[Any, float] = {}
     pending = list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         back[done[0]] = time.monotonic()
-    res = ray.get(refs)
-    start = min(sent + r.stages.get("alloc", 0.0) for r in res)
-    ray.get([decode.decode.remote(rid, p, 1, r.kv_transfer_params) for (rid, p), r in zip(reqs, res)])
-    return max(back.values()) - start
+    return sent, [back[r] for r in refs], ray.get(refs)
 
 
 def _decode_steps(engine: Any, ids: _Ids, batch: int, tokens: int) -> tuple[list[float], float]:
@@ -322,15 +329,8 @@ def _prefill_all(engines: Sequence[Any], ids: _Ids) -> tuple[list[float], list[t
     """One prompt on each engine at once: each one's seconds as the router records them, and the
     requests (id, prompt, result) whose KV is still held."""
     reqs = [ids(HOST_PROMPT) for _ in engines]
-    sent = time.monotonic()
-    refs = [e.prefill.remote(rid, p) for e, (rid, p) in zip(engines, reqs)]
-    back: dict[Any, float] = {}
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        back[done[0]] = time.monotonic()
-    res = ray.get(refs)
-    secs = [back[r] - sent - x.stages.get("alloc", 0.0) for r, x in zip(refs, res)]
+    sent, back, res = _timed_prefills(engines, reqs)
+    secs = [b - sent - x.stages.get("alloc", 0.0) for b, x in zip(back, res)]
     return secs, [(rid, p, x) for (rid, p), x in zip(reqs, res)]
 
 
