@@ -336,17 +336,29 @@ def test_a_timeout_on_a_starved_engine_is_recorded_in_the_stage_its_own_log_give
 
 class DeadPullEngine(ScriptedEngine):
     """A decode engine whose KV read cannot be cancelled, as vLLM's: the call returns at the abort,
-    the read ends ``ends_at`` after the call (``how``: "recv_done" or "recv_failed"; None: never)."""
+    the read ends ``ends_at`` after the call reached the engine (``how``: "recv_done" or
+    "recv_failed"; None: never), and its end is told as an offset from the abort's arrival.
+    ``dispatch_s``: how long the decode call takes to reach the engine (a busy host's actor)."""
 
-    def __init__(self, ends_at: float, how: str | None) -> None:
+    def __init__(self, ends_at: float, how: str | None, dispatch_s: float = 0.0) -> None:
         super().__init__({"alloc_remote": 0.05}, end=60.0)
-        self.ends_at, self.how, self.forgotten = ends_at, how, []
+        self.ends_at, self.how, self.dispatch_s, self.forgotten = ends_at, how, dispatch_s, []
+        self._aborted: dict[str, float] = {}
+
+    async def decode(self, rid, ids, max_tokens, kv_transfer_params=None):
+        await asyncio.sleep(self.dispatch_s)
+        return await super().decode(rid, ids, max_tokens, kv_transfer_params)
+
+    async def abort(self, rid):
+        self._aborted[rid] = time.monotonic()
+        await super().abort(rid)
 
     async def pull_end(self, rid, forget=False):
         if forget:
             self.forgotten.append(rid)
-        done = self.how is not None and time.monotonic() - self._t0[rid] >= self.ends_at
-        return {self.how: self.ends_at} if done else {}
+        end = self._t0[rid] + self.ends_at
+        done = self.how is not None and time.monotonic() >= end
+        return {self.how: end - self._aborted[rid]} if done else {}
 
 
 @pytest.mark.parametrize("how, ending", [("recv_done", "done"), ("recv_failed", "failed"), (None, "unseen")])
@@ -385,3 +397,31 @@ def test_a_dead_pull_is_watched_after_the_deadline_and_recorded(tmp_path, monkey
         assert dead.bytes_after == pytest.approx(row.kv_bytes * share)
     else:
         assert math.isnan(dead.bytes_after)
+
+
+def test_a_dead_pulls_end_counts_the_decode_calls_dispatch_and_lies_after_its_give_up(tmp_path, monkeypatch):
+    # The decode call reaches the engine 0.8 s after it was sent (a loaded host: CI, 2026-11-25, saw
+    # a pull end placed 1.2 s before its give-up), its pull then ends 1.5 s later, at 2.3 s: after
+    # the give-up (1 s). An offset from the call's arrival would place it at 1.5 s; one from the
+    # abort's, as the engine tells it, places it where it was.
+    from testbed.router import flow as serve
+
+    monkeypatch.setattr(serve, "DEAD_PULL_POLL_S", 0.05)
+    spec = _spec(deadline_s=1.0)
+    decode = DeadPullEngine(ends_at=1.5, how="recv_done", dispatch_s=0.8)
+    topo = build_topology(spec)
+    with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", topo, {"requests": 1}) as ctx:
+        t0 = time.monotonic()
+        flow = RequestFlow(ctx, [ScriptedEngine({"alloc": 0.0}, end=0.05)], [decode], spec.deadline_s,
+                           lambda: time.monotonic() - t0, vocab=2048, kv_bytes_per_token=KV)
+
+        async def go():
+            out = await flow.handle(0, 0.0, 256, 10)
+            await flow.drain()
+            return out
+
+        assert asyncio.run(go()) == "timeout"
+        truth = decode._t0["req-0-0"] + 1.5 - t0
+    (dead,) = read_table(ctx.run_dir, "dead_pulls").itertuples()
+    assert dead.ending == "done" and dead.end_s > dead.given_up_s
+    assert dead.end_s == pytest.approx(truth, abs=0.05) and truth > 2.2

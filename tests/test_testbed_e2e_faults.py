@@ -139,8 +139,10 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     assert len(cal.samples["pull_shaped_bytes_bps_nixl_s_stage_s"]) == fits["kv_pull_shaped"].n
     assert 1.0 <= cal.network.kv_wire_overhead < 1.15
     assert cal.network.kv_bytes_per_token == 8192 and cal.engine.kv_block_tokens == 128
-    # unshaped, UCX over the veth moves far more than the 250 Mbit/s baseline
-    assert cal.network.unshaped_gbps > 1.0
+    # Unshaped, UCX over the veth moves more than the link's baseline (what a fault's r is relative
+    # to), so a shaped link is the shaper's rate, not UCX's. Measured 0.9 to 3.6 Gbit/s on 2 cores,
+    # with the host's load (CI, 2026-11-25: 0.90), against 0.25.
+    assert cal.network.unshaped_gbps > throttled.topology.link_baseline_gbps
     assert 0 < cal.engine.decode_step_base_s < 0.5 and cal.engine.prefill_tokens_per_s > 100
     assert cal.noise["n_steps"] > 100 and len(cal.handshake_s) == 4  # every (prefill, decode) pair warmed
     # The twin: the same spec in the calibrated simulator; requests pulled from pod 0 during the

@@ -485,17 +485,19 @@ class Engine:
     async def abort(self, request_id: str) -> None:
         """Cancel a request (the router's deadline); its `decode` returns with `aborted` at once.
         A KV pull in flight goes on regardless (vLLM 0.32 frees an aborted request's blocks only
-        once its NIXL read has ended): its end is kept for :meth:`pull_end`."""
-        t0 = self._submitted.get(request_id)
-        if t0 is not None:
+        once its NIXL read has ended): its end is kept for :meth:`pull_end`, timed from this abort's
+        arrival. The pull was still going then, so the caller, adding the offset to when it sent the
+        abort, places the end after the abort; an offset from the original call's arrival would leave
+        out that call's dispatch delay (over 1 s on a loaded host), and place it too early."""
+        if request_id in self._submitted:
             events = self._stage_log.get(request_id)
             if "alloc_remote" in events and not PULL_ENDS & events.keys():
-                self._dead_pulls[request_id] = t0
+                self._dead_pulls[request_id] = self._clock()
         await self._require().abort(request_id)
 
     async def pull_end(self, request_id: str, forget: bool = False) -> dict[str, float]:
         """How an aborted request's KV pull ended ("recv_done" or "recv_failed", in seconds after
-        its call reached this engine), once the scheduler has logged it; {} until then (or for a
+        the abort reached this engine), once the scheduler has logged it; {} until then (or for a
         request without a pull in flight at its abort). Found, or with ``forget``, it is dropped."""
         t0 = self._dead_pulls.get(request_id)
         if t0 is None:

@@ -310,6 +310,7 @@ class RequestFlow:
                     ok, res = await self._until(deadline, res)
             if not ok:
                 where = await self._where(d_eng, rid)
+                aborted = self.clock()
                 res = await self._abort(d_eng, rid, res)
                 self._mark_decode(t, sent, _with_call_log(where, res), limit)
                 first = getattr(res, "first_token_s", None) if res is not None else None
@@ -318,7 +319,7 @@ class RequestFlow:
                 if t.stage == KV_TRANSFER:
                     # vLLM cannot cancel a NIXL read in flight: the call returned at the abort,
                     # the pull goes on; what became of it is recorded once it is known
-                    return TIMEOUT, self._watch_dead_pull(t, d_eng, rid, sent, limit,
+                    return TIMEOUT, self._watch_dead_pull(t, d_eng, rid, sent, aborted, limit,
                                                             dict(res.stages) if res is not None else {})
                 return TIMEOUT, None
             offsets = dict(res.stages)
@@ -351,29 +352,33 @@ class RequestFlow:
         self.watches.add(task)
         task.add_done_callback(self.watches.discard)
 
-    async def _watch_dead_pull(self, t: Ticket, engine: Any, rid: str, sent: float, given_up: float,
-                               stages: dict[str, float]) -> None:
-        """The dead pull of ``t`` (given up in kv_transfer at ``given_up``): its end, from the decode
-        engine's stage log, within DEAD_PULL_WATCH_S; then its row in dead_pulls."""
-        ends = {k: v for k, v in stages.items() if k in PULL_ENDS}  # ended before the call returned
+    async def _watch_dead_pull(self, t: Ticket, engine: Any, rid: str, sent: float, aborted: float,
+                               given_up: float, stages: dict[str, float]) -> None:
+        """The dead pull of ``t`` (given up in kv_transfer at ``given_up``, its decode call sent at
+        ``sent``, the abort at ``aborted``): its end, from the decode engine's stage log, within
+        DEAD_PULL_WATCH_S; then its row in dead_pulls."""
+        # Ended between the abort and the call's return: an offset from the call's start. (One that
+        # mapped to before ``given_up`` would have put the request in decode: it lies after.)
+        ends = {k: sent + v for k, v in stages.items() if k in PULL_ENDS}
         until = given_up + DEAD_PULL_WATCH_S
         try:
             while not ends and self.clock() < until:
                 await asyncio.sleep(DEAD_PULL_POLL_S)
-                ends = await engine.pull_end(rid)
+                # offsets from the abort's arrival at the engine (its pull_end): the pull outlived the abort
+                ends = {k: aborted + v for k, v in (await engine.pull_end(rid)).items()}
             if not ends:
                 await engine.pull_end(rid, forget=True)
         except Exception as e:  # the engine gone (or without the call): the pull was not seen to end
             log.warning("dead pull of %s: %s", rid, e)
             ends = {}
         if "recv_done" in ends:
-            end = sent + ends["recv_done"]
+            end = ends["recv_done"]
             # At the pull's mean rate: a throttled link's is its shaper's constant rate (htb).
             span = end - t.kv_start_s
             share = min(1.0, max(0.0, (end - given_up) / span)) if span > 0 else 0.0
             self.ctx.dead_pull(t, given_up, end, "done", t.kv_bytes * share)
         elif "recv_failed" in ends:  # UCX gave the read up: what it moved is not known, and useless
-            self.ctx.dead_pull(t, given_up, sent + ends["recv_failed"], "failed", NAN)
+            self.ctx.dead_pull(t, given_up, ends["recv_failed"], "failed", NAN)
         else:
             self.ctx.dead_pull(t, given_up, NAN, "unseen", NAN)
 
