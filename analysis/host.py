@@ -122,9 +122,13 @@ def _compute_faulted(requests: pd.DataFrame, faults: pd.DataFrame) -> np.ndarray
 def run_host_marks(requests: pd.DataFrame, host: pd.DataFrame, meta: dict[str, Any],
                    faults: pd.DataFrame | None = None, factor: float = STALL_FACTOR) -> pd.DataFrame:
     """:func:`request_host_stall` of a run: its deadline and engine speed read from its run.json
-    (``meta``), its compute faults from ``faults``."""
+    (``meta``), its compute faults from ``faults``. The engine speed is the one calibrated on the
+    run's engines where run.json has it (``calibration``: the driver records the calibration it
+    measured or was given), else the spec's nominal one. (The twin's spec says 4,100 tokens/s where
+    its engines measure about 1,500: against the nominal speed a prefill at its own quiet pace is
+    already 2.7x "its" time, and every request under pressure was marked.)"""
     spec = meta.get("spec") or {}
-    engine = spec.get("engine") or {}
+    engine = (meta.get("calibration") or {}).get("engine") or spec.get("engine") or {}
     deadline = float(spec.get("deadline_s", np.nan))
     rate, overhead = engine.get("prefill_tokens_per_s"), engine.get("prefill_overhead_s", 0.0)
     prefill_s = (overhead + requests["prompt_tokens"].to_numpy(float) / rate) if rate else None

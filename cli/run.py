@@ -58,7 +58,7 @@ def cmd_twin(args: argparse.Namespace) -> int:
     check_sizes(spec, "testbed", len(policies) * len(seeds) * (2 if repeat else 1), args)
     check_sizes(spec, "sim", len(policies) * len(seeds), args)
     run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else cal_path,
-                repeat_to=repeat_to)
+                repeat_to=repeat_to, calibration=cal_path if args.calibration else None)
     cal = load_calibration(cal_path)
     simulate(spec, policies, seeds, out / "sim", Path(args.spec).resolve().parent if args.spec else None, cal)
     shown = out_console()

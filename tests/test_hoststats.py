@@ -175,6 +175,23 @@ def test_the_runs_compute_faults_and_engine_speed_are_read_for_the_marks() -> No
     assert out["host_stalled"].astype(bool).tolist() == [True, False]
 
 
+def test_the_engines_calibrated_speed_in_run_json_is_what_a_prefill_is_held_against() -> None:
+    # A 400-token prompt's prefill took 1 s under pressure: 10x the spec's nominal 4,000 tokens/s
+    # (marked), but just its time at the 500 tokens/s and 0.2 s overhead its engines were calibrated at.
+    t = np.arange(0.0, 20.0, 0.5)
+    host = pd.concat([_host(0, t, 0.9 * t, 0.5 * t, 0.3 * t), _host(1, t, 0.9 * t, 0.2 * t, 0.01 * t)])
+    req = pd.DataFrame({"routed_s": [1.0], "prefill_start_s": [1.0], "prefill_end_s": [2.0], "end_s": [2.5],
+                        "prompt_tokens": [400], "prefill_pod": [0], "prefill_worker": [0], "decode_worker": [1]})
+    spec = {"deadline_s": 10.0, "engine": {"prefill_tokens_per_s": 4000.0, "prefill_overhead_s": 0.0}}
+    nominal = run_host_marks(req, host, {"spec": spec})
+    assert nominal.loc[0, "prefill_slowdown"] == pytest.approx(10.0) and bool(nominal.loc[0, "host_stalled"])
+    cal = {"path": "calibration.json", "measured_here": True,
+           "engine": {"prefill_tokens_per_s": 500.0, "prefill_overhead_s": 0.2}}
+    measured = run_host_marks(req, host, {"spec": spec, "calibration": cal})
+    assert measured.loc[0, "prefill_slowdown"] == pytest.approx(1.0 / (0.2 + 400 / 500))
+    assert not bool(measured.loc[0, "host_stalled"])
+
+
 def test_no_host_samples_no_marks() -> None:
     req = pd.DataFrame({"routed_s": [1.0], "prefill_start_s": [1.0], "prefill_end_s": [1.5], "end_s": [2.0],
                         "prefill_worker": [0], "decode_worker": [1]})

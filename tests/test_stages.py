@@ -425,3 +425,70 @@ def test_a_dead_pulls_end_counts_the_decode_calls_dispatch_and_lies_after_its_gi
     (dead,) = read_table(ctx.run_dir, "dead_pulls").itertuples()
     assert dead.ending == "done" and dead.end_s > dead.given_up_s
     assert dead.end_s == pytest.approx(truth, abs=0.05) and truth > 2.2
+
+
+# --- when a call reached its engine (CallClock) -------------------------------------------------------
+
+
+def test_a_calls_arrival_is_placed_by_the_engines_clock_offset_bounded_by_every_call():
+    from types import SimpleNamespace as Res
+
+    from testbed.router.flow import CallClock
+
+    clock = CallClock()  # the engine's clock runs 100 s ahead of the router's
+    assert clock.arrived(("decode", 0), 0.0, Res(submitted_s=100.01)) == pytest.approx(0.0)  # the fastest yet
+    # sent at 5 s, reached the engine at 5.51 s: placed 0.5 s after its send (0.01 s: the fastest's own delay)
+    assert clock.arrived(("decode", 0), 5.0, Res(submitted_s=105.51)) == pytest.approx(5.5)
+    # a faster call tightens the bound; another engine has its own offset; no result: the send
+    assert clock.arrived(("decode", 0), 10.0, Res(submitted_s=109.992)) == pytest.approx(10.0)
+    assert clock.arrived(("decode", 0), 20.0, Res(submitted_s=120.492)) == pytest.approx(20.5)
+    assert clock.arrived(("prefill", 0), 3.0, Res(submitted_s=-7.0)) == pytest.approx(3.0)
+    assert clock.arrived(("prefill", 0), 4.0, None) == 4.0
+    s = clock.summary()
+    assert s["decode"]["n"] == 4 and s["decode"]["max_s"] == pytest.approx(0.5) and s["prefill"]["n"] == 1
+
+
+class DispatchedEngine(ScriptedEngine):
+    """A scripted engine whose calls reach it after the delays given, in order (a busy actor)."""
+
+    def __init__(self, events: dict[str, float], end: float, first: float | None, delays: list[float]) -> None:
+        super().__init__(events, end, first)
+        self.delays = list(delays)
+
+    async def decode(self, rid, ids, max_tokens, kv_transfer_params=None):
+        await asyncio.sleep(self.delays.pop(0))
+        return await super().decode(rid, ids, max_tokens, kv_transfer_params)
+
+
+def test_a_decode_calls_dispatch_delay_is_counted_in_the_stage_times_after_it(tmp_path):
+    # Two requests in turn; the second's decode call reaches its engine 0.6 s after it was sent.
+    # Its admission, pull end and first token come 0.05, 0.1 and 0.15 s after that arrival, so
+    # after the send by 0.65, 0.7 and 0.75 s (placed at the send, they would be 0.6 s early).
+    spec = _spec(deadline_s=5.0)
+    decode = DispatchedEngine({"alloc_remote": 0.05, "recv_done": 0.1}, end=0.3, first=0.15, delays=[0.0, 0.6])
+    topo = build_topology(spec)
+    sent: list[float] = []
+    with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", topo, {"requests": 2}) as ctx:
+        t0 = time.monotonic()
+        clock = lambda: time.monotonic() - t0  # noqa: E731
+        flow = RequestFlow(ctx, [ScriptedEngine({"alloc": 0.0}, end=0.05)], [decode], spec.deadline_s, clock,
+                           vocab=2048, kv_bytes_per_token=KV)
+        inner = decode.decode
+
+        async def timed(*a, **kw):
+            sent.append(clock())
+            return await inner(*a, **kw)
+
+        decode.decode = timed
+
+        async def go():
+            return [await flow.handle(0, 0.0, 256, 10), await flow.handle(1, 0.0, 256, 10)]
+
+        assert asyncio.run(go()) == ["ok", "ok"]
+    req = read_table(ctx.run_dir, "requests").set_index("request_id")
+    late = req.loc[1]
+    assert late.kv_start_s - sent[1] == pytest.approx(0.65, abs=0.03)
+    assert late.kv_end_s - sent[1] == pytest.approx(0.70, abs=0.03)
+    assert late.first_token_s - sent[1] == pytest.approx(0.75, abs=0.03)
+    assert req.loc[0].first_token_s - sent[0] == pytest.approx(0.15, abs=0.03)
+    assert flow.calls.summary()["decode"]["max_s"] == pytest.approx(0.6, abs=0.03)  # what run.json gets

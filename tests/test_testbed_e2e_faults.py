@@ -145,6 +145,9 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     assert cal.network.unshaped_gbps > throttled.topology.link_baseline_gbps
     assert 0 < cal.engine.decode_step_base_s < 0.5 and cal.engine.prefill_tokens_per_s > 100
     assert cal.noise["n_steps"] > 100 and len(cal.handshake_s) == 4  # every (prefill, decode) pair warmed
+    # every run on these engines records it: its host-stall marks hold prefills against these speeds
+    recorded = read_meta(out / "e2e_link_fault" / "Random" / "seed-0")["calibration"]
+    assert recorded["measured_here"] and recorded["engine"] == cal.engine.model_dump(mode="json")
     # The twin: the same spec in the calibrated simulator; requests pulled from pod 0 during the
     # fault time out in kv_transfer there too, and the comparison reads both worlds.
     sim_dir = run_sim(apply_calibration(throttled, cal), "Random", 0, tmp_path / "sim")

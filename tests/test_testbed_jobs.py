@@ -188,3 +188,37 @@ def test_a_repeat_runs_the_same_workloads_again_on_the_same_engines_into_its_own
     for out in (tmp_path / "out", tmp_path / "repeat"):
         assert sorted(d.relative_to(out).as_posix() for d in out.glob("*/*/seed-*")) == sorted(
             f"{spec.name}/{p}/seed-{s}" for p in ("LC", "OTF-R") for s in (0, 1))
+
+
+def test_each_run_records_the_calibration_of_its_engines(tmp_path, monkeypatch):
+    """A calibration measured on the engines (or given to `testbed twin --calibration`) goes into
+    every run's run.json, where the host-stall marks read the engine speeds (analysis/host.py)."""
+    from rich.console import Console
+
+    import testbed.runs.driver as driver
+    from core.calibration import save_calibration
+    from core.experiment import build_topology
+    from core.spec import load_spec
+    from testbed.runs.jobs import prepare_jobs
+    from testbed.runs.launch import _driver_argv
+
+    from test_calibration import _calibration  # a calibration file's contents, as calibrate writes them
+
+    spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
+    jobs = prepare_jobs([(spec, ["LC"], [0])])
+    path = save_calibration(_calibration(), tmp_path / "cal" / "calibration.json")
+    argv = _driver_argv(jobs, tmp_path / "out", tmp_path / "model", {"vocab": 2048, "kv_bytes_per_token": 8192},
+                        tmp_path / "work", "local", None, calibration=path)
+    assert argv[argv.index("--calibration") + 1] == str(path.resolve()) and "--calibrate" not in argv
+    calibrated = driver.run_calibration(driver.load_calibration(str(path)), str(path), measured_here=False)
+
+    monkeypatch.setattr(driver, "ray", _FakeRay)
+    monkeypatch.setattr(driver, "RouterActor", _fake_router_actor(lambda args, arrival: None))
+    monkeypatch.setattr(driver, "console", Console(file=io.StringIO()))
+    driver._run_jobs(jobs, tmp_path / "out", _FakeEngines(build_topology(spec)), {"vocab": 2048, "kv_bytes_per_token": 8192},
+                     None, None, calibrated)
+    (run_dir,) = (tmp_path / "out").glob("*/LC/seed-0")
+    got = json.loads((run_dir / "run.json").read_text())["calibration"]
+    cal = driver.load_calibration(str(path))
+    assert got["measured_here"] is False and got["path"] == str(path) and got["created"] == cal.created
+    assert got["engine"]["prefill_tokens_per_s"] == cal.engine.prefill_tokens_per_s != spec.engine.prefill_tokens_per_s

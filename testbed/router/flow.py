@@ -11,9 +11,18 @@ neither Ray nor vLLM. Routing returns the request's :class:`core.ticket.Ticket`
 (the very objects the simulator drives; only the clock differs), and this flow
 marks on it the stages of :mod:`core.stages` as the engines report them.
 
-Stage times are the router's clock (seconds since run start) at which it sent a
-call, plus offsets measured inside the engine from that call's arrival, so engine
-clocks never need to agree with the router's:
+Stage times are the router's clock (seconds since run start) at which a call
+reached its engine, plus offsets measured inside the engine from that arrival, so
+engine clocks never need to agree with the router's. When a call reached its
+engine is known from the engine's own clock at its arrival (the results'
+``submitted_s``) and the clocks' offset, bounded by every call to that engine:
+an arrival cannot precede its send, so ``submitted_s - sent`` bounds the offset
+from above, and the smallest such bound seen is the estimate (:class:`CallClock`,
+Cristian's method without the return leg). A call then counts its dispatch delay
+beyond the fastest seen to that engine, which a loaded 2-core host makes large:
+taken as nil, as before 2026-11-25, a decode call's delay was left out of every
+stage time after it, and a pull's end placed before its give-up (docs/records.md
+"Stages"):
 
 * ``prefill_queue`` -> ``prefill``: the prefill engine's scheduler allocated the
   request's blocks (its stage log's ``alloc``; vLLM's ``queued_ts -> scheduled_ts``
@@ -131,8 +140,37 @@ def _with_call_log(where: Mapping[str, float], res: Any) -> dict[str, float]:
     return {**where, **(dict(res.stages) if res is not None else {})}
 
 
+class CallClock:
+    """When each call reached its engine, on the router's clock (module docstring). The offset of
+    an engine's clock from the router's, ``theta``, is at most ``submitted_s - sent`` for every
+    call (the arrival follows the send), so the least of those is its estimate: exact for the
+    fastest call seen, and later calls are placed after their send by their dispatch beyond it.
+    Monotonic clocks of one run drift by parts per million, so one offset per engine holds."""
+
+    def __init__(self) -> None:
+        self.theta: dict[tuple[str, int], float] = {}
+        self.delays: dict[str, list[float]] = {"prefill": [], "decode": []}
+
+    def arrived(self, engine: tuple[str, int], sent: float, res: Any) -> float:
+        """Router time the call sent at ``sent`` reached ``engine`` (role, index), from its result
+        ``res`` (its ``submitted_s``); ``sent`` where there is none."""
+        submitted = getattr(res, "submitted_s", None)
+        if submitted is None:
+            return sent
+        bound = float(submitted) - sent
+        theta = self.theta[engine] = min(self.theta.get(engine, math.inf), bound)
+        self.delays[engine[0]].append(bound - theta)
+        return sent + (bound - theta)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per role, the calls' dispatch delays beyond the fastest one (p50, p90, max, count)."""
+        return {role: {"n": len(d), "p50_s": float(np.median(d)), "p90_s": float(np.percentile(d, 90)),
+                       "max_s": float(max(d))} for role, d in self.delays.items() if d}
+
+
 def _at(sent: float, offsets: dict[str, float], event: str, limit: float = math.inf) -> float | None:
-    """Router time of an engine event (``sent`` + its offset), if it happened by ``limit``."""
+    """Router time of an engine event (``sent``, when its call reached the engine, + its
+    offset), if it happened by ``limit``."""
     off = offsets.get(event)
     if off is None or sent + off > limit:
         return None
@@ -173,6 +211,7 @@ class RequestFlow:
         self.salt = salt
         self.outcomes: dict[str, int] = {}
         self.unseparated = 0  # decode calls whose engine reported no admission time
+        self.calls = CallClock()
         self.watches: set[asyncio.Task] = set()  # dead pulls being watched (drain() waits for them)
         # Told of a call that raised (role, index, the exception): the router actor asks that
         # engine whether it is down (an engine's death shows first as its calls failing).
@@ -285,13 +324,15 @@ class RequestFlow:
             if not ok:
                 where = await self._where(p_eng, rid)
                 res = await self._abort(p_eng, rid, res)
-                started = _at(sent, _with_call_log(where, res), "alloc", first_by)
+                arrived = self.calls.arrived(calling, sent, res)
+                started = _at(arrived, _with_call_log(where, res), "alloc", first_by)
                 if started is not None:
                     t.enter(PREFILL, started)
                 return TIMEOUT, None
-            started = _at(sent, dict(res.stages), "alloc")
+            arrived = self.calls.arrived(calling, sent, res)
+            started = _at(arrived, dict(res.stages), "alloc")
             queued = getattr(res, "queued_s", None)
-            t.enter(PREFILL, started if started is not None else sent + (queued or 0.0))
+            t.enter(PREFILL, started if started is not None else arrived + (queued or 0.0))
             if res.kv_transfer_params is None or res.finish_reason == "abort":
                 return ERROR, None  # no KV to hand over: prefill failed
             t.enter(DECODE_QUEUE, self.clock())  # the prefill engine holds the KV for the decoder now
@@ -303,7 +344,8 @@ class RequestFlow:
             ok, res = await self._until(first_by, call)
             if not ok and first_by < deadline:
                 # The first-token limit: a request whose first token reached the engine's front
-                # end by then goes on to the deadline; one without is cut there.
+                # end by then goes on to the deadline; one without is cut there. (The call's
+                # arrival is not known before it returns: its send is the lenient bound.)
                 where = await self._where(d_eng, rid)
                 if _at(sent, where, "first_token", first_by) is not None:
                     limit = deadline
@@ -312,23 +354,25 @@ class RequestFlow:
                 where = await self._where(d_eng, rid)
                 aborted = self.clock()
                 res = await self._abort(d_eng, rid, res)
-                self._mark_decode(t, sent, _with_call_log(where, res), limit)
+                arrived = self.calls.arrived(calling, sent, res)
+                self._mark_decode(t, arrived, _with_call_log(where, res), limit)
                 first = getattr(res, "first_token_s", None) if res is not None else None
-                if first is not None and t.stage == DECODE and sent + (first - res.submitted_s) <= limit:
-                    t.first_token_s = sent + (first - res.submitted_s)
+                if first is not None and t.stage == DECODE and arrived + (first - res.submitted_s) <= limit:
+                    t.first_token_s = arrived + (first - res.submitted_s)
                 if t.stage == KV_TRANSFER:
                     # vLLM cannot cancel a NIXL read in flight: the call returned at the abort,
                     # the pull goes on; what became of it is recorded once it is known
-                    return TIMEOUT, self._watch_dead_pull(t, d_eng, rid, sent, aborted, limit,
+                    return TIMEOUT, self._watch_dead_pull(t, d_eng, rid, arrived, aborted, limit,
                                                             dict(res.stages) if res is not None else {})
                 return TIMEOUT, None
+            arrived = self.calls.arrived(calling, sent, res)
             offsets = dict(res.stages)
             if "alloc_remote" not in offsets:
                 self.unseparated += 1
                 offsets["alloc_remote"] = 0.0
-            self._mark_decode(t, sent, offsets, math.inf)
+            self._mark_decode(t, arrived, offsets, math.inf)
             if res.first_token_s is not None:
-                t.first_token_s = sent + (res.first_token_s - res.submitted_s)
+                t.first_token_s = arrived + (res.first_token_s - res.submitted_s)
                 if t.stage == KV_TRANSFER:  # no pull end reported: the first token is the first evidence
                     t.enter(DECODE, t.first_token_s)
             if res.aborted or res.first_token_s is None:
@@ -352,14 +396,14 @@ class RequestFlow:
         self.watches.add(task)
         task.add_done_callback(self.watches.discard)
 
-    async def _watch_dead_pull(self, t: Ticket, engine: Any, rid: str, sent: float, aborted: float,
+    async def _watch_dead_pull(self, t: Ticket, engine: Any, rid: str, arrived: float, aborted: float,
                                given_up: float, stages: dict[str, float]) -> None:
-        """The dead pull of ``t`` (given up in kv_transfer at ``given_up``, its decode call sent at
-        ``sent``, the abort at ``aborted``): its end, from the decode engine's stage log, within
-        DEAD_PULL_WATCH_S; then its row in dead_pulls."""
-        # Ended between the abort and the call's return: an offset from the call's start. (One that
-        # mapped to before ``given_up`` would have put the request in decode: it lies after.)
-        ends = {k: sent + v for k, v in stages.items() if k in PULL_ENDS}
+        """The dead pull of ``t`` (given up in kv_transfer at ``given_up``, its decode call at the
+        engine from ``arrived``, the abort sent at ``aborted``): its end, from the decode engine's
+        stage log, within DEAD_PULL_WATCH_S; then its row in dead_pulls."""
+        # Ended between the abort and the call's return: an offset from the call's arrival. (One
+        # that mapped to before ``given_up`` would have put the request in decode: it lies after.)
+        ends = {k: arrived + v for k, v in stages.items() if k in PULL_ENDS}
         until = given_up + DEAD_PULL_WATCH_S
         try:
             while not ends and self.clock() < until:

@@ -39,7 +39,7 @@ from workloads.generate import Workload
 from core.canary import Reference, canary_ids, reference, verdict
 from core.experiment import build_topology, run_dir_for, testbed_capacity
 from core.spec import ExperimentSpec
-from core.calibration import save_calibration
+from core.calibration import Calibration, load_calibration, save_calibration
 from testbed.engines.actor import EngineActor
 from testbed.router.actor import FaultTargets, RouterActor
 from testbed.engines.engine import EngineConfig
@@ -228,15 +228,25 @@ def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -
     return FaultTargets(pods, agents.head, agents.head_ip)
 
 
+def run_calibration(cal: Calibration, path: str, measured_here: bool) -> dict[str, Any]:
+    """What a run's run.json says of its engines' calibration: where it is, whether it was measured
+    on these very engines just before, and the engine speeds (analysis/host.py marks a request
+    host-stalled against them, not against the spec's nominal engine)."""
+    return {"path": str(path), "created": cal.created, "measured_here": measured_here,
+            "engine": cal.engine.model_dump(mode="json")}
+
+
 def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, workload_summary: dict[str, Any],
                  engines: Engines, model_meta: dict[str, Any], targets: FaultTargets | None = None,
-                 canaries: dict[int, Reference] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+                 canaries: dict[int, Reference] | None = None,
+                 calibrated: dict[str, Any] | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """One run's router actor on the head node, over engines with their prefix caches reset
     (no run finds an earlier one's prompts cached); also the engines' counters at its start."""
     engines.reset()
     before = engines.metrics()
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
-        spec, policy, seed, str(out), workload_summary, {"model": model_meta},
+        spec, policy, seed, str(out), workload_summary,
+        {"model": model_meta, **({"calibration": calibrated} if calibrated else {})},
         engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
         model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names,
         canaries)
@@ -262,16 +272,16 @@ def close_router(router: Any, status: str, engines: Engines, before: list[dict[s
 
 def run_one(spec: ExperimentSpec, policy: str, seed: int, wl: Workload, out: Path, engines: Engines,
             model_meta: dict[str, Any], progress: Progress, targets: FaultTargets | None = None,
-            agents: FaultAgents | None = None) -> Path:
+            agents: FaultAgents | None = None, calibrated: dict[str, Any] | None = None) -> Path:
     """One (policy, seed) of ``spec`` replaying ``wl``, the seed's workload (generated and checked
-    by the launcher: testbed/runs/jobs.py)."""
+    by the launcher: testbed/runs/jobs.py); ``calibrated``: :func:`run_calibration` of the engines."""
     run_dir = run_dir_for(out, spec, policy, seed)
     # the canaries' references first: start_router then resets the prefix caches they filled
     ids = canary_ids(len(wl), spec.testbed.canaries)
     prompts = {i: prompt_ids(i, int(wl.prompt_tokens[i]), model_meta["vocab"], salt=seed) for i in ids}
     checked = {i: min(int(wl.output_tokens[i]), spec.testbed.canary_tokens) for i in ids}
     refs = engines.references(prompts, checked) if ids else {}
-    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets, refs)
+    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets, refs, calibrated)
     task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
     done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
     status = "interrupted"
@@ -290,12 +300,13 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, wl: Workload, out: Pat
 
 def serve_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: Engines, model_meta: dict[str, Any],
               model: str, build_model: bool, targets: FaultTargets | None = None,
-              agents: FaultAgents | None = None) -> Path:
+              agents: FaultAgents | None = None, calibrated: dict[str, Any] | None = None) -> Path:
     """The serve mode: one router actor serves outside clients through its OpenAI-compatible
     ingress (ingress.py), the spec's faults on their schedule from now, until Ctrl-C; then it
     drains and the run directory is closed as finished, like a workload's."""
     run_dir = run_dir_for(out, spec, policy, seed)
-    router, before = start_router(spec, policy, seed, out, {"source": "ingress"}, engines, model_meta, targets)
+    router, before = start_router(spec, policy, seed, out, {"source": "ingress"}, engines, model_meta, targets,
+                                  calibrated=calibrated)
     t = spec.testbed
     done = router.serve.remote(model, t.ingress_host, t.ingress_port, build_model)
     status = "interrupted"
@@ -347,15 +358,15 @@ def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: 
     return {"interface": ifname, "kv_bytes": kv_bytes, "tx_bytes": tx_bytes, "crossed": crossed}
 
 
-def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
-              model_meta: dict[str, Any], targets: FaultTargets | None, agents: FaultAgents | None) -> None:
+def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines, model_meta: dict[str, Any],
+              targets: FaultTargets | None, agents: FaultAgents | None, calibrated: dict[str, Any] | None = None) -> None:
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         for job in jobs:
             for policy in job.policies:
                 for seed in job.seeds:
                     run_one(job.spec, policy, seed, job.workloads[seed], job.out_dir or out, engines, model_meta,
-                            progress, targets, agents)
+                            progress, targets, agents, calibrated)
 
 
 def _cluster_pss(run_id: str | None) -> int | None:
@@ -378,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="cluster: an existing Ray cluster (RAY_ADDRESS), its pods found from node resources")
     ap.add_argument("--cluster-run-id", help="for the memory figure in testbed.json")
     ap.add_argument("--calibrate", help="measure the engines and links first and write the calibration here")
+    ap.add_argument("--calibration", help="a calibration of these engines measured before (recorded in each run)")
     ap.add_argument("--serve", action="store_true", help="serve the first job's policy and seed through the ingress "
                                                           "until SIGINT, instead of the workloads")
     args = ap.parse_args(argv)
@@ -434,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{np.median(handshake) if handshake else float('nan'):.2f} s median)")
         if agents is not None and (any(job.spec.faults for job in jobs) or args.calibrate):
             targets = fault_targets(spec0, agents, engines)
+        calibrated = None
         if args.calibrate:
             t1 = time.monotonic()
             cal = calibrate(spec0, engines.topo, engines.prefill, engines.decode, agents.pods,
@@ -441,12 +454,15 @@ def main(argv: list[str] | None = None) -> int:
             save_calibration(cal, args.calibrate)
             summary["calibration"] = {"path": args.calibrate, "measure_s": time.monotonic() - t1}
             console.print(f"calibrated in {time.monotonic() - t1:.0f} s -> {args.calibrate}")
+            calibrated = run_calibration(cal, args.calibrate, measured_here=True)
+        elif args.calibration:
+            calibrated = run_calibration(load_calibration(args.calibration), args.calibration, measured_here=False)
         if args.serve:
             job = jobs[0]
             serve_one(job.spec, job.policies[0], job.seeds[0], Path(args.out), engines, model_meta, args.model, build_model,
-                      targets, agents)
+                      targets, agents, calibrated)
         else:
-            _run_jobs(jobs, Path(args.out), engines, model_meta, targets, agents)
+            _run_jobs(jobs, Path(args.out), engines, model_meta, targets, agents, calibrated)
         summary["pss_bytes_end"] = _cluster_pss(args.cluster_run_id)
     finally:
         summary_path = Path(args.out) / spec0.name / "testbed.json"

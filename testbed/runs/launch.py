@@ -123,9 +123,11 @@ def emulated_cluster_at(address: str) -> Any:
 
 def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
                 more: Sequence[Job] = (), calibrate_to: Path | None = None, address: str | None = None,
-                serve: bool = False, repeat_to: Path | None = None) -> int:
+                serve: bool = False, repeat_to: Path | None = None, calibration: Path | None = None) -> int:
     """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines);
     with ``calibrate_to``, measure the engines and links first and write the calibration there;
+    with ``calibration`` instead, a calibration of these engines measured before; either is
+    recorded in each run's run.json (``calibration``: the engine speeds its host-stall marks use);
     with ``repeat_to``, run ``policies`` x ``seeds`` once more at the end, on the same engines and
     with the same workloads, into that folder (the testbed's repeatability).
     ``address``: on that Ray cluster (pods from its nodes' resources) instead of an emulated
@@ -148,7 +150,7 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
             raise ValueError("--serve: a served run has no workload to repeat")
         run_jobs.append(repeat_of(run_jobs[0], repeat_to))
     if address is not None:
-        return _run_on_cluster(spec, out, run_jobs, calibrate_to, address, serve)
+        return _run_on_cluster(spec, out, run_jobs, calibrate_to, address, serve, calibration)
     check_faults(jobs)
     if calibrate_to is not None and (spec.testbed.mode == "local" or
                                      (spec.testbed.mode == "auto" and missing_privileges() is not None)):
@@ -166,7 +168,7 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         cluster.up()
         console.print(f"cluster up in {time.monotonic() - t0:.0f} s (run {cluster.run_id}, head {cluster.address})")
         argv = _driver_argv(run_jobs, out, model, model_meta, cluster.temp_root, cluster.mode, calibrate_to,
-                            cluster.run_id, serve)
+                            cluster.run_id, serve, calibration)
         with _ingress_forwarder(spec, cluster if serve else None):
             return _drive(lambda: cluster.popen_in_head(argv), spec if serve else None)
     finally:
@@ -195,7 +197,8 @@ def _ingress_forwarder(spec: ExperimentSpec, cluster: Any) -> Iterator[None]:
 
 
 def _driver_argv(jobs: Sequence[RunJob], out: Path, model: Path, model_meta: dict[str, int], work: Path, mode: str,
-                 calibrate_to: Path | None, cluster_run_id: str | None = None, serve: bool = False) -> list[str]:
+                 calibrate_to: Path | None, cluster_run_id: str | None = None, serve: bool = False,
+                 calibration: Path | None = None) -> list[str]:
     """The driver's command line; the jobs (specs and workloads) go to it in one file under ``work``."""
     argv = [sys.executable, "-m", "testbed.runs.driver", "--out", str(out.resolve()),
             "--model", str(model), "--model-meta", json.dumps(model_meta),
@@ -204,6 +207,8 @@ def _driver_argv(jobs: Sequence[RunJob], out: Path, model: Path, model_meta: dic
         argv += ["--cluster-run-id", cluster_run_id]
     if calibrate_to is not None:
         argv += ["--calibrate", str(Path(calibrate_to).resolve())]
+    elif calibration is not None:
+        argv += ["--calibration", str(Path(calibration).resolve())]
     work.mkdir(parents=True, exist_ok=True)
     write_jobs(work / "jobs.pkl", jobs)
     return argv + ["--jobs", str(work / "jobs.pkl")]
@@ -235,7 +240,7 @@ def _drive(start: Callable[[], subprocess.Popen], serve: ExperimentSpec | None =
 
 
 def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[RunJob], calibrate_to: Path | None,
-                    address: str, serve: bool = False) -> int:
+                    address: str, serve: bool = False, calibration: Path | None = None) -> int:
     """The driver against a running Ray cluster: the same driver as on the emulated cluster, with
     pods found from the nodes' resources. An emulated cluster's head is reachable only from its
     namespace: the driver then runs there, with that cluster's token."""
@@ -251,7 +256,7 @@ def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[RunJob], cal
                   + (f" (emulated run {emulated.run_id})" if emulated else "")
                   + f" -> {out / spec.name}")
     argv = _driver_argv(jobs, out, model, model_meta, work, "cluster", calibrate_to,
-                        emulated.run_id if emulated else None, serve)
+                        emulated.run_id if emulated else None, serve, calibration)
     old_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the runs like Ctrl-C
     try:
