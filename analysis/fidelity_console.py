@@ -284,8 +284,9 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
     if fid.repeat is not None:
         console.print(_repeat_table(fid))
     rk = fid.rank
+    # three digits: a tau of 0.598 printed as 0.60 read as a fail against "needs >= 0.6"
     console.print(
-        f"Kendall tau = {_num(rk.kendall_tau, '.2f')} ({len(rk.policies)} policies; needs >= {rk.tau_min:g}): "
+        f"Kendall tau = {_num(rk.kendall_tau, '.3f')} ({len(rk.policies)} policies; needs >= {rk.tau_min:g}): "
         + _mark(rk.tau_verdict, rk.tau_verdict)
     )
     same = {"pass": "same", "fail": "different", "n/a": "n/a (fewer than two present)"}[rk.order_verdict]
