@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -361,30 +362,39 @@ class DeadPullEngine(ScriptedEngine):
         return {self.how: end - self._aborted[rid]} if done else {}
 
 
-@pytest.mark.parametrize("how, ending", [("recv_done", "done"), ("recv_failed", "failed"), (None, "unseen")])
-def test_a_dead_pull_is_watched_after_the_deadline_and_recorded(tmp_path, monkeypatch, how, ending):
-    from testbed.router import flow as serve
-
-    monkeypatch.setattr(serve, "DEAD_PULL_WATCH_S", 2.0)  # "unseen" after 2 s rather than a minute
-    monkeypatch.setattr(serve, "DEAD_PULL_POLL_S", 0.05)
-    spec = _spec(deadline_s=1.0)
-    decode = DeadPullEngine(ends_at=2.0, how=how)
-    topo = build_topology(spec)
-    with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", topo, {"requests": 1}) as ctx:
+def _given_up_in_kv_transfer(tmp_path, decode: DeadPullEngine, deadline_s: float = 1.0) -> tuple[Any, float, bool]:
+    """One request through RequestFlow on the wall clock to its timeout in kv_transfer on ``decode``,
+    then its dead pull's watch to its end: (the run directory, the flow clock's origin on
+    time.monotonic, whether the pull was still watched when the request had ended)."""
+    spec = _spec(deadline_s=deadline_s)
+    with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", build_topology(spec), {"requests": 1}) as ctx:
         t0 = time.monotonic()
         flow = RequestFlow(ctx, [ScriptedEngine({"alloc": 0.0}, end=0.05)], [decode], spec.deadline_s,
                            lambda: time.monotonic() - t0, vocab=2048, kv_bytes_per_token=KV)
 
         async def go():
             out = await flow.handle(0, 0.0, 256, 10)
-            assert flow.watches  # the request has ended; its pull is still watched
+            watched = bool(flow.watches)
             await flow.drain()
-            return out
+            return out, watched
 
-        assert asyncio.run(go()) == "timeout"
-    (row,) = read_table(ctx.run_dir, "requests").itertuples()
+        outcome, watched = asyncio.run(go())
+        assert outcome == "timeout"
+    return ctx.run_dir, t0, watched
+
+
+@pytest.mark.parametrize("how, ending", [("recv_done", "done"), ("recv_failed", "failed"), (None, "unseen")])
+def test_a_dead_pull_is_watched_after_the_deadline_and_recorded(tmp_path, monkeypatch, how, ending):
+    from testbed.router import flow as serve
+
+    monkeypatch.setattr(serve, "DEAD_PULL_WATCH_S", 2.0)  # "unseen" after 2 s rather than a minute
+    monkeypatch.setattr(serve, "DEAD_PULL_POLL_S", 0.05)
+    decode = DeadPullEngine(ends_at=2.0, how=how)
+    run_dir, _, watched = _given_up_in_kv_transfer(tmp_path, decode)
+    assert watched  # the request had ended; its pull was still watched
+    (row,) = read_table(run_dir, "requests").itertuples()
     assert row.failed_stage == "kv_transfer"
-    (dead,) = read_table(ctx.run_dir, "dead_pulls").itertuples()
+    (dead,) = read_table(run_dir, "dead_pulls").itertuples()
     assert dead.ending == ending and dead.kv_bytes == row.kv_bytes > 0
     assert dead.given_up_s == pytest.approx(1.0)
     if how is None:
@@ -407,22 +417,10 @@ def test_a_dead_pulls_end_counts_the_decode_calls_dispatch_and_lies_after_its_gi
     from testbed.router import flow as serve
 
     monkeypatch.setattr(serve, "DEAD_PULL_POLL_S", 0.05)
-    spec = _spec(deadline_s=1.0)
     decode = DeadPullEngine(ends_at=1.5, how="recv_done", dispatch_s=0.8)
-    topo = build_topology(spec)
-    with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", topo, {"requests": 1}) as ctx:
-        t0 = time.monotonic()
-        flow = RequestFlow(ctx, [ScriptedEngine({"alloc": 0.0}, end=0.05)], [decode], spec.deadline_s,
-                           lambda: time.monotonic() - t0, vocab=2048, kv_bytes_per_token=KV)
-
-        async def go():
-            out = await flow.handle(0, 0.0, 256, 10)
-            await flow.drain()
-            return out
-
-        assert asyncio.run(go()) == "timeout"
-        truth = decode._t0["req-0-0"] + 1.5 - t0
-    (dead,) = read_table(ctx.run_dir, "dead_pulls").itertuples()
+    run_dir, t0, _ = _given_up_in_kv_transfer(tmp_path, decode)
+    truth = decode._t0["req-0-0"] + 1.5 - t0
+    (dead,) = read_table(run_dir, "dead_pulls").itertuples()
     assert dead.ending == "done" and dead.end_s > dead.given_up_s
     assert dead.end_s == pytest.approx(truth, abs=0.05) and truth > 2.2
 

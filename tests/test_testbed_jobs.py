@@ -51,6 +51,7 @@ class _FakeEngines:
         self.prefill = [f"prefill{i}" for i in range(len(topo.prefill_ids))]
         self.decode = [f"decode{i}" for i in range(len(topo.decode_ids))]
         self.names = []
+        self.calibration = None
 
     def references(self, prompts, max_tokens):
         return {}
@@ -215,8 +216,9 @@ def test_each_run_records_the_calibration_of_its_engines(tmp_path, monkeypatch):
     monkeypatch.setattr(driver, "ray", _FakeRay)
     monkeypatch.setattr(driver, "RouterActor", _fake_router_actor(lambda args, arrival: None))
     monkeypatch.setattr(driver, "console", Console(file=io.StringIO()))
-    driver._run_jobs(jobs, tmp_path / "out", _FakeEngines(build_topology(spec)), {"vocab": 2048, "kv_bytes_per_token": 8192},
-                     None, None, calibrated)
+    engines = _FakeEngines(build_topology(spec))
+    engines.calibration = calibrated  # what the driver's main sets once it has measured or read it
+    driver._run_jobs(jobs, tmp_path / "out", engines, {"vocab": 2048, "kv_bytes_per_token": 8192}, None, None)
     (run_dir,) = (tmp_path / "out").glob("*/LC/seed-0")
     got = json.loads((run_dir / "run.json").read_text())["calibration"]
     cal = driver.load_calibration(str(path))

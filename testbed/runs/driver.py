@@ -99,6 +99,8 @@ class Engines:
         self.prefill: list[Any] = []
         self.decode: list[Any] = []
         self.names: list[str] = []  # in `all` order: prefill engines, then decode engines
+        # their calibration as each run's run.json records it (run_calibration); None: not calibrated
+        self.calibration: dict[str, Any] | None = None
         self.gpu = t.gpus_per_engine > 0  # else vLLM's CPU build (EngineConfig.gpu)
         # The interface KV crosses: on a real cluster the one the link faults shape.
         # (the first allowlisted one the engine's node has: EngineActor resolves it there).
@@ -238,15 +240,14 @@ def run_calibration(cal: Calibration, path: str, measured_here: bool) -> dict[st
 
 def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, workload_summary: dict[str, Any],
                  engines: Engines, model_meta: dict[str, Any], targets: FaultTargets | None = None,
-                 canaries: dict[int, Reference] | None = None,
-                 calibrated: dict[str, Any] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+                 canaries: dict[int, Reference] | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """One run's router actor on the head node, over engines with their prefix caches reset
     (no run finds an earlier one's prompts cached); also the engines' counters at its start."""
     engines.reset()
     before = engines.metrics()
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
         spec, policy, seed, str(out), workload_summary,
-        {"model": model_meta, **({"calibration": calibrated} if calibrated else {})},
+        {"model": model_meta, **({"calibration": engines.calibration} if engines.calibration else {})},
         engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
         model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names,
         canaries)
@@ -272,16 +273,16 @@ def close_router(router: Any, status: str, engines: Engines, before: list[dict[s
 
 def run_one(spec: ExperimentSpec, policy: str, seed: int, wl: Workload, out: Path, engines: Engines,
             model_meta: dict[str, Any], progress: Progress, targets: FaultTargets | None = None,
-            agents: FaultAgents | None = None, calibrated: dict[str, Any] | None = None) -> Path:
+            agents: FaultAgents | None = None) -> Path:
     """One (policy, seed) of ``spec`` replaying ``wl``, the seed's workload (generated and checked
-    by the launcher: testbed/runs/jobs.py); ``calibrated``: :func:`run_calibration` of the engines."""
+    by the launcher: testbed/runs/jobs.py)."""
     run_dir = run_dir_for(out, spec, policy, seed)
     # the canaries' references first: start_router then resets the prefix caches they filled
     ids = canary_ids(len(wl), spec.testbed.canaries)
     prompts = {i: prompt_ids(i, int(wl.prompt_tokens[i]), model_meta["vocab"], salt=seed) for i in ids}
     checked = {i: min(int(wl.output_tokens[i]), spec.testbed.canary_tokens) for i in ids}
     refs = engines.references(prompts, checked) if ids else {}
-    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets, refs, calibrated)
+    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets, refs)
     task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
     done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
     status = "interrupted"
@@ -300,13 +301,12 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, wl: Workload, out: Pat
 
 def serve_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: Engines, model_meta: dict[str, Any],
               model: str, build_model: bool, targets: FaultTargets | None = None,
-              agents: FaultAgents | None = None, calibrated: dict[str, Any] | None = None) -> Path:
+              agents: FaultAgents | None = None) -> Path:
     """The serve mode: one router actor serves outside clients through its OpenAI-compatible
     ingress (ingress.py), the spec's faults on their schedule from now, until Ctrl-C; then it
     drains and the run directory is closed as finished, like a workload's."""
     run_dir = run_dir_for(out, spec, policy, seed)
-    router, before = start_router(spec, policy, seed, out, {"source": "ingress"}, engines, model_meta, targets,
-                                  calibrated=calibrated)
+    router, before = start_router(spec, policy, seed, out, {"source": "ingress"}, engines, model_meta, targets)
     t = spec.testbed
     done = router.serve.remote(model, t.ingress_host, t.ingress_port, build_model)
     status = "interrupted"
@@ -358,15 +358,15 @@ def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: 
     return {"interface": ifname, "kv_bytes": kv_bytes, "tx_bytes": tx_bytes, "crossed": crossed}
 
 
-def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines, model_meta: dict[str, Any],
-              targets: FaultTargets | None, agents: FaultAgents | None, calibrated: dict[str, Any] | None = None) -> None:
+def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
+              model_meta: dict[str, Any], targets: FaultTargets | None, agents: FaultAgents | None) -> None:
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         for job in jobs:
             for policy in job.policies:
                 for seed in job.seeds:
                     run_one(job.spec, policy, seed, job.workloads[seed], job.out_dir or out, engines, model_meta,
-                            progress, targets, agents, calibrated)
+                            progress, targets, agents)
 
 
 def _cluster_pss(run_id: str | None) -> int | None:
@@ -446,7 +446,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"{np.median(handshake) if handshake else float('nan'):.2f} s median)")
         if agents is not None and (any(job.spec.faults for job in jobs) or args.calibrate):
             targets = fault_targets(spec0, agents, engines)
-        calibrated = None
         if args.calibrate:
             t1 = time.monotonic()
             cal = calibrate(spec0, engines.topo, engines.prefill, engines.decode, agents.pods,
@@ -454,15 +453,16 @@ def main(argv: list[str] | None = None) -> int:
             save_calibration(cal, args.calibrate)
             summary["calibration"] = {"path": args.calibrate, "measure_s": time.monotonic() - t1}
             console.print(f"calibrated in {time.monotonic() - t1:.0f} s -> {args.calibrate}")
-            calibrated = run_calibration(cal, args.calibrate, measured_here=True)
+            engines.calibration = run_calibration(cal, args.calibrate, measured_here=True)
         elif args.calibration:
-            calibrated = run_calibration(load_calibration(args.calibration), args.calibration, measured_here=False)
+            engines.calibration = run_calibration(load_calibration(args.calibration), args.calibration,
+                                                  measured_here=False)
         if args.serve:
             job = jobs[0]
             serve_one(job.spec, job.policies[0], job.seeds[0], Path(args.out), engines, model_meta, args.model, build_model,
-                      targets, agents, calibrated)
+                      targets, agents)
         else:
-            _run_jobs(jobs, Path(args.out), engines, model_meta, targets, agents, calibrated)
+            _run_jobs(jobs, Path(args.out), engines, model_meta, targets, agents)
         summary["pss_bytes_end"] = _cluster_pss(args.cluster_run_id)
     finally:
         summary_path = Path(args.out) / spec0.name / "testbed.json"
