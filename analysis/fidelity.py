@@ -58,6 +58,7 @@ from scipy import stats
 
 from analysis.metric_names import Metric as M, latency
 from analysis.calibration_check import calibration_check, print_calibration_check, write_calibration_check
+from analysis.host_demand import host_demand_check, print_host_demand, write_host_demand
 from analysis.fidelity_console import print_fidelity, write_fidelity
 from analysis.fidelity_plots import plot_price_overlay, plot_success_overlay
 from analysis.metrics import fault_window, latency_percentiles
@@ -423,6 +424,8 @@ class Fidelity:
     repeatability: pd.DataFrame | None = None  # repeat_table: fidelity_repeatability.csv
     # analysis.calibration_check: each fit against the quiet requests; calibration_check.csv
     calibration_check: pd.DataFrame | None = None
+    # analysis.host_demand: the host's demand by state in the runs against the calibration's; host_demand.csv
+    host_demand: pd.DataFrame | None = None
     out_dir: Path | None = None
     files: tuple[Path, ...] = ()
 
@@ -528,12 +531,20 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
     out.mkdir(parents=True, exist_ok=True)
     files = write_fidelity(fid, out)
     plots = [plot_success_overlay(curves, policies, scenario, out), plot_price_overlay(curves, policies, scenario, out)]
-    check = None
-    if calibration is not None:  # each fit against the run's own quiet requests (issue 27)
+    check = demand = None
+    if calibration is not None:  # each fit against the run's own quiet requests (issue 27), the host's too
         check = calibration_check(dirs["testbed"], calibration)
-        files = (*files, write_calibration_check(check, out))
-    fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)), calibration_check=check)
+        demand = host_demand_check(dirs["testbed"], _calibrated_demand(calibration))
+        files = (*files, write_calibration_check(check, out), write_host_demand(demand, out))
+    fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)), calibration_check=check,
+                  host_demand=demand)
     print_fidelity(fid, console or Console())
     if check is not None:
         print_calibration_check(check, console or Console())
+        print_host_demand(demand, console or Console())
     return fid
+
+
+def _calibrated_demand(calibration: Mapping[str, Any]) -> dict[str, float]:
+    """The calibration's demand by state (HostCalibration.demand); empty where it has none."""
+    return dict((calibration.get("host") or {}).get("demand") or {})

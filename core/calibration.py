@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from scipy.optimize import least_squares
 
 from .spec import ExperimentSpec
@@ -215,6 +215,19 @@ class HostCalibration(_Model):
     # The concurrent phase: prefills timed with several engines busy at once against alone, and the
     # host model's slowdown for the same demand (calibrate's module docstring). Empty if not run.
     concurrent: dict[str, float] = Field(default_factory=dict)
+    # Demand by state, in cores, measured in the concurrent phase's demand window (calibrate's
+    # module docstring): ``hold``, ``pull``, ``decode`` (engine.host_hold_cores, host_pull_cores,
+    # host_decode_cores) and ``background`` (engine.host_background_cores); a key not measured
+    # leaves the spec's. Empty in a file from before it was measured.
+    demand: dict[Literal["hold", "pull", "decode", "background"], float] = Field(default_factory=dict)
+
+    @field_validator("demand")
+    @classmethod
+    def _demand_finite(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not math.isfinite(x) or x < 0 or (k != "background" and x == 0)}
+        if bad:
+            raise ValueError(f"demand must be finite cores, > 0 (background >= 0): {bad}")
+        return v
 
 
 class FitReport(_Model):
@@ -273,7 +286,7 @@ def apply_calibration(spec: ExperimentSpec, cal: Calibration) -> ExperimentSpec:
     measured speeds and KV geometry; each worker's NIC and the pods' core links at the unshaped
     rate measured (one engine pair per link on the emulated cluster), with the headers on the wire;
     the host's cores where the engines share them (``engine.host_cores``; None where they do not:
-    one accelerator per engine). The topology's structure, the link baseline (what a fault's r is
+    one accelerator per engine), with the demand by state measured there (``engine.host_*_cores``). The topology's structure, the link baseline (what a fault's r is
     relative to), the workload, faults and everything else stay the spec's."""
     n = cal.network
     wire_gbps = n.unshaped_gbps * n.kv_wire_overhead  # the fit is of KV bytes; links carry headers too
@@ -283,6 +296,8 @@ def apply_calibration(spec: ExperimentSpec, cal: Calibration) -> ExperimentSpec:
     update = cal.engine.model_dump()
     if cal.host is not None:
         update["host_cores"] = cal.host.cores if cal.host.shared else None
+        if cal.host.shared:
+            update |= {f"host_{k}_cores": v for k, v in cal.host.demand.items()}
     engine = spec.engine.model_copy(update=update)
     # validate the result as a whole (model_copy does not)
     return ExperimentSpec.model_validate({**spec.model_dump(), "topology": topo.model_dump(),

@@ -111,8 +111,9 @@ class EngineSpec(_Spec):
     # None: each engine has an accelerator of its own and shares nothing of its host that the model
     # would notice (a GPU cluster; the model as it was). A number: every engine of the cluster
     # shares that many CPU cores, as on the emulated testbed, where each pod is a network namespace
-    # of one machine: an engine that has work (or spins) demands host_engine_cores, and when the
-    # engines demand more than there is, each computes at cores / demand of its speed (processor
+    # of one machine: an engine demands cores by what it does (host_engine_cores computing or
+    # spinning, host_hold/pull/decode_cores below), and when the engines and the rest of the host
+    # demand more than there is, each computes at cores / demand of its speed (processor
     # sharing, as Linux's fair scheduler gives runnable threads). `testbed calibrate` measures the
     # cores (core/calibration.py HostCalibration) and sets this where CPU engines outnumber them.
     host_cores: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -125,6 +126,18 @@ class EngineSpec(_Spec):
     # reader busy-waits that long after each read (shm_broadcast.SpinCondition, busy_loop_s = 1:
     # docs/reliability.md "What spins").
     host_spin_s: float = Field(1.0, ge=0, allow_inf_nan=False)
+    # What an engine demands by what it does, where it differs from computing (docs/simulator.md
+    # "Demand by state"): the default is one thread each, the source's count (a waiting engine's
+    # worker spins on one thread); `testbed calibrate` measures each against a computing engine beside
+    # it, with pulls hanging (core/calibration.py HostCalibration.demand). A prefill engine that holds
+    # KV a decoder has yet to read and computes nothing; a decode engine with requests admitted whose
+    # KV has not arrived and nothing decoding; a decode engine whose batch decodes.
+    host_hold_cores: float = Field(1.0, gt=0, allow_inf_nan=False)
+    host_pull_cores: float = Field(1.0, gt=0, allow_inf_nan=False)
+    host_decode_cores: float = Field(1.0, gt=0, allow_inf_nan=False)
+    # What the rest of the host demands all along (Ray's processes, the router, the driver): none
+    # in the model's default, measured by `testbed calibrate` where the engines share one machine.
+    host_background_cores: float = Field(0.0, ge=0, allow_inf_nan=False)
 
     @field_validator("host_cores", mode="before")
     @classmethod

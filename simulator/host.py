@@ -1,24 +1,29 @@
 """The host the engines share: the simulator's host model (docs/simulator.md "The host model").
 
 On the emulated testbed every engine is a vLLM CPU engine on one machine (each pod is a network
-namespace of it), and they compete for its cores (``engine.host_cores``). An engine demands
-``engine.host_engine_cores`` while it has work:
+namespace of it), and they compete for its cores (``engine.host_cores``). What an engine demands
+depends on what it does (docs/simulator.md "Demand by state"):
 
-* a prefill engine while a batch runs, and while it holds KV a decoder has yet to read: vLLM keeps
-  such a request in its scheduler until the read is done (``delay_free_blocks``), and an engine
-  core whose scheduler has requests steps every millisecond (``EngineCore._process_engine_step``
-  sleeps 1 ms while ``scheduler.has_requests()``), each step a call to its worker;
-* a decode engine while it holds admitted requests: a pull in flight to it, a dead pull it still
-  waits for (``engine.kv_pull_on_abort: finish``), a batch decoding;
-* either, for ``engine.host_spin_s`` after that: the worker's reader of the shared-memory queue
-  busy-waits that long after its last read (``shm_broadcast.SpinCondition``, ``busy_loop_s``).
+* ``engine.host_engine_cores`` while it computes: a prefill batch runs;
+* ``engine.host_decode_cores`` while a decode engine's batch decodes;
+* ``engine.host_hold_cores`` while a prefill engine computes nothing but holds KV a decoder has yet
+  to read: vLLM keeps such a request in its scheduler until the read is done
+  (``delay_free_blocks``), and an engine core whose scheduler has requests steps every millisecond
+  (``EngineCore._process_engine_step`` sleeps 1 ms while ``scheduler.has_requests()``), each step
+  a call to its worker;
+* ``engine.host_pull_cores`` while a decode engine decodes nothing but holds admitted requests: a
+  pull in flight to it, a dead pull it still waits for (``engine.kv_pull_on_abort: finish``);
+* ``engine.host_engine_cores`` for ``engine.host_spin_s`` after all of that: the worker's reader of
+  the shared-memory queue busy-waits that long after its last read (``shm_broadcast.SpinCondition``,
+  ``busy_loop_s``);
 
-When the engines demand more cores than the host has, every engine computes at cores / demand of
-its speed (processor sharing, as Linux's fair scheduler gives runnable threads): a running prefill
-batch is an amount of work whose end is rescheduled whenever that factor changes, and a decode step
-takes ``step_s / factor``. Both multiply with a compute fault's slowdown; here a prefill batch
-follows a slowdown that changes under it too (the plain model keeps the speed it started with).
-KV pulls are not slowed: their bytes are the network's (``simulator/network.py``).
+and the rest of the host (Ray, the router, the driver) ``engine.host_background_cores`` all along.
+When that is more than the host has, every computing engine computes at cores / demand of its speed
+(processor sharing, as Linux's fair scheduler gives runnable threads): a running prefill batch is an
+amount of work whose end is rescheduled whenever that factor changes, and a decode step takes
+``step_s / factor``. Both multiply with a compute fault's slowdown; here a prefill batch follows a
+slowdown that changes under it too (the plain model keeps the speed it started with). KV pulls are
+not slowed: their bytes are the network's (``simulator/network.py``).
 
 :class:`HostedClusterSim` is :class:`simulator.cluster.ClusterSim` with the host, made by
 :func:`cluster_sim` when ``host_cores`` is set; without it the run is ClusterSim's, untouched. A
@@ -60,14 +65,16 @@ class HostedClusterSim(ClusterSim):
         self.factor = 1.0  # read by _step_s, which ClusterSim.__init__ calls
         super().__init__(env, ctx, engine, *args, **kwargs)
         self._cores, self._per_engine = float(engine.host_cores), float(engine.host_engine_cores)
+        self._hold, self._pull = float(engine.host_hold_cores), float(engine.host_pull_cores)
+        self._decoding, self._background = float(engine.host_decode_cores), float(engine.host_background_cores)
         self._spin_s = float(engine.host_spin_s)
         n_p = len(self.prefill)
         self._engine_of = {d: n_p + i for i, d in enumerate(self.decode)}
         n = n_p + len(self.decode)
-        self._active = [False] * n  # has work now
-        self._demanding = [False] * n  # has work, or spins after it
+        self._state = [0.0] * n  # what an engine's work demands now (0: none)
+        self._dem = [0.0] * n  # what it demands now: its work's, or its spin's after it
         self._tail: list[Call | None] = [None] * n  # the pending end of an engine's spin
-        self._n_demanding = 0
+        self._total = self._background  # all the host's demand now
         self._held: dict[Ticket, int] = {}  # request -> the prefill worker holding its KV for the pull
         self._held_n = [0] * n_p
         # a prefill worker's running batch: work left (seconds at full speed) as of `since`, its end event
@@ -75,47 +82,53 @@ class HostedClusterSim(ClusterSim):
         self._since = [0.0] * n_p
         self._batch: list[Any] = [None] * n_p
         self._timer: list[Call | None] = [None] * n_p
-        # for run.json: seconds with the host short of cores, the lowest factor, core-seconds demanded
+        # for run.json: seconds with the host short of cores, the lowest factor, core-seconds the
+        # engines demanded
         self._counted_to = 0.0
         self.slowed_s = 0.0
         self.min_factor = 1.0
         self.demand_core_s = 0.0
+        if host_speed(self._cores, self._total) < 1.0:  # the background alone exceeds the host
+            self._rescale(host_speed(self._cores, self._total), 0.0)
 
     def host_summary(self) -> dict[str, float]:
         """What the host did over the run (run.json ``sim_host``)."""
         self._count(self.env.now)
-        return {"cores": self._cores, "engine_cores": self._per_engine, "spin_s": self._spin_s,
-                "slowed_s": self.slowed_s, "min_factor": self.min_factor, "demand_core_s": self.demand_core_s}
+        return {"cores": self._cores, "engine_cores": self._per_engine, "hold_cores": self._hold,
+                "pull_cores": self._pull, "decode_cores": self._decoding, "background_cores": self._background,
+                "spin_s": self._spin_s, "slowed_s": self.slowed_s, "min_factor": self.min_factor,
+                "demand_core_s": self.demand_core_s}
 
     # --- demand --------------------------------------------------------------------
-    def _set_active(self, e: int, active: bool) -> None:
-        """Engine e has work (or no longer has): its demand starts now, and ends spin_s after its work."""
-        if active == self._active[e]:
+    def _set_state(self, e: int, cores: float) -> None:
+        """Engine e's work now demands ``cores`` (0: it has none left): from now, or, going idle, its
+        worker's spin demands a computing thread's for spin_s more."""
+        if cores == self._state[e]:
             return
-        self._active[e] = active
-        if active:
+        self._state[e] = cores
+        if cores > 0:
             self._tail[e] = None  # a pending end of its spin is stale
-            if not self._demanding[e]:
-                self._demanding[e] = True
-                self._demand(1)
+            self._set_demand(e, cores)
         elif self._spin_s > 0:
+            self._set_demand(e, self._per_engine)
             self._tail[e] = call_after(self.env, self._spin_s, self._spin_end, e)
         else:
-            self._demanding[e] = False
-            self._demand(-1)
+            self._set_demand(e, 0.0)
 
     def _spin_end(self, ev: Call) -> None:
         e = ev.data
         if ev is self._tail[e]:
             self._tail[e] = None
-            self._demanding[e] = False
-            self._demand(-1)
+            self._set_demand(e, 0.0)
 
-    def _demand(self, change: int) -> None:
+    def _set_demand(self, e: int, cores: float) -> None:
+        if cores == self._dem[e]:
+            return
         now = self.env._now
         self._count(now)
-        self._n_demanding += change
-        factor = host_speed(self._cores, self._n_demanding * self._per_engine)
+        self._dem[e] = cores
+        self._total = self._background + sum(self._dem)  # summed anew: no drift from adding and taking
+        factor = host_speed(self._cores, self._total)
         if factor != self.factor:
             self._rescale(factor, now)
 
@@ -123,8 +136,14 @@ class HostedClusterSim(ClusterSim):
         dt = now - self._counted_to
         if self.factor < 1.0:
             self.slowed_s += dt
-        self.demand_core_s += dt * self._n_demanding * self._per_engine
+        self.demand_core_s += dt * (self._total - self._background)
         self._counted_to = now
+
+    def _prefill_state(self, idx: int) -> None:
+        self._set_state(idx, self._per_engine if self.prefill[idx].busy else self._hold if self._held_n[idx] else 0.0)
+
+    def _decode_state(self, d: _Decode) -> None:
+        self._set_state(self._engine_of[d], self._decoding if d.n else self._pull if d.reserved_slots else 0.0)
 
     def _rescale(self, factor: float, now: float) -> None:
         """Every running batch goes on at the new speed from now: what it did so far at the old."""
@@ -154,7 +173,7 @@ class HostedClusterSim(ClusterSim):
 
     # --- prefill: a fluid batch ------------------------------------------------------
     def _run_prefill(self, idx: int, batch: list[Ticket], tokens: int) -> None:
-        self._set_active(idx, True)  # first: a new demand reschedules the others, this one starts at its speed
+        self._set_state(idx, self._per_engine)  # first: a new demand reschedules the others, this one starts at its speed
         self._work[idx] = self._prefill_overhead + tokens / self._prefill_tps
         self._since[idx] = self.env._now
         self._batch[idx] = (idx, batch)
@@ -183,14 +202,13 @@ class HostedClusterSim(ClusterSim):
                 self._held[req] = idx
                 self._held_n[idx] += 1
         super()._end_prefill(ev)
-        self._set_active(idx, self.prefill[idx].busy or self._held_n[idx] > 0)
+        self._prefill_state(idx)
 
     def _unhold(self, req: Ticket) -> None:
         idx = self._held.pop(req, None)
         if idx is not None:
             self._held_n[idx] -= 1
-            if not self._held_n[idx] and not self.prefill[idx].busy:
-                self._set_active(idx, False)
+            self._prefill_state(idx)
 
     def _end_transfer(self, req: Ticket) -> None:
         self._unhold(req)  # read (a dead pull's end included): the prefill engine frees the KV
@@ -218,8 +236,12 @@ class HostedClusterSim(ClusterSim):
 
     def _admit(self, d: _Decode, now: float) -> None:
         super()._admit(d, now)
-        self._set_active(self._engine_of[d], d.reserved_slots > 0)
+        self._decode_state(d)
 
-    def _unreserve(self, d: _Decode, req: Ticket) -> None:
+    def _decode_join(self, req: Ticket, now: float) -> None:
+        super()._decode_join(req, now)
+        self._decode_state(self.decode[req.d_idx])
+
+    def _unreserve(self, d: _Decode, req: Ticket) -> None:  # also as a sequence leaves the batch
         ClusterSim._unreserve(d, req)
-        self._set_active(self._engine_of[d], d.reserved_slots > 0)
+        self._decode_state(d)

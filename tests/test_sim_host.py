@@ -1,7 +1,10 @@
 """The simulator's host model (simulator/host.py) against answers worked out by hand.
 
-Engines share ``host_cores`` cores; each demands one core while it has work (and for
-``host_spin_s`` after); past the cores every engine computes at cores / demand of its speed.
+Engines share ``host_cores`` cores; each demands one core while it computes, what its state
+demands while it holds or pulls KV or decodes (``host_hold_cores``, ``host_pull_cores``,
+``host_decode_cores``), one core for ``host_spin_s`` after, and the rest of the host
+``host_background_cores`` all along; past the cores every engine computes at cores / demand of its
+speed.
 """
 
 from pathlib import Path
@@ -113,6 +116,45 @@ def test_the_run_records_what_the_host_did(tmp_path):
     assert host["demand_core_s"] == pytest.approx(2 * 2.0 + 2 * 0.2, abs=1e-4)
 
 
+def test_a_waiting_engine_demands_what_its_state_does(tmp_path):
+    # Pod 0's link at r = 0.01: A's pull (1008 tokens' KV, 13 s) hangs from 1 s, its prefill engine
+    # holding the KV (3 cores) and its decode engine waiting (2 cores). B's 1000 tokens at 2 s on the
+    # other prefill engine: 1 + 3 + 2 = 6 cores demanded of 2, a third of its speed: 3 s, not 1.
+    # With one core for each state (the default) it would be 3 of 2: 1.5 s.
+    topo = {**TOPO, "kv_bytes_per_token": KV}
+    fault = [{"kind": "link", "pods": [0], "residual_bw": 0.01, "start_s": 0.0, "duration_s": 1000.0}]
+
+    def b_prefill(name, **demand):
+        spec = parse(small_spec_dict(engine={**HAND_ENGINE, "host_cores": 2, "host_spin_s": 0, **demand},
+                                     topology=topo, deadline_s=100.0, faults=fault))
+        _, r = _run(tmp_path / name, spec, [0.0, 2.0], [1000, 1000], [10, 10])
+        assert r.prefill_pod.tolist() == [0, 1] and r.kv_end_s[0] > 4.0, r  # A still pulls through B's prefill
+        return r.prefill_end_s[1] - r.prefill_start_s[1]
+
+    assert b_prefill("measured", host_hold_cores=3.0, host_pull_cores=2.0) == pytest.approx(3.0, abs=1e-6)
+    assert b_prefill("default") == pytest.approx(1.5, abs=1e-6)
+
+
+def test_a_decoding_engine_and_the_background_demand_their_own(tmp_path):
+    # 2 cores, the rest of the host demanding 2 all along: a prefill alone demands 1 + 2 = 3, so
+    # 1000 tokens take 1.5 s; then its decode engine decoding demands 4: 4 + 2 = 6, a step of 10 ms
+    # takes 30 ms (its prefill engine has stopped: its KV was read, no spin)
+    spec = _spec(host_cores=2, host_spin_s=0, host_background_cores=2.0, host_decode_cores=4.0)
+    d, r = _run(tmp_path, spec, [0.0], [1000], [10])
+    assert r.prefill_end_s[0] - r.prefill_start_s[0] == pytest.approx(1.5, abs=1e-6)
+    assert r.end_s[0] - r.kv_end_s[0] == pytest.approx(10 * 0.03, abs=1e-6)
+    host = read_meta(d)["sim_host"]
+    assert host["background_cores"] == 2.0 and host["decode_cores"] == 4.0
+    # the engines' own core-seconds: 1 over the prefill's 1.5 s, 4 over the decode's 0.3 s
+    assert host["demand_core_s"] == pytest.approx(1.5 + 4 * 0.3, abs=1e-4)
+
+
+def test_a_background_beyond_the_host_slows_even_the_first_batch(tmp_path):
+    # the rest of the host demands 3 of 2 cores before any engine starts: 1000 tokens at 2 / 4
+    _, r = _run(tmp_path, _spec(host_cores=2, host_spin_s=0, host_background_cores=3.0), [0.0], [1000], [1])
+    assert r.prefill_end_s[0] - r.prefill_start_s[0] == pytest.approx(2.0, abs=1e-6)
+
+
 # --- without a shared host: the model as it was ---------------------------------------------
 
 
@@ -174,6 +216,10 @@ def test_a_shared_host_only_ever_lengthens_a_prefill(tmp_path):
     ("host_cores", True, "host_cores is a number of cores (e.g. 2) or null, not true"),
     ("host_engine_cores", 0, "greater than 0"),
     ("host_spin_s", -1, "greater than or equal to 0"),
+    ("host_hold_cores", 0, "greater than 0"),
+    ("host_pull_cores", float("nan"), "finite number"),
+    ("host_decode_cores", -1, "greater than 0"),
+    ("host_background_cores", -0.5, "greater than or equal to 0"),
 ])
 def test_bad_host_settings_are_one_line_errors_naming_the_field(field, value, message):
     data = small_spec_dict(engine={field: value})
@@ -186,6 +232,8 @@ def test_bad_host_settings_are_one_line_errors_naming_the_field(field, value, me
 def test_host_defaults_are_the_gpu_profile_and_vllms_spin():
     e = parse(small_spec_dict()).engine
     assert (e.host_cores, e.host_engine_cores, e.host_spin_s) == (None, 1.0, 1.0)
+    # one thread for each state, nothing else on the host: the model before demand was measured
+    assert (e.host_hold_cores, e.host_pull_cores, e.host_decode_cores, e.host_background_cores) == (1.0, 1.0, 1.0, 0.0)
 
 
 # --- the calibration's host ------------------------------------------------------------------
@@ -226,6 +274,35 @@ def test_the_calibration_shares_the_host_only_where_cpu_engines_outnumber_its_co
     assert apply_calibration(spec, cal).engine.host_cores == (cores if shared else None)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_measured_demand_by_state_becomes_the_simulators_where_the_host_is_shared(tmp_path, shared):
+    from core.calibration import HostCalibration, apply_calibration, load_calibration, save_calibration
+
+    demand = {"hold": 2.8, "pull": 3.0, "background": 0.8}  # decode not measured: the spec's stands
+    host = HostCalibration(cores=2.0, engines=4, hosts=1, gpus_per_engine=0 if shared else 1, shared=shared,
+                           demand=demand)
+    cal = load_calibration(save_calibration(_calibration(host), tmp_path / "calibration.json"))
+    assert cal.host.demand == demand
+    e = apply_calibration(parse(small_spec_dict(engine={"host_decode_cores": 1.5})), cal).engine
+    got = (e.host_hold_cores, e.host_pull_cores, e.host_background_cores, e.host_decode_cores)
+    # not shared (GPU engines): the host model is off, and its demand left as the spec has it
+    assert got == ((2.8, 3.0, 0.8, 1.5) if shared else (1.0, 1.0, 0.0, 1.5))
+    assert e.host_cores == (2.0 if shared else None)
+
+
+def test_the_demand_by_state_is_each_states_median_against_the_computing_engine():
+    from testbed.calibration.calibrate import DEMAND_STATES, demand_of
+
+    hold, pull, bg = (DEMAND_STATES.index(x) for x in ("hold", "pull", "background"))
+    # (repeat, state, cores / the computing engine's), per interval of three windows, the last without the pull's
+    rows = [[0, hold, 3.0], [0, bg, 0.6], [0, pull, 2.0], [0, hold, 2.0],
+            [1, hold, 2.5], [1, bg, 0.5], [1, pull, 3.0],
+            [2, hold, 2.5], [2, bg, 1.0]]
+    # in cores of a computing engine (1.5 here): the median ratio times it; decode never measured
+    assert demand_of(rows, 1.5) == pytest.approx({"hold": 2.5 * 1.5, "pull": 2.5 * 1.5, "background": 0.6 * 1.5})
+    assert demand_of([], 1.0) == {}
+
+
 def test_a_calibration_from_before_the_host_was_measured_keeps_the_specs_host(tmp_path):
     import json
 
@@ -241,7 +318,13 @@ def test_a_calibration_from_before_the_host_was_measured_keeps_the_specs_host(tm
     assert apply_calibration(parse(small_spec_dict(engine={"host_cores": 2})), cal).engine.host_cores == 2.0
 
 
-def test_a_bad_host_entry_is_one_line(tmp_path):
+@pytest.mark.parametrize("key, value, where", [
+    ("cores", 0, "host.cores"),
+    ("demand", {"hold": -1.0}, "host.demand"),
+    ("demand", {"pull": 0.0}, "host.demand"),
+    ("demand", {"spin": 1.0}, "host.demand.spin"),  # not a state the model has
+])
+def test_a_bad_host_entry_is_one_line(tmp_path, key, value, where):
     import json
 
     from core.calibration import CalibrationError, HostCalibration, load_calibration, save_calibration
@@ -249,11 +332,11 @@ def test_a_bad_host_entry_is_one_line(tmp_path):
     host = HostCalibration(cores=2, engines=4, hosts=1, gpus_per_engine=0, shared=True)
     path = save_calibration(_calibration(host), tmp_path / "calibration.json")
     data = json.loads(path.read_text())
-    data["host"]["cores"] = 0
+    data["host"][key] = value
     path.write_text(json.dumps(data))
     with pytest.raises(CalibrationError) as e:
         load_calibration(path)
-    assert "\n" not in str(e.value) and "host.cores" in str(e.value)
+    assert "\n" not in str(e.value) and where in str(e.value)
 
 
 @pytest.mark.parametrize("cores, demand, speed", [(2.0, 1.0, 1.0), (2.0, 2.0, 1.0), (2.0, 3.0, 2 / 3),

@@ -148,9 +148,17 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     # every run on these engines records it: its host-stall marks hold prefills against these speeds
     recorded = read_meta(out / "e2e_link_fault" / "Random" / "seed-0")["calibration"]
     assert recorded["measured_here"] and recorded["engine"] == cal.engine.model_dump(mode="json")
+    # Demand by state, measured while a pull hangs (2 prefill and 2 decode engines on one host: all
+    # four measured); what a waiting engine demands is a share of the CPU, never nothing
+    demand = cal.host.demand
+    assert set(demand) == {"hold", "pull", "decode", "background"}, cal.host
+    assert all(v > 0 for k, v in demand.items() if k != "background") and demand["background"] >= 0
+    assert len(cal.samples["host_demand_repeat_state_ratio"]) >= 4 and cal.host.concurrent["demand_window_s"] > 0
+    calibrated = apply_calibration(throttled, cal)
+    assert calibrated.engine.host_cores == cal.host.cores and calibrated.engine.host_pull_cores == demand["pull"]
     # The twin: the same spec in the calibrated simulator; requests pulled from pod 0 during the
     # fault time out in kv_transfer there too, and the comparison reads both worlds.
-    sim_dir = run_sim(apply_calibration(throttled, cal), "Random", 0, tmp_path / "sim")
+    sim_dir = run_sim(calibrated, "Random", 0, tmp_path / "sim")
     sim = read_table(sim_dir, "requests")
     hit = sim[(sim.prefill_pod == 0) & (sim.kv_start_s > 0.5)]
     assert len(hit) > 0 and (hit.outcome == "timeout").all() and (hit.failed_stage == "kv_transfer").all()
@@ -159,6 +167,9 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     row = fid.table[(fid.table.policy == "Random") & (fid.table.metric == "failure_rate")]
     assert len(row) == 1 and 0 < row["sim"].item() and 0 < row["testbed"].item()
     assert (tmp_path / "fidelity" / "fidelity.csv").exists()
+    # the run's own demand by state beside the calibration's
+    states = fid.host_demand[fid.host_demand.policy == "all"].set_index("state")
+    assert states.loc["pull", "calibration_cores"] == demand["pull"] and (tmp_path / "fidelity" / "host_demand.csv").exists()
 
 
 def test_a_retry_takes_an_attempt_stuck_on_the_throttled_link_to_another_pair(testbed_runs):

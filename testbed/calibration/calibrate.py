@@ -36,7 +36,12 @@ to the quantities the two worlds are later compared on:
   alone, on every prefill engine at once, and on every prefill engine at once while a pull from
   the first hangs on its shaped link (its decoder waits, its prefill engine holds the KV: vLLM's
   CPU engines spin on both ends), each after the workers' busy-wait of the last call has ended;
-  the slowdown against alone beside the host model's for the same demand.
+  the slowdown against alone beside the host model's for the same demand;
+* **demand by state** (:func:`demand_window`): while that pull still hangs, a second prefill
+  engine computes and a second decode engine decodes; each engine's CPU over the window (its own
+  host samples, hoststats.py) against the computing one's is what it demands in the host model's
+  units, and the machine's busy CPU beyond the engines' is the rest of the host's
+  (docs/simulator.md "Demand by state").
 
 The fits and the file are :mod:`core.calibration`'s.
 """
@@ -55,7 +60,7 @@ from rich.console import Console
 
 from core.calibration import (Calibration, HostCalibration, calibration_from_fits, fit_decode, fit_prefill,
                               fit_pull, fit_unshaped_pull, pull_noise, stall_stats)
-from core.host_model import host_shared, host_speed
+from core.host_model import host_shared, host_speed, rate_against, sample_intervals
 from core.spec import ExperimentSpec
 from core.topology import Topology, kv_transfer_bytes
 
@@ -77,11 +82,19 @@ DECODE_BATCHES = (1, 2, 4, 8, 16)
 DECODE_PROMPTS = (256, 1024)
 DECODE_TOKENS = 32
 # The concurrent phase: prompts of this length (about 0.4 s alone on the CI machine's engines), each
-# setting this many times; a hanging pull of HANG_BLOCKS blocks at the shaped rate lasts 10 s at
-# r = 0.01 of 250 Mbit/s, well past the 1.5 s wait and the prefills timed during it.
+# setting this many times; a hanging pull of HANG_BLOCKS blocks (and the half block after them) at
+# the shaped rate lasts 24 s at r = 0.01 of 250 Mbit/s, past the 1.5 s wait, the prefills timed
+# during it and the demand window after them: 12 s in all on the quiet 2-core machine, and a
+# loaded one has taken 2.2x as long for its prefills (docs/simulator.md "The host model").
 HOST_PROMPT = 1536
 HOST_REPEATS = 3
-HANG_BLOCKS = 2
+HANG_BLOCKS = 6
+# The demand window: the reference engine prefills this many HOST_PROMPT prompts at once (seconds
+# of computing, several of the engines' 0.5 s host samples), while another decode engine decodes
+# DEMAND_DECODE_TOKENS tokens, more than fit in the window at the decode steps measured under load.
+DEMAND_PROMPTS = 2
+DEMAND_DECODE_TOKENS = 512
+DEMAND_SETTLE_S = 0.5  # after the window opens: the decode's pull is done and its steps run
 HOST_PROBE_TIMEOUT_S = 60.0
 
 
@@ -248,13 +261,15 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
     host = measure_host(spec, topo, prefill, decode)
     if host is not None and len(prefill) > 0:
         t3 = time.monotonic()
-        concurrent, rows = concurrent_phase(spec, prefill, D, agent, ifname, SHAPED[-1][0] * baseline_bps, ids,
-                                            host.cores)
-        host = host.model_copy(update={"concurrent": concurrent})
+        concurrent, rows, demand, ratios = concurrent_phase(
+            spec, prefill, D, agent, ifname, SHAPED[-1][0] * baseline_bps, ids, host.cores, decoders=decode,
+            one_host=host.hosts == 1)
+        host = host.model_copy(update={"concurrent": concurrent, "demand": demand})
         console.print(f"  calibrate: host {host.cores:g} cores, {host.engines} engines, shared {host.shared}; "
-                      f"under load {_show(concurrent)} in {time.monotonic() - t3:.0f} s")
+                      f"under load {_show(concurrent)}; demand {_show_demand(demand)} "
+                      f"in {time.monotonic() - t3:.0f} s")
     else:
-        rows = []
+        rows, ratios = [], []
 
     ps, us, ss, ds = (np.asarray(x, float) for x in (prefill_samples, unshaped, shaped, decode_samples))
     f_pre = fit_prefill(ps[:, 0], ps[:, 1])
@@ -272,7 +287,8 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
         decode_kv_tokens=spec.testbed.kv_cache_bytes // kvpt, handshake_s=handshake_s, noise=noise,
         samples={"prefill_tokens_s_batch": prefill_samples, "pull_unshaped_bytes_s": unshaped,
                  "pull_shaped_bytes_bps_nixl_s_stage_s": shaped, "pull_after_rate_change_bytes_bps_nixl_s_stage_s": first,
-                 "decode_batch_kvtokens_step_s": decode_samples, "host_phase_engine_s": rows},
+                 "decode_batch_kvtokens_step_s": decode_samples, "host_phase_engine_s": rows,
+                 "host_demand_repeat_state_ratio": ratios},
         host=host)
 
 
@@ -335,12 +351,17 @@ def _prefill_all(engines: Sequence[Any], ids: _Ids) -> tuple[list[float], list[t
 
 
 def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, agent: Any, ifname: str,
-                     rate_bps: float, ids: _Ids, cores: float) -> tuple[dict[str, float], list[list[float]]]:
+                     rate_bps: float, ids: _Ids, cores: float, *, decoders: Sequence[Any] = (),
+                     one_host: bool = True) -> tuple[dict[str, float], list[list[float]], dict[str, float],
+                                                     list[list[float]]]:
     """The host under load (module docstring): a HOST_PROMPT prompt on prefill[0] alone (1 engine
     demanding), on every prefill engine at once (k), and on every one while a pull from prefill[0] to
-    ``decode`` hangs on prefill[0]'s uplink shaped to ``rate_bps`` (k + 1: its decoder waits). Returns
-    the medians, the measured slowdowns against alone and the host model's for the same demand, and
-    rows (setting 0/1/2, engine index, seconds)."""
+    ``decode`` hangs on prefill[0]'s uplink shaped to ``rate_bps`` (k + 1: its decoder waits); then,
+    with a second prefill engine, the demand window (:func:`demand_window`; ``decoders``: every
+    decode engine, one other than ``decode`` decodes in it; ``one_host``: every engine on one
+    machine, so its busy CPU beyond theirs is the rest of the host's). Returns the medians, the
+    measured slowdowns against alone and the host model's for the same demand; rows (setting
+    0/1/2, engine index, seconds); the demand by state (HostCalibration.demand) and its rows."""
     k, per = len(prefill), spec.engine.host_engine_cores
     rows: list[list[float]] = []
     for _ in range(HOST_REPEATS):
@@ -353,7 +374,10 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
         secs, held = _prefill_all(prefill, ids)
         rows += [[1, i, s] for i, s in enumerate(secs)]
         ray.get([decode.decode.remote(rid, p, 1, x.kv_transfer_params) for rid, p, x in held])
-    for _ in range(HOST_REPEATS):
+    ratios: list[list[float]] = []
+    windows: list[float] = []  # the demand windows' seconds, where they measured
+    others = [e for e in decoders if e is not decode]
+    for r in range(HOST_REPEATS):
         rid, p = ids(HANG_BLOCKS * BLOCK + BLOCK // 2)
         pre = ray.get(prefill[0].prefill.remote(rid, p))
         ray.get(agent.apply_link.remote("calibrate-host", ifname, ["uplink"], rate_bps, SHAPE_TTL_S, True))
@@ -362,19 +386,116 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
             _quiet(spec)  # the pull has started and hangs; only its two ends demand
             secs, held = _prefill_all(prefill, ids)
             rows += [[2, i, s] for i, s in enumerate(secs)]
+            if k > 1:
+                got, window_s = demand_window(prefill, decode, others[0] if others else None, ids, hang,
+                                              list(decoders) or [decode], one_host)
+                ratios += [[r, *x] for x in got]
+                windows += [window_s] * bool(got)
         finally:
             ray.get(agent.clear.remote("calibrate-host"))
         ray.get([hang] + [decode.decode.remote(r, q, 1, x.kv_transfer_params) for r, q, x in held])
     a = np.asarray(rows, float)
     alone, every, hung = (float(np.median(a[a[:, 0] == s, 2])) for s in (0, 1, 2))
+    demand = demand_of(ratios, per)
     out = {"prompt_tokens": float(HOST_PROMPT), "prefill_engines": float(k), "alone_s": alone,
            "all_prefill_s": every, "all_prefill_hang_s": hung}
-    for name, measured, demand in (("all_prefill", every, k), ("all_prefill_hang", hung, k + 1)):
-        out |= {f"{name}_demand_engines": float(demand), f"{name}_slowdown": measured / alone,
-                f"{name}_model_slowdown": 1.0 / host_speed(cores, demand * per)}
-    return out, rows
+    # the model's slowdown for each setting, with what each engine demands there (demand by state
+    # where measured, else the spec's): alone, one engine computes; then k; then k and the hung
+    # pull's decoder (its prefill engine computes as well)
+    bg = demand.get("background", spec.engine.host_background_cores)
+    pull = demand.get("pull", spec.engine.host_pull_cores)
+    alone_speed = host_speed(cores, per + bg)
+    for name, measured, engines, cores_demanded in (("all_prefill", every, k, k * per + bg),
+                                                    ("all_prefill_hang", hung, k + 1, k * per + pull + bg)):
+        out |= {f"{name}_demand_engines": float(engines), f"{name}_demand_cores": cores_demanded,
+                f"{name}_slowdown": measured / alone,
+                f"{name}_model_slowdown": alone_speed / host_speed(cores, cores_demanded)}
+    if windows and len(demand) == len(DEMAND_STATES) - 1:
+        # the window itself, a check of the model on the data it was measured on: DEMAND_PROMPTS
+        # prompts at once against one alone, and every state's demand at once
+        window = float(np.median(windows))
+        out |= {"demand_window_s": window, "demand_window_slowdown": window / (DEMAND_PROMPTS * alone),
+                "demand_window_model_slowdown": alone_speed / host_speed(cores, per + sum(demand.values()))}
+    return out, rows, demand, ratios
+
+
+# What demand_window measures, by index in its rows (HostCalibration.demand's keys but the first)
+DEMAND_STATES = ("compute", "hold", "pull", "decode", "background")
+
+
+def demand_window(prefill: Sequence[Any], hung: Any, decoder: Any | None, ids: _Ids, hang: Any,
+                  decoders: Sequence[Any], one_host: bool) -> tuple[list[list[float]], float]:
+    """While the pull ``hang`` from prefill[0] to ``hung`` hangs (prefill[0] holds its KV, ``hung``
+    waits for it): prefill[1] computes DEMAND_PROMPTS prompts at once and ``decoder`` (if any)
+    decodes. Returns rows (state index in DEMAND_STATES, cores against the computing engine's, one
+    per interval between two host samples: :func:`_window_rates`), empty where the window held
+    fewer than two host samples of an engine, or the pull or the decode ended inside it (not the
+    state measured); and the window's seconds."""
+    ref = prefill[1]
+    decoding = None
+    if decoder is not None:
+        rid, p = ids(BLOCK + BLOCK // 2)
+        pre = ray.get(ref.prefill.remote(rid, p))
+        decoding = decoder.decode.remote(rid, p, DEMAND_DECODE_TOKENS, pre.kv_transfer_params)
+        time.sleep(DEMAND_SETTLE_S)
+    reqs = [ids(HOST_PROMPT) for _ in range(DEMAND_PROMPTS)]
+    opened = time.time()
+    res = ray.get([ref.prefill.remote(r, q) for r, q in reqs])
+    closed = time.time()
+    running = [x for x in (hang, decoding) if x is not None]
+    ended = ray.wait(running, num_returns=len(running), timeout=0)[0]
+    # the window's prompts leave their KV held: read it (by the decoder, which is free once it is done)
+    reader = decoder if decoder is not None else hung
+    ray.get(([decoding] if decoding is not None else [])
+            + [reader.decode.remote(r, q, 1, x.kv_transfer_params) for (r, q), x in zip(reqs, res)])
+    if ended:
+        console.print(f"  calibrate: a demand window left out: the {'pull' if hang in ended else 'decode'} "
+                      f"ended inside its {closed - opened:.1f} s")
+        return [], closed - opened
+    states = [("compute", ref), ("hold", prefill[0]), ("pull", hung)] + \
+             ([("decode", decoder)] if decoder is not None else [])
+    return _window_rates(states, list(prefill) + list(decoders), opened, closed, one_host), closed - opened
+
+
+def _window_rates(states: list[tuple[str, Any]], every: list[Any], opened: float, closed: float,
+                  one_host: bool) -> list[list[float]]:
+    """Rows (state index, ratio) of each interval between two host samples of the engines in
+    ``states`` within [opened, closed], against the first's (the computing one) nearest it
+    (core.host_model.rate_against, as a run's are rated in analysis/host_demand.py); with
+    ``one_host`` also the machine's busy CPU beyond every engine's, as ``background``."""
+    samples = ray.get([e.host_samples.remote(opened) for e in every])
+    within = [np.asarray([x for x in ss if x[0] <= closed], float) for ss in samples]
+    if any(len(x) < 2 for x in within):
+        console.print(f"  calibrate: a demand window left out: fewer than two host samples of an engine "
+                      f"in its {closed - opened:.1f} s")
+        return []
+    state_of = {id(e): state for state, e in states}
+    i_ref = every.index(states[0][1])
+    t0, t1, cpu = sample_intervals(within[i_ref][:, 0], within[i_ref][:, 1])
+    busy = sample_intervals(within[i_ref][:, 0], within[i_ref][:, 4])[2]  # hoststats.HostSample.busy_s
+    others = []
+    for i, (e, x) in enumerate(zip(every, within)):
+        if i != i_ref:
+            a, b, c = sample_intervals(x[:, 0], x[:, 1])
+            others.append(((a + b) / 2, c, np.full(len(a), state_of.get(id(e)), dtype=object)))
+    rated = rate_against((t0 + t1) / 2, cpu, busy, others, float(np.median(t1 - t0)) / 2)
+    return [[DEMAND_STATES.index(state), ratio] for state, ratio in rated if one_host or state != "background"]
+
+
+def demand_of(rows: list[list[float]], per: float) -> dict[str, float]:
+    """HostCalibration.demand from demand_window's rows (repeat, state, ratio): the median ratio of
+    each state, in cores (the computing engine demands ``per``); empty where none was measured."""
+    if not rows:
+        return {}
+    a = np.asarray(rows, float)
+    return {state: float(np.median(a[a[:, 1] == i, 2])) * per
+            for i, state in enumerate(DEMAND_STATES) if i and (a[:, 1] == i).any()}
 
 
 def _show(c: dict[str, float]) -> str:
     return ", ".join(f"{n}: x{c[f'{n}_slowdown']:.2f} (model x{c[f'{n}_model_slowdown']:.2f})"
-                     for n in ("all_prefill", "all_prefill_hang"))
+                     for n in ("all_prefill", "all_prefill_hang", "demand_window") if f"{n}_slowdown" in c)
+
+
+def _show_demand(d: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in d.items()) or "not measured"
