@@ -91,7 +91,8 @@ HOST_REPEATS = 3
 HANG_BLOCKS = 6
 # The demand window: the reference engine prefills this many HOST_PROMPT prompts at once (seconds
 # of computing, several of the engines' 0.5 s host samples), while another decode engine decodes
-# DEMAND_DECODE_TOKENS tokens, more than fit in the window at the decode steps measured under load.
+# up to DEMAND_DECODE_TOKENS tokens, more than fit in the window at the decode steps measured under
+# load (it is aborted when the window closes).
 DEMAND_PROMPTS = 2
 DEMAND_DECODE_TOKENS = 512
 DEMAND_SETTLE_S = 0.5  # after the window opens: the decode's pull is done and its steps run
@@ -434,9 +435,9 @@ def demand_window(prefill: Sequence[Any], hung: Any, decoder: Any | None, ids: _
     ref = prefill[1]
     decoding = None
     if decoder is not None:
-        rid, p = ids(BLOCK + BLOCK // 2)
-        pre = ray.get(ref.prefill.remote(rid, p))
-        decoding = decoder.decode.remote(rid, p, DEMAND_DECODE_TOKENS, pre.kv_transfer_params)
+        dec_rid, p = ids(BLOCK + BLOCK // 2)
+        pre = ray.get(ref.prefill.remote(dec_rid, p))
+        decoding = decoder.decode.remote(dec_rid, p, DEMAND_DECODE_TOKENS, pre.kv_transfer_params)
         time.sleep(DEMAND_SETTLE_S)
     reqs = [ids(HOST_PROMPT) for _ in range(DEMAND_PROMPTS)]
     opened = time.time()
@@ -444,6 +445,8 @@ def demand_window(prefill: Sequence[Any], hung: Any, decoder: Any | None, ids: _
     closed = time.time()
     running = [x for x in (hang, decoding) if x is not None]
     ended = ray.wait(running, num_returns=len(running), timeout=0)[0]
+    if decoding is not None:  # measured: its tokens left to decode would only lengthen the calibration
+        ray.get(decoder.abort.remote(dec_rid))
     # the window's prompts leave their KV held: read it (by the decoder, which is free once it is done)
     reader = decoder if decoder is not None else hung
     ray.get(([decoding] if decoding is not None else [])
