@@ -285,13 +285,18 @@ def calibration_check(testbed_dirs: Sequence[Path | str], calibration: Mapping[s
     return table
 
 
-def write_calibration_check(table: pd.DataFrame, out_dir: Path | str) -> Path:
-    """The table as ``out_dir``/calibration_check.csv."""
+def write_table(table: pd.DataFrame, out_dir: Path | str, name: str) -> Path:
+    """The table as ``out_dir``/``name`` (CSV), the folder made if need be."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / CSV_NAME
+    path = out / name
     table.to_csv(path, index=False)
     return path
+
+
+def write_calibration_check(table: pd.DataFrame, out_dir: Path | str) -> Path:
+    """The table as ``out_dir``/calibration_check.csv."""
+    return write_table(table, out_dir, CSV_NAME)
 
 
 def _fmt(x: Any, spec: str) -> str:

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.calibration_check import CALIBRATION_MISS, POOLED
+from analysis.calibration_check import CALIBRATION_MISS, POOLED, write_table
 from analysis.host import timed_out_at
 from analysis.run_data import RunData, load_run
 from analysis.summary import discover_runs
@@ -148,11 +148,8 @@ def host_demand_check(testbed_dirs: Sequence[Path | str], calibrated: Mapping[st
 
 
 def write_host_demand(table: pd.DataFrame, out_dir: Path | str) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / CSV_NAME
-    table.to_csv(path, index=False)
-    return path
+    """The table as ``out_dir``/host_demand.csv."""
+    return write_table(table, out_dir, CSV_NAME)
 
 
 def print_host_demand(table: pd.DataFrame, console: Console) -> None:
