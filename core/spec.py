@@ -264,8 +264,8 @@ class TestbedSpec(_Spec):
     # so KV that is not the prompt's shows from the first token on; 16 (the start-up PD probe's
     # length) bounds a reference to about half a second of decoding on the CPU engines.
     canary_tokens: int = Field(16, ge=1)
-    # How often an idle vLLM engine core and its worker re-check the shared-memory queue between
-    # them, in ms: the most a lost wake-up of that queue costs (testbed/engines/shm_wakeups.py).
+    # With executor "mp": how often an idle vLLM engine core and its worker re-check the
+    # shared-memory queue between them, in ms: the most a lost wake-up of that queue costs (testbed/engines/shm_wakeups.py).
     # None: vLLM's own, 5000 ms (shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS). Kept by default:
     # every run records its engines' missed wake-ups, and the twin scenario's runs at vLLM's
     # interval had none (docs/reliability.md "A lead, tested and ruled out here: lost wake-ups"), so
@@ -273,6 +273,15 @@ class TestbedSpec(_Spec):
     # (engine.decode_step_base_s, 9.1 ms calibrated), at 3 ms of CPU a second per idle reader
     # (measured on vLLM's queue here: 0 at 5000 ms, 15 ms at 1 ms).
     shm_recheck_ms: int | None = Field(None, ge=1)
+    # Where each engine runs its model. "uni": in the engine core's process, which is what vLLM
+    # does for an engine of one GPU (config/parallel.py: world size 1 -> the uni executor), so
+    # the CPU engines have a GPU engine's processes. "mp": vLLM's CPU build's own choice, a worker
+    # process that reads the engine core's calls from a shared-memory queue and busy-waits on it;
+    # while a pull hangs the engine core steps every millisecond and that worker never stops
+    # spinning, a cost a GPU node does not pay. Measured on this host: a prefill engine holding
+    # KV for a pull that does not come used 1.58 cores with "mp" and 0.58 with "uni"
+    # (docs/reliability.md "The worker process, removed"). Engine parallelism is one device.
+    executor: Literal["uni", "mp"] = "uni"
 
 
 class PolicyEntry(_Spec):

@@ -11,10 +11,12 @@ imported only when `start()` runs. The prefill/decode flow is vLLM's own
 2. `decode()` on the decode engine with those params: its NIXL connector pulls
    the KV blocks (a NIXL READ: the bytes leave the prefill node) and decodes.
 
-Process model. vLLM on the CPU always builds three processes per engine: this
-one (the `AsyncLLM` front end), an EngineCore (scheduler, NIXL handshake side
-channel) and a worker (model, KV cache, NIXL agent), the last two *spawned*;
-so code that starts an engine needs an `if __name__ == "__main__":` guard.
+Process model. Each engine is two processes: this one (the `AsyncLLM` front
+end) and a *spawned* EngineCore (scheduler, NIXL handshake side channel, and
+with the uni executor, `EngineConfig.executor`, the model, KV cache and NIXL
+agent too, as vLLM runs an engine of one GPU); so code that starts an engine
+needs an `if __name__ == "__main__":` guard. vLLM's CPU build would otherwise
+spawn a third, a worker fed through a busy-waiting shared-memory queue.
 Give each engine a process of its own (a Ray actor is one): the environment
 below is set in `os.environ` before the children start, and vLLM's Prometheus
 logger unregisters every `vllm:` collector of the process when an engine
@@ -28,7 +30,7 @@ engine names by path (`HOOKS_MODULE`, testbed/engines/vllm_hooks.py): vLLM's own
 that module, in each engine process, installs the NIXL progress-thread delay
 (`TESTBED_NIXL_PROGRESS_DELAY_US`: NIXL's agent would spin a core per engine) and
 the record of missed wake-ups of the queue between the engine core and its worker
-(shm_wakeups.py). This module never imports it, so importing it imports no vLLM.
+(shm_wakeups.py; only the mp executor has that queue). This module never imports it, so importing it imports no vLLM.
 """
 
 from __future__ import annotations
@@ -110,6 +112,10 @@ class EngineConfig:
     kv_cache_bytes: int = 256 * MiB
     dtype: str = "bfloat16"
     omp_threads_bind: str = "nobind"
+    # core.spec.TestbedSpec.executor: "uni" runs the model in the engine core's process, as vLLM
+    # does for one GPU; "mp" is the CPU build's own default, a worker process fed through a
+    # busy-waiting shared-memory queue (docs/reliability.md "The worker process, removed").
+    executor: str = "uni"
     # Torch's intra-op threads per engine (OMP_NUM_THREADS). One: several engines share a few
     # cores, and a multi-threaded forward pass then waits at every OpenMP barrier for a thread the
     # kernel has descheduled. Measured on 2 cores, 4 engines: while a decode engine busy-waited on
@@ -133,6 +139,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "rdma"):
             raise ValueError(f"transport={self.transport!r} must be 'tcp' or 'rdma'")
+        if self.executor not in ("uni", "mp"):
+            raise ValueError(f"executor={self.executor!r} must be 'uni' or 'mp'")
         if self.role not in ("prefill", "decode", "both"):
             raise ValueError(f"role={self.role!r} must be 'prefill', 'decode' or 'both'")
         if not 1 <= self.side_channel_port <= 65535:
@@ -197,6 +205,11 @@ class EngineConfig:
             env["UCX_TLS"] = "tcp"
             if self.net_device:
                 env["UCX_NET_DEVICES"] = self.net_device
+        if self.executor == "uni":
+            # vLLM's CPU platform turns "uni" into "mp" unless this is 0 (platforms/cpu.py
+            # check_and_update_config); AsyncLLM keeps its engine core in a process of its own
+            # either way (EngineCoreClient.make_async_mp_client).
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if self.omp_threads is not None:
             env["OMP_NUM_THREADS"] = str(self.omp_threads)
         env.update(self.extra_env)
@@ -300,6 +313,7 @@ class Engine:
             seed=cfg.seed,
             disable_log_stats=False,
             enable_log_requests=False,
+            distributed_executor_backend=cfg.executor,
         )
         if cfg.max_num_seqs is not None:
             kwargs["max_num_seqs"] = cfg.max_num_seqs

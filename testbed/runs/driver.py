@@ -123,7 +123,8 @@ class Engines:
                            max_model_len=t.max_model_len,
                            kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
                            max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
-                           transport=t.transport, gpu=self.gpu, shm_recheck_ms=t.shm_recheck_ms)
+                           transport=t.transport, gpu=self.gpu, shm_recheck_ms=t.shm_recheck_ms,
+                           executor=t.executor)
                 # Ray sets CUDA_VISIBLE_DEVICES for an actor only when it asks for GPUs.
                 out.append(EngineActor.options(resources={f"pod{pod}": share}, num_gpus=t.gpus_per_engine,
                                                name=f"engine-{name}")
