@@ -220,6 +220,10 @@ class HostCalibration(_Model):
     # host_decode_cores) and ``background`` (engine.host_background_cores); a key not measured
     # leaves the spec's. Empty in a file from before it was measured.
     demand: dict[Literal["hold", "pull", "decode", "background"], float] = Field(default_factory=dict)
+    # How long each engine's worker spins after a call (engine.host_spin_s), from the executor the
+    # engines ran (core.host_model.worker_spin_s); None in a file from before it was recorded: the
+    # spec's stands.
+    spin_s: float | None = Field(None, ge=0, allow_inf_nan=False)
 
     @field_validator("demand")
     @classmethod
@@ -298,6 +302,8 @@ def apply_calibration(spec: ExperimentSpec, cal: Calibration) -> ExperimentSpec:
         update["host_cores"] = cal.host.cores if cal.host.shared else None
         if cal.host.shared:
             update |= {f"host_{k}_cores": v for k, v in cal.host.demand.items()}
+            if cal.host.spin_s is not None:
+                update["host_spin_s"] = cal.host.spin_s
     engine = spec.engine.model_copy(update=update)
     # validate the result as a whole (model_copy does not)
     return ExperimentSpec.model_validate({**spec.model_dump(), "topology": topo.model_dump(),

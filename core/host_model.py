@@ -10,7 +10,19 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["host_shared", "host_speed", "rate_against", "sample_intervals"]
+__all__ = ["MP_WORKER_SPIN_S", "host_shared", "host_speed", "rate_against", "sample_intervals", "worker_spin_s"]
+
+#: How long a vLLM worker process busy-waits on its shared-memory queue after each call with the
+#: multiprocessing executor (vllm/distributed/device_communicators/shm_broadcast.py SpinCondition,
+#: busy_loop_s = 1; docs/reliability.md "What spins").
+MP_WORKER_SPIN_S = 1.0
+
+
+def worker_spin_s(executor: str) -> float:
+    """What an engine's worker spins after each call, by vLLM executor (core.spec.TestbedSpec.executor):
+    the mp executor's queue reader busy-waits MP_WORKER_SPIN_S; the uni executor has no worker
+    process and no queue, so nothing (docs/reliability.md "The worker process, removed")."""
+    return MP_WORKER_SPIN_S if executor == "mp" else 0.0
 
 
 def host_speed(cores: float, demand_cores: float) -> float:

@@ -122,10 +122,12 @@ class EngineSpec(_Spec):
     # that thread; measured at 1.0 core per VLLM::Worker process while pulls hung (docs/reliability.md
     # "Measured").
     host_engine_cores: float = Field(1.0, gt=0, allow_inf_nan=False)
-    # How long an engine's worker goes on spinning after its last call: vLLM's shared-memory queue
-    # reader busy-waits that long after each read (shm_broadcast.SpinCondition, busy_loop_s = 1:
-    # docs/reliability.md "What spins").
-    host_spin_s: float = Field(1.0, ge=0, allow_inf_nan=False)
+    # How long an engine's worker goes on spinning after its last call (core.host_model.worker_spin_s):
+    # none with the testbed's default uni executor (testbed.executor), which has no worker process;
+    # 1 s with the mp executor, whose shared-memory queue reader busy-waits that long after each
+    # read (shm_broadcast.SpinCondition, busy_loop_s = 1: docs/reliability.md "What spins").
+    # `testbed calibrate` records which (core/calibration.py HostCalibration.spin_s).
+    host_spin_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     # What an engine demands by what it does, where it differs from computing (docs/simulator.md
     # "Demand by state"): the default is one thread each, the source's count (a waiting engine's
     # worker spins on one thread); `testbed calibrate` measures each against a computing engine beside

@@ -62,9 +62,9 @@ def test_a_decode_batch_alone_keeps_its_step_time_and_a_spinning_neighbour_halve
     assert alone.prefill_end_s[0] - alone.prefill_start_s[0] == pytest.approx(1.0)
     assert alone.end_s[0] - alone.kv_end_s[0] == pytest.approx(0.1, abs=1e-6)
     assert alone.first_token_s[0] - alone.kv_end_s[0] == pytest.approx(0.01, abs=1e-6)
-    # with vLLM's 1 s busy-wait after the last call, the prefill engine's worker spins through all
-    # 0.2 s of the decode: 2 engines on 1 core, 20 ms a step
-    _, spin = _run(tmp_path / "b", _spec(host_cores=1), [0.0], [1000], [10])
+    # with the mp executor's 1 s busy-wait after the last call, the prefill engine's worker spins
+    # through all 0.2 s of the decode: 2 engines on 1 core, 20 ms a step
+    _, spin = _run(tmp_path / "b", _spec(host_cores=1, host_spin_s=1.0), [0.0], [1000], [10])
     assert spin.end_s[0] - spin.kv_end_s[0] == pytest.approx(0.2, abs=1e-6)
 
 
@@ -229,9 +229,15 @@ def test_bad_host_settings_are_one_line_errors_naming_the_field(field, value, me
     assert "\n" not in text and f"engine.{field}" in text and message in text
 
 
-def test_host_defaults_are_the_gpu_profile_and_vllms_spin():
-    e = parse(small_spec_dict()).engine
-    assert (e.host_cores, e.host_engine_cores, e.host_spin_s) == (None, 1.0, 1.0)
+def test_host_defaults_are_the_gpu_profile_and_the_uni_executors_spin():
+    from core.host_model import MP_WORKER_SPIN_S, worker_spin_s
+
+    spec = parse(small_spec_dict())
+    e = spec.engine
+    # no worker process spins with the testbed's default executor
+    assert (e.host_cores, e.host_engine_cores, e.host_spin_s) == (None, 1.0, 0.0)
+    assert spec.testbed.executor == "uni" and worker_spin_s("uni") == e.host_spin_s
+    assert worker_spin_s("mp") == MP_WORKER_SPIN_S == 1.0
     # one thread for each state, nothing else on the host: the model before demand was measured
     assert (e.host_hold_cores, e.host_pull_cores, e.host_decode_cores, e.host_background_cores) == (1.0, 1.0, 1.0, 0.0)
 
@@ -280,13 +286,18 @@ def test_the_measured_demand_by_state_becomes_the_simulators_where_the_host_is_s
 
     demand = {"hold": 2.8, "pull": 3.0, "background": 0.8}  # decode not measured: the spec's stands
     host = HostCalibration(cores=2.0, engines=4, hosts=1, gpus_per_engine=0 if shared else 1, shared=shared,
-                           demand=demand)
+                           demand=demand, spin_s=1.0)  # engines that ran the mp executor
     cal = load_calibration(save_calibration(_calibration(host), tmp_path / "calibration.json"))
-    assert cal.host.demand == demand
+    assert cal.host.demand == demand and cal.host.spin_s == 1.0
     e = apply_calibration(parse(small_spec_dict(engine={"host_decode_cores": 1.5})), cal).engine
-    got = (e.host_hold_cores, e.host_pull_cores, e.host_background_cores, e.host_decode_cores)
+    got = (e.host_hold_cores, e.host_pull_cores, e.host_background_cores, e.host_decode_cores, e.host_spin_s)
     # not shared (GPU engines): the host model is off, and its demand left as the spec has it
-    assert got == ((2.8, 3.0, 0.8, 1.5) if shared else (1.0, 1.0, 0.0, 1.5))
+    assert got == ((2.8, 3.0, 0.8, 1.5, 1.0) if shared else (1.0, 1.0, 0.0, 1.5, 0.0))
+    # a file from before the spin was recorded leaves the spec's
+    old = HostCalibration(cores=2.0, engines=4, hosts=1, gpus_per_engine=0, shared=True)
+    assert old.spin_s is None
+    assert apply_calibration(parse(small_spec_dict(engine={"host_spin_s": 0.5})),
+                             _calibration(old)).engine.host_spin_s == 0.5
     assert e.host_cores == (2.0 if shared else None)
 
 

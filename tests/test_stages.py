@@ -444,6 +444,13 @@ def test_a_calls_arrival_is_placed_by_the_engines_clock_offset_bounded_by_every_
     assert clock.arrived(("prefill", 0), 4.0, None) == 4.0
     s = clock.summary()
     assert s["decode"]["n"] == 4 and s["decode"]["max_s"] == pytest.approx(0.5) and s["prefill"]["n"] == 1
+    # the return leg: the last decode call reached the engine at 20.5 s (engine 120.492) and ended
+    # there at engine 121.492, i.e. 21.5 s; the router has its result at 21.53 s
+    clock.returned("decode", 20.5, Res(submitted_s=120.492, finished_s=121.492), 21.53)
+    clock.returned("decode", 20.5, Res(submitted_s=120.492, finished_s=None), 30.0)  # nothing to place: skipped
+    r = clock.return_summary()
+    assert r == {"decode": {"n": 1, "p50_s": pytest.approx(0.03), "p90_s": pytest.approx(0.03),
+                            "max_s": pytest.approx(0.03)}}
 
 
 class DispatchedEngine(ScriptedEngine):

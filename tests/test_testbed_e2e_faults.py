@@ -156,6 +156,8 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     assert len(cal.samples["host_demand_repeat_state_ratio"]) >= 4 and cal.host.concurrent["demand_window_s"] > 0
     calibrated = apply_calibration(throttled, cal)
     assert calibrated.engine.host_cores == cal.host.cores and calibrated.engine.host_pull_cores == demand["pull"]
+    # the engines ran the uni executor: no worker spins after a call, in either world
+    assert throttled.testbed.executor == "uni" and cal.host.spin_s == calibrated.engine.host_spin_s == 0.0
     # The twin: the same spec in the calibrated simulator; requests pulled from pod 0 during the
     # fault time out in kv_transfer there too, and the comparison reads both worlds.
     sim_dir = run_sim(calibrated, "Random", 0, tmp_path / "sim")

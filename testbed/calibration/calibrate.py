@@ -60,7 +60,7 @@ from rich.console import Console
 
 from core.calibration import (Calibration, HostCalibration, calibration_from_fits, fit_decode, fit_prefill,
                               fit_pull, fit_unshaped_pull, pull_noise, stall_stats)
-from core.host_model import host_shared, host_speed, rate_against, sample_intervals
+from core.host_model import host_shared, host_speed, rate_against, sample_intervals, worker_spin_s
 from core.spec import ExperimentSpec
 from core.topology import Topology, kv_transfer_bytes
 
@@ -334,12 +334,13 @@ def measure_host(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any],
     cores = float(len(set().union(*busiest)))
     gpus = spec.testbed.gpus_per_engine
     return HostCalibration(cores=cores, engines=len(busiest), hosts=len(by_host), gpus_per_engine=gpus,
-                           shared=host_shared(cores, len(busiest), gpus, spec.engine.host_engine_cores))
+                           shared=host_shared(cores, len(busiest), gpus, spec.engine.host_engine_cores),
+                           spin_s=worker_spin_s(spec.testbed.executor))
 
 
 def _quiet(spec: ExperimentSpec) -> None:
-    """Wait until every engine's worker has stopped spinning after its last call (host_spin_s)."""
-    time.sleep(spec.engine.host_spin_s + 0.5)
+    """Wait until every engine's worker has stopped spinning after its last call (worker_spin_s)."""
+    time.sleep(worker_spin_s(spec.testbed.executor) + 0.5)
 
 
 def _prefill_all(engines: Sequence[Any], ids: _Ids) -> tuple[list[float], list[tuple[str, list[int], Any]]]:

@@ -281,5 +281,6 @@ class RouterActor:
         imported = [m for m in ("vllm", "torch") if m in sys.modules]
         return self.ctx.close(status, testbed_end_s=self.now(), unseparated_decode_calls=self.flow.unseparated,
                               call_dispatch=self.flow.calls.summary(),
+                              call_return=self.flow.calls.return_summary(),
                               router_imported=imported,
                               canaries=canary_summary(self.flow.canaries, self.flow.canary_verdicts), **extra)

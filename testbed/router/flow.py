@@ -150,6 +150,7 @@ class CallClock:
     def __init__(self) -> None:
         self.theta: dict[tuple[str, int], float] = {}
         self.delays: dict[str, list[float]] = {"prefill": [], "decode": []}
+        self.returns: dict[str, list[float]] = {"prefill": [], "decode": []}
 
     def arrived(self, engine: tuple[str, int], sent: float, res: Any) -> float:
         """Router time the call sent at ``sent`` reached ``engine`` (role, index), from its result
@@ -162,10 +163,26 @@ class CallClock:
         self.delays[engine[0]].append(bound - theta)
         return sent + (bound - theta)
 
+    def returned(self, role: str, arrived: float, res: Any, now: float) -> None:
+        """Record a finished call's return leg: from its engine's end (``res.finished_s``, placed on
+        the router's clock through the call's arrival ``arrived``) to ``now``, when the router has
+        the result. A stage time the router records at ``now`` includes it; the simulator's do not."""
+        finished, submitted = getattr(res, "finished_s", None), getattr(res, "submitted_s", None)
+        if finished is not None and submitted is not None:
+            self.returns[role].append(max(0.0, now - (arrived + float(finished) - float(submitted))))
+
+    @staticmethod
+    def _stats(by_role: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+        return {role: {"n": len(d), "p50_s": float(np.median(d)), "p90_s": float(np.percentile(d, 90)),
+                       "max_s": float(max(d))} for role, d in by_role.items() if d}
+
     def summary(self) -> dict[str, dict[str, float]]:
         """Per role, the calls' dispatch delays beyond the fastest one (p50, p90, max, count)."""
-        return {role: {"n": len(d), "p50_s": float(np.median(d)), "p90_s": float(np.percentile(d, 90)),
-                       "max_s": float(max(d))} for role, d in self.delays.items() if d}
+        return self._stats(self.delays)
+
+    def return_summary(self) -> dict[str, dict[str, float]]:
+        """Per role, the finished calls' return legs (:meth:`returned`; p50, p90, max, count)."""
+        return self._stats(self.returns)
 
 
 def _at(sent: float, offsets: dict[str, float], event: str, limit: float = math.inf) -> float | None:
@@ -335,6 +352,7 @@ class RequestFlow:
             t.enter(PREFILL, started if started is not None else arrived + (queued or 0.0))
             if res.kv_transfer_params is None or res.finish_reason == "abort":
                 return ERROR, None  # no KV to hand over: prefill failed
+            self.calls.returned("prefill", arrived, res, self.clock())
             t.enter(DECODE_QUEUE, self.clock())  # the prefill engine holds the KV for the decoder now
             # --- decode_queue, kv_transfer, decode on the decode engine ------------------
             calling = ("decode", t.d_idx)
@@ -377,6 +395,7 @@ class RequestFlow:
                     t.enter(DECODE, t.first_token_s)
             if res.aborted or res.first_token_s is None:
                 return ERROR, None
+            self.calls.returned("decode", arrived, res, self.clock())
             ref = self.canaries.get(t.request_id)
             if ref is not None:
                 v = self.canary_verdicts[t.request_id] = verdict(ref, res.token_ids)
