@@ -267,7 +267,8 @@ class TestbedSpec(_Spec):
     # length) bounds a reference to about half a second of decoding on the CPU engines.
     canary_tokens: int = Field(16, ge=1)
     # With executor "mp": how often an idle vLLM engine core and its worker re-check the
-    # shared-memory queue between them, in ms: the most a lost wake-up of that queue costs (testbed/engines/shm_wakeups.py).
+    # shared-memory queue between them, in ms: the most a lost wake-up of that queue costs
+    # (testbed/engines/shm_wakeups.py).
     # None: vLLM's own, 5000 ms (shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS). Kept by default:
     # every run records its engines' missed wake-ups, and the twin scenario's runs at vLLM's
     # interval had none (docs/reliability.md "A lead, tested and ruled out here: lost wake-ups"), so

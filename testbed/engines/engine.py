@@ -30,7 +30,8 @@ engine names by path (`HOOKS_MODULE`, testbed/engines/vllm_hooks.py): vLLM's own
 that module, in each engine process, installs the NIXL progress-thread delay
 (`TESTBED_NIXL_PROGRESS_DELAY_US`: NIXL's agent would spin a core per engine) and
 the record of missed wake-ups of the queue between the engine core and its worker
-(shm_wakeups.py; only the mp executor has that queue). This module never imports it, so importing it imports no vLLM.
+(shm_wakeups.py; only the mp executor has that queue). This module never imports it, so
+importing it imports no vLLM.
 """
 
 from __future__ import annotations
