@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .host_model import worker_spin_s
 from .limits import first_token_limit
 from .metrics_spec import MetricsSpec
 from faults.spec import FaultSpec, HealthSpec, TelemetrySpec
@@ -127,7 +128,7 @@ class EngineSpec(_Spec):
     # 1 s with the mp executor, whose shared-memory queue reader busy-waits that long after each
     # read (shm_broadcast.SpinCondition, busy_loop_s = 1: docs/reliability.md "What spins").
     # `testbed calibrate` records which (core/calibration.py HostCalibration.spin_s).
-    host_spin_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    host_spin_s: float = Field(worker_spin_s("uni"), ge=0, allow_inf_nan=False)
     # What an engine demands by what it does, where it differs from computing (docs/simulator.md
     # "Demand by state"): the default is one thread each, the source's count (a waiting engine's
     # worker spins on one thread); `testbed calibrate` measures each against a computing engine beside
