@@ -20,6 +20,7 @@ from testbed.faults.agent import FaultAgent, FaultRefused
 from testbed.faults.shaping import KV_PORT_BASE, Shaping
 from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
 from testbed.hosts.traffic import TcpStream as Stream
+from testbed.hosts.traffic import retransmits
 from testbed.hosts.traffic import tcp_stream as stream
 
 pytestmark = pytest.mark.skipif(missing_privileges() is not None,
@@ -81,6 +82,59 @@ def test_shaped_throughput_matches_three_rates_and_takes_effect_within_200ms(fab
                 agent.clear("link")
                 assert shaping.installed("eth0") == {}
             assert restored(s, 10 * mbit * 1e6), "removing the shaping restores the line rate"
+
+
+@pytest.mark.parametrize("pod, side, direction", [("pod0", "uplink", "egress"), ("pod1", "downlink", "ingress")])
+def test_a_healed_link_delivers_what_its_queue_holds(fabric, pod, side, direction):
+    """A pull's tail queued on the throttled link when it heals arrives at once, nothing resent.
+    Removing the shaping's qdisc with the tail in it dropped it, and the sender, whose
+    retransmission timeout the queue's delay had grown, resent it seconds later (3.2 s here;
+    15-19 s on the engines: docs/testbed.md "When a link heals")."""
+    src, dst = fabric.node("pod0"), fabric.node("pod1")
+    agent = FaultAgent(pod, ["eth0"])
+    warm, size = 50_000_000, 3_000_000
+    with in_netns(dst.netns):
+        srv = socket.create_server((dst.address, KV_PORT))
+    done: list[float] = []
+
+    def receive() -> None:
+        conn, _ = srv.accept()
+        n = 0
+        while n < warm + size and (b := conn.recv(1 << 20)):
+            n += len(b)
+        done.append(time.monotonic())
+        conn.close()
+
+    threading.Thread(target=receive, daemon=True).start()
+    try:
+        with in_netns(src.netns):
+            sender = socket.create_connection((dst.address, KV_PORT), timeout=5)
+        # At line rate first, as a KV connection is before its link degrades: its window is
+        # then far larger than the throttled link's, and the excess waits in the queue.
+        sender.sendall(bytes(warm))
+        time.sleep(0.5)
+        with in_netns(fabric.node(pod).netns):
+            agent.apply_link("link", "eth0", [side], 2e6, kv_only=True, ttl_s=60)
+        threading.Thread(target=lambda: sender.sendall(bytes(size)), daemon=True).start()
+        time.sleep(3)
+        with in_netns(fabric.node(pod).netns):
+            queued = shaping.queued_bytes("eth0", direction)
+            resent = retransmits(sender)
+            healed = time.monotonic()
+            agent.clear("link")
+            assert shaping.installed("eth0") == {}
+        assert queued > 100_000, f"the test needs a queue at the heal; {queued} bytes were queued"
+        while not done and time.monotonic() - healed < 10:
+            time.sleep(0.01)
+        assert done, "the transfer did not finish within 10 s of the heal"
+        assert done[0] - healed < 1.0, f"{queued} queued bytes took {done[0] - healed:.2f} s to arrive after the heal"
+        if direction == "egress":
+            # (Into the pod, the ifb hands its queue to the receiving stack at once, whose
+            # backlog may drop some of that burst: resent then, but in milliseconds.)
+            assert retransmits(sender) == resent, "the heal dropped queued packets that TCP had to send again"
+        sender.close()
+    finally:
+        srv.close()
 
 
 def test_downlink_shaping_limits_what_enters_the_pod_and_leaves_nothing_behind(fabric):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,6 +56,10 @@ IFB_PREFIX = "tb-ifb-"
 KV_PORT_BASE, KV_PORT_MASK = 0x5000, 0xFF00
 KV_PORT_RANGE = f"{KV_PORT_BASE}-{KV_PORT_BASE + 0xFF}"
 _UNLIMITED_BPS = 100e9  # the line-rate class: above anything a NIC here carries
+# The most one clear waits for a healed queue to empty before removing it (see _drain):
+# twice a 64 KB packet's time at 250 kbit/s, r = 0.001 of the shipped baseline.
+DRAIN_S = 5.0
+_GSO_MAX_BYTES = 65536  # the largest packet a qdisc sees here (GSO/TSO segments, veth)
 _ETH_P_ALL, _ETH_P_IP = 0x0003, 0x0800
 
 Direction = Literal["egress", "ingress"]
@@ -116,6 +121,58 @@ def _del_root(ipr: IPRoute, idx: int) -> bool:
         if e.code != 2:  # ENOENT: removed meanwhile
             raise
     return True
+
+
+def queued_bytes(ifname: str, direction: Direction) -> int:
+    """Bytes the project's shaping of one direction of ``ifname`` holds in its queue now."""
+    with _iproute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname if direction == "egress" else ifb_name(ifname))
+        return _backlog(ipr, idx[0]) if idx else 0
+
+
+def _backlog(ipr: IPRoute, idx: int) -> int:
+    """Bytes the project's root qdisc on ``idx`` holds (0 if there is none)."""
+    for q in ipr.get_qdiscs(index=idx):
+        if q["parent"] == TC_H_ROOT and q["handle"] == ROOT:
+            stats = q.get_attr("TCA_STATS") or {}
+            return int(stats.get("backlog", 0))
+    return 0
+
+
+def _shaped_rate_Bps(ipr: IPRoute, idx: int) -> float | None:
+    """The shaped class's rate (bytes/s) on ``idx``; None if there is no such class."""
+    for c in ipr.get_classes(index=idx):
+        if c["handle"] == SHAPED:
+            opts = c.get_attr("TCA_OPTIONS")
+            parms = opts.get_attr("TCA_HTB_PARMS") if opts else None
+            return float((opts.get_attr("TCA_HTB_RATE64") if opts else None) or (parms["rate"] if parms else 0))
+    return None
+
+
+def _drain(ipr: IPRoute, idx: int) -> int:
+    """Lift the shaped class to line rate and wait until the project's root qdisc on ``idx``
+    holds nothing, so that removing it drops no packet; returns the bytes left (0: drained).
+
+    Why: a link that heals delivers what its queue holds. Deleting a qdisc drops its queue,
+    and a throttled KV connection keeps seconds of data there (measured on the engines: up
+    to 3 MB, 12 s at 2 Mbit/s), so a TCP sender whose tail was dropped resends only after
+    its retransmission timeout, which that queue's delay had grown to 15-19 s: every pull
+    on the connection then stalled that long after the heal
+    (docs/testbed.md "When a link heals"). The wait: htb keeps a class's debt in time, not
+    bytes, so the class releases its queue once the debt of its last packet at the old rate
+    is paid, at most one GSO-sized packet plus the burst at that rate (0.26 s at 2 Mbit/s);
+    bounded by DRAIN_S."""
+    if _root_handle(ipr, idx) != ROOT or any(q["handle"] == DROP for q in ipr.get_qdiscs(index=idx)):
+        return 0  # nothing of ours, or a link down: its pfifo of no room holds nothing
+    old = _shaped_rate_Bps(ipr, idx)
+    if not old:
+        return _backlog(ipr, idx)
+    line = int(_UNLIMITED_BPS / 8)
+    ipr.tc("change-class", "htb", idx, SHAPED, parent=ROOT, rate=line, ceil=line, quantum=200000)
+    deadline = time.monotonic() + min(DRAIN_S, 2 * (_GSO_MAX_BYTES + max(3200, old * 0.004)) / old)
+    while (left := _backlog(ipr, idx)) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return left
 
 
 def _has_ingress(ipr: IPRoute, idx: int) -> bool:
@@ -213,6 +270,8 @@ def _remove_ingress(ipr: IPRoute, ifname: str) -> bool:
     removed = False
     dev = ipr.link_lookup(ifname=ifname)
     ifb = ipr.link_lookup(ifname=ifb_name(ifname))
+    if ifb:
+        _drain(ipr, ifb[0])  # before the redirect goes: what the ifb holds is delivered
     if dev and ifb and _has_ingress(ipr, dev[0]):
         # Only an ingress qdisc whose redirect the project made (its ifb exists) is removed.
         ipr.tc("del", "ingress", dev[0], INGRESS)
@@ -228,7 +287,10 @@ def unshape(ifname: str, direction: Direction) -> bool:
     with _iproute() as ipr:
         if direction == "egress":
             dev = ipr.link_lookup(ifname=ifname)
-            return bool(dev) and _del_root(ipr, dev[0])
+            if not dev:
+                return False
+            _drain(ipr, dev[0])
+            return _del_root(ipr, dev[0])
         return _remove_ingress(ipr, ifname)
 
 
@@ -243,13 +305,9 @@ def installed(ifname: str) -> dict[str, float]:
             if any(q["handle"] == DROP for q in ipr.get_qdiscs(index=idx[0])):
                 out[direction] = 0.0
                 continue
-            for c in ipr.get_classes(index=idx[0]):
-                if c["handle"] == SHAPED:
-                    opts = c.get_attr("TCA_OPTIONS")
-                    parms = opts.get_attr("TCA_HTB_PARMS") if opts else None
-                    rate64 = opts.get_attr("TCA_HTB_RATE64") if opts else None
-                    rate = rate64 or (parms["rate"] if parms else 0)
-                    out[direction] = float(rate) * 8
+            rate = _shaped_rate_Bps(ipr, idx[0])
+            if rate is not None:
+                out[direction] = rate * 8
     return out
 
 
@@ -264,6 +322,7 @@ def clear_all(allowlist: frozenset[str] | None = None) -> list[str]:
                 continue
             if allowlist is not None and name not in allowlist:
                 continue
+            _drain(ipr, link["index"])
             if _del_root(ipr, link["index"]):
                 removed.append(f"{name}/egress")
             if _remove_ingress(ipr, name):
@@ -296,7 +355,6 @@ def blast(dst: str, rate_bps: float, duration_s: float, port: int = 9, mtu: int 
 
     Paced in 5 ms slices; segments are MTU-sized (UDP GSO where the kernel has
     it), so port filters see a UDP header on every packet."""
-    import time
 
     seg = mtu - 28
     # A GSO send is one skb through the qdisc: keep it to ~5 ms of the offered rate, or a

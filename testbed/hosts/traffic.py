@@ -8,12 +8,20 @@ tests and ``benchmarks/bench_shaping.py``.
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from testbed.hosts.netns import Fabric, in_netns
+
+
+def retransmits(sock: socket.socket) -> int:
+    """Segments a TCP sender has retransmitted so far (tcp_info's total_retrans): a packet a
+    qdisc dropped shows up here once TCP has sent it again."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    return struct.unpack_from("8B24I", info)[-1]  # struct tcp_info: 8 u8, then u32s up to total_retrans
 
 
 class TcpStream:
