@@ -27,6 +27,7 @@ class Metric(StrEnum):
     DEGRADED_SHARE_PRE = "degraded_share_pre"
     DEGRADED_SHARE_DURING = "degraded_share_during"
     TRAFFIC_DEFLECTION_RATIO = "traffic_deflection_ratio"
+    REACTION_S = "reaction_s"
     GOODPUT_RPS = "goodput_rps"
     N_DEAD_PULLS = "n_dead_pulls"
     DEAD_KV_BYTES = "dead_kv_bytes"

@@ -230,6 +230,47 @@ def traffic_deflection_ratio(requests: pd.DataFrame, window: FaultWindow | None)
     return float((s_pre - s_during) / s_pre)
 
 
+# Reaction is judged over a count of routing decisions, not a time span: a share over k decisions
+# resolves 1/k at any arrival rate, where a span of seconds holds a handful of decisions at the
+# testbed's one request a second and thousands at the simulator's study scale.
+REACTION_K = 5
+REACTION_FRACTION = 0.5  # "most" of the degraded pods' traffic moved away: their share at most half of s_pre
+
+
+def reaction_s(requests: pd.DataFrame, window: FaultWindow | None, *, k: int = REACTION_K,
+               fraction: float = REACTION_FRACTION) -> float:
+    """reaction time = routed_s of the first request R routed inside the fault window [onset, end) such
+    that among R and the next k - 1 requests routed after it (routing order: routed_s), the share whose
+    prefill_pod or decode_pod is a degraded pod is at most fraction * s_pre, minus the onset; s_pre is
+    the degraded pods' share of routed requests arriving before onset (as for the traffic deflection
+    ratio), k = 5 and fraction = 0.5 unless given. R itself may touch a degraded pod: the k requests
+    are judged together, so one stray request neither ends the reaction early nor holds it back. NaN
+    without a fault, if s_pre is NaN (no routed request before onset) or 0, or if no such k requests
+    are all routed inside the window."""
+    if k < 1 or not 0.0 <= fraction:
+        raise ValueError(f"reaction_s needs k >= 1 and fraction >= 0, got k={k} fraction={fraction}")
+    if window is None:
+        return NAN
+    s_pre, _ = degraded_pod_shares(requests, window)
+    if not s_pre > 0:  # also catches NaN
+        return NAN
+    pp = requests["prefill_pod"].to_numpy()
+    dp = requests["decode_pod"].to_numpy()
+    t = requests["routed_s"].to_numpy(dtype=float)
+    inside = ((pp >= 0) | (dp >= 0)) & (t >= window.onset_s) & (t < window.end_s)  # NaN routed_s: never routed
+    pods = np.asarray(window.pods, dtype=np.int64)
+    order = np.argsort(t[inside], kind="stable")
+    t_in = t[inside][order]
+    touched = (np.isin(pp, pods) | np.isin(dp, pods))[inside][order]
+    if t_in.size < k:
+        return NAN
+    c = np.concatenate(([0], np.cumsum(touched)))
+    share = (c[k:] - c[:-k]) / k  # share of the k requests starting at each position
+    # a share equal to the threshold by hand must not miss it by a rounding error of s_pre
+    met = np.flatnonzero(share <= fraction * s_pre + 1e-12)
+    return float(t_in[met[0]] - window.onset_s) if met.size else NAN
+
+
 EXPOSURE_COLUMNS = ("pod", "n_routed_pre", "n_touch_pre", "n_fail_pre", "n_routed_during", "n_touch_during",
                     "n_fail_during")
 

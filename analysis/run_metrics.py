@@ -15,6 +15,7 @@ from analysis.metrics import (
     NAN,
     latency_us,
     ok_mask,
+    reaction_s,
     degraded_availability,
     degraded_pod_shares,
     failure_composition,
@@ -158,6 +159,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
             M.DEGRADED_SHARE_PRE: s_pre,
             M.DEGRADED_SHARE_DURING: s_during,
             M.TRAFFIC_DEFLECTION_RATIO: traffic_deflection_ratio(req, window),
+            M.REACTION_S: reaction_s(req, window),
         }
     )
     out.update(latency_percentiles(req, sorted(set(spec.percentiles) | {50.0, 99.0})))

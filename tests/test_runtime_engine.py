@@ -534,13 +534,21 @@ def test_a_prefill_engine_holding_kv_for_a_pull_does_not_spin_a_core(engines):
     # shared-memory queue and the worker never leaves its busy-wait: 1.58 cores measured over 4 s
     # on this host; with the uni executor 0.58 (docs/reliability.md "The worker process, removed").
     # Last of the tests on these engines: the held KV expires only after its lease (70 s).
-    p = engines["prefill"]
-    p.call("prefill", request_id="held-never-pulled", prompt_token_ids=_prompt(21, 600))
+    p, d = engines["prefill"], engines["decode"]
+    pre = p.call("prefill", request_id="held-never-pulled", prompt_token_ids=_prompt(21, 600))
     before = p.cpu_seconds()
     time.sleep(4.0)
     used = p.cpu_seconds() - before
     print(f"\nholding KV: {used:.2f} CPU seconds over 4 s", file=sys.stderr)
     assert used < 4.0, used  # less than one core all along
+    # What tells a run that it starts on quiet engines (Engines.quiesce, docs/records.md): the
+    # prefix-cache reset is refused while the held KV is in use, and accepted once it is freed.
+    assert p.call("reset_prefix_cache") is False
+    d.call("release_remote_kv", request_id="held-never-pulled", kv_transfer_params=pre.kv_transfer_params)
+    deadline = time.monotonic() + 20
+    while not p.call("reset_prefix_cache"):
+        assert time.monotonic() < deadline, f"released KV still held: {p.call('load')}"
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("gpu, transport, tls, buffer", [

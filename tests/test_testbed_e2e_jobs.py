@@ -46,6 +46,18 @@ def test_every_policy_completes_requests_across_pods(testbed_runs):
     assert n_ok >= 22, f"only {n_ok} of 27 requests completed"
 
 
+def test_every_run_starts_on_engines_verified_quiet(testbed_runs):
+    # Jobs share the engines; the throttled ones leave dead pulls behind them. Each run's start
+    # waited until every engine accepted its prefix-cache reset (no block in use), at most the lease.
+    runs = sorted(testbed_runs[0].glob("*/*/seed-*/run.json"))
+    starts = {str(r.parent.relative_to(testbed_runs[0])): json.loads(r.read_text()).get("start") for r in runs}
+    assert {"e2e_link_fault/Random/seed-0", "e2e_retry/Random/seed-0", "e2e_breaker/Random/seed-0"} <= set(starts)
+    for run, start in starts.items():
+        assert start is not None, f"{run}: run.json has no start record"
+        assert start["quiet"] is True and start["busy"] == [], (run, start)
+        assert start["resets"] >= 1 and 0 <= start["waited_s"] < 120, (run, start)
+
+
 def test_kv_was_transferred_not_recomputed(testbed_runs):
     out = testbed_runs[0]
     summary = json.loads((out / "e2e_policies" / "testbed.json").read_text())

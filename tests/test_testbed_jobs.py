@@ -50,14 +50,20 @@ class _FakeEngines:
         self.topo = topo
         self.prefill = [f"prefill{i}" for i in range(len(topo.prefill_ids))]
         self.decode = [f"decode{i}" for i in range(len(topo.decode_ids))]
-        self.names = []
+        self.names = self.prefill + self.decode
         self.calibration = None
+        self.lease_s = 30
 
     def references(self, prompts, max_tokens):
         return {}
 
     def reset(self):
-        pass
+        return [True] * len(self.names)
+
+    def quiesce(self, within_s, poll_s=0.5):
+        from testbed.runs.driver import Engines
+
+        return Engines.quiesce(self, within_s, poll_s)
 
     def metrics(self):
         return []
@@ -152,6 +158,7 @@ def test_a_spec_is_validated_once_and_each_workload_generated_once_on_the_way_to
                                              {"vocab": 2048, "kv_bytes_per_token": 8192}, progress)
                     meta = json.loads((run_dir / "run.json").read_text())
                     assert meta["spec"] == spec.model_dump(mode="json") and meta["status"] == "finished"
+                    assert meta["start"]["quiet"] is True and meta["start"]["resets"] == 1  # Engines.quiesce's record
 
     assert calls == {"validate": 0, "generate": len(seeds)}  # nothing parsed or generated again
     assert sorted(replayed) == sorted((p, s) for p in policies for s in seeds)
@@ -224,3 +231,42 @@ def test_each_run_records_the_calibration_of_its_engines(tmp_path, monkeypatch):
     cal = driver.load_calibration(str(path))
     assert got["measured_here"] is False and got["path"] == str(path) and got["created"] == cal.created
     assert got["engine"]["prefill_tokens_per_s"] == cal.engine.prefill_tokens_per_s != spec.engine.prefill_tokens_per_s
+
+
+class _ScriptedResets:
+    """Engines whose prefix-cache resets answer from a script, one list per try (the last repeats)."""
+
+    def __init__(self, script):
+        self.names = ["pod0-prefill", "pod1-decode"]
+        self.script = list(script)
+        self.tries = 0
+
+    def reset(self):
+        self.tries += 1
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+    def loads(self):
+        return [{"unfinished": 0, "kv_usage": 0.1}, {"unfinished": 1, "kv_usage": 0.2}]
+
+
+@pytest.mark.parametrize("script, quiet, resets, busy, down", [
+    ([[True, True]], True, 1, [], []),
+    # KV held (a lease, a dead pull) on the prefill engine for two tries, then freed
+    ([[False, True], [False, True], [True, True]], True, 3, [], []),
+    # a dead engine (no answer) holds nothing a run could meet: no wait for it
+    ([[True, None]], True, 1, [], ["pod1-decode"]),
+    # still held when the lease is over: not quiet, the busy engine and the loads recorded
+    ([[True, False]], False, None, ["pod1-decode"], []),
+])
+def test_a_run_starts_once_every_engine_accepts_its_reset_and_says_when_it_did_not(script, quiet, resets, busy, down):
+    from testbed.runs.driver import Engines
+
+    engines = _ScriptedResets(script)
+    start = Engines.quiesce(engines, within_s=0.3, poll_s=0.01)
+    assert start["quiet"] is quiet and start["busy"] == busy and start["down"] == down
+    assert start["resets"] == engines.tries and (resets is None or start["resets"] == resets)
+    if quiet:
+        assert "loads" not in start
+    else:  # gave up at the limit, not before
+        assert start["waited_s"] >= 0.3 and start["resets"] > 2
+        assert start["loads"]["pod1-decode"]["unfinished"] == 1

@@ -102,6 +102,7 @@ class Engines:
         # their calibration as each run's run.json records it (run_calibration); None: not calibrated
         self.calibration: dict[str, Any] | None = None
         self.gpu = t.gpus_per_engine > 0  # else vLLM's CPU build (EngineConfig.gpu)
+        self.lease_s = 0
         # The interface KV crosses: on a real cluster the one the link faults shape.
         # (the first allowlisted one the engine's node has: EngineActor resolves it there).
         net_device = {"netns": "eth0", "local": "lo"}.get(mode, list(t.fault_interfaces))
@@ -125,6 +126,8 @@ class Engines:
                            max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
                            transport=t.transport, gpu=self.gpu, shm_recheck_ms=t.shm_recheck_ms,
                            executor=t.executor)
+                # the longest KV can stay held after its run (quiesce): the lease, every engine's
+                self.lease_s = max(self.lease_s, EngineConfig(**cfg).kv_lease_s)
                 # Ray sets CUDA_VISIBLE_DEVICES for an actor only when it asks for GPUs.
                 out.append(EngineActor.options(resources={f"pod{pod}": share}, num_gpus=t.gpus_per_engine,
                                                name=f"engine-{name}")
@@ -155,8 +158,39 @@ class Engines:
     def metrics(self) -> list[dict[str, Any]]:
         return self._each([a.metrics.remote() for a in self.all])
 
-    def reset(self) -> None:
-        self._each([a.reset_prefix_cache.remote() for a in self.all])
+    def reset(self) -> list[bool | None]:
+        """Reset every engine's prefix cache; per engine, whether it could (vLLM refuses while
+        any block is in use: block_pool.reset_prefix_cache), None where it did not answer (dead)."""
+        return [r if isinstance(r, bool) else None for r in self._each([a.reset_prefix_cache.remote() for a in self.all])]
+
+    def quiesce(self, within_s: float, poll_s: float = 0.5) -> dict[str, Any]:
+        """Wait until no engine holds a block, then reset the prefix caches: the check that a
+        run starts on engines the last one left clean. vLLM resets an engine's prefix cache
+        only when no block is in use but its null block, so a successful reset proves that no
+        request runs there, no KV is held for a pull (a prefill's lease), no pull is still
+        writing into a decoder's blocks, and nothing an earlier run computed is cached.
+        ``within_s``: the KV lease (the longest a dropped request's KV stays held), after which
+        the engines are busy with something no lease explains. Returns what run.json records
+        as ``start``: quiet or not, the wait, and the engines still busy when it gave up."""
+        t0 = time.monotonic()
+        tries = 0
+        while True:
+            ok = self.reset()
+            tries += 1
+            waited = time.monotonic() - t0
+            # a dead engine holds nothing a run could meet (the router never chooses it again)
+            if all(r is not False for r in ok) or waited >= within_s:
+                break
+            time.sleep(poll_s)
+        busy = [n for n, r in zip(self.names, ok) if r is False]
+        down = [n for n, r in zip(self.names, ok) if r is None]
+        out: dict[str, Any] = {"quiet": not busy, "waited_s": round(waited, 3), "resets": tries, "busy": busy,
+                               "down": down}
+        if busy:
+            out["loads"] = dict(zip(self.names, self.loads()))
+            log.warning("engines %s still hold KV %.0f s after the last run (past their lease): this run "
+                        "does not start clean (run.json start.quiet = false)", ", ".join(busy), waited)
+        return out
 
     def loads(self) -> list[dict[str, Any]]:
         return self._each([a.load.remote() for a in self.all])
@@ -242,13 +276,15 @@ def run_calibration(cal: Calibration, path: str, measured_here: bool) -> dict[st
 def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, workload_summary: dict[str, Any],
                  engines: Engines, model_meta: dict[str, Any], targets: FaultTargets | None = None,
                  canaries: dict[int, Reference] | None = None) -> tuple[Any, list[dict[str, Any]]]:
-    """One run's router actor on the head node, over engines with their prefix caches reset
-    (no run finds an earlier one's prompts cached); also the engines' counters at its start."""
-    engines.reset()
+    """One run's router actor on the head node, over engines verified quiet and with their prefix
+    caches reset (Engines.quiesce: no run finds an earlier one's pulls moving or its prompts
+    cached); also the engines' counters at its start."""
+    start = engines.quiesce(engines.lease_s)
     before = engines.metrics()
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
         spec, policy, seed, str(out), workload_summary,
-        {"model": model_meta, **({"calibration": engines.calibration} if engines.calibration else {})},
+        {"model": model_meta, "start": start,
+         **({"calibration": engines.calibration} if engines.calibration else {})},
         engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
         model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names,
         canaries)
