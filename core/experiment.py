@@ -16,6 +16,7 @@ from faults.health import HealthLabelModel
 from faults.telemetry import BandwidthTelemetry
 
 from .breaker import PodBreakers
+from .in_flight import InFlightEvidence
 from .policies import make_policy
 from .risk import RiskPriceEstimator
 from .routing import Router
@@ -72,4 +73,5 @@ def make_router(spec: ExperimentSpec, topo: Topology, policy: str, rngs: dict[st
         sink,
         spec.router.max_in_flight,
         breakers,
+        InFlightEvidence(topo.n_pods, spec.router.history_window_s) if spec.telemetry.in_flight else None,
     )

@@ -90,14 +90,21 @@ class RiskPriceEstimator:
         for p in blamed_pods(stage, prefill_pod, decode_pod):
             counts[p] += 1
 
-    def update(self, now: float, util: np.ndarray, bw: np.ndarray | None, bw0: np.ndarray) -> PriceComponents:
-        """Prices at ``now`` from utilisation and telemetry (``bw`` None: no bandwidth term)."""
+    def update(self, now: float, util: np.ndarray, bw: np.ndarray | None, bw0: np.ndarray,
+               overdue: np.ndarray | None = None) -> PriceComponents:
+        """Prices at ``now`` from utilisation and telemetry (``bw`` None: no bandwidth term);
+        ``overdue``: per pod, requests still in flight that count as timeouts for now
+        (core/in_flight.py), added to the window's timeouts and requests."""
         self._commit()
         cur = int(now // self.bucket_s)
         live = (self._ids > cur - self.n_buckets) & (self._ids <= cur)
         total = self._total[live].sum(axis=0)
+        timeouts = self._timeouts[live].sum(axis=0)
+        if overdue is not None:
+            total = total + overdue
+            timeouts = timeouts + overdue
         denom = np.maximum(total, 1.0)
-        timeout_rate = self._timeouts[live].sum(axis=0) / denom
+        timeout_rate = timeouts / denom
         failure_rate = self._failures[live].sum(axis=0) / denom
         w = self.w
         price = w.alpha * util + w.gamma * timeout_rate + w.eta * failure_rate

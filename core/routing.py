@@ -22,6 +22,7 @@ from faults.health import HealthLabelModel
 from faults.telemetry import BandwidthTelemetry
 
 from .breaker import PodBreakers
+from .in_flight import InFlightEvidence
 from .policies import Policy
 from .records import OK, DecisionRecord, EngineRecord, HealthRecord, PriceRecord, make_row
 from .risk import RiskPriceEstimator
@@ -44,6 +45,7 @@ class Router:
         sink: Callable[[Any], None],
         max_in_flight: int | None = None,
         breakers: PodBreakers | None = None,
+        evidence: InFlightEvidence | None = None,
     ) -> None:
         self.topo = topo
         self.policy = policy
@@ -63,6 +65,7 @@ class Router:
         self.in_flight = 0  # routed and not yet ended
         self.rejected = 0
         self.breakers = breakers  # None: no circuit breaker
+        self.evidence = evidence  # None: the price learns from ended requests only
 
     # --- fast loop --------------------------------------------------------
     def admit(self, now: float, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> bool:
@@ -106,6 +109,8 @@ class Router:
         loads = self.view.loads
         loads.prefill_outstanding[t.p_idx] -= 1
         loads.prefill_tokens[t.p_idx] -= t.prompt_tokens
+        if self.evidence is not None and not t.done:  # handed to decode (not failed in prefill)
+            self.evidence.handed_off(t, t.prefill_end_s, t.prefill_pod, t.decode_pod)
 
     def finished(self, now: float, t: Ticket, outcome: str, stage: str | None, retrying: bool = False) -> None:
         """The request's attempt ended (its prefill counters are already released); ``retrying``:
@@ -117,6 +122,8 @@ class Router:
         loads.decode_kv_tokens[t.d_idx] -= t.prompt_tokens + t.output_tokens
         pp, dp = t.prefill_pod, t.decode_pod
         self.estimator.observe(now, pp, dp, outcome, stage)
+        if self.evidence is not None:
+            self.evidence.ended(now, t, outcome == OK)
         blamed = () if outcome == OK else blamed_pods(stage, pp, dp)
         self.health.observe(now, (pp, dp), blamed, outcome)
         if self.breakers is not None:
@@ -162,7 +169,8 @@ class Router:
 
     # --- slow loop --------------------------------------------------------
     def slow_tick(self, now: float) -> None:
-        comp = self.estimator.update(now, self.view.pod_util(), self.telemetry.view(now), self.bw0)
+        overdue = None if self.evidence is None else self.evidence.overdue(now)
+        comp = self.estimator.update(now, self.view.pod_util(), self.telemetry.view(now), self.bw0, overdue)
         self.view.pods = self.view.pods.replace(price=comp.price)
         self.policy.prepare(self.view)  # off the next decision's path
         columns = (comp.price.tolist(), comp.util.tolist(), comp.bw_term.tolist(), comp.timeout_rate.tolist(),

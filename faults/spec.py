@@ -188,3 +188,7 @@ class TelemetrySpec(BaseModel):
     # term (the price falls back on utilisation, timeout and failure history).
     mode: Literal["direct", "delayed", "none"] = "direct"
     lag_s: float = Field(10.0, ge=0)
+    # The router's own requests still in flight as evidence too (core/in_flight.py): one handed
+    # to decode longer ago than any that ended ok in the history window counts as a timeout of
+    # its pods until it ends. Off: the study's plain history (finished requests only).
+    in_flight: bool = False

@@ -23,7 +23,10 @@ Layout on an interface ``dev``, every handle in the project's own major
 * a link down (rate 0): htb cannot go below its rate's floor, and this kernel has
   no ``gact`` (tc's drop action) nor netem's 100% loss, so ``7e57:1`` gets a
   ``pfifo`` child of ``limit 0``, which drops every packet it is given (measured:
-  a TCP connect across it times out, and the qdisc counts the drops).
+  a TCP connect across it times out, and the qdisc counts the drops);
+* a clear heals before it removes: the shaped class is lifted to line rate and the
+  qdisc removed once its queue has left (``_drain``), since removing a qdisc drops
+  what it holds.
 
 htb rather than tbf: the second class is what makes ``kv_only`` possible, and
 htb is as exact as tbf for one flow (measured in tests/test_faults_shaping.py).
