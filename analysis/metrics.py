@@ -238,7 +238,7 @@ REACTION_FRACTION = 0.5  # "most" of the degraded pods' traffic moved away: thei
 
 
 def reaction_s(requests: pd.DataFrame, window: FaultWindow | None, *, k: int = REACTION_K,
-               fraction: float = REACTION_FRACTION) -> float:
+               fraction: float = REACTION_FRACTION, s_pre: float | None = None) -> float:
     """reaction time = routed_s of the first request R routed inside the fault window [onset, end) such
     that among R and the next k - 1 requests routed after it (routing order: routed_s), the share whose
     prefill_pod or decode_pod is a degraded pod is at most fraction * s_pre, minus the onset; s_pre is
@@ -251,7 +251,8 @@ def reaction_s(requests: pd.DataFrame, window: FaultWindow | None, *, k: int = R
         raise ValueError(f"reaction_s needs k >= 1 and fraction >= 0, got k={k} fraction={fraction}")
     if window is None:
         return NAN
-    s_pre, _ = degraded_pod_shares(requests, window)
+    if s_pre is None:  # run_metrics has it already (degraded_pod_shares)
+        s_pre, _ = degraded_pod_shares(requests, window)
     if not s_pre > 0:  # also catches NaN
         return NAN
     pp = requests["prefill_pod"].to_numpy()

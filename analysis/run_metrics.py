@@ -159,7 +159,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
             M.DEGRADED_SHARE_PRE: s_pre,
             M.DEGRADED_SHARE_DURING: s_during,
             M.TRAFFIC_DEFLECTION_RATIO: traffic_deflection_ratio(req, window),
-            M.REACTION_S: reaction_s(req, window),
+            M.REACTION_S: reaction_s(req, window, s_pre=s_pre),
         }
     )
     out.update(latency_percentiles(req, sorted(set(spec.percentiles) | {50.0, 99.0})))
