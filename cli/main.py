@@ -3,6 +3,7 @@
     testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE] [--[no-]repeat]
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
     testbed calibrate [SPEC] [--out FILE]
+    testbed study SPEC [--world sim|testbed|both] [--out DIR] [--sweeps A,B] [--repeat-seeds 0] [--rerun]
     testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
     testbed cluster up|down|status
     testbed faults clear
@@ -87,10 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
     sm = experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario",
                             cmd_sim)
     sm.add_argument("--calibration", help="a file `testbed calibrate` wrote: simulate the calibrated testbed")
-    st = sub.add_parser("study", help="run a spec's study grid in the simulator, as Ray tasks, resumably")
-    st.add_argument("spec", help="experiment YAML with a study: block (e.g. experiments/study.yaml)")
+    st = sub.add_parser("study", help="run a spec's study grid in the simulator (as Ray tasks), on the testbed, or "
+                                      "in both with a verdict per claim; resumably")
+    st.add_argument("spec", help="experiment YAML with a study: block (e.g. experiments/study.yaml; in both worlds: "
+                                 "experiments/carryover.yaml)")
+    st.add_argument("--world", choices=["sim", "testbed", "both"], default="sim",
+                    help="sim: the grid in the simulator; testbed: on the real testbed, one set of engines; both: "
+                         "the testbed, then the simulator calibrated on it, then the claims' verdicts "
+                         "(docs/study.md \"Carrying a claim to the testbed\"; default sim)")
     st.add_argument("--out", default="runs", help="parent folder of the study directory (default: runs)")
-    st.add_argument("--address", help="a Ray cluster's address (default: a local Ray on this machine)")
+    st.add_argument("--address", help="sim: a Ray cluster to run the cells on; testbed/both: the Ray cluster whose "
+                                      "pods run the engines (default: a local Ray; an emulated cluster)")
+    st.add_argument("--calibration", help="testbed/both: a calibration of these engines measured before, instead "
+                                          "of measuring one first (STUDY/calibration.json)")
+    st.add_argument("--repeat-seeds", help="testbed/both: seeds whose runs the testbed runs twice, for its "
+                                           "repeatability (default: the first seed; '' for none)")
     st.add_argument("--workers", type=int, help="local Ray: cells at once (default: every CPU)")
     st.add_argument("--rerun", action="store_true", help="run finished cells again")
     st.add_argument("--sweeps", help="comma-separated subset of the study's sweeps (default: all)")

@@ -1,26 +1,41 @@
-"""`testbed study`: a spec's study grid in the simulator, as Ray tasks, resumably."""
+"""`testbed study`: a spec's study grid in the simulator (as Ray tasks), on the testbed, or in both
+with a verdict per claim; resumably."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from cli.common import console, csv
+from cli.common import console, csv, out_console
 
 
 def cmd_study(args: argparse.Namespace) -> int:
     from core.spec import load_spec
-    from cli.study_runner import run_study
 
     spec = load_spec(args.spec)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    sweeps = csv(args.sweeps) if args.sweeps else None
+    if args.world == "sim":
+        return _sim(spec, args, sweeps, Path(args.out), study_dir=None, calibration=None)
+    return _both(spec, args, sweeps)
+
+
+def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, study_dir: Path | None,
+         calibration) -> int:
+    from cli.study_runner import run_study
+
+    if calibration is not None:
+        from core.calibration import apply_calibration
+
+        spec = apply_calibration(spec, calibration)
+    where = study_dir or Path(out) / spec.name
     try:
-        res = run_study(spec, Path(args.out), address=args.address, workers=args.workers, rerun=args.rerun,
-                        sweeps=csv(args.sweeps) if args.sweeps else None, base_dir=Path(args.spec).resolve().parent,
-                        source=args.spec, console=console, max_hours=args.max_hours)
+        res = run_study(spec, out, address=None if calibration is not None else args.address, workers=args.workers,
+                        rerun=args.rerun, sweeps=sweeps, base_dir=Path(args.spec).resolve().parent,
+                        source=args.spec, console=console, max_hours=args.max_hours, study_dir=study_dir)
     except KeyboardInterrupt:
-        done = sum(1 for _ in (Path(args.out) / spec.name).rglob("cell.json"))
+        done = sum(1 for _ in where.rglob("cell.json"))
         console.print(f"interrupted: the {done} finished run(s) are kept; the same command runs the rest")
         return 130
     console.print(f"{res.ran} run(s) done in {res.wall_s:.0f} s ({res.cpu_s:.0f} CPU-s), {res.skipped} were "
@@ -28,5 +43,51 @@ def cmd_study(args: argparse.Namespace) -> int:
     if res.failed:
         console.print("[red]failed cells[/] (rerun the same command to retry them):\n  " + "\n  ".join(res.failed))
         return 1
-    console.print(f"report: testbed report {res.study_dir}")
+    if calibration is None:
+        console.print(f"report: testbed report {res.study_dir}")
+    return 0
+
+
+def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
+    """The testbed's runs of the grid (cli/study_testbed.py), then, with ``--world both``, the calibrated
+    simulator's and the verdict per claim (analysis/study_claims.py)."""
+    from analysis.study import load_study
+    from analysis.study_claims import check_claim_metrics, claims_report
+    from cli.study_testbed import CLAIMS, REPEAT, SIM, TESTBED, run_testbed_side
+    from core.calibration import load_calibration
+    from core.sizes import check_fits
+    from core.study import claim_sides, distinct_runs, expand_study
+
+    cells = expand_study(spec, args.spec)  # every point validated, every claim resolved, before any engine starts
+    sides = claim_sides(spec, cells, args.spec)
+    check_claim_metrics(sides)
+    names = [sw.name for sw in spec.study.sweeps]
+    unknown = [n for n in sweeps or [] if n not in names]
+    if unknown:
+        raise ValueError(f"{args.spec}: no sweep named {unknown[0]!r}; the study has {', '.join(names)}")
+    chosen = [c for c in cells if sweeps is None or c.sweep in sweeps]
+    seeds = sorted({c.seed for c in chosen})
+    repeat_seeds = seeds[:1] if args.repeat_seeds is None else [int(s) for s in csv(args.repeat_seeds)]
+    runs = distinct_runs(cells, chosen)
+    check_fits(runs[0].spec, "testbed", len(runs) + sum(c.seed in repeat_seeds for c in runs),
+               max_hours=args.max_hours)
+    calibration = Path(args.calibration) if args.calibration else None
+    if calibration is not None:
+        load_calibration(calibration)  # a bad file is refused before minutes of engine start-up
+    root = Path(args.out) / spec.name
+    try:
+        cal_path, _ = run_testbed_side(spec, cells, chosen, root, address=args.address, calibration=calibration,
+                                       repeat_seeds=repeat_seeds, rerun=args.rerun, console=console)
+    except KeyboardInterrupt:
+        console.print("interrupted: the finished runs are kept (cell.json); the same command runs the rest")
+        return 130
+    if args.world == "testbed":
+        console.print(f"report: testbed report {root / TESTBED}")
+        return 0
+    rc = _sim(spec, args, sweeps, Path(args.out), root / SIM, load_calibration(cal_path))
+    if rc != 0:
+        return rc
+    frames = {world: load_study(root / world) for world in (SIM, TESTBED, REPEAT)}
+    axes = list(frames[SIM].attrs["axes"])
+    claims_report(frames, sides, axes, root / CLAIMS, out_console())
     return 0

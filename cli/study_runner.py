@@ -42,10 +42,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from core.study import Cell, expand_study
+from core.study import Cell, distinct_runs, expand_study
 from core.sizes import DEFAULT_MAX_HOURS, check_study_fits
 
-__all__ = ["StudyResult", "cell_is_done", "run_cell", "run_cell_in_clean_process", "run_study"]
+__all__ = ["StudyResult", "cell_is_done", "run_cell", "run_cell_in_clean_process", "run_study", "write_index",
+           "write_json"]
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def cell_is_done(study_dir: Path, cell: Cell) -> bool:
     return cell_finished(study_dir / cell.run_dir, cell.run)
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)
@@ -125,7 +126,7 @@ def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
         p = partial / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
-    _write_json(partial / "cell.json", {
+    write_json(partial / "cell.json", {
         **cell.index_row(), "wall_s": result["wall_s"], "cpu_s": result["cpu_s"], "node": result["node"],
         "finished_at": datetime.now(timezone.utc).isoformat()})
     final = study_dir / cell.run_dir
@@ -134,11 +135,12 @@ def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
     os.replace(partial, final)
 
 
-def _write_index(study_dir: Path, spec: Any, cells: list[Cell]) -> None:
+def write_index(study_dir: Path, spec: Any, cells: list[Cell]) -> None:
+    """study.json (analysis/study.py reads it) of ``cells``."""
     axes: list[str] = []
     for sw in spec.study.sweeps:
         axes += [a for a in sw.axes if a not in axes]
-    _write_json(study_dir / "study.json", {
+    write_json(study_dir / "study.json", {
         "name": spec.name, "axes": axes, "study": spec.study.model_dump(mode="json"),
         "cells": [c.index_row() for c in cells]})
 
@@ -146,11 +148,12 @@ def _write_index(study_dir: Path, spec: Any, cells: list[Cell]) -> None:
 def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int | None = None,
               rerun: bool = False, sweeps: list[str] | None = None, base_dir: Path | None = None,
               source: str = "<spec>", console: Console | None = None,
-              max_hours: float = DEFAULT_MAX_HOURS) -> StudyResult:
+              max_hours: float = DEFAULT_MAX_HOURS, study_dir: Path | None = None) -> StudyResult:
     """Run every unfinished cell of ``spec.study`` under ``out/<spec name>``; returns what was done.
 
     ``address``: a Ray cluster to run on (None: a local Ray with ``workers`` CPUs, default all);
     ``max_hours``: refuse (core/sizes.py) a study whose runs would take longer on this machine;
+    ``study_dir``: instead of ``out/<spec name>``;
     ``rerun``: run finished cells again; ``sweeps``: run only these sweeps' cells (the index
     still lists every cell, so a report counts the others as unfinished). Ctrl-C cancels the cells in flight and keeps every
     finished one; the same command resumes.
@@ -164,17 +167,15 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
     if unknown:
         raise ValueError(f"{source}: no sweep named {unknown[0]!r}; the study has {', '.join(names)}")
     chosen = [c for c in cells if sweeps is None or c.sweep in sweeps]
-    study_dir = Path(out) / spec.name
-    # One run per run id, at its first cell's place (which may lie in a sweep not chosen).
-    holders = {c.run: c for c in reversed(cells)}
-    runs = list({c.run: holders[c.run] for c in chosen}.values())
+    study_dir = Path(study_dir) if study_dir is not None else Path(out) / spec.name
+    runs = distinct_runs(cells, chosen)
     todo = [c for c in runs if rerun or not cell_is_done(study_dir, c)]
     if not address:  # a cluster's nodes are not this machine's to estimate
         check_study_fits([c.spec for c in todo], workers or os.cpu_count() or 1, max_hours)
     study_dir.mkdir(parents=True, exist_ok=True)
     partial = study_dir / ".partial"  # runs a stopped driver was writing, scratch space of local tasks
     shutil.rmtree(partial, ignore_errors=True)
-    _write_index(study_dir, spec, cells)
+    write_index(study_dir, spec, cells)
     skipped = len(runs) - len(todo)
     n_shared = len(chosen) - len(runs)
     console.print(f"[bold]{spec.name}[/]: {len(chosen)} cells ({len({c.point for c in chosen})} points x policies x "

@@ -31,7 +31,8 @@ from typing import Any
 from .spec import SpecError, parse_spec
 from .study_spec import AxisValue, StudySpec, axis_setter
 
-__all__ = ["PRICE_ONLY_SECTIONS", "Cell", "expand_study", "run_inputs"]
+__all__ = ["PRICE_ONLY_SECTIONS", "Cell", "ClaimSides", "claim_sides", "distinct_runs", "expand_study",
+           "run_inputs"]
 
 
 # --------------------------------------------------------------------------- cells
@@ -160,3 +161,60 @@ def expand_study(spec: Any, source: str = "<spec>") -> list[Cell]:
                     first = runs.setdefault(cell.run, cell)  # the first cell of a run holds it
                     cells.append(cell if first is cell else replace(cell, run_dir=first.run_dir))
     return cells
+
+
+def distinct_runs(cells: list[Cell], chosen: list[Cell]) -> list[Cell]:
+    """One cell per run of ``chosen``: the run's first cell in the whole grid ``cells``, which holds its
+    place (it may lie in a sweep not chosen)."""
+    holders = {c.run: c for c in reversed(cells)}
+    return list({c.run: holders[c.run] for c in chosen}.values())
+
+
+# --------------------------------------------------------------------------- claims
+
+
+@dataclass(frozen=True)
+class ClaimSides:
+    """Where a claim's effect is read: ``metric`` of (point, policy), minus that of ``vs`` if any."""
+
+    name: str
+    says: str
+    metric: str
+    point: str
+    policy: str
+    vs: tuple[str, str] | None  # (point, policy)
+
+
+def _select(cells: list[Cell], at: dict[str, AxisValue], policy: str, where: str) -> str:
+    """The one point whose cells match ``at`` (axis values; ``sweep``: the sweep's name) and run ``policy``."""
+    def matches(c: Cell) -> bool:
+        return c.policy == policy and all(c.sweep == v if k == "sweep" else c.axes.get(k, _NO_AXIS) == v
+                                          for k, v in at.items())
+
+    points = sorted({c.point for c in cells if matches(c)})
+    if len(points) != 1:
+        found = f"{len(points)} points ({', '.join(points[:3])}{', ...' if len(points) > 3 else ''})" if points \
+            else "no point"
+        raise SpecError(f"{where}: at {json.dumps(at)} with policy {policy} selects {found}; it must select one "
+                        f"(name the sweep and every axis it varies)")
+    return points[0]
+
+
+_NO_AXIS = object()  # a cell's sweep does not vary the axis a claim names
+
+
+def claim_sides(spec: Any, cells: list[Cell], source: str = "<spec>") -> list[ClaimSides]:
+    """Each of ``spec.study.claims`` resolved to the points and policies of ``cells`` (expand_study's) it
+    reads; a claim that selects no point or several raises a one-line SpecError naming it."""
+    out = []
+    for i, c in enumerate(spec.study.claims if spec.study else []):
+        where = f"{source}: study.claims[{i}] ({c.name})"
+        point = _select(cells, c.at, c.policy, where)
+        vs = None
+        if c.vs is not None:
+            other = c.vs.policy or c.policy
+            vs = (_select(cells, {**c.at, **c.vs.at}, other, f"{where} vs"), other)
+            if vs == (point, c.policy):
+                raise SpecError(f"{where}: vs selects the claim's own cells ({point}, {other}): its effect would be 0")
+        out.append(ClaimSides(c.name, c.says, c.metric, point, c.policy, vs))
+    return out

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["NAMED_AXES", "AxisValue", "StudySpec", "SweepSpec", "axis_setter"]
+__all__ = ["NAMED_AXES", "AxisValue", "ClaimSideSpec", "ClaimSpec", "StudySpec", "SweepSpec", "axis_setter"]
 
 
 class _Spec(BaseModel):
@@ -61,12 +61,42 @@ class SweepSpec(_Spec):
         return axes
 
 
+class ClaimSideSpec(_Spec):
+    """What a claim's effect is measured against: another policy, or the same at other axis values."""
+
+    policy: str | None = None  # default: the claim's
+    at: dict[str, AxisValue] = Field(default_factory=dict)  # over the claim's ``at``
+
+
+class ClaimSpec(_Spec):
+    """One claim of the study, as a number per world and seed (analysis/study_claims.py):
+    ``metric`` of ``policy`` at the point ``at`` selects, minus (with ``vs``) the same metric of
+    ``vs.policy`` at ``at`` updated by ``vs.at``. ``at`` names axis values and, optionally, the
+    sweep (``sweep: name``); it must select exactly one point of the grid."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    says: str = ""  # the claim in words, as the study states it
+    metric: str
+    policy: str
+    at: dict[str, AxisValue] = Field(default_factory=dict)
+    vs: ClaimSideSpec | None = None
+
+
 class StudySpec(_Spec):
-    """The grid: ``sweeps`` x policies x seeds."""
+    """The grid: ``sweeps`` x policies x seeds; and the claims its cells test."""
 
     policies: list[str] | None = Field(None, min_length=1)  # default: the spec's policies
     seeds: list[int] | None = Field(None, min_length=1)  # default: the spec's seeds
     sweeps: list[SweepSpec] = Field(min_length=1)
+    claims: list[ClaimSpec] = Field(default_factory=list)
+
+    @field_validator("claims")
+    @classmethod
+    def _unique_claims(cls, claims: list[ClaimSpec]) -> list[ClaimSpec]:
+        names = [c.name for c in claims]
+        if len(set(names)) != len(names):
+            raise ValueError(f"claim names must be unique, got {names}")
+        return claims
 
     @field_validator("sweeps")
     @classmethod

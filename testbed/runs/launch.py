@@ -85,14 +85,14 @@ def check_machine(spec: ExperimentSpec, cores: int | None = None, available_byte
                          f"but {have / 2**30:.1f} GiB are available")
 
 
-def check_faults(jobs: Sequence[Job]) -> None:
+def check_faults(specs: Sequence[ExperimentSpec]) -> None:
     """Faults the testbed cannot apply are refused before anything starts."""
-    if not any(s.faults for s, _, _ in jobs):
+    if not any(s.faults for s in specs):
         return
-    t = jobs[0][0].testbed
+    t = specs[0].testbed
     if t.mode == "local" or (t.mode == "auto" and missing_privileges() is not None):
         raise ValueError("faults need the netns mode (root, network namespaces): local mode has no links to shape")
-    for s, _, _ in jobs:
+    for s in specs:
         for i, f in enumerate(s.faults):
             if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
                 raise ValueError(f"{s.name}: faults[{i}]: {why}")
@@ -133,15 +133,7 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     ``address``: on that Ray cluster (pods from its nodes' resources) instead of an emulated
     cluster brought up and down for the run. ``serve``: one policy and seed serve outside
     clients through the ingress instead of the workload, until Ctrl-C (a normal end)."""
-    from testbed.hosts.emulated import EmulatedCluster
-
     jobs = [(spec, policies, seeds), *more]
-    for other, _, _ in more:
-        if (other.testbed, other.topology, engine_limits(other)) != (spec.testbed, spec.topology, engine_limits(spec)):
-            raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block, topology, engine "
-                             f"batch limits and kv_lease_s as {spec.name}")
-    if address is None:
-        check_machine(spec)  # the engines run here; on a given cluster, on its nodes
     # Each workload generated once, here, and refused before minutes go into starting engines
     # that cannot serve it; the driver runs these very workloads (testbed/runs/jobs.py).
     run_jobs = prepare_jobs(jobs, serve)
@@ -149,9 +141,27 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         if serve:
             raise ValueError("--serve: a served run has no workload to repeat")
         run_jobs.append(repeat_of(run_jobs[0], repeat_to))
+    return launch_jobs(run_jobs, out, calibrate_to=calibrate_to, address=address, serve=serve,
+                       calibration=calibration)
+
+
+def launch_jobs(run_jobs: Sequence[RunJob], out: Path, *, calibrate_to: Path | None = None,
+                address: str | None = None, serve: bool = False, calibration: Path | None = None) -> int:
+    """Run prepared jobs (testbed/runs/jobs.py) on one set of engines, the first job's: on an emulated
+    cluster brought up and down around them, or on the Ray cluster at ``address``. Each job's runs go to
+    its ``out_dir``, else to ``out``; ``calibrate_to``/``calibration`` as :func:`run_testbed`."""
+    from testbed.hosts.emulated import EmulatedCluster
+
+    spec = run_jobs[0].spec
+    for job in run_jobs[1:]:
+        other = job.spec
+        if (other.testbed, other.topology, engine_limits(other)) != (spec.testbed, spec.topology, engine_limits(spec)):
+            raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block, topology, engine "
+                             f"batch limits and kv_lease_s as {spec.name}")
     if address is not None:
         return _run_on_cluster(spec, out, run_jobs, calibrate_to, address, serve, calibration)
-    check_faults(jobs)
+    check_machine(spec)  # the engines run here; on a given cluster, on its nodes
+    check_faults([job.spec for job in run_jobs])
     if calibrate_to is not None and (spec.testbed.mode == "local" or
                                      (spec.testbed.mode == "auto" and missing_privileges() is not None)):
         raise ValueError("calibrate needs the netns mode (root, network namespaces): it shapes a pod's link")
@@ -159,9 +169,10 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     model, model_meta = prepare_model(spec)
     topo = spec.topology
     cluster = EmulatedCluster(topo.pods, mode=spec.testbed.mode, subnet=spec.testbed.subnet)
+    n_runs = sum(len(job.policies) * len(job.seeds) for job in run_jobs)
     console.print(f"[bold]{spec.name}[/] on the testbed: {topo.pods} pods x {topo.workers_per_pod} vLLM engines "
-                  f"({topo.placement}), "
-                  f"{cluster.mode} mode, {len(policies)} policies x {len(seeds)} seeds -> {out / spec.name}")
+                  f"({topo.placement}), {cluster.mode} mode, {n_runs} runs in {len(run_jobs)} job(s) "
+                  f"-> {out / spec.name}")
     old_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM tears down like Ctrl-C
     try:
