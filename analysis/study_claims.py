@@ -10,9 +10,11 @@ missing or NaN gives no value (the claim's ``n`` says how many did).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -24,7 +26,10 @@ from rich.table import Table
 from analysis.claims import COLUMNS, WORLDS, claim_table, effect_ci
 from analysis.metric_names import Metric as M, check_metric
 from analysis.plots import _save, _slug
-from core.study import ClaimSides
+from analysis.study import STUDY_FILE, StudyError, load_study
+from core.spec import SpecError
+from core.study import ClaimSides, claim_sides
+from core.study_spec import StudySpec
 
 # What "reaction and cost" shows per world, point and policy (mean over seeds).
 REACTION_COST = (M.FAILURE_RATE, M.REACTION_S, M.TRAFFIC_DEFLECTION_RATIO, M.NEEDLESS_DEFLECTION_RATIO,
@@ -165,3 +170,37 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
     console.print(f"{len(table)} claim(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
                   + f"; wrote claims.csv, claim_effects.csv, reaction_cost.csv and {len(figures)} figure(s) to {out}")
     return table
+
+
+# The worlds' study directories in a carry-over study's directory (cli/study_testbed.py writes them).
+SIM, TESTBED, REPEAT, CLAIMS = "sim", "testbed", "repeat", "claims"
+
+
+def is_carryover(path: Path | str) -> bool:
+    """True when ``path`` holds a study of both worlds: sim/ and testbed/, each with study.json."""
+    return all((Path(path) / w / STUDY_FILE).is_file() for w in (SIM, TESTBED))
+
+
+def carryover_sides(root: Path | str) -> list[ClaimSides]:
+    """The claims of a carry-over study, resolved against its testbed side's cells as study.json lists
+    them; a malformed file or a claim that selects no single point is a one-line StudyError."""
+    f = Path(root) / TESTBED / STUDY_FILE
+    try:
+        raw = json.loads(f.read_text())
+        study = StudySpec.model_validate(raw["study"])
+        cells = [SimpleNamespace(**c) for c in raw["cells"]]
+        return claim_sides(SimpleNamespace(study=study), cells, str(f))
+    except (OSError, ValueError, KeyError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+        msg = str(e).splitlines()[0] if not isinstance(e, SpecError) else str(e)
+        raise StudyError(f"{f}: not a carry-over study's index ({msg})") from None
+
+
+def carryover_report(root: Path | str, out_dir: Path | str | None = None,
+                     console: Console | None = None) -> pd.DataFrame:
+    """The claims of a carry-over study directory (sim/, testbed/ and, where the testbed repeated
+    seeds, repeat/): :func:`claims_report` into ``out_dir`` (default ROOT/claims)."""
+    root = Path(root)
+    sides = carryover_sides(root)
+    frames = {w: load_study(root / w) for w in (SIM, TESTBED, REPEAT) if (root / w / STUDY_FILE).is_file()}
+    axes = list(frames[TESTBED].attrs["axes"])
+    return claims_report(frames, sides, axes, Path(out_dir) if out_dir is not None else root / CLAIMS, console)

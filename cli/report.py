@@ -12,10 +12,16 @@ from cli.common import out_console
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import report
     from analysis.study import is_study
+    from analysis.study_claims import carryover_report, is_carryover
     from analysis.study_report import study_report
 
     paths = [Path(p) for p in args.paths]
     out = Path(args.out) if args.out else None
+    if any(is_carryover(p) for p in paths):
+        if len(paths) > 1:
+            raise ValueError(f"report: {paths[0]} is a study of both worlds (sim/, testbed/); report it on its own")
+        carryover_report(paths[0], out, out_console())
+        return 0
     studies = [p for p in paths if is_study(p)]
     if studies:
         if len(paths) > 1:  # a study's figures compare its own cells; mixing in other runs has no meaning

@@ -51,9 +51,8 @@ def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, st
 def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     """The testbed's runs of the grid (cli/study_testbed.py), then, with ``--world both``, the calibrated
     simulator's and the verdict per claim (analysis/study_claims.py)."""
-    from analysis.study import load_study
-    from analysis.study_claims import check_claim_metrics, claims_report
-    from cli.study_testbed import CLAIMS, REPEAT, SIM, TESTBED, run_testbed_side
+    from analysis.study_claims import CLAIMS, SIM, TESTBED, carryover_report, check_claim_metrics
+    from cli.study_testbed import run_testbed_side
     from core.calibration import load_calibration
     from core.sizes import check_fits
     from core.study import claim_sides, distinct_runs, expand_study
@@ -87,7 +86,6 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     rc = _sim(spec, args, sweeps, Path(args.out), root / SIM, load_calibration(cal_path))
     if rc != 0:
         return rc
-    frames = {world: load_study(root / world) for world in (SIM, TESTBED, REPEAT)}
-    axes = list(frames[SIM].attrs["axes"])
-    claims_report(frames, sides, axes, root / CLAIMS, out_console())
+    carryover_report(root, root / CLAIMS, out_console())
+    console.print(f"report again: testbed report {root}")
     return 0

@@ -28,10 +28,10 @@ from typing import Any
 
 from rich.console import Console
 
+from analysis.study_claims import REPEAT, TESTBED
 from cli.study_runner import write_index, write_json
 from core.study import Cell, distinct_runs
 
-TESTBED, REPEAT, SIM, CLAIMS = "testbed", "repeat", "sim", "claims"
 CALIBRATION_FILE = "calibration.json"
 
 
@@ -118,7 +118,7 @@ def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_roo
     for world, rs in ((TESTBED, p.todo), (REPEAT, p.repeat_todo)):
         for c in rs:  # an interrupted run's rows would mix with the new one's
             shutil.rmtree(study_root / world / c.run_dir, ignore_errors=True)
-    # The repeat pass runs last, with the same workloads (a seed's workload is generated from the seed
+    # The repeat pass runs last, with the same workloads (generated from the point's spec and the seed
     # alone: testbed/runs/jobs.py), so what differs between the passes is the testbed's own doing.
     jobs = jobs_for(p.todo, study_root / TESTBED / "cells") + jobs_for(p.repeat_todo, study_root / REPEAT / "cells")
     t0 = time.monotonic()

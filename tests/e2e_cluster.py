@@ -9,7 +9,10 @@ each) is calibrated, then serves six jobs: every policy on a short healthy workl
 requests whose decode outlives the deadline, then requests from a prefill pod whose link the
 fault agents throttle hard (the spec's fault schedule), then the same with retries, then at ten
 times the rate behind an admission limit, then the throttled link for 20 s under a circuit
-breaker. The calibrated simulator then runs the throttled job as its twin. Then `testbed run` serves the
+breaker, then pod 0's KV link down for 20 s and a run after it (on engines restarted in between,
+where the outage broke their KV paths). The calibrated simulator then runs the throttled job as its twin. Then `testbed study
+--world both` runs one cell of a study on engines of its own (twice: the second finds it finished).
+Then `testbed run` serves the
 ingress, runs with a link down and is SIGKILLed, and runs while two of its engines are killed
 (each of these on engines of its own). Slow (engine start-up dominates: several minutes on 2
 cores); CI runs it all the same.
@@ -70,7 +73,8 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
     """The jobs the shared engines serve, in the order they run: healthy (every policy), slow
-    (decode past the deadline), throttled (pod 0's link), retried, overload, breaker."""
+    (decode past the deadline), throttled (pod 0's link), retried, overload, breaker, link down and
+    the run after it."""
     healthy = parse_spec({**base, "name": "e2e_policies",
                           "workload": {**base["workload"], "arrival": {"kind": "poisson", "rate_rps": 1.0},
                                        "duration_s": None, "max_requests": 3}})
@@ -117,14 +121,23 @@ def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
                           "workload": {**throttled.workload.model_dump(mode="json"), "max_requests": 40},
                           "faults": [{**throttled.faults[0].model_dump(mode="json"), "duration_s": BREAKER_FAULT_S}],
                           "router": {**base["router"], "circuit_breaker": BREAKER}})
-    return healthy, slow, throttled, retried, overload, breaker
+    # Pod 0's KV link down for 20 s, then a run with no fault on the same engines. The outage leaves
+    # pod 0's NIXL connections failed for good (docs/testbed.md "A link down": measured after 5-25 s
+    # down, every later pull from pod 0 failed at once): the driver's check before the next run finds
+    # the broken paths and restarts the engines, so that run meets none of it.
+    down = parse_spec({**throttled.model_dump(mode="json", exclude={"study"}), "name": "e2e_link_down",
+                       "faults": [{**throttled.faults[0].model_dump(mode="json"), "residual_bw": 0.0,
+                                   "duration_s": 20.0}]})
+    after_down = parse_spec({**throttled.model_dump(mode="json", exclude={"study"}), "name": "e2e_after_link_down",
+                             "faults": []})
+    return healthy, slow, throttled, retried, overload, breaker, down, after_down
 
 
 def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
     """Bring the emulated cluster up through `ray up`, run every job and command on it, bring it down.
     Returns (out, leftovers before, leftovers after, the throttled spec, what each command saw)."""
     base = shipped_spec_dict("testbed.yaml", faults=[])
-    healthy, slow, throttled, retried, overload, breaker = job_specs(base)
+    healthy, slow, throttled, retried, overload, breaker, down, after_down = job_specs(base)
     big = out / "too_big.yaml"
     big.write_text(json.dumps({**base, "name": "too_big", "topology": {**base["topology"], "pods": 5}}))
     # What is on the machine already (another run's, a crashed session's) is not this test's to judge.
@@ -146,13 +159,16 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
             run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0]),
                                                                       (retried, ["Random"], [0]),
                                                                       (overload, ["LC"], [0]),
-                                                                      (breaker, ["Random"], [0])],
+                                                                      (breaker, ["Random"], [0]),
+                                                                      (down, ["Random"], [0]),
+                                                                      (after_down, ["Random"], [0])],
                         calibrate_to=out / "calibration.json", address=addr)
         finally:
             stop.set()
             poller.join(30)
         cli["clear"] = _cli("faults", "clear", "--address", addr)
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
+        cli["study"], cli["study_again"] = _study_cell(throttled, addr, out)
         cli["serve"] = _serve_and_query(base, addr, out)
         cli["killed"] = _kill_mid_run(base, addr, out)
         cli["engine_death"] = _kill_engines_mid_run(base, addr, out, cluster)
@@ -163,6 +179,25 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         cli["leftovers"] = _cli("leftovers")
     cli["scrapes"] = scrapes
     return out, before, after, throttled, cli
+
+
+STUDY_SPEC = "e2e_study"
+
+
+def _study_cell(throttled: ExperimentSpec, addr: str, out: Path) -> tuple[subprocess.CompletedProcess, ...]:
+    """One cell of a study in both worlds, as a user starts it (`testbed study --world both`): the
+    throttled job's scenario under LC, seed 0, run on the testbed and again (its repeatability),
+    in the calibrated simulator, and one claim's verdict; then the same command once more, which
+    finds everything finished and starts no engine."""
+    spec = {**throttled.model_dump(mode="json", exclude={"study"}), "name": STUDY_SPEC, "policies": ["LC"],
+            "study": {"seeds": [0], "sweeps": [{"name": "severe", "axes": {"severity": [0.008]}}],
+                      "claims": [{"name": "lc-fails-under-the-fault", "metric": "failure_rate", "policy": "LC",
+                                  "at": {"sweep": "severe"}}]}}
+    path = out / f"{STUDY_SPEC}.yaml"
+    path.write_text(json.dumps(spec))
+    cmd = ("study", str(path), "--world", "both", "--address", addr, "--calibration", str(out / "calibration.json"),
+           "--out", str(out / "study"))
+    return _cli(*cmd, timeout=600), _cli(*cmd, timeout=120)
 
 
 def _free_port() -> int:

@@ -275,3 +275,22 @@ def test_the_circuit_breaker_keeps_a_pod_out_while_its_link_fails_and_lets_it_ba
     # the simulator, on the same spec, opens pod 0's breaker too (both worlds drive core.breaker)
     sim = read_table(run_sim(parse_spec(meta["spec"]), "Random", 0, tmp_path), "breaker")
     assert ((sim.pod == 0) & (sim.state == OPEN)).any(), sim
+
+
+def test_the_run_after_a_link_down_starts_on_engines_whose_kv_paths_work(testbed_runs):
+    """A link down breaks the pod's KV connections for good on vLLM 0.32's NIXL (docs/testbed.md "A link
+    down"). Before each run the driver checks every pair's KV path with one pull and restarts the
+    engines where one is broken, so the run after an outage meets none of it: every request of the
+    fault-free run after pod 0's 20 s outage ends ok, pod 0's included, on engines checked (and, where
+    the outage broke a path, restarted) before it."""
+    out = testbed_runs[0]
+    down = read_meta(out / "e2e_link_down" / "Random" / "seed-0")
+    assert down["start"]["kv_paths"]["ok"] is True  # the outage's own run started on working paths
+    d = out / "e2e_after_link_down" / "Random" / "seed-0"
+    kv = read_meta(d)["start"]["kv_paths"]
+    if not kv["ok"]:  # what the outage is measured to do: pod 0's prefill paths broken, then restarted
+        assert kv["broken"] and all(p.startswith("pod0-prefill->") for p in kv["broken"]), kv
+        assert kv["restart"]["generation"] == 1 and kv["after_restart"]["ok"] is True, kv
+    req = read_table(d, "requests")
+    assert len(req) == 8 and (req["prefill_pod"] == 0).any()
+    assert (req["outcome"] == "ok").all(), req[["request_id", "prefill_pod", "outcome"]]

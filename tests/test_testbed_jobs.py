@@ -71,6 +71,9 @@ class _FakeEngines:
     def loads(self):
         return []
 
+    def kv_paths(self, vocab, timeout_s=10.0):
+        return {"ok": True, "broken": [], "down": [], "check_s": 0.0}
+
 
 def _fake_router_actor(on_run):
     """A stand-in for RouterActor's Ray handle: the real class is built from its arguments pickled as
@@ -270,3 +273,67 @@ def test_a_run_starts_once_every_engine_accepts_its_reset_and_says_when_it_did_n
     else:  # gave up at the limit, not before
         assert start["waited_s"] >= 0.3 and start["resets"] > 2
         assert start["loads"]["pod1-decode"]["unfinished"] == 1
+
+
+class _BrokenPaths(_FakeEngines):
+    """Engines whose KV path checks answer from a script (ok or not, one per check), counting restarts."""
+
+    def __init__(self, topo, script):
+        super().__init__(topo)
+        self.script = list(script)
+        self.restarts = 0
+
+    def kv_paths(self, vocab, timeout_s=10.0):
+        ok = self.script.pop(0)
+        return {"ok": ok, "broken": [] if ok else ["pod0-prefill->pod2-decode"], "down": [], "check_s": 0.1}
+
+    def restart(self, timeout_s, vocab):
+        self.restarts += 1
+        return {"restart_s": 1.0, "generation": self.restarts}
+
+
+def test_a_broken_kv_path_restarts_the_engines_before_the_next_run_and_its_run_says_so(tmp_path, monkeypatch):
+    """After a link down a pod's NIXL connections stay failed (docs/testbed.md "A link down"): the run
+    after it starts on restarted engines, and its run.json records the check, the broken path and the
+    restart; a run on working paths records its check only; paths still broken after a restart stop
+    the driver (with one line)."""
+    from rich.console import Console
+
+    import testbed.runs.driver as driver
+    from core.experiment import build_topology
+    from core.spec import load_spec
+    from testbed.runs.jobs import prepare_jobs
+
+    spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
+    jobs = prepare_jobs([(spec, ["LC"], [0, 1])])
+    monkeypatch.setattr(driver, "ray", _FakeRay)
+    monkeypatch.setattr(driver, "RouterActor", _fake_router_actor(lambda args, arrival: None))
+    monkeypatch.setattr(driver, "console", Console(file=io.StringIO()))
+    engines = _BrokenPaths(build_topology(spec), [True, False, True])
+    driver._run_jobs(jobs, tmp_path / "out", engines, {"vocab": 2048, "kv_bytes_per_token": 8192}, None, None)
+    assert engines.restarts == 1 and engines.script == []
+    start = {s: json.loads((tmp_path / "out" / spec.name / "LC" / f"seed-{s}" / "run.json").read_text())["start"]
+             for s in (0, 1)}
+    assert start[0]["kv_paths"]["ok"] is True and "restart" not in start[0]["kv_paths"]
+    kv = start[1]["kv_paths"]
+    assert kv["broken"] == ["pod0-prefill->pod2-decode"] and kv["restart"]["generation"] == 1
+    assert kv["after_restart"]["ok"] is True
+    still = _BrokenPaths(build_topology(spec), [False, False])
+    with pytest.raises(RuntimeError, match="still broken after restarting"):
+        driver._run_jobs(jobs, tmp_path / "out2", still, {"vocab": 2048, "kv_bytes_per_token": 8192}, None, None)
+
+
+def test_the_kv_path_check_names_each_broken_pair_and_leaves_a_dead_engines_pairs_out(monkeypatch):
+    import testbed.runs.driver as driver
+    from testbed.runs.driver import Engines
+
+    engines = type("E", (), {})()
+    engines.prefill, engines.decode = ["p0", "p1"], ["d2", "d3"]
+    engines.names = ["pod0-prefill", "pod1-prefill", "pod2-decode", "pod3-decode"]
+    # check_pairs answers in (prefill, decode) product order; None: an engine of the pair is dead
+    monkeypatch.setattr(driver, "check_pairs", lambda p, d, vocab, timeout_s: [False, True, None, True])
+    kv = Engines.kv_paths(engines, 2048)
+    assert kv["ok"] is False and kv["broken"] == ["pod0-prefill->pod2-decode"]
+    assert kv["down"] == ["pod1-prefill->pod2-decode"]
+    monkeypatch.setattr(driver, "check_pairs", lambda p, d, vocab, timeout_s: [True, True, None, None])
+    assert Engines.kv_paths(engines, 2048)["ok"] is True

@@ -160,6 +160,28 @@ def warm_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, tokens
     return out
 
 
+def check_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, timeout_s: float,
+                tokens: int = 2 * BLOCK + 1) -> list[bool | None]:
+    """Per (prefill, decode) pair, in warm_pairs' order: does a pull across it work now? One prompt
+    of two blocks prefilled and decoded to its first token with the KV pulled: True when the token
+    comes back, False when the call fails, is aborted or takes over ``timeout_s`` (a path a fault
+    broke: vLLM 0.32's NIXL fails such a pull at once or leaves it hanging), None where an engine
+    of the pair is dead (its actor gone: no path to judge, the router stops choosing it)."""
+    ids = _Ids(vocab)
+    out: list[bool | None] = []
+    for p, d in itertools.product(prefill, decode):
+        rid, prompt = ids(tokens)
+        try:
+            pre = ray.get(p.prefill.remote(rid, prompt), timeout=timeout_s)
+            dec = ray.get(d.decode.remote(rid, prompt, 1, pre.kv_transfer_params), timeout=timeout_s)
+            out.append(dec.first_token_s is not None and not dec.aborted)
+        except ray.exceptions.RayActorError:
+            out.append(None)
+        except (ray.exceptions.RayError, RuntimeError):  # includes GetTimeoutError: a hanging pull
+            out.append(False)
+    return out
+
+
 def _prefill_batch(engine: Any, decode: Any, ids: _Ids, k: int, tokens: int) -> float:
     """k equal prompts at once: first allocation to last return (then pulled, freeing their KV)."""
     reqs = [ids(tokens) for _ in range(k)]

@@ -43,7 +43,7 @@ from core.calibration import Calibration, load_calibration, save_calibration
 from testbed.engines.actor import EngineActor
 from testbed.router.actor import FaultTargets, RouterActor
 from testbed.engines.engine import EngineConfig
-from testbed.calibration.calibrate import calibrate, warm_pairs
+from testbed.calibration.calibrate import calibrate, check_pairs, warm_pairs
 from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
 from testbed.router.flow import prompt_ids
@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node
 ENGINE_THREADS = EngineConfig.omp_threads  # torch threads an engine computes on
 SIDE_CHANNEL_BASE_PORT = 5600
+# How long a pair's check pull may take (Engines.kv_paths): a healthy one of two blocks takes
+# milliseconds, a pair's first one carries the NIXL handshake, 1-2 s, and a host stall on 2 cores
+# a few seconds more (docs/verified.md "The handshake"); a broken path fails at once or never.
+KV_PATH_TIMEOUT_S = 10.0
 console = Console(stderr=True)
 
 
@@ -94,15 +98,24 @@ class Engines:
                  build_model: bool = False, first_token_limit_s: float | None = None) -> None:
         """``first_token_limit_s``: the longest first-token limit of the jobs these engines serve
         (default ``spec``'s), which their KV lease must outlive."""
-        t, e, topo = spec.testbed, spec.engine, build_topology(spec)
-        self.topo = topo
+        self.topo = build_topology(spec)
+        self._args = (spec, model, engine_root, mode, build_model, first_token_limit_s)
+        # their calibration as each run's run.json records it (run_calibration); None: not calibrated
+        self.calibration: dict[str, Any] | None = None
+        self.gpu = spec.testbed.gpus_per_engine > 0  # else vLLM's CPU build (EngineConfig.gpu)
+        self.generation = 0  # restarts so far (restart)
+        self._create()
+
+    def _create(self) -> None:
+        spec, model, engine_root, mode, build_model, first_token_limit_s = self._args
+        t, e, topo = spec.testbed, spec.engine, self.topo
         self.prefill: list[Any] = []
         self.decode: list[Any] = []
         self.names: list[str] = []  # in `all` order: prefill engines, then decode engines
-        # their calibration as each run's run.json records it (run_calibration); None: not calibrated
-        self.calibration: dict[str, Any] | None = None
-        self.gpu = t.gpus_per_engine > 0  # else vLLM's CPU build (EngineConfig.gpu)
         self.lease_s = 0
+        # a restarted engine logs apart from the one it replaces, under a name of its own
+        gen = f"-{self.generation}" if self.generation else ""
+        root = Path(engine_root) / f"restart{gen}" if gen else Path(engine_root)
         # The interface KV crosses: on a real cluster the one the link faults shape.
         # (the first allowlisted one the engine's node has: EngineActor resolves it there).
         net_device = {"netns": "eth0", "local": "lo"}.get(mode, list(t.fault_interfaces))
@@ -116,7 +129,7 @@ class Engines:
                 self.names.append(name)
                 # vLLM's batch limits are the engine block's: the simulator models the same engine
                 max_seqs = e.prefill_slots if role == "prefill" else e.decode_max_batch
-                cfg = dict(model=Path(model), run_dir=engine_root, name=name,
+                cfg = dict(model=Path(model), run_dir=root, name=name,
                            side_channel_port=SIDE_CHANNEL_BASE_PORT + w, role=role,
                            # the KV must outlive its pull, which ends before the first token
                            request_deadline_s=first_token_limit_s or spec.first_token_limit_s,
@@ -130,7 +143,7 @@ class Engines:
                 self.lease_s = max(self.lease_s, EngineConfig(**cfg).kv_lease_s)
                 # Ray sets CUDA_VISIBLE_DEVICES for an actor only when it asks for GPUs.
                 out.append(EngineActor.options(resources={f"pod{pod}": share}, num_gpus=t.gpus_per_engine,
-                                               name=f"engine-{name}")
+                                               name=f"engine-{name}{gen}")
                            .remote(cfg, net_device, build_model=build_model))
 
     @property
@@ -157,6 +170,30 @@ class Engines:
 
     def metrics(self) -> list[dict[str, Any]]:
         return self._each([a.metrics.remote() for a in self.all])
+
+    def kv_paths(self, vocab: int, timeout_s: float = KV_PATH_TIMEOUT_S) -> dict[str, Any]:
+        """Whether every live (prefill, decode) pair moves KV now (calibrate.check_pairs); what
+        run.json records as ``start.kv_paths``: ok, the pairs that did not, the check's seconds."""
+        t0 = time.monotonic()
+        res = check_pairs(self.prefill, self.decode, vocab, timeout_s)
+        n_pre = len(self.prefill)
+        pairs = [(self.names[i], self.names[n_pre + j]) for i in range(n_pre) for j in range(len(self.decode))]
+        broken = [f"{p}->{d}" for (p, d), r in zip(pairs, res) if r is False]
+        return {"ok": not broken, "broken": broken, "down": [f"{p}->{d}" for (p, d), r in zip(pairs, res) if r is None],
+                "check_s": round(time.monotonic() - t0, 3)}
+
+    def restart(self, timeout_s: float, vocab: int) -> dict[str, Any]:
+        """Shut every engine down and start a new set (same configuration, logs apart), with their
+        pairs' first transfer made: the way back from KV paths a fault broke for good (vLLM 0.32's
+        NIXL does not reconnect after a link down: docs/testbed.md "A link down"). Returns what
+        run.json records: the restart's seconds and the engines' generation."""
+        t0 = time.monotonic()
+        self.shutdown()
+        self.generation += 1
+        self._create()
+        self.start(timeout_s)
+        warm_pairs(self.prefill, self.decode, vocab)
+        return {"restart_s": round(time.monotonic() - t0, 1), "generation": self.generation}
 
     def reset(self) -> list[bool | None]:
         """Reset every engine's prefix cache; per engine, whether it could (vLLM refuses while
@@ -275,11 +312,15 @@ def run_calibration(cal: Calibration, path: str, measured_here: bool) -> dict[st
 
 def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, workload_summary: dict[str, Any],
                  engines: Engines, model_meta: dict[str, Any], targets: FaultTargets | None = None,
-                 canaries: dict[int, Reference] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+                 canaries: dict[int, Reference] | None = None,
+                 kv_paths: dict[str, Any] | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """One run's router actor on the head node, over engines verified quiet and with their prefix
     caches reset (Engines.quiesce: no run finds an earlier one's pulls moving or its prompts
-    cached); also the engines' counters at its start."""
+    cached; ``kv_paths``, the check that every pair's KV path works, kv_paths_or_restart, is
+    recorded beside); also the engines' counters at its start."""
     start = engines.quiesce(engines.lease_s)
+    if kv_paths is not None:
+        start["kv_paths"] = kv_paths
     before = engines.metrics()
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
         spec, policy, seed, str(out), workload_summary,
@@ -310,7 +351,7 @@ def close_router(router: Any, status: str, engines: Engines, before: list[dict[s
 
 def run_one(spec: ExperimentSpec, policy: str, seed: int, wl: Workload, out: Path, engines: Engines,
             model_meta: dict[str, Any], progress: Progress, targets: FaultTargets | None = None,
-            agents: FaultAgents | None = None) -> Path:
+            agents: FaultAgents | None = None, kv_paths: dict[str, Any] | None = None) -> Path:
     """One (policy, seed) of ``spec`` replaying ``wl``, the seed's workload (generated and checked
     by the launcher: testbed/runs/jobs.py)."""
     run_dir = run_dir_for(out, spec, policy, seed)
@@ -319,7 +360,8 @@ def run_one(spec: ExperimentSpec, policy: str, seed: int, wl: Workload, out: Pat
     prompts = {i: prompt_ids(i, int(wl.prompt_tokens[i]), model_meta["vocab"], salt=seed) for i in ids}
     checked = {i: min(int(wl.output_tokens[i]), spec.testbed.canary_tokens) for i in ids}
     refs = engines.references(prompts, checked) if ids else {}
-    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets, refs)
+    router, before = start_router(spec, policy, seed, out, wl.summary(), engines, model_meta, targets, refs,
+                                  kv_paths)
     task = progress.add_task(f"{policy} seed {seed}", total=len(wl))
     done = router.run.remote(wl.arrival_s.tolist(), wl.prompt_tokens.tolist(), wl.output_tokens.tolist())
     status = "interrupted"
@@ -395,6 +437,22 @@ def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: 
     return {"interface": ifname, "kv_bytes": kv_bytes, "tx_bytes": tx_bytes, "crossed": crossed}
 
 
+def kv_paths_or_restart(spec: ExperimentSpec, engines: Engines, vocab: int) -> dict[str, Any]:
+    """Every live engine pair's KV path checked before a run (Engines.kv_paths); where one is broken
+    (a link down leaves the pod's NIXL connections failed for good: docs/testbed.md "A link down"),
+    every engine restarted and checked again. What run.json records as ``start.kv_paths``."""
+    kv = engines.kv_paths(vocab)
+    if not kv["ok"]:
+        console.print(f"[yellow]KV path(s) {', '.join(kv['broken'])} broken after the last run: restarting "
+                      "the engines[/]")
+        kv["restart"] = engines.restart(spec.testbed.engine_start_timeout_s, vocab)
+        kv["after_restart"] = again = engines.kv_paths(vocab)
+        if not again["ok"]:
+            raise RuntimeError(f"KV path(s) {', '.join(again['broken'])} still broken after restarting the engines")
+        console.print(f"engines restarted in {kv['restart']['restart_s']:.0f} s; every KV path works")
+    return kv
+
+
 def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
               model_meta: dict[str, Any], targets: FaultTargets | None, agents: FaultAgents | None) -> None:
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -402,8 +460,11 @@ def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
         for job in jobs:
             for policy in job.policies:
                 for seed in job.seeds:
+                    kv = kv_paths_or_restart(job.spec, engines, model_meta["vocab"])
+                    if "restart" in kv and targets is not None:  # the new engines' processes
+                        targets = fault_targets(job.spec, agents, engines)
                     run_one(job.spec, policy, seed, job.workloads[seed], job.out_dir or out, engines, model_meta,
-                            progress, targets, agents)
+                            progress, targets, agents, kv)
 
 
 def _cluster_pss(run_id: str | None) -> int | None:

@@ -1,0 +1,160 @@
+"""A study's claims: resolved to the grid's points (core.study.claim_sides), read per world and seed
+from hand-built cells tables whose effects are worked out by hand (analysis.study_claims), written
+as a table and one figure per claim."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from rich.console import Console
+
+from analysis.study_claims import check_claim_metrics, claim_effects, claims_frame, claims_report, reaction_cost
+from core.spec import SpecError, load_spec, parse_spec
+from core.study import ClaimSides, claim_sides, expand_study
+
+SHIPPED = Path(__file__).resolve().parents[1] / "experiments" / "carryover.yaml"
+
+
+def _shipped() -> dict:
+    return yaml.safe_load(SHIPPED.read_text())
+
+
+def _sides(data: dict) -> list[ClaimSides]:
+    spec = parse_spec(data, "t")
+    return claim_sides(spec, expand_study(spec, "t"), "t")
+
+
+def test_every_shipped_claim_reads_one_point_and_policy_of_its_grid():
+    spec = load_spec(SHIPPED)
+    cells = expand_study(spec, str(SHIPPED))
+    sides = {s.name: s for s in claim_sides(spec, cells, str(SHIPPED))}
+    assert len(sides) == len(spec.study.claims) >= 8
+    check_claim_metrics(list(sides.values()))
+    have = {(c.point, c.policy) for c in cells}
+    for s in sides.values():
+        assert (s.point, s.policy) in have and (s.vs is None or s.vs in have)
+    # "vs" merges over the claim's own at: another policy at the same point, or the same policy elsewhere
+    assert sides["price-cuts-failures"].vs == (sides["price-cuts-failures"].point, "FaultAwareLC")
+    s = sides["in-flight-speeds-reaction"]
+    assert s.point.endswith("in-flight-True") and s.vs == (s.point.replace("True", "False"), "OTF-R")
+
+
+@pytest.mark.parametrize("claim, needle", [
+    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "nope"}}, "selects no point"),
+    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {}}, "selects 3 points"),
+    ({"name": "x", "metric": "failure_rate", "policy": "FaultAwareLC", "at": {"sweep": "mild"}},
+     "with policy FaultAwareLC selects no point"),
+    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "severe"}, "vs": {"policy": "LC"}},
+     "its effect would be 0"),
+])
+def test_a_claim_that_does_not_select_one_point_is_one_line_naming_it(claim, needle):
+    data = _shipped()
+    data["study"]["claims"] = [claim]
+    with pytest.raises(SpecError) as e:
+        _sides(data)
+    msg = str(e.value)
+    assert needle in msg and "study.claims[0] (x)" in msg and "\n" not in msg
+
+
+def test_claim_names_are_unique_and_an_unknown_metric_is_refused_before_any_run():
+    data = _shipped()
+    data["study"]["claims"].append(copy.deepcopy(data["study"]["claims"][0]))
+    with pytest.raises(SpecError, match="claim names must be unique"):
+        parse_spec(data, "t")
+    data = _shipped()
+    data["study"]["claims"] = [{"name": "x", "metric": "failure_ratio", "policy": "LC", "at": {"sweep": "severe"}}]
+    with pytest.raises(ValueError, match="claim x: unknown metric 'failure_ratio'"):
+        check_claim_metrics(_sides(data))
+
+
+SIDES = [ClaimSides("cut", "", "failure_rate", "p1", "B", ("p1", "A")),
+         ClaimSides("cross", "", "failure_rate", "p2", "A", ("p1", "A")),
+         ClaimSides("plain", "", "reaction_s", "p1", "B", None)]
+
+
+def _cells(values: dict[tuple[str, str, int], tuple[float, float]]) -> pd.DataFrame:
+    """A cells table: (point, policy, seed) -> (failure_rate, reaction_s)."""
+    rows = [{"cell": f"{p}-{q}-{s}", "point": p, "sweep": p, "policy": q, "seed": s, "failure_rate": f,
+             "reaction_s": r} for (p, q, s), (f, r) in values.items()]
+    return pd.DataFrame(rows)
+
+
+def test_a_claims_value_is_its_cell_minus_its_vs_cell_on_the_same_seed():
+    sim = _cells({("p1", "A", 0): (0.30, 9.0), ("p1", "A", 1): (0.20, 9.0), ("p1", "A", 2): (0.25, 9.0),
+                  ("p1", "B", 0): (0.10, 2.0), ("p1", "B", 1): (0.05, 3.0), ("p1", "B", 2): (0.10, math.nan),
+                  ("p2", "A", 0): (0.40, 1.0), ("p2", "A", 1): (0.30, 1.0)})  # p2 lacks seed 2
+    tb = _cells({("p1", "A", 0): (0.35, 9.0), ("p1", "B", 0): (0.05, 4.0), ("p1", "A", 1): (0.20, 9.0)})
+    eff = claim_effects({"sim": sim, "testbed": tb}, SIDES).set_index(["claim", "world", "seed"])["value"]
+    assert eff[("cut", "sim", 0)] == pytest.approx(-0.20) and eff[("cut", "sim", 1)] == pytest.approx(-0.15)
+    assert eff[("cut", "sim", 2)] == pytest.approx(-0.15)
+    assert eff[("cross", "sim", 0)] == pytest.approx(0.10) and ("cross", "sim", 2) not in eff.index
+    assert ("plain", "sim", 2) not in eff.index  # a NaN metric gives no value
+    assert eff[("plain", "sim", 1)] == 3.0
+    # the testbed's seed 1 has only one side of "cut": no value
+    assert eff[("cut", "testbed", 0)] == pytest.approx(-0.30) and ("cut", "testbed", 1) not in eff.index
+    assert len(eff) == 3 + 2 + 2 + 1 + 1
+
+
+def test_the_claims_table_keeps_the_claims_order_and_says_what_each_reads():
+    sim = _cells({(p, q, s): (0.1 * (q == "A") + 0.01 * s, 5.0 + s) for p in ("p1", "p2") for q in ("A", "B")
+                  for s in range(3)})
+    tb = sim.copy()
+    rep = sim.loc[sim["seed"] == 0].assign(failure_rate=lambda d: d["failure_rate"] + 0.01)
+    table, effects = claims_frame({"sim": sim, "testbed": tb, "repeat": rep}, SIDES)
+    assert list(table["claim"]) == ["cut", "cross", "plain"]
+    r = table.set_index("claim")
+    assert r.loc["cut", "vs"] == "A @ p1" and r.loc["plain", "vs"] == ""
+    assert r.loc["cut", "sim_mean"] == pytest.approx(-0.1) and r.loc["cut", "tb_mean"] == pytest.approx(-0.1)
+    assert r.loc["cut", "verdict"] == "carries over"  # equal worlds, repeatability 0 <= |diff| = 0
+    assert r.loc["cross", "sim_mean"] == pytest.approx(0.0) and r.loc["cross", "verdict"] == "carries over"
+    assert r.loc["cut", "n_repeat"] == 1
+
+
+def test_a_claim_without_values_is_listed_as_na():
+    table, _ = claims_frame({"sim": _cells({}), "testbed": _cells({})}, SIDES[:1])
+    assert list(table["claim"]) == ["cut"] and table.loc[0, "verdict"] == "n/a"
+
+
+def test_the_report_writes_the_table_the_effects_reaction_and_cost_and_a_figure_per_claim(tmp_path):
+    sim = _cells({(p, q, s): (0.2 if q == "A" else 0.05 * s, 3.0 + s) for p in ("p1", "p2") for q in ("A", "B")
+                  for s in range(3)})
+    tb = sim.assign(failure_rate=sim["failure_rate"] + 0.02)
+    table = claims_report({"sim": sim, "testbed": tb}, SIDES, [], tmp_path, Console(width=200, file=open("/dev/null", "w")))
+    assert len(table) == 3
+    assert pd.read_csv(tmp_path / "claims.csv")["claim"].tolist() == ["cut", "cross", "plain"]
+    assert len(pd.read_csv(tmp_path / "claim_effects.csv")) == 2 * (3 + 3 + 3)
+    for name in ("cut", "cross", "plain"):
+        assert (tmp_path / f"claim_{name}.png").stat().st_size > 1000
+    rc = pd.read_csv(tmp_path / "reaction_cost.csv")
+    a = rc.set_index(["world", "point", "policy"])
+    assert a.loc[("testbed", "p1", "B"), "failure_rate"] == pytest.approx(np.mean([0.02, 0.07, 0.12]))
+    assert a.loc[("sim", "p2", "A"), "reaction_s"] == pytest.approx(4.0) and a.loc[("sim", "p2", "A"), "n_seeds"] == 3
+    with pytest.raises(ValueError, match="unknown world"):
+        claims_report({"simulator": sim}, SIDES, [], tmp_path)
+
+
+def test_reaction_and_cost_of_an_empty_world_is_an_empty_table():
+    assert reaction_cost({"sim": _cells({})}, []).empty
+
+
+@pytest.mark.parametrize("claim, needle", [
+    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "nope"}}, "selects no point"),
+    ({"name": "x", "metric": "fail_rate", "policy": "LC", "at": {"sweep": "severe"}}, "claim x: unknown metric"),
+])
+def test_the_command_refuses_a_bad_claim_in_one_line_before_any_engine_starts(tmp_path, capsys, claim, needle):
+    from cli.main import main
+
+    data = _shipped()
+    data["study"]["claims"] = [claim]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["study", str(path), "--world", "both", "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("testbed: error:") and needle in err and "\n" not in err
+    assert not (tmp_path / "runs").exists()  # nothing written, nothing started

@@ -1,0 +1,152 @@
+"""The testbed side of a study (cli/study_testbed.py) without engines: which runs it hands the
+driver, where they go, how a finished run is marked and skipped the next time, and that an
+interrupted run is run again from an empty directory. The driver's part (each run on engines
+verified quiet) is tests/test_testbed_jobs.py's and the slow tests'; here a stand-in writes what
+the driver would, a run directory (the simulator's, which has the same contract)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import cli.study_testbed as st
+from analysis.study import cell_finished, load_study
+from builders import shipped_spec_dict
+from core.records import read_meta
+from core.spec import parse_spec
+from core.study import expand_study
+from simulator.run import run_sim
+
+QUIET = Console(file=open("/dev/null", "w"))
+
+
+def _spec():
+    data = shipped_spec_dict("testbed.yaml", exclude={"study"})
+    data["workload"]["max_requests"] = 6
+    data["study"] = {"seeds": [0, 1], "sweeps": [
+        {"name": "severe", "axes": {"severity": [0.01]}, "policies": ["LC", "OTF-R"]},
+        {"name": "telemetry", "set": {"severity": 0.01}, "policies": ["LC", "OTF-R"],
+         "axes": {"telemetry": ["none"]}}],
+        "claims": [{"name": "price-cuts-failures", "metric": "failure_rate", "policy": "OTF-R",
+                    "at": {"sweep": "severe"}, "vs": {"policy": "LC"}}]}
+    return parse_spec(data, "t")
+
+
+class FakeLaunch:
+    """Stands in for testbed.runs.launch.launch_jobs: runs each job's (policy, seed) in the simulator
+    into the job's out_dir, as the driver does into run_dir_for(out_dir, spec, policy, seed); stops
+    (KeyboardInterrupt) after ``stop_after`` runs, leaving the next one half written."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.calls: list[dict] = []
+        self.stop_after = stop_after
+
+    def __call__(self, jobs, out, **kw):
+        self.calls.append({"jobs": jobs, "out": out, **kw})
+        n = 0
+        for job in jobs:
+            for policy in job.policies:
+                for seed in job.seeds:
+                    if self.stop_after is not None and n == self.stop_after:
+                        d = Path(job.out_dir) / job.spec.name / policy / f"seed-{seed}"
+                        d.mkdir(parents=True)
+                        (d / "run.json").write_text('{"status": "running"}')
+                        raise KeyboardInterrupt
+                    run_sim(job.spec, policy, seed, Path(job.out_dir))
+                    n += 1
+        return 0
+
+
+def _side(tmp_path, monkeypatch, launch, **kw):
+    spec = _spec()
+    cells = expand_study(spec, "t")
+    monkeypatch.setattr("testbed.runs.launch.launch_jobs", launch)
+    args = {"address": None, "calibration": None, "repeat_seeds": [0], "rerun": False, "console": QUIET} | kw
+    return cells, st.run_testbed_side(spec, cells, cells, tmp_path, **args)
+
+
+def test_each_distinct_run_is_one_job_run_on_one_set_of_engines_then_the_repeated_seed(tmp_path, monkeypatch):
+    launch = FakeLaunch()
+    cells, (cal, plan) = _side(tmp_path, monkeypatch, launch)
+    # 8 cells, LC's telemetry-none cells share its severe runs: 6 runs; seed 0's 3 again
+    assert (len(cells), len(plan.runs), len(plan.todo), len(plan.repeat)) == (8, 6, 6, 3)
+    [call] = launch.calls
+    assert call["calibrate_to"] == cal == tmp_path / "calibration.json" and call["calibration"] is None
+    jobs = call["jobs"]
+    assert [(j.spec.name, j.policies, j.seeds) for j in jobs] == [
+        ("severe__severity-0.01", ["LC"], [0, 1]), ("severe__severity-0.01", ["OTF-R"], [0, 1]),
+        ("telemetry__telemetry-none", ["OTF-R"], [0, 1]),
+        ("severe__severity-0.01", ["LC"], [0]), ("severe__severity-0.01", ["OTF-R"], [0]),
+        ("telemetry__telemetry-none", ["OTF-R"], [0])]
+    assert {j.out_dir for j in jobs[:3]} == {(tmp_path / "testbed" / "cells").resolve()}
+    assert {j.out_dir for j in jobs[3:]} == {(tmp_path / "repeat" / "cells").resolve()}
+    assert jobs[3].workloads[0].arrival_s.tolist() == jobs[0].workloads[0].arrival_s.tolist()
+    assert jobs[2].spec.telemetry.mode == "none" and jobs[0].spec.telemetry.mode == "direct"
+    # every run marked finished where the study's reader looks, shared cells included
+    for c in plan.runs:
+        assert cell_finished(tmp_path / "testbed" / c.run_dir, c.run)
+    frame = load_study(tmp_path / "testbed")
+    assert len(frame) == 8 and not frame.attrs["skipped"]
+    assert len(load_study(tmp_path / "repeat")) == 4  # seed 0's cells, LC's shared one twice
+
+
+def test_the_same_call_again_starts_nothing_and_a_given_calibration_is_used(tmp_path, monkeypatch):
+    _side(tmp_path, monkeypatch, FakeLaunch())
+    again = FakeLaunch()
+    _, (_, plan) = _side(tmp_path, monkeypatch, again)
+    assert again.calls == [] and plan.todo == [] and plan.repeat_todo == []
+    rerun = FakeLaunch()
+    cal = tmp_path / "mine.json"
+    _side(tmp_path, monkeypatch, rerun, rerun=True, calibration=cal, repeat_seeds=[])
+    [call] = rerun.calls
+    assert call["calibration"] == cal and call["calibrate_to"] is None
+    assert sum(len(j.seeds) for j in call["jobs"]) == 6
+
+
+def test_an_interrupted_study_keeps_its_finished_runs_and_reruns_the_rest_from_an_empty_directory(tmp_path,
+                                                                                                monkeypatch):
+    with pytest.raises(KeyboardInterrupt):
+        _side(tmp_path, monkeypatch, FakeLaunch(stop_after=2))
+    spec = _spec()
+    cells = expand_study(spec, "t")
+    p = st.plan(cells, cells, tmp_path, [0])
+    assert len(p.todo) == 4 and len(p.repeat_todo) == 3
+    half = tmp_path / "testbed" / p.todo[0].run_dir
+    assert read_meta(half)["status"] == "running" and not cell_finished(half, p.todo[0].run)
+    resumed = FakeLaunch()
+    _side(tmp_path, monkeypatch, resumed)
+    assert sum(len(j.seeds) for j in resumed.calls[0]["jobs"]) == 4 + 3
+    assert read_meta(half)["status"] == "finished"
+    assert len(load_study(tmp_path / "testbed")) == 8
+
+
+def test_mark_finished_leaves_a_run_that_did_not_finish_unmarked(tmp_path):
+    spec = _spec()
+    cells = expand_study(spec, "t")
+    c = cells[0]
+    d = tmp_path / c.run_dir
+    d.mkdir(parents=True)
+    (d / "run.json").write_text('{"status": "interrupted"}')
+    assert st.mark_finished(tmp_path, [c]) == 0 and not (d / "cell.json").exists()
+
+
+def test_testbed_report_on_a_study_of_both_worlds_gives_the_claims_again(tmp_path, monkeypatch, capsys):
+    """`testbed report STUDY` of a carry-over study's directory redoes its claims from the run
+    directories (the simulator's side here is a copy of the testbed's: equal worlds)."""
+    import shutil
+
+    import pandas as pd
+
+    from cli.main import main
+
+    _side(tmp_path, monkeypatch, FakeLaunch())
+    shutil.copytree(tmp_path / "testbed", tmp_path / "sim")
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "again")]) == 0
+    row = pd.read_csv(tmp_path / "again" / "claims.csv").set_index("claim").loc["price-cuts-failures"]
+    assert row["sim_mean"] == row["tb_mean"] and row["sim_n"] == row["tb_n"] == 2 and row["n_repeat"] == 1
+    assert (tmp_path / "again" / "claim_price-cuts-failures.png").is_file()
+    (tmp_path / "testbed" / "study.json").write_text("{}")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "not a carry-over study's index" in capsys.readouterr().err
