@@ -83,7 +83,9 @@ def claim_row(g: pd.DataFrame, confidence: float) -> dict[str, object]:
     diff = tm - sm
     defined = not (math.isnan(sm) or math.isnan(tm))
     same_sign = _sign(sm) == _sign(tm) if defined else None
-    within = bool(abs(diff) <= repeatability) if defined and not math.isnan(repeatability) else None
+    # |diff| below ZERO_EFFECT is 0: equal means computed in another order differ by 1e-17
+    within = bool(abs(diff) < ZERO_EFFECT or abs(diff) <= repeatability) \
+        if defined and not math.isnan(repeatability) else None
     if sn < 2 or tn < 2 or math.isnan(repeatability):
         verdict = NA
     elif same_sign and within:

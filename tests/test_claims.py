@@ -133,3 +133,16 @@ def test_a_malformed_table_is_a_one_line_error(change, needle):
     with pytest.raises(ValueError) as err:
         claim_table(change(e))
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_equal_effects_carry_over_with_a_repeatability_of_zero_whatever_the_rounding():
+    """Measured in the carry-over study: both worlds -0.025 with a repeat equal to its first pass, and
+    the means differed by 6.9e-18 (pandas sums in another order). Equal is equal."""
+    sim, tb = [0.0, -0.025, -0.05], [-0.05, 0.0, -0.025]
+    e = effects("eq", sim, tb, [-0.05])
+    e.loc[e["world"] == "testbed", "value"] += 1e-17
+    r = row(claim_table(e), "eq")
+    assert r.repeatability == pytest.approx(1e-17, abs=1e-16) or r.repeatability == 0
+    assert r.within_repeatability and r.verdict == "carries over"
+    r2 = row(claim_table(effects("ne", sim, [-0.05, 0.0, 0.0], [-0.05])), "ne")  # one request apart
+    assert not r2.within_repeatability and r2.verdict == "does not carry over"
