@@ -49,7 +49,7 @@ STUDY_FILE = "study.json"
 CELL_FILE = "cell.json"
 METRICS_FILE = "metrics.json"
 # Bump when the content of metrics.json changes: an older cache is then recomputed, not misread.
-METRICS_SCHEMA = 1
+METRICS_SCHEMA = 2
 LC = "LC"
 # Columns of the cells table that identify a cell rather than measure it.
 ID_COLUMNS = ("cell", "point", "sweep", "policy", "seed")
