@@ -185,6 +185,9 @@ class ClaimSides:
     vs: tuple[str, str] | None  # (point, policy)
 
 
+_NO_AXIS = object()  # a cell's sweep does not vary the axis a claim names
+
+
 def _select(cells: list[Cell], at: dict[str, AxisValue], policy: str, where: str) -> str:
     """The one point whose cells match ``at`` (axis values; ``sweep``: the sweep's name) and run ``policy``."""
     def matches(c: Cell) -> bool:
@@ -198,9 +201,6 @@ def _select(cells: list[Cell], at: dict[str, AxisValue], policy: str, where: str
         raise SpecError(f"{where}: at {json.dumps(at)} with policy {policy} selects {found}; it must select one "
                         f"(name the sweep and every axis it varies)")
     return points[0]
-
-
-_NO_AXIS = object()  # a cell's sweep does not vary the axis a claim names
 
 
 def claim_sides(spec: Any, cells: list[Cell], source: str = "<spec>") -> list[ClaimSides]:

@@ -146,15 +146,18 @@ def test_reaction_and_cost_of_an_empty_world_is_an_empty_table():
 @pytest.mark.parametrize("claim, needle", [
     ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "nope"}}, "selects no point"),
     ({"name": "x", "metric": "fail_rate", "policy": "LC", "at": {"sweep": "severe"}}, "claim x: unknown metric"),
+    (None, "--repeat-seeds: 7 is not a seed of the study's cells (0, 1, 2)"),
 ])
 def test_the_command_refuses_a_bad_claim_in_one_line_before_any_engine_starts(tmp_path, capsys, claim, needle):
     from cli.main import main
 
     data = _shipped()
-    data["study"]["claims"] = [claim]
+    if claim is not None:
+        data["study"]["claims"] = [claim]
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(data))
-    assert main(["study", str(path), "--world", "both", "--out", str(tmp_path / "runs")]) == 2
+    extra = ["--repeat-seeds", "0,7"] if claim is None else []
+    assert main(["study", str(path), "--world", "both", "--out", str(tmp_path / "runs"), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("testbed: error:") and needle in err and "\n" not in err
     assert not (tmp_path / "runs").exists()  # nothing written, nothing started
