@@ -113,9 +113,11 @@ class Engines:
         self.decode: list[Any] = []
         self.names: list[str] = []  # in `all` order: prefill engines, then decode engines
         self.lease_s = 0
-        # a restarted engine logs apart from the one it replaces, under a name of its own
+        # A restarted engine logs apart from the one it replaces, under a name of its own. Beside the
+        # first set's folder, not below it: vLLM's IPC sockets live in it, and a socket's path has
+        # at most 107 characters (measured on the shared e2e cluster: 98 with the first set's folder).
         gen = f"-{self.generation}" if self.generation else ""
-        root = Path(engine_root) / f"restart{gen}" if gen else Path(engine_root)
+        root = Path(f"{engine_root}{gen}")
         # The interface KV crosses: on a real cluster the one the link faults shape.
         # (the first allowlisted one the engine's node has: EngineActor resolves it there).
         net_device = {"netns": "eth0", "local": "lo"}.get(mode, list(t.fault_interfaces))
