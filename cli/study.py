@@ -66,11 +66,11 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
         raise ValueError(f"{args.spec}: no sweep named {unknown[0]!r}; the study has {', '.join(names)}")
     chosen = [c for c in cells if sweeps is None or c.sweep in sweeps]
     seeds = sorted({c.seed for c in chosen})
-    repeat_seeds = seeds[:1] if args.repeat_seeds is None else csv(args.repeat_seeds)
-    wrong = [s for s in repeat_seeds if s not in {str(x) for x in seeds}]
+    asked = [str(seeds[0])] if args.repeat_seeds is None else csv(args.repeat_seeds)
+    wrong = [s for s in asked if s not in {str(x) for x in seeds}]
     if wrong:
         raise ValueError(f"--repeat-seeds: {wrong[0]} is not a seed of the study's cells ({', '.join(map(str, seeds))})")
-    repeat_seeds = [int(s) for s in repeat_seeds]
+    repeat_seeds = [int(s) for s in asked]
     runs = distinct_runs(cells, chosen)
     check_fits(runs[0].spec, "testbed", len(runs) + sum(c.seed in repeat_seeds for c in runs),
                max_hours=args.max_hours)

@@ -150,3 +150,35 @@ def test_testbed_report_on_a_study_of_both_worlds_gives_the_claims_again(tmp_pat
     (tmp_path / "testbed" / "study.json").write_text("{}")
     assert main(["report", str(tmp_path)]) == 2
     assert "not a carry-over study's index" in capsys.readouterr().err
+
+
+def test_the_command_runs_both_worlds_and_the_claims_with_the_default_repeat_seed(tmp_path, monkeypatch):
+    """`testbed study SPEC --world both` end to end, with the driver's part stood in (FakeLaunch): the
+    testbed side, its repeat of the first seed, the calibrated simulator, and the claims."""
+    import json
+    import shutil
+
+    import pandas as pd
+    import yaml
+
+    from cli.main import main
+    from test_calibration import _calibration
+    from core.calibration import save_calibration
+
+    spec = _spec()
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(json.loads(spec.model_dump_json())))
+    cal = save_calibration(_calibration(), tmp_path / "cal.json")
+    launch = FakeLaunch()
+    monkeypatch.setattr("testbed.runs.launch.launch_jobs", launch)
+    args = ["study", str(path), "--world", "both", "--out", str(tmp_path / "runs"), "--calibration", str(cal)]
+    assert main(args) == 0
+    [call] = launch.calls
+    assert sorted({s for j in call["jobs"] if "repeat" in str(j.out_dir) for s in j.seeds}) == [0]
+    root = tmp_path / "runs" / spec.name
+    row = pd.read_csv(root / "claims" / "claims.csv").set_index("claim").loc["price-cuts-failures"]
+    assert (row["sim_n"], row["tb_n"], row["n_repeat"]) == (2, 2, 1)
+    assert len(load_study(root / "sim")) == 8
+    shutil.rmtree(root / "claims")
+    assert main(args) == 0 and len(launch.calls) == 1  # all finished: nothing launched again
+    assert (root / "claims" / "claims.csv").is_file()
