@@ -35,7 +35,8 @@ def test_a_study_cell_runs_on_the_testbed_twice_and_in_the_simulator_and_gets_it
     # the two testbed passes replayed the same requests
     a, b = (read_table(root / w / RUN_DIR, "requests").sort_values("request_id") for w in ("testbed", "repeat"))
     assert a["arrival_s"].tolist() == b["arrival_s"].tolist()
-    claims = pd.read_csv(root / "claims" / "claims.csv")
+    # keep "n/a" a verdict: pandas reads it as missing by default
+    claims = pd.read_csv(root / "claims" / "claims.csv", keep_default_na=False, na_values=[""])
     row = claims.set_index("claim").loc["lc-fails-under-the-fault"]
     # one seed: each world's value, no interval, the repeat's distance, and no verdict from one seed
     effects = pd.read_csv(root / "claims" / "claim_effects.csv")
