@@ -55,16 +55,12 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     from cli.study_testbed import run_testbed_side
     from core.calibration import load_calibration
     from core.sizes import check_fits
-    from core.study import claim_sides, distinct_runs, expand_study
+    from core.study import choose_sweeps, claim_sides, distinct_runs, expand_study
 
     cells = expand_study(spec, args.spec)  # every point validated, every claim resolved, before any engine starts
     sides = claim_sides(spec, cells, args.spec)
     check_claim_metrics(sides)
-    names = [sw.name for sw in spec.study.sweeps]
-    unknown = [n for n in sweeps or [] if n not in names]
-    if unknown:
-        raise ValueError(f"{args.spec}: no sweep named {unknown[0]!r}; the study has {', '.join(names)}")
-    chosen = [c for c in cells if sweeps is None or c.sweep in sweeps]
+    chosen = choose_sweeps(spec, cells, sweeps, args.spec)
     seeds = sorted({c.seed for c in chosen})
     asked = [str(seeds[0])] if args.repeat_seeds is None else csv(args.repeat_seeds)
     wrong = [s for s in asked if s not in {str(x) for x in seeds}]

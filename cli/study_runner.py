@@ -42,7 +42,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from core.study import Cell, distinct_runs, expand_study
+from core.study import Cell, choose_sweeps, distinct_runs, expand_study
 from core.sizes import DEFAULT_MAX_HOURS, check_study_fits
 
 __all__ = ["StudyResult", "cell_is_done", "run_cell", "run_cell_in_clean_process", "run_study", "write_index",
@@ -162,11 +162,7 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
 
     console = console or Console()
     cells = expand_study(spec, source)  # every point validated before anything runs
-    names = [sw.name for sw in spec.study.sweeps]
-    unknown = [n for n in sweeps or [] if n not in names]
-    if unknown:
-        raise ValueError(f"{source}: no sweep named {unknown[0]!r}; the study has {', '.join(names)}")
-    chosen = [c for c in cells if sweeps is None or c.sweep in sweeps]
+    chosen = choose_sweeps(spec, cells, sweeps, source)
     study_dir = Path(study_dir) if study_dir is not None else Path(out) / spec.name
     runs = distinct_runs(cells, chosen)
     todo = [c for c in runs if rerun or not cell_is_done(study_dir, c)]

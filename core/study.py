@@ -31,8 +31,8 @@ from typing import Any
 from .spec import SpecError, parse_spec
 from .study_spec import AxisValue, StudySpec, axis_setter
 
-__all__ = ["PRICE_ONLY_SECTIONS", "Cell", "ClaimSides", "claim_sides", "distinct_runs", "expand_study",
-           "run_inputs"]
+__all__ = ["PRICE_ONLY_SECTIONS", "Cell", "ClaimSides", "choose_sweeps", "claim_sides", "distinct_runs",
+           "expand_study", "run_inputs"]
 
 
 # --------------------------------------------------------------------------- cells
@@ -161,6 +161,15 @@ def expand_study(spec: Any, source: str = "<spec>") -> list[Cell]:
                     first = runs.setdefault(cell.run, cell)  # the first cell of a run holds it
                     cells.append(cell if first is cell else replace(cell, run_dir=first.run_dir))
     return cells
+
+
+def choose_sweeps(spec: Any, cells: list[Cell], sweeps: list[str] | None, source: str = "<spec>") -> list[Cell]:
+    """The cells of ``sweeps`` (all with None); a name the study lacks is a one-line ValueError."""
+    names = [sw.name for sw in spec.study.sweeps]
+    unknown = [n for n in sweeps or [] if n not in names]
+    if unknown:
+        raise ValueError(f"{source}: no sweep named {unknown[0]!r}; the study has {', '.join(names)}")
+    return [c for c in cells if sweeps is None or c.sweep in sweeps]
 
 
 def distinct_runs(cells: list[Cell], chosen: list[Cell]) -> list[Cell]:

@@ -90,21 +90,13 @@ class StudySpec(_Spec):
     sweeps: list[SweepSpec] = Field(min_length=1)
     claims: list[ClaimSpec] = Field(default_factory=list)
 
-    @field_validator("claims")
+    @field_validator("sweeps", "claims")
     @classmethod
-    def _unique_claims(cls, claims: list[ClaimSpec]) -> list[ClaimSpec]:
-        names = [c.name for c in claims]
+    def _unique_names(cls, items: list, info) -> list:
+        names = [x.name for x in items]
         if len(set(names)) != len(names):
-            raise ValueError(f"claim names must be unique, got {names}")
-        return claims
-
-    @field_validator("sweeps")
-    @classmethod
-    def _unique_names(cls, sweeps: list[SweepSpec]) -> list[SweepSpec]:
-        names = [s.name for s in sweeps]
-        if len(set(names)) != len(names):
-            raise ValueError(f"sweep names must be unique, got {names}")
-        return sweeps
+            raise ValueError(f"{info.field_name[:-1]} names must be unique, got {names}")
+        return items
 
 
 # --------------------------------------------------------------------------- axes
