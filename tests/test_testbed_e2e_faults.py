@@ -294,3 +294,24 @@ def test_the_run_after_a_link_down_starts_on_engines_whose_kv_paths_work(testbed
     req = read_table(d, "requests")
     assert len(req) == 8 and (req["prefill_pod"] == 0).any()
     assert (req["outcome"] == "ok").all(), req[["request_id", "prefill_pod", "outcome"]]
+
+
+def test_a_compute_fault_slows_a_pods_engine_on_nodes_ray_up_started(testbed_runs):
+    """The shared cluster comes up through `ray up`, every node's agent inside the namespace shim: the
+    compute fault finds the cgroups there, caps pod 1's engine, measures the factor asked for, and
+    gives the processes back at its end (it once failed there: the shim's fresh /sys had no cgroups)."""
+    out = testbed_runs[0]
+    d = out / "e2e_compute" / "LC" / "seed-0"
+    assert read_meta(d)["status"] == "finished"
+    faults = read_table(d, "faults")
+    assert list(faults.event) == ["apply", "clear"] and set(faults.target) == {"pod1:cpu"}, faults
+    applied, cleared = faults.measured.tolist()
+    # the unit test's tolerance (tests/test_faults_compute.py); here the probe shares 2 cores with 4 engines
+    assert 2.0 <= applied <= 4.5, faults
+    assert cleared < 1.5, faults  # back to what the engine's cores give
+    req = read_table(d, "requests")
+    assert len(req) == 8 and set(req.outcome) <= {"ok", "timeout"}, req
+    # and the requests feel it: pod 1's prefills take longer than pod 0's (2.4x in the run that wrote
+    # this test; 1.5x leaves room for the 2 cores' own scatter)
+    took = (req.prefill_end_s - req.prefill_start_s).groupby(req.prefill_pod).median()
+    assert took.get(1, 0) > 1.5 * took.get(0, float("inf")), took

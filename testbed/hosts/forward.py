@@ -1,8 +1,8 @@
 """A TCP port on the host that leads into a network namespace.
 
 The emulated cluster's head lives in its own namespace, where the router actor's
-ingress listens on the namespace's localhost: outside clients on the host (the
-``openai`` client, ``vllm bench serve``) reach it through this forwarder, which
+ingress and metrics exporter listen on the namespace's localhost: outside clients on
+the host (the ``openai`` client, ``vllm bench serve``, Prometheus) reach them through this forwarder, which
 listens on the host and opens each upstream connection from a socket made inside
 the head's namespace (a socket keeps the namespace it was created in).
 A real cluster's head needs none: clients run there, or the ingress listens wider.
@@ -34,8 +34,8 @@ class NetnsForwarder:
     """Forward ``listen`` (host, port) on the host to ``target`` inside namespace ``netns``,
     from a thread of its own; :meth:`start` binds (an occupied port raises OSError at once)."""
 
-    def __init__(self, listen: tuple[str, int], netns: str, target: tuple[str, int]) -> None:
-        self.listen, self.netns, self.target = listen, netns, target
+    def __init__(self, listen: tuple[str, int], netns: str, target: tuple[str, int], what: str = "ingress") -> None:
+        self.listen, self.netns, self.target, self.what = listen, netns, target, what
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="netns-forwarder", daemon=True)
         self._server: asyncio.base_events.Server | None = None
@@ -60,8 +60,8 @@ class NetnsForwarder:
                 asyncio.start_server(self._connect, *self.listen), self._loop).result()
         except OSError as e:
             self.stop()
-            raise OSError(f"ingress forwarder: cannot listen on {self.listen[0]}:{self.listen[1]} on the host: "
-                          f"{e.strerror}") from None
+            raise OSError(f"{self.what} forwarder: cannot listen on {self.listen[0]}:{self.listen[1]} on the host: "
+                          f"{e.strerror} (choose another testbed.{self.what}_port)") from None
         return self
 
     def stop(self) -> None:

