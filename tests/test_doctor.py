@@ -17,6 +17,7 @@ import pytest
 
 from testbed.hosts import preflight as pf
 from testbed.hosts.netns import missing_privileges
+from testbed.hosts.raynodes import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^  (ok|n/a|FAIL)\s+(\S.*?)\s{2,}(.*)$")  # a check's line: status, name, detail
@@ -26,9 +27,7 @@ needs_testbed = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def _spec(tmp_path: Path, **testbed: object) -> Path:

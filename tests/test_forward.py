@@ -19,6 +19,7 @@ from builders import shipped_spec_dict
 from core.spec import parse_spec
 from testbed.hosts.netns import create_namespace, kill_processes_in, missing_privileges, netns_exec_argv, \
     remove_namespace, run_prefix
+from testbed.hosts.raynodes import free_ports
 from testbed.runs.launch import _host_ports
 
 pytestmark = pytest.mark.skipif(missing_privileges() is not None,
@@ -36,9 +37,7 @@ time.sleep(120)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @pytest.fixture

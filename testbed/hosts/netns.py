@@ -65,16 +65,26 @@ class NetnsPermissionError(NetnsError):
     """This process lacks the privileges to build namespaces."""
 
 
+def effective_caps(status_text: str | None = None) -> int:
+    """This process's effective capability bits (``CapEff`` of ``/proc/self/status``, or of ``status_text``)."""
+    if status_text is None:
+        status_text = Path("/proc/self/status").read_text()
+    m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)$", status_text, re.M)
+    return int(m.group(1), 16) if m else 0
+
+
+def has_net_admin(status_text: str | None = None) -> bool:
+    """CAP_NET_ADMIN in the effective set: what shaping an interface needs (a cluster node's agent)."""
+    return bool(effective_caps(status_text) >> _CAP_NET_ADMIN & 1)
+
+
 def missing_privileges(status_text: str | None = None) -> str | None:
     """Why this process cannot build namespaces (one line), or None if it can.
 
     Reads the effective capabilities (``CapEff`` of ``/proc/self/status``)
     rather than the uid: root in a container may lack them, and a capable
     non-root process would do."""
-    if status_text is None:
-        status_text = Path("/proc/self/status").read_text()
-    m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)$", status_text, re.M)
-    caps = int(m.group(1), 16) if m else 0
+    caps = effective_caps(status_text)
     lacking = [name for bit, name in ((_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"), (_CAP_NET_ADMIN, "CAP_NET_ADMIN"))
                if not caps >> bit & 1]
     if not lacking:

@@ -34,11 +34,10 @@ from typing import Any
 
 import ray
 
-from testbed.hosts.netns import HEAD, missing_privileges
+from testbed.hosts.netns import HEAD, has_net_admin, missing_privileges
 
 RAY_HEAD_RESOURCE = "node:__internal_head__"  # Ray's own mark of its head node
 _POD_RE = re.compile(r"^pod(\d+)$")
-_CAP_NET_ADMIN = 12
 _ERROR_CHARS = 300
 
 
@@ -216,13 +215,6 @@ def run_on_every_node(fn: Callable[..., Any], *args: Any, timeout_s: float = 60.
 # --------------------------------------------------------------------------- what is on this node
 
 
-def _net_admin(status_text: str | None = None) -> bool:
-    if status_text is None:
-        status_text = Path("/proc/self/status").read_text()
-    m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)$", status_text, re.M)
-    return bool(m) and bool(int(m.group(1), 16) >> _CAP_NET_ADMIN & 1)
-
-
 def _sysfs_is_this_netns() -> bool:
     """/sys/class/net describes the namespace the process's sysfs was mounted in: trust it only
     when this thread has not been switched into another one (``netns.in_netns``)."""
@@ -347,14 +339,15 @@ def node_report() -> NodeReport:
     except Exception as exc:
         gpus, gpu_missing = (), f"reading GPUs failed: {_one_line(exc)}"
     return NodeReport(hostname=socket.gethostname(), ip=ip, pid=os.getpid(), uid=os.geteuid(),
-                      root=os.geteuid() == 0, net_admin=_net_admin(), netns_missing=missing_privileges(),
+                      root=os.geteuid() == 0, net_admin=has_net_admin(), netns_missing=missing_privileges(),
                       interfaces=interfaces, gpus=gpus, gpu_missing=gpu_missing, problems=tuple(problems))
 
 
 # --------------------------------------------------------------------------- the cluster
 
 
-def _pods(resources: dict[str, float]) -> tuple[str, ...]:
+def pods_of(resources: dict[str, Any]) -> tuple[str, ...]:
+    """The ``pod<i>`` resources among a Ray node's, in pod order."""
     found = [(int(m.group(1)), r) for r in resources if (m := _POD_RE.match(r))]
     return tuple(r for _, r in sorted(found))
 
@@ -376,7 +369,7 @@ def cluster_status(allowlist: Sequence[str] = ("eth0",), timeout_s: float = 30.0
             error = f"dead ({n.get('DeathReasonMessage') or 'no reason given'})"
         nodes.append(NodeStatus(node_id=n["NodeID"], ip=n.get("NodeManagerAddress", "?"), alive=alive,
                                 head=RAY_HEAD_RESOURCE in res or HEAD in res, cpus=float(res.get("CPU", 0)),
-                                gpus=float(res.get("GPU", 0)), pods=_pods(res),
+                                gpus=float(res.get("GPU", 0)), pods=pods_of(res),
                                 report=r.value if r is not None and r.ok else None, error=error))
 
     def order(s: NodeStatus) -> tuple[Any, ...]:
@@ -385,7 +378,7 @@ def cluster_status(allowlist: Sequence[str] = ("eth0",), timeout_s: float = 30.0
 
     nodes.sort(key=order)
     allow = tuple(dict.fromkeys(allowlist))
-    pods = _pods({p: 1.0 for s in nodes if s.alive for p in s.pods})
+    pods = pods_of({p: 1.0 for s in nodes if s.alive for p in s.pods})
     placements = []
     for pod in pods:
         for s in nodes:

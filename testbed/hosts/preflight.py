@@ -31,12 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.hosts.netns import NODE_IFNAME, missing_privileges
+from testbed.hosts.netns import NODE_IFNAME, has_net_admin, missing_privileges
 
 OK, FAIL, NA = "ok", "FAIL", "n/a"
 _MARK = "DOCTOR-PROBE "  # the line a probe subprocess answers with
-_CAP_NET_ADMIN = 12
-_POD_RE = re.compile(r"^pod(\d+)$")
 _INSTALL = "./install.sh (vLLM's CPU build, NIXL, Ray; GPU nodes: ./install.sh --gpu)"
 
 
@@ -337,14 +335,6 @@ def check_cgroups(layout: Callable[[], Any] | None = None, access: Callable[[Any
     return ok("cgroups", f"cgroup v{lay.version}, writable: {', '.join(where)}")
 
 
-def net_admin(status_text: str | None = None) -> bool:
-    """CAP_NET_ADMIN in this process's effective set (what shaping an interface needs)."""
-    if status_text is None:
-        status_text = Path("/proc/self/status").read_text()
-    m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)$", status_text, re.M)
-    return bool(m) and bool(int(m.group(1), 16) >> _CAP_NET_ADMIN & 1)
-
-
 def check_privileges(namespaces: bool, status_text: str | None = None) -> Check:
     """``namespaces``: this machine builds the emulated cluster (CAP_SYS_ADMIN and CAP_NET_ADMIN,
     testbed/hosts/netns.py); else a cluster node whose fault agent shapes links (CAP_NET_ADMIN)."""
@@ -354,7 +344,7 @@ def check_privileges(namespaces: bool, status_text: str | None = None) -> Check:
             return fail("privileges", why, "run as root (sudo -E testbed ...), or set testbed.mode: local "
                                            "(no namespaces, no faults)")
         return ok("privileges", f"CAP_SYS_ADMIN and CAP_NET_ADMIN (uid {os.geteuid()}): namespaces, link shaping")
-    if not net_admin(status_text):
+    if not has_net_admin(status_text):
         return fail("privileges", f"no CAP_NET_ADMIN (uid {os.geteuid()}): the link faults cannot shape this "
                                   "node's interfaces", "run Ray on this node as root (ray start as root)")
     return ok("privileges", f"CAP_NET_ADMIN (uid {os.geteuid()}): link shaping")
@@ -450,8 +440,14 @@ def check_rayup_tools() -> Check:
 # --------------------------------------------------------------------------- what applies where
 
 
-def _pick(allowlist: Sequence[str], present: Sequence[str]) -> str | None:
-    return next((i for i in allowlist if i in present), None)
+def _picked(allowlist: Sequence[str], present: Sequence[str]) -> str | None:
+    """The interface the node's engines use (the agent's own choice), None where there is none."""
+    from testbed.faults.agent import pick_interface
+
+    try:
+        return pick_interface(allowlist, present)
+    except ValueError:
+        return None
 
 
 def node_checks(params: Params, role: Role = Role()) -> list[Check]:
@@ -460,7 +456,7 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
     local = not role.cluster and params.mode == "local"
     no_faults = "testbed.mode is local: no namespaces, and faults are refused"
     no_pod = "no pod on this node: no engine or fault agent runs here"
-    device = "lo" if not role.cluster else _pick(params.fault_interfaces, present)
+    device = "lo" if not role.cluster else _picked(params.fault_interfaces, present)
     with ThreadPoolExecutor(2) as pool:  # the two slow imports at once
         vllm = pool.submit(probe_vllm) if role.engines else None
         nixl = pool.submit(probe_nixl, device) if role.engines else None
@@ -511,11 +507,6 @@ def _on_node(params: Params, roles: dict[str, Role]) -> NodeChecks:
     return NodeChecks(_label(role), tuple(node_checks(params, role)))
 
 
-def _pods(resources: dict[str, Any]) -> tuple[str, ...]:
-    found = [(int(m.group(1)), r) for r in resources if (m := _POD_RE.match(r))]
-    return tuple(r for _, r in sorted(found))
-
-
 def check_reachable(address: str, timeout_s: float = 3.0) -> Check:
     """A TCP connect to the GCS first: ray.init to an address nothing answers at waits minutes."""
     host, sep, port = address.rpartition(":")
@@ -534,12 +525,12 @@ def cluster_checks(params: Params, timeout_s: float = 180.0) -> tuple[list[Check
     task pinned there (``num_cpus=0``: it fits on a node whose CPUs the engines hold)."""
     import ray
 
-    from testbed.hosts.nodes import RAY_HEAD_RESOURCE, run_on_every_node
+    from testbed.hosts.nodes import RAY_HEAD_RESOURCE, pods_of, run_on_every_node
 
     listed = ray.nodes()
     alive = [n for n in listed if n.get("Alive")]
     roles = {n["NodeID"]: Role(cluster=True, head=RAY_HEAD_RESOURCE in (n.get("Resources") or {}),
-                               pods=_pods(n.get("Resources") or {})) for n in alive}
+                               pods=pods_of(n.get("Resources") or {})) for n in alive}
     names = [f"{n.get('NodeManagerAddress', '?')} ({_where(roles[n['NodeID']])})" for n in alive]
     dead = len(listed) - len(alive)
     top = [ok("nodes", f"{len(alive)} alive: {'; '.join(names)}" + (f"; {dead} dead (ignored)" if dead else ""))]

@@ -10,7 +10,7 @@ It writes a copy of the shipped config with the ``testbed`` job's targets replac
 shorter intervals) into a temporary directory that also holds the TSDB, starts Debian's
 ``prometheus`` binary on a free localhost port, waits for ``/-/ready``, answers instant queries
 through the HTTP API (``/api/v1/query``, ``/api/v1/alerts``) and on ``stop`` terminates it and
-removes the directory. Stdlib only (urllib), and PyYAML, a dependency of the project already.
+removes the directory. HTTP with the stdlib (urllib), the config with PyYAML (a dependency already).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,7 +29,7 @@ from typing import Any, NamedTuple, Sequence
 
 import yaml
 
-__all__ = ["SHIPPED_DIR", "PrometheusMissing", "PrometheusServer", "Sample", "free_port", "scrape_config"]
+__all__ = ["SHIPPED_DIR", "PrometheusMissing", "PrometheusServer", "Sample", "scrape_config"]
 
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 JOB = "testbed"
@@ -45,13 +44,6 @@ class Sample(NamedTuple):
 
     labels: dict[str, str]
     value: float
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the OS's pick; free until someone takes it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _duration(seconds: float) -> str:
@@ -108,7 +100,9 @@ class PrometheusServer:
             config = self.tmp / "prometheus.yml"
             config.write_text(yaml.safe_dump(scrape_config(self.targets, self.config_dir, self.interval_s),
                                              sort_keys=False))
-            self.port = free_port()
+            from testbed.hosts.raynodes import free_ports
+
+            self.port = free_ports(1)[0]
             # Its log to a file, not a pipe nobody reads (a full pipe would stall it).
             self._log = open(self.tmp / "prometheus.log", "wb")
             self._proc = subprocess.Popen(
