@@ -57,6 +57,7 @@ from rich.console import Console
 from scipy import stats
 
 from analysis.metric_names import Metric as M, latency
+from analysis.engine_death import engine_table, print_engine_table, write_engine_table
 from analysis.calibration_check import calibration_check, print_calibration_check, write_calibration_check
 from analysis.host_demand import host_demand_check, print_host_demand, write_host_demand
 from analysis.fidelity_console import print_fidelity, write_fidelity
@@ -422,6 +423,7 @@ class Fidelity:
     paired: PairedReport | None = None  # the testbed against the sim, request by request
     repeat: PairedReport | None = None  # the testbed against its repeat (None without one)
     repeatability: pd.DataFrame | None = None  # repeat_table: fidelity_repeatability.csv
+    engines: pd.DataFrame | None = None  # analysis.engine_death.engine_table: fidelity_engines.csv
     # analysis.calibration_check: each fit against the quiet requests; calibration_check.csv
     calibration_check: pd.DataFrame | None = None
     # analysis.host_demand: the host's demand by state in the runs against the calibration's; host_demand.csv
@@ -507,9 +509,10 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
     paired = paired_from_frames(tb_frame, concat_frames(frames["sim"]), "sim", policies)
     table = fidelity_table(runs, policies, tol, {p: paired.agreement_of(p) for p in policies})
     repeat, rep_table = None, None
+    repeat_runs = runs_frame(repeat_rows) if repeat_rows else None
     if repeat_rows:
         repeat = paired_from_frames(tb_frame, concat_frames(frames[REPEAT]), REPEAT, policies)
-        rep_table = repeat_table(runs, runs_frame(repeat_rows), policies, tol,
+        rep_table = repeat_table(runs, repeat_runs, policies, tol,
                                  {p: repeat.agreement_of(p) for p in policies})
     fid = Fidelity(
         scenario=scenario,
@@ -526,10 +529,13 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
         paired=paired,
         repeat=repeat,
         repeatability=rep_table,
+        engines=engine_table(runs, repeat_runs, policies),
     )
     out = Path(out_dir) if out_dir is not None else Path(testbed_paths[0]).resolve().parent / "fidelity"
     out.mkdir(parents=True, exist_ok=True)
     files = write_fidelity(fid, out)
+    if fid.engines is not None:
+        files = [*files, write_engine_table(fid.engines, scenario, out)]
     plots = [plot_success_overlay(curves, policies, scenario, out), plot_price_overlay(curves, policies, scenario, out)]
     check = demand = None
     if calibration is not None:  # each fit against the run's own quiet requests (issue 27), the host's too
@@ -539,6 +545,8 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
     fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)), calibration_check=check,
                   host_demand=demand)
     print_fidelity(fid, console or Console())
+    if fid.engines is not None:
+        print_engine_table(fid.engines, console or Console())
     if check is not None:
         print_calibration_check(check, console or Console())
         print_host_demand(demand, console or Console())

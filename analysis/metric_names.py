@@ -38,6 +38,7 @@ class Metric(StrEnum):
     RETRY_EXTRA_PREFILL_SHARE = "retry_extra_prefill_share"
     RETRY_KV_BYTES = "retry_kv_bytes"
     ENGINES_DOWN = "engines_down"
+    ENGINE_DOWN_S = "engine_down_s"
     HOST_STALLED_SHARE = "host_stalled_share"
     FAILURE_RATE_UNSTALLED = "failure_rate_unstalled"
     KV_LEASES_EXPIRED = "kv_leases_expired"

@@ -124,6 +124,19 @@ def retry_work(requests: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, floa
             M.RETRY_KV_BYTES: float(attempts["kv_bytes"].sum())}
 
 
+def engine_down_s(engines: pd.DataFrame, faults: pd.DataFrame) -> float:
+    """engine_down_s = over the engines found down on pods an engine fault killed, the mean time from
+    the kill (its pod's first engine ``apply`` row at or before) to the router's down record; NaN
+    without. How long the router went on choosing a dead engine, in either world."""
+    kills = faults[(faults["kind"] == "engine") & (faults["event"] == "apply")]
+    lags = []
+    for row in engines.itertuples():
+        at = kills.loc[(kills["pod"] == row.pod) & (kills["time_s"] <= row.time_s), "time_s"]
+        if len(at):
+            lags.append(row.time_s - float(at.min()))
+    return float(np.mean(lags)) if lags else NAN
+
+
 def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     """All scalar metrics of one run, keyed by column name, plus its world, scenario, policy, seed, status.
 
@@ -168,6 +181,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out.update(dead_work(run.dead_pulls))
     out.update(retry_work(req, run.attempts))
     out[M.ENGINES_DOWN] = int(run.engines["worker"].nunique())
+    out[M.ENGINE_DOWN_S] = engine_down_s(run.engines, run.faults)
     out.update(host_stall(run))
     out.update(kv_leases(run.meta))
     out.update(corruption(req, run.meta, run.world))

@@ -108,6 +108,21 @@ class EngineSpec(_Spec):
     # ends a request whose pull ended after it as corrupt, every freed block taken as reused (an
     # upper bound).
     kv_lease_renewed: bool = True
+    # How long after its engine core dies vLLM's front end fails the calls on it, and the router
+    # (testbed/router/flow.py Liveness) takes the engine for down: the front end's monitor sees the
+    # core's process end at once but shuts its client down before the calls raise EngineDeadError
+    # (vllm/v1/engine/core_client.py MPClient.start_engine_core_monitor). A dead actor's calls fail
+    # at once (Ray), as does any call to a core already found dead. 0: at once; measured on the
+    # emulated testbed (docs/reliability.md "Engine death in both worlds").
+    core_death_notice_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    # A link that was down (residual_bw 0) comes back: UCX over TCP finds its endpoints across it
+    # disconnected this long after, and every KV read on them fails then (error in kv_transfer):
+    # those hung since the outage and those started since, which hang meanwhile; the next read
+    # handshakes anew and works (the testbed's re-handshake, testbed.nixl_rehandshake). Measured
+    # on the emulated testbed (docs/testbed.md "The outage after the outage"). None: the healed
+    # link carries its hung pulls on at once (what UCX alone did after both directions were down
+    # for 30-60 s, the simulator's model so far).
+    kv_heal_disconnect_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     # The host the engines run on (the simulator's host model: docs/simulator.md "The host model").
     # None: each engine has an accelerator of its own and shares nothing of its host that the model
     # would notice (a GPU cluster; the model as it was). A number: every engine of the cluster
@@ -286,6 +301,11 @@ class TestbedSpec(_Spec):
     # KV for a pull that does not come used 1.58 cores with "mp" and 0.58 with "uni"
     # (docs/reliability.md "The worker process, removed"). Engine parallelism is one device.
     executor: Literal["uni", "mp"] = "uni"
+    # After a failed KV read, a decode engine handshakes with that prefill engine again (a fresh
+    # UCX endpoint: testbed/engines/vllm_hooks.py install_rehandshake). vLLM 0.32 keeps the failed
+    # endpoint, and every later read to that peer fails until the engines restart (docs/testbed.md
+    # "The outage after the outage"). False: vLLM 0.32's behaviour, for measuring it.
+    nixl_rehandshake: bool = True
 
 
 class PolicyEntry(_Spec):
@@ -355,6 +375,13 @@ class ExperimentSpec(_Spec):
             bad = [p for p in f.pods if not 0 <= p < self.topology.pods]
             if bad:
                 raise ValueError(f"faults[{i}] targets pod {bad[0]}, but the topology has pods 0..{self.topology.pods - 1}")
+        if t.placement == "by_pod":  # whole pods are prefill or decode pods (core/topology.py)
+            k = int(round(t.pods * t.prefill_fraction))
+            for i, f in enumerate(self.faults):
+                for p in (f.pods if f.kind == "engine" and f.role != "both" else []):
+                    if (p < k) != (f.role == "prefill"):
+                        raise ValueError(f"faults[{i}] kills the {f.role} engines of pod {p}, which has none "
+                                         f"(placement by_pod: pods 0..{k - 1} prefill, the rest decode)")
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policies lists a name twice: {names}")

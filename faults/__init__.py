@@ -9,12 +9,13 @@ and the simulator applies the same steps to its links and workers (``simulator/c
 
 from faults.health import HealthLabelModel, LabelChange
 from faults.schedule import FaultSchedule, FaultStep, ScheduledEvent
-from faults.spec import ComputeFault, FaultSpec, HealthSpec, LinkFault, TelemetrySpec
+from faults.spec import ComputeFault, EngineFault, FaultSpec, HealthSpec, LinkFault, TelemetrySpec
 from faults.telemetry import BandwidthTelemetry
 
 __all__ = [
     "BandwidthTelemetry",
     "ComputeFault",
+    "EngineFault",
     "FaultSchedule",
     "FaultStep",
     "FaultSpec",

@@ -2,7 +2,9 @@
 
 A fault is active on its pods over the half-open interval
 ``[start_s, start_s + duration_s)``. Overlapping faults on one pod compose:
-the smallest residual bandwidth factor and the largest slowdown win.
+the smallest residual bandwidth factor and the largest slowdown win. An engine
+fault has no end: its engines die at ``start_s`` (an ``apply`` event, never a
+``clear``) and the world kills them; it changes no link or speed.
 
 Both worlds walk the same timeline of :class:`FaultStep` (``FaultSchedule.steps``):
 "at ``t``, every pod's links and CPU are so, the truth is so, these events
@@ -18,7 +20,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from faults.spec import ComputeFault, FaultSpec, HealthSpec, LinkFault
+from faults.spec import ComputeFault, EngineFault, FaultSpec, HealthSpec, LinkFault
 
 _DEFAULT_HEALTH = HealthSpec()
 
@@ -30,9 +32,9 @@ class ScheduledEvent:
     time_s: float
     fault_id: int  # index of the fault in the spec list
     event: Literal["apply", "clear"]
-    kind: Literal["link", "compute"]
+    kind: Literal["link", "compute", "engine"]
     pod: int
-    severity: float  # link: residual bandwidth factor r; compute: slowdown factor
+    severity: float  # link: residual bandwidth factor r; compute: slowdown factor; engine: 0 (capacity left)
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,10 +64,10 @@ class FaultSchedule:
             raise ValueError(f"n_pods must be a positive integer, got {n_pods!r}")
         self.n_pods = int(n_pods)
         self.faults: tuple[FaultSpec, ...] = tuple(faults)
-        fault_id, pod, start, end, sev, is_link, up, down = [], [], [], [], [], [], [], []
+        fault_id, pod, start, end, sev, is_link, is_compute, up, down = [], [], [], [], [], [], [], [], []
         for i, f in enumerate(self.faults):
-            if not isinstance(f, (LinkFault, ComputeFault)):
-                raise TypeError(f"fault {i}: expected LinkFault or ComputeFault, got {type(f).__name__}")
+            if not isinstance(f, (LinkFault, ComputeFault, EngineFault)):
+                raise TypeError(f"fault {i}: expected LinkFault, ComputeFault or EngineFault, got {type(f).__name__}")
             for p in f.pods:
                 if not 0 <= p < self.n_pods:
                     raise ValueError(f"fault {i} ({f.kind}): pod {p} out of range 0..{self.n_pods - 1}")
@@ -75,6 +77,7 @@ class FaultSchedule:
                 end.append(f.end_s)
                 sev.append(f.severity)
                 is_link.append(f.kind == "link")
+                is_compute.append(f.kind == "compute")
                 up.append(f.kind == "link" and f.uplink)
                 down.append(f.kind == "link" and f.downlink)
         self._fault_id = np.asarray(fault_id, dtype=np.int64)
@@ -83,6 +86,8 @@ class FaultSchedule:
         self._end = np.asarray(end, dtype=np.float64)
         self._sev = np.asarray(sev, dtype=np.float64)
         self._is_link = np.asarray(is_link, dtype=bool)
+        self._is_compute = np.asarray(is_compute, dtype=bool)
+        self._ends = np.isfinite(self._end)  # rows with a clear (an engine fault's end is inf)
         self._up = np.asarray(up, dtype=bool)
         self._down = np.asarray(down, dtype=bool)
 
@@ -107,7 +112,7 @@ class FaultSchedule:
     def slowdown_at(self, now: float) -> np.ndarray:
         """Compute slowdown per pod: max of active compute faults, 1.0 if none."""
         slow = np.ones(self.n_pods)
-        m = self._active(now) & ~self._is_link
+        m = self._active(now) & self._is_compute
         np.maximum.at(slow, self._pod[m], self._sev[m])
         return slow
 
@@ -122,9 +127,9 @@ class FaultSchedule:
         """Every apply and clear, sorted by time; at equal times clears come before
         applies (intervals are half-open), then by fault id and pod."""
         rows = [
-            (float(t), ev_order, int(fid), int(p), ev, "link" if lk else "compute", float(s))
-            for t0, t1, fid, p, s, lk in zip(self._start, self._end, self._fault_id, self._pod, self._sev, self._is_link)
-            for t, ev_order, ev in ((t0, 1, "apply"), (t1, 0, "clear"))
+            (float(t), ev_order, int(fid), int(p), ev, self.faults[fid].kind, float(s))
+            for t0, t1, fid, p, s in zip(self._start, self._end, self._fault_id, self._pod, self._sev)
+            for t, ev_order, ev in ((t0, 1, "apply"), (t1, 0, "clear")) if np.isfinite(t)
         ]
         rows.sort(key=lambda r: r[:4])
         return [ScheduledEvent(t, fid, ev, kind, p, s) for t, _, fid, p, ev, kind, s in rows]
@@ -138,7 +143,7 @@ class FaultSchedule:
             changed = (up != 1.0) | (down != 1.0) | (slow != 1.0)
         else:
             changed = (up != before.uplink) | (down != before.downlink) | (slow != before.slowdown)
-        active = self._active(t)
+        active = self._active(t) & self._ends  # what the world must undo (a dead engine is not)
         until = float(self._end[active].max()) if active.any() else float(t)
         return FaultStep(float(t), up, down, slow, self.degraded_at(t, health), np.flatnonzero(changed),
                          tuple(events), until)
@@ -168,10 +173,10 @@ class FaultSchedule:
 
     def change_times(self) -> np.ndarray:
         """Sorted unique times at which the truth may change (every apply and clear)."""
-        return np.unique(np.concatenate([self._start, self._end]))
+        return np.unique(np.concatenate([self._start, self._end[self._ends]]))
 
     def window(self) -> tuple[float, float] | None:
-        """(first apply, last clear), or None without faults."""
+        """(first apply, last clear; inf with an engine fault, which never clears), or None without faults."""
         if self._start.size == 0:
             return None
         return float(self._start.min()), float(self._end.max())

@@ -6,6 +6,7 @@ range is checked by :class:`faults.schedule.FaultSchedule`, which knows n_pods.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Annotated, Literal
 
@@ -18,12 +19,11 @@ _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 Pod = Annotated[int, Field(ge=0)]
 
 
-class _FaultBase(BaseModel):
+class _OnPods(BaseModel):
     model_config = _CONFIG
 
     pods: list[Pod] = Field(min_length=1)
     start_s: float = Field(ge=0)
-    duration_s: float = Field(gt=0)
 
     @field_validator("pods")
     @classmethod
@@ -33,6 +33,10 @@ class _FaultBase(BaseModel):
         if dup:
             raise ValueError(f"pods listed twice: {dup}")
         return pods
+
+
+class _FaultBase(_OnPods):
+    duration_s: float = Field(gt=0)
 
     @property
     def end_s(self) -> float:
@@ -89,7 +93,33 @@ class ComputeFault(_FaultBase):
         return self.slowdown
 
 
-FaultSpec = Annotated[LinkFault | ComputeFault, Field(discriminator="kind")]
+class EngineFault(_OnPods):
+    """The pods' engines of ``role`` die at ``start_s`` and stay down for the rest of the run, as
+    after a crash or the OOM killer: on the testbed their process is SIGKILLed (``core``: vLLM's
+    engine core, under an actor that lives on and then raises EngineDeadError; ``actor``: the
+    engine actor's own process, vLLM's front end with it). The requests they hold end as ``error``
+    in the stage they are in, and the router stops choosing them from their own state, in both
+    worlds by the testbed's liveness rule (docs/reliability.md "Engines that die"). No restart:
+    the testbed's next run starts on a new set of engines."""
+
+    kind: Literal["engine"] = "engine"
+    role: Literal["prefill", "decode", "both"] = "both"
+    process: Literal["core", "actor"] = "core"
+
+    @property
+    def end_s(self) -> float:
+        return math.inf  # never cleared within the run
+
+    @property
+    def severity(self) -> float:
+        return 0.0  # the capacity the dead engines keep
+
+    def kills(self, role: str) -> bool:
+        """Whether this fault kills the engines of ``role`` ("prefill" or "decode")."""
+        return self.role in ("both", role)
+
+
+FaultSpec = Annotated[LinkFault | ComputeFault | EngineFault, Field(discriminator="kind")]
 
 
 class HealthSpec(BaseModel):

@@ -22,7 +22,10 @@
   was routed is given up the same way and, as :mod:`core.retry` decides, routed again after its
   backoff (the simulated engines never fail otherwise, so that is all that is retried here);
 * each engine has its own accelerator: where the engines share a host's cores instead
-  (``engine.host_cores``), :class:`simulator.host.HostedClusterSim` runs this model with them.
+  (``engine.host_cores``), :class:`simulator.host.HostedClusterSim` runs this model with them;
+* engines that die (an ``engine`` fault): what they hold ends as ``error`` in its stage at once,
+  as the calls on them raise on the testbed, and the router stops choosing them by the testbed's
+  liveness rule (:meth:`ClusterSim._kill`).
 
 Everything around the cluster is the run context both worlds open
 (:class:`core.run.RunContext`): routing returns a :class:`core.ticket.Ticket`,
@@ -63,24 +66,27 @@ from faults.schedule import FaultStep, ScheduledEvent
 from faults.telemetry import link_measure_s
 from workloads.generate import Workload
 
+from .engine_deaths import EngineDeaths
 from .events import Call, Chain, call_after, run_until
 from .network import FlowNetwork
 
 
 class _Prefill:
-    __slots__ = ("queue", "busy", "pod")
+    __slots__ = ("queue", "busy", "pod", "batch", "dead")
 
     def __init__(self, pod: int) -> None:
         self.queue: deque[Ticket] = deque()
         self.busy = False
         self.pod = pod
+        self.batch: list[Ticket] = []  # the running batch
+        self.dead = False
 
 
 class _Decode:
     """Fluid continuous batching: V counts tokens produced per running sequence."""
 
     __slots__ = ("pod", "heap", "n", "kv_in_batch", "step_s", "V", "t", "timer", "reserved_kv", "reserved_slots",
-                 "waiting")
+                 "waiting", "dead")
 
     def __init__(self, pod: int) -> None:
         self.pod = pod
@@ -94,9 +100,10 @@ class _Decode:
         self.reserved_kv = 0  # admitted requests (in transfer or decoding)
         self.reserved_slots = 0
         self.waiting: deque[Ticket] = deque()
+        self.dead = False
 
 
-class ClusterSim:
+class ClusterSim(EngineDeaths):
     def __init__(
         self,
         env: simpy.Environment,
@@ -131,6 +138,7 @@ class ClusterSim:
         # engine.kv_lease_s without renewal: a pull that ended (kv_end_s) after its prefill engine
         # freed the KV decodes from reused blocks; the request ends "corrupt" instead of "ok" (vLLM
         # returns success). A renewed lease (vLLM 0.32's heartbeats) never ends under a live request.
+        self._heal_disconnect = engine.kv_heal_disconnect_s
         self._lease: float | None = (float(engine.kv_lease_s) if engine.kv_lease_s is not None
                                      and not engine.kv_lease_renewed else None)
         # router.retry's per-try timeout: each attempt that could be retried gets a timer
@@ -159,6 +167,12 @@ class ClusterSim:
         if self.first_token_limit < deadline_s:
             self._chains.append(Chain(env, self._first_token_limits))
         env.process(self._faults())
+        # Engines that die: dead, not yet seen by the router (worker -> why). The testbed's router asks
+        # every engine whether it is down every testbed.engine_check_s from run start, and at once
+        # when a call to one raised (testbed/router/flow.py Liveness): the same rule here.
+        self._unseen: dict[int, str] = {}
+        if any(f.kind == "engine" for f in ctx.spec.faults):
+            env.process(self._every(ctx.spec.testbed.engine_check_s, self._liveness))
         for period, fn in ctx.periodic:
             env.process(self._every(period, fn))
 
@@ -294,12 +308,20 @@ class ClusterSim:
         ended (faults.telemetry.link_measure_s): measurements end in step order."""
         now, topo = self.env.now, self.topo
         self.ctx.begin_step(step, now)
+        for ev in step.events:
+            if ev.kind == "engine":
+                self._kill(ev, now)
+        before = self._applied
         for p in step.changed.tolist():
-            self.net.set_capacity(topo.uplink(p), topo.core_link_Bps(step.uplink[p]))
-            self.net.set_capacity(topo.downlink(p), topo.core_link_Bps(step.downlink[p]))
+            for link, new, old in ((topo.uplink(p), step.uplink[p], before.uplink[p] if before else 1.0),
+                                   (topo.downlink(p), step.downlink[p], before.downlink[p] if before else 1.0)):
+                if old == 0 and new > 0 and self._heal_disconnect is not None:
+                    # the KV endpoints across it stay dead until UCX finds them disconnected
+                    call_after(self.env, self._heal_disconnect, self._reconnect, link)
+                else:
+                    self.net.set_capacity(link, topo.core_link_Bps(new))
             if step.slowdown[p] != self.slowdown[p]:
                 self._set_slowdown(p, float(step.slowdown[p]))
-        before = self._applied
         old = (before.uplink, before.downlink) if before is not None else (np.ones(topo.n_pods),) * 2
         delay = link_measure_s(old, (step.uplink, step.downlink), step.changed, topo.fault_baseline_Bps * 8) \
             if measure else 0.0
@@ -319,12 +341,16 @@ class ClusterSim:
 
     @staticmethod
     def _rows(ev: ScheduledEvent) -> list[tuple[str, float, float, float]]:
-        target = f"pod{ev.pod}.core_links" if ev.kind == "link" else f"pod{ev.pod}.workers"
+        target = f"pod{ev.pod}." + {"link": "core_links", "compute": "workers", "engine": "engines"}[ev.kind]
         return [(target, ev.time_s, NAN, NAN)]
 
     # --- request path ---------------------------------------------------------
     def _dispatch(self, req: Ticket, now: float) -> None:
         w = self.prefill[req.p_idx]
+        if w.dead:  # routed before the router knew: the call raises at once
+            self._fail(req, now)
+            self._call_failed(int(self.topo.prefill_ids[req.p_idx]), now)
+            return
         w.queue.append(req)
         if not w.busy:
             self._start_prefill(req.p_idx, now)
@@ -349,6 +375,7 @@ class ClusterSim:
             w.busy = False
             return
         w.busy = True
+        w.batch = batch
         for req in batch:
             req.enter(PREFILL, now)
         self._run_prefill(idx, batch, tokens)
@@ -360,14 +387,23 @@ class ClusterSim:
 
     def _end_prefill(self, ev: Call) -> None:
         idx, batch = ev.data
+        if self.prefill[idx].dead:  # the batch died with its engine
+            return
+        self.prefill[idx].batch = []
         now = self.env._now
         decode = self.decode
         for req in batch:
             if req.done:
                 continue
             req.enter(DECODE_QUEUE, now)  # waiting for decode admission; the prefill worker is free of it
-            decode[req.d_idx].waiting.append(req)
-            self._admit(decode[req.d_idx], now)
+            d = decode[req.d_idx]
+            if d.dead:  # the decode call raises at once
+                self._orphaned(req)
+                self._fail(req, now)
+                self._call_failed(int(self.topo.decode_ids[req.d_idx]), now)
+                continue
+            d.waiting.append(req)
+            self._admit(d, now)
         if self.prefill[idx].queue:
             self._start_prefill(idx, now)
         else:

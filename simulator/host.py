@@ -221,6 +221,40 @@ class HostedClusterSim(ClusterSim):
         if (stage == DECODE_QUEUE or stage == KV_TRANSFER) and req not in self._dead:
             self._unhold(req)
 
+    # --- engines that die: they demand nothing from then on ---------------------------
+    def _kill_prefill(self, idx: int, now: float) -> int:
+        n = super()._kill_prefill(idx, now)
+        self._timer[idx] = None  # its batch's end is stale
+        for req in [r for r, i in self._held.items() if i == idx]:
+            del self._held[req]
+        self._held_n[idx] = 0
+        self._prefill_state(idx)
+        return n
+
+    def _pull_failed(self, req: Ticket, now: float) -> None:
+        super()._pull_failed(req, now)
+        self._unhold(req)
+
+    def _kill_decode(self, d: _Decode, now: float) -> int:
+        held = [r for r in self._held if self.decode[r.d_idx] is d]
+        n = super()._kill_decode(d, now)
+        for req in held:
+            self._orphaned(req)
+        self._decode_state(d)
+        return n
+
+    def _orphaned(self, req: Ticket) -> None:
+        """No decoder will read ``req``'s KV (its decode engine died): the prefill engine keeps it (and
+        steps meanwhile) until its lease runs out. A dead decoder renews nothing, and vLLM's renewal
+        extends a lease to 2/3 of it (docs/reliability.md "Found: a dead decoder leaves its prefill
+        partner spinning"); without a lease set, the first-token limit, which the testbed's derived
+        lease exceeds (EngineConfig.kv_lease_s), bounds it."""
+        lease = self.e.kv_lease_s
+        call_after(self.env, 2 / 3 * lease if lease is not None else self.first_token_limit, self._lease_ended, req)
+
+    def _lease_ended(self, ev: Call) -> None:
+        self._unhold(ev.data)
+
     def _set_slowdown(self, pod: int, factor: float) -> None:
         now = self.env._now
         running = [i for i, t in enumerate(self._timer) if t is not None and self.prefill[i].pod == pod]

@@ -10,11 +10,12 @@ requests whose decode outlives the deadline, then requests from a prefill pod wh
 fault agents throttle hard (the spec's fault schedule), then the same with retries, then at ten
 times the rate behind an admission limit, then the throttled link for 20 s under a circuit
 breaker, then pod 0's KV link down for 20 s and a run after it (on engines restarted in between,
-where the outage broke their KV paths). The calibrated simulator then runs the throttled job as its twin. Then `testbed study
---world both` runs one cell of a study on engines of its own (twice: the second finds it finished).
-Then `testbed run` serves the
-ingress, runs with a link down and is SIGKILLed, and runs while two of its engines are killed
-(each of these on engines of its own). Slow (engine start-up dominates: several minutes on 2
+where the outage broke their KV paths), then a compute fault, then an engine fault that kills two
+engines, run twice (on engines restarted for the second: the testbed's repeatability). The
+calibrated simulator then runs the throttled job and the engine fault as their twins. Then
+`testbed study --world both` runs one cell of a study on engines of its own (twice: the second
+finds it finished). Then `testbed run` serves the ingress, and runs with a link down and is
+SIGKILLed (each on engines of its own). Slow (engine start-up dominates: several minutes on 2
 cores); CI runs it all the same.
 
 The cluster comes up once a session (tests/conftest.py's ``testbed_runs``): :func:`run_on_cluster`
@@ -39,7 +40,8 @@ from core.policies import POLICY_NAMES
 from core.records import read_table
 from core.spec import ExperimentSpec, parse_spec
 from testbed.hosts.emulated import EmulatedCluster
-from testbed.runs.launch import run_testbed
+from testbed.runs.jobs import prepare_jobs, repeat_of
+from testbed.runs.launch import launch_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -171,14 +173,15 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         # and a real one on the host, with the shipped configuration, through the forwarded port
         prom = _start_prometheus(base, cli)
         try:
-            run_testbed(healthy, out, list(POLICY_NAMES), [0], more=[(slow, ["LC"], [0]), (throttled, ["Random"], [0]),
-                                                                      (retried, ["Random"], [0]),
-                                                                      (overload, ["LC"], [0]),
-                                                                      (breaker, ["Random"], [0]),
-                                                                      (down, ["Random"], [0]),
-                                                                      (after_down, ["Random"], [0]),
-                                                                      (compute, ["LC"], [0])],
-                        calibrate_to=out / "calibration.json", address=addr)
+            # the engine fault last (its engines die), then its repeat on engines restarted for it
+            death = engine_death_spec(base)
+            (out / f"{death.name}.yaml").write_text(json.dumps(death.model_dump(mode="json")))
+            jobs = prepare_jobs([(healthy, list(POLICY_NAMES), [0]), (slow, ["LC"], [0]), (throttled, ["Random"], [0]),
+                                 (retried, ["Random"], [0]), (overload, ["LC"], [0]), (breaker, ["Random"], [0]),
+                                 (down, ["Random"], [0]), (after_down, ["Random"], [0]), (compute, ["LC"], [0]),
+                                 (death, ["LC"], [0])], serve=False)
+            jobs.append(repeat_of(jobs[-1], out / DEATH_REPEAT))
+            launch_jobs(jobs, out, calibrate_to=out / "calibration.json", address=addr)
             if prom is not None:
                 cli["prometheus"] = _read_prometheus(prom)
         finally:
@@ -191,7 +194,6 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         cli["study"], cli["study_again"] = _study_cell(throttled, addr, out)
         cli["serve"] = _serve_and_query(base, addr, out)
         cli["killed"] = _kill_mid_run(base, addr, out)
-        cli["engine_death"] = _kill_engines_mid_run(base, addr, out, cluster)
     finally:
         cluster.down()
         cli["down"] = _cli("cluster", "status")
@@ -393,127 +395,42 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
     return seen
 
 
-def _cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def _engine_process(run_id: str, pod: int, which: str, wait_s: float = 60.0) -> int:
-    """The PID of pod ``pod``'s engine actor (``which="actor"``: its Ray worker process) or of
-    that engine's vLLM engine core (``which="core"``); waited for, and, when none comes, an error
-    that lists what the namespace holds.
-
-    The engine core is found as the actor's spawned child, not by vLLM's ``VLLM::EngineCore``
-    title: twice (from fresh clones, 2026-11-23 and -24) a serving engine core and its worker kept
-    their ``multiprocessing.spawn`` command lines. Why is not known (setproctitle, which vLLM
-    imports only then, gives up silently when it cannot find argv; likely, not shown). Ray sets the
-    actor's title as its worker starts, and it was there every time."""
-    from testbed.faults.procs import ppid, stat_fields
-    from testbed.hosts.netns import processes_in_namespaces
-
-    ns = f"tb-{run_id}-pod{pod}"
-    until = time.monotonic() + wait_s
-    while True:
-        seen: dict[int, str] = {}
-        for pid in processes_in_namespaces([ns]):
-            try:
-                seen[pid] = _cmdline(pid)
-            except OSError:
-                continue
-        parent = {pid: ppid(pid) for pid in seen}
-        # the engine core: the actor's child that is neither multiprocessing's resource tracker nor
-        # anything else the actor may run; the engine's own worker is the core's child, not the actor's
-        cores = {pid: a for pid, a in parent.items()
-                 if a in seen and seen[a].startswith("ray::EngineActor")
-                 and ("EngineCore" in seen[pid] or "spawn_main" in seen[pid])}
-        if cores:  # an earlier run's actor could linger: the newest engine (start time) is this run's
-            core = max(cores, key=lambda c: int((stat_fields(c) or ["0"] * 20)[19]))
-            return core if which == "core" else cores[core]
-        if time.monotonic() > until:
-            raise AssertionError(f"no engine {which} process in pod {pod} after {wait_s:.0f} s; {ns} holds {seen}")
-        time.sleep(1.0)
-
-
 DEATH_REQUESTS = 30
-ENGINE_KILLS = ((2, "core"), (0, "actor"))  # pod 2's decode engine core, then pod 0's prefill actor
 # Between the kills: the test needs requests routed after pod 2's death is seen and at least 4 s
 # before pod 0's. At 0.5 requests/s an 8 s gap left a window of under a second once pod 2's death
 # was seen 5 s after its kill (fresh clone, 2026-11-23: no request in it); 16 s leaves about 7 s.
 KILL_GAP_S = 16.0
+DEATH_REPEAT = "e2e_engine_death_repeat"  # the same run again, on engines restarted: the testbed's repeatability
+
+
+def engine_death_spec(base: dict) -> ExperimentSpec:
+    """LC while an engine fault kills pod 2's decode engine core, then, KILL_GAP_S later, pod 0's
+    prefill engine actor (SIGKILL each, by the pod's fault agent: a crash or the OOM killer). The
+    first kill lands mid-decode of a request on pod 2 in the calibrated simulator's run of the same
+    workload without it, so that a call is on the engine when it dies; the run goes on with pods 1
+    and 3. At 0.5 requests/s: once pod 2 is gone, pod 3 decodes everything alone (at 1/s it ran
+    past the deadline)."""
+    import tempfile
+
+    from simulator.run import run_sim
+
+    spec = {**base, "name": "e2e_engine_death", "policies": ["LC"], "faults": [],
+            "workload": {"arrival": {"kind": "poisson", "rate_rps": 0.5}, "max_requests": DEATH_REQUESTS,
+                         "prompt": {"kind": "uniform", "low": 300, "high": 400},
+                         # a decode of 64 tokens lasts a second or two here: time for the kill to land
+                         "output": {"kind": "fixed", "value": 64}}}
+    with tempfile.TemporaryDirectory() as tmp:
+        req = read_table(run_sim(parse_spec(spec), "LC", 0, Path(tmp)), "requests")
+    # off the liveness checks' grid (every testbed.engine_check_s from the run's start), after 15 s
+    on2 = req[(req.decode_pod == 2) & (req.first_token_s > 15.0)].iloc[0]
+    kill = round(float(on2.first_token_s + on2.end_s) / 2, 2)
+    return parse_spec({**spec, "faults": [
+        {"kind": "engine", "pods": [2], "role": "decode", "process": "core", "start_s": kill},
+        {"kind": "engine", "pods": [0], "role": "prefill", "process": "actor", "start_s": kill + KILL_GAP_S}]})
 
 
 # The router actor's Prometheus metrics, read from inside the head's namespace.
 SCRAPE = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())"
-
-
-def _in_flight(cluster: EmulatedCluster, worker: int) -> float:
-    """Requests the router has in flight on ``worker``, from its Prometheus metrics (head's namespace);
-    with curl where there is one: a Python's start-up here outlasts a short request."""
-    import shutil
-
-    argv = ["curl", "-s", "-m", "5", "http://127.0.0.1:9464/metrics"] if shutil.which("curl") \
-        else [sys.executable, "-c", SCRAPE]
-    try:
-        res = cluster.run_in_head(argv, capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return 0.0
-    for line in res.stdout.splitlines():
-        if line.startswith("testbed_in_flight{") and f'worker="{worker}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def _kill_engines_mid_run(base: dict, addr: str, out: Path, cluster: EmulatedCluster) -> dict:
-    """`testbed run` (LC, no fault) on engines of its own, killed one by one while requests flow:
-    pod 2's decode engine core process (vLLM's front end in the actor lives on) while the router
-    has a request on it, then pod 0's prefill engine actor (its Ray worker process), SIGKILL each,
-    as a crash or the OOM killer would. The run must go on to its end with the engines left,
-    pods 1 and 3."""
-    run_id = cluster.run_id
-    spec_file = out / "e2e_engine_death.yaml"
-    spec_file.write_text(json.dumps({
-        **base, "name": "e2e_engine_death", "policies": ["LC"], "faults": [],
-        # a death between calls is seen within the liveness check's period
-        "testbed": {**base["testbed"], "engine_check_s": 2.0},
-        # 0.5/s: once pod 2 is gone, pod 3 decodes everything alone (at 1/s it ran past the deadline)
-        "workload": {"arrival": {"kind": "poisson", "rate_rps": 0.5}, "max_requests": DEATH_REQUESTS,
-                     "prompt": {"kind": "uniform", "low": 300, "high": 400},
-                     # a decode of 64 tokens lasts a second or two here: time for the kill to land
-                     "output": {"kind": "fixed", "value": 64}}}))
-    run_dir = out / "e2e_engine_death" / "LC" / "seed-0"
-    log = out / "e2e_engine_death.log"  # read back whatever happens: a pipe would be lost with an error
-    with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--address", addr,
-                                 "--policies", "LC", "--seeds", "0", "--out", str(out)],
-                                stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
-    seen: dict = {"kills": [], "run_dir": run_dir}
-    try:
-        deadline = time.monotonic() + 600  # the engines start, then requests flow
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if (read_table(run_dir, "requests").outcome == "ok").sum() >= 5:
-                    break
-            except Exception:  # not written yet
-                pass
-            time.sleep(1.0)
-        assert proc.poll() is None, f"the run ended before its engines could be killed: {log.read_text()[-3000:]}"
-        for pod, which in ENGINE_KILLS:
-            pid = _engine_process(run_id, pod, which)
-            if pod == 2:  # with a request of the router's on it (worker = pod here: one engine per pod)
-                until = time.monotonic() + 60
-                while _in_flight(cluster, 2) < 1 and time.monotonic() < until:
-                    time.sleep(0.1)
-            os.kill(pid, signal.SIGKILL)
-            seen["kills"].append((pod, which, pid, time.time()))
-            time.sleep(KILL_GAP_S)
-        proc.wait(timeout=600)
-        seen["rc"] = proc.returncode
-    except Exception as e:  # this run's own failure, for its own test: the fixture's other runs stand
-        seen["error"] = f"{type(e).__name__}: {e}"
-    finally:
-        _end_group(proc)
-        seen["output"] = log.read_text()
-    return seen
 
 
 def _scrape_while(cluster: EmulatedCluster, stop: threading.Event, scrapes: list[str]) -> None:

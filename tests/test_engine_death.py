@@ -51,18 +51,24 @@ def test_no_policy_chooses_a_down_engine_while_its_role_has_another(policy):
 
 class MortalEngine(ScriptedEngine):
     """A scripted engine that can die: its calls in flight and later ones raise, as a killed actor's
-    do, and so does its health check; ``hang``: its calls then never return (a dead engine core
-    whose front end has not noticed), only the health check says so."""
+    do, and so does its health check. ``core``: only its engine core died, its actor lives on and
+    still answers where a request was (its stage log); a dead actor answers nothing."""
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.dead = False
+        self.actor_alive = False
         self.calls: list[str] = []
 
-    def die(self) -> None:
-        self.dead = True
+    def die(self, core: bool = False) -> None:
+        self.dead, self.actor_alive = True, core
         for ev in self._abort.values():
             ev.set()
+
+    async def stages(self, rid):
+        if self.dead and not self.actor_alive:
+            raise RuntimeError("RayActorError: the actor died unexpectedly")
+        return await super().stages(rid)
 
     async def _call(self, rid):
         if self.dead:
@@ -142,6 +148,27 @@ def test_a_decode_engine_that_dies_fails_its_requests_then_is_never_chosen_and_p
     later = req[req.routed_s > row.time_s]
     assert len(later) > 0 and (later.outcome == "ok").all()
     assert set(later.prefill_worker) == {0, 1}  # both prefill engines went on serving
+
+
+def test_a_dead_engine_cores_requests_fail_in_the_stage_its_actor_still_reads(tmp_path):
+    # the decode engine's core dies while requests decode on it (its script: pulled at 0.01 s, first
+    # token at 0.02 s, done at 0.3 s): the actor lives on and its stage log puts them in decode, where
+    # the simulator's engine fault fails them too; a dead actor's leave the router's own view
+    slow = MortalEngine({"alloc": 0.0, "alloc_remote": 0.0, "recv_done": 0.01}, end=0.3, first=0.02)
+    killed = []
+
+    def kill(now):
+        if now > 0.35 and not killed:
+            killed.append(now)
+            slow.die(core=True)
+
+    _, req, eng, _ = _run(tmp_path, [_ok(), _ok()], [slow, _ok()], kill)
+    failed = req[req.outcome == "error"]
+    assert len(failed) > 0 and (failed.decode_worker == 2).all()
+    # those on it at the kill died decoding; a decode call sent to it after never reached it
+    held = failed[failed.kv_start_s < killed[0]]
+    assert len(held) > 0 and (held.failed_stage == "decode").all(), held
+    assert set(failed.failed_stage) <= {"decode", "decode_queue"}, failed.failed_stage
 
 
 def test_a_prefill_engine_found_down_by_the_periodic_check_before_any_call_fails(tmp_path):

@@ -393,3 +393,35 @@ def test_the_agent_slows_processes_until_the_time_to_live_then_puts_them_back(pr
         assert not _in_project_cgroup(child.pid) and agent.active() == {}
     finally:
         agent.clear_all()
+
+
+def test_the_agent_kills_an_engines_process_and_refuses_any_other():
+    """An engine fault's kill (FaultAgent.kill_engine): SIGKILL for a process titled as an engine actor
+    (Ray's ``ray::EngineActor``) or its child (vLLM's engine core), a one-line refusal for anything
+    else, which is left running."""
+    from testbed.faults.agent import ENGINE_TITLE, FaultAgent, FaultRefused
+
+    agent = FaultAgent("podT", ["eth0"])
+    # an "actor" (argv[0] set to the engine actor's title) with a spawned child, as vLLM's core is
+    actor = subprocess.Popen(["bash", "-c", f"exec -a '{ENGINE_TITLE}' bash -c 'sleep 600 & wait; while :; do sleep 1; done'"])
+    other = subprocess.Popen(["sleep", "600"])
+    try:
+        deadline = time.monotonic() + 10
+        while not descendants(actor.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (core,) = descendants(actor.pid)
+        with pytest.raises(FaultRefused, match=rf"pid {other.pid} is not an engine's process"):
+            agent.kill_engine(other.pid)
+        assert other.poll() is None  # not signalled
+        agent.kill_engine(core)  # the engine core: the actor's child
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{core}").exists() and (Path(f"/proc/{core}/stat").read_text().split()[2] != "Z") \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert actor.poll() is None  # the actor lives on, as a dead core's does
+        agent.kill_engine(actor.pid)
+        assert actor.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for p in (actor, other):
+            p.kill()
+            p.wait()

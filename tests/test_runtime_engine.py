@@ -594,3 +594,4 @@ def test_vllm_loads_the_connector_from_the_hooks_module_by_path(tmp_path):
     code = "import sys, testbed.engines.engine; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+

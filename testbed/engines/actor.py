@@ -17,6 +17,7 @@ import ray
 
 from testbed.engines.engine import Engine, EngineConfig, EngineError
 from testbed.engines.model import ensure_tiny_model
+from testbed.faults.procs import descendants as descendants_of
 
 
 def _plain_errors(method: Any) -> Any:
@@ -123,6 +124,29 @@ class EngineActor:
         from testbed.faults.procs import descendants
 
         return descendants(os.getpid())
+
+    async def process(self, which: str) -> int:
+        """The pid an engine fault kills (faults.spec.EngineFault.process): ``actor``, this actor's
+        own process (vLLM's front end); ``core``, vLLM's engine core, the child the front end spawned
+        (found by its parent, not its title: twice a serving core kept multiprocessing's
+        ``spawn_main`` command line; multiprocessing's resource tracker is the other child)."""
+        from testbed.faults.procs import ppid
+
+        me = os.getpid()
+        if which == "actor":
+            return me
+        if which != "core":
+            raise ValueError(f"unknown engine process {which!r} (known: actor, core)")
+        for pid in descendants_of(me):
+            if ppid(pid) != me:
+                continue
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "resource_tracker" not in cmd and ("EngineCore" in cmd or "spawn_main" in cmd):
+                return pid
+        raise RuntimeError(f"engine {self.engine.config.name}: no engine core process under pid {me}")
 
     @_plain_errors
     async def metrics(self) -> dict[str, Any]:

@@ -55,6 +55,12 @@ PROGRESS_DELAY_ENV = "TESTBED_NIXL_PROGRESS_DELAY_US"
 #: The module vLLM imports by path in each engine process for its KV connector and our hooks
 #: (kv_connector_module_path); named, never imported here: it imports vLLM.
 HOOKS_MODULE = "testbed.engines.vllm_hooks"
+# "0" in an engine's environment: vLLM's NIXL worker keeps a peer whose endpoint failed, as vLLM 0.32
+# does, instead of handshaking with it again (vllm_hooks.install_rehandshake); for measuring both.
+REHANDSHAKE_ENV = "TESTBED_NIXL_REHANDSHAKE"
+# Calls that raised whose stages an engine keeps for the router's next question (Engine.stages): it
+# asks at once, so a few hundred cover every request an engine can hold.
+ENDED_KEPT = 512
 # Receives each output's new token ids and its finish reason (None until the last).
 TokenSink = Callable[[list[int], "str | None"], None]
 MiB = 1 << 20
@@ -127,6 +133,8 @@ class EngineConfig:
     # The idle engine core's and worker's re-check of their shared-memory queue (shm_wakeups.py);
     # None: vLLM's own (5000 ms).
     shm_recheck_ms: int | None = None
+    # After a failed read, handshake with the peer again (core.spec.TestbedSpec.nixl_rehandshake).
+    nixl_rehandshake: bool = True
     # The engine's CPU and run-queue wait, sampled this often (hoststats.py): the host stalls in
     # question last 1-10 s (a deadline is 10 s), so half a second places them within a stage.
     host_sample_s: float = 0.5
@@ -195,6 +203,7 @@ class EngineConfig:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             PROGRESS_DELAY_ENV: str(self.nixl_progress_delay_us),
+            REHANDSHAKE_ENV: "1" if self.nixl_rehandshake else "0",
             STAGE_LOG_ENV: str(self.stage_log_path),
             shm_wakeups.LOG_ENV: str(self.wakeup_log_path),
         }
@@ -277,6 +286,7 @@ class Engine:
         self._lost_wakeups = shm_wakeups.LostSeconds(config.wakeup_log_path)
         self._inflight: set[str] = set()
         self._submitted: dict[str, float] = {}  # request id -> when its call reached this engine
+        self._ended: dict[str, dict[str, float]] = {}  # calls that raised: where they were (stages)
         self._first: dict[str, float] = {}  # request id -> when its first token reached the front end
         self._stage_log = StageLog(config.stage_log_path)
         # Aborted requests whose KV pull had started and not ended: when their call reached this
@@ -404,6 +414,13 @@ class Engine:
                         on_tokens(list(comp.token_ids[seen:n]), comp.finish_reason)
                     seen = n
                 last = out
+        except BaseException:
+            # A call that raised (its engine core died: EngineDeadError) takes its log with it; the
+            # router asks next where the request was (stages), so that answer is kept for it.
+            self._ended[request_id] = self._offsets(request_id, t0)
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.pop(next(iter(self._ended)))
+            raise
         finally:
             self._inflight.discard(request_id)
             self._submitted.pop(request_id, None)
@@ -411,17 +428,20 @@ class Engine:
             events = self._stage_log.pop(request_id)
         return first, last, {k: t - t0 for k, t in events.items()}
 
+    def _offsets(self, request_id: str, t0: float) -> dict[str, float]:
+        out = {k: t - t0 for k, t in self._stage_log.get(request_id).items()}
+        if request_id in self._first:
+            out["first_token"] = self._first[request_id] - t0
+        return out
+
     async def stages(self, request_id: str) -> dict[str, float]:
         """Where an in-flight request is: the scheduler's events so far ("queued", "alloc",
         "alloc_remote", "recv_done") and the front end's "first_token", in seconds after its
         call reached this engine."""
         t0 = self._submitted.get(request_id)
-        if t0 is None:
-            return {}
-        out = {k: t - t0 for k, t in self._stage_log.get(request_id).items()}
-        if request_id in self._first:
-            out["first_token"] = self._first[request_id] - t0
-        return out
+        if t0 is None:  # ended: a call that raised left its answer (_generate), else nothing
+            return self._ended.pop(request_id, {})
+        return self._offsets(request_id, t0)
 
     async def prefill(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillResult:
         """Compute the prompt's KV and keep it for a remote decoder (max_tokens=1)."""

@@ -35,7 +35,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as VllmNixlConnector
 
 from testbed.engines import shm_wakeups
-from testbed.engines.engine import PROGRESS_DELAY_ENV
+from testbed.engines.engine import PROGRESS_DELAY_ENV, REHANDSHAKE_ENV
 from testbed.engines.stagelog import STAGE_LOG_ENV, event_line
 
 _DELAY_LOCK = threading.Lock()
@@ -125,6 +125,45 @@ def restore_affinity(cpus: set[int]) -> list[int]:
     return changed
 
 
+# --------------------------------------------------------------------------- a peer's fresh endpoint
+
+
+def install_rehandshake() -> bool:
+    """After a failed read from a remote engine, handshake with it again (a fresh UCX endpoint).
+
+    vLLM 0.32's pull worker releases a remote engine's NIXL state, so that its next read
+    handshakes anew, only when NIXL lost that engine's metadata locally
+    (`NixlBaseConnectorWorker._cleanup_remote_engines` asks `check_remote_metadata`). A UCX
+    endpoint the peer dropped keeps its metadata: NIXL then fails every later read to that peer
+    at once (NIXL_ERR_REMOTE_DISCONNECT), for good, though removing the peer and adding it again
+    makes a working endpoint at once (docs/testbed.md "A link down without vLLM: NIXL and UCX
+    alone"). This marks every engine with a failed transfer as vLLM marks one whose metadata
+    is gone (`_mark_remote_engine_invalid`): vLLM's own path then releases it once its reads
+    have drained and handshakes on the next read, with its own backoff against a peer that keeps
+    failing (1 s doubling to 60 s). Idempotent; False if it was installed already."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker as Worker
+
+    if getattr(Worker, "_testbed_rehandshake", False):
+        return False
+    cleanup = Worker._cleanup_remote_engines
+
+    def _cleanup_remote_engines(self: Any) -> None:
+        if self._TRANSFER_MODE == "pull" and self._failed_remote_engines:
+            with self._handshake_lock:
+                handshaking = bool(self._handshake_futures)
+            if not handshaking:  # vLLM's own cleanup defers then too
+                now = time.perf_counter()
+                for engine_id in self._failed_remote_engines - self._invalid_remote_engines:
+                    if engine_id in self._remote_agents:
+                        self._mark_remote_engine_invalid(engine_id, now)
+        cleanup(self)
+
+    Worker._cleanup_remote_engines = _cleanup_remote_engines
+    Worker._testbed_rehandshake = True
+    Worker._vllm_cleanup_remote_engines = cleanup  # vLLM's own, for comparing the two
+    return True
+
+
 # --------------------------------------------------------------------------- the connector vLLM loads
 
 
@@ -170,4 +209,6 @@ class NixlConnector(VllmNixlConnector):
 # the engine core and its worker (shm_wakeups.py). Both read the engine's environment and are
 # idempotent.
 install_nixl_progress_delay()
+if os.environ.get(REHANDSHAKE_ENV, "1") != "0":
+    install_rehandshake()
 shm_wakeups.install()

@@ -19,9 +19,11 @@ Faults are keyed (``"f0/pod1/link"``); applying a key again is "make it so".
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
 from testbed.faults import shaping
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 
 Side = Literal["uplink", "downlink"]
 _DIRECTION: dict[str, shaping.Direction] = {"uplink": "egress", "downlink": "ingress"}
+# The title Ray gives an engine actor's worker process (testbed/engines/actor.py EngineActor).
+ENGINE_TITLE = "ray::EngineActor"
 
 
 class FaultRefused(ShapingError):
@@ -207,6 +211,27 @@ class FaultAgent:
             self._register(key, "compute", ttl_s, throttle.clear, throttle=throttle, factor=factor,
                            backend=backend, gpu_uuids=gpus)
         return measured
+
+    # --- engines that die ---------------------------------------------------
+    def kill_engine(self, pid: int) -> float:
+        """SIGKILL one engine process of this node, as a crash or the OOM killer would (an engine
+        fault, faults.spec.EngineFault): an engine actor's own process (its title ``ray::EngineActor``,
+        which Ray sets as the actor starts) or a process it spawned (vLLM's engine core). Any other
+        process is refused, nothing signalled. Nothing to undo and no TTL: a dead engine stays dead
+        (the driver starts a new set before the next run). Returns when it was sent (the agent's clock)."""
+        from testbed.faults.procs import ppid
+
+        def title(p: int | None) -> str:
+            try:
+                return Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                return ""
+
+        if not (title(pid).startswith(ENGINE_TITLE) or title(ppid(pid)).startswith(ENGINE_TITLE)):
+            raise FaultRefused(f"pid {pid} is not an engine's process (neither {ENGINE_TITLE} nor its child): "
+                               f"{title(pid)[:80] or 'gone'!r}")
+        os.kill(pid, signal.SIGKILL)
+        return self.clock()
 
     # --- lifecycle --------------------------------------------------------
     def clear(self, key: str) -> Any:

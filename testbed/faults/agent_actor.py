@@ -104,6 +104,9 @@ class FaultAgentActor:
     def blast(self, peer: str, offered_bps: float, duration_s: float) -> int:
         return self.agent.blast(peer, offered_bps, duration_s)
 
+    def kill_engine(self, pid: int) -> float:
+        return self.agent.kill_engine(pid)
+
     def clear(self, key: str) -> Any:
         return self.agent.clear(key)
 

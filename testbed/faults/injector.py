@@ -20,11 +20,16 @@ the last over 0.4 s, or up to 2 s at a few Mbit/s, where the shaper releases
 traffic meanwhile. Clearing is measured the same way at twice the old limit: a
 probe that gets through at 1.5x or more proves the limit gone (Python cannot fill
 a 10 Gbit/s baseline, so the row then reads 1.0, and the telemetry the baseline).
+
+An engine fault's engines are killed through their pod's agent (``kill_engine``: SIGKILL of the
+process the fault names, which each engine actor reports), one row per engine; the router learns
+of the deaths from the engines themselves (testbed/router/flow.py Liveness), as in the simulator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -32,8 +37,10 @@ import numpy as np
 
 from core.run import FaultRow, RunContext
 from faults.schedule import FaultStep, ScheduledEvent
-from faults.spec import LinkFault
+from faults.spec import EngineFault, LinkFault
 from faults.telemetry import probe_offered_bps, probe_window_s
+
+log = logging.getLogger(__name__)
 
 CLEARED_IF_ABOVE = 1.5  # a probe at 2x the removed limit that gets 1.5x through: the limit is gone
 
@@ -54,6 +61,7 @@ class PodTargets:
     backend: str = "cpu"
     cores: float | None = None
     gpu_uuids: list[str] = field(default_factory=list)
+    engines: list[tuple[str, str, Any]] = field(default_factory=list)  # (role, name, actor handle) on the pod
 
 
 class FaultInjector:
@@ -96,11 +104,34 @@ class FaultInjector:
         """Make the cluster match ``step`` and record its events with what was measured."""
         before = self.ctx.last_step
         self.ctx.begin_step(step, self.now())
-        results = await asyncio.gather(*(self._make_pod(p, step, before) for p in step.changed.tolist()))
+        kills = [ev for ev in step.events if ev.kind == "engine"]
+        results = await asyncio.gather(*(self._make_pod(p, step, before) for p in step.changed.tolist()),
+                                       *(self._kill(ev) for ev in kills))
         measured = dict(zip(step.changed.tolist(), results))
+        killed = dict(zip(kills, results[len(measured):]))
         now = self.now()
         bw = np.minimum(self.measured["uplink"], self.measured["downlink"])
-        self.ctx.end_step(step, now, bw, lambda ev: self._rows(ev, measured.get(ev.pod, {}), now))
+        self.ctx.end_step(step, now, bw, lambda ev: killed[ev] if ev in killed
+                          else self._rows(ev, measured.get(ev.pod, {}), now))
+
+    async def _kill(self, ev: ScheduledEvent) -> list[FaultRow]:
+        """Kill the fault's engines on ``ev.pod``: a row each, measured 0 (the capacity left) once the
+        agent sent the SIGKILL, NaN where it could not (the engine already gone)."""
+        f = self.spec.faults[ev.fault_id]
+        assert isinstance(f, EngineFault)
+        tg, rows = self.pods[ev.pod], []
+        for role, name, handle in tg.engines:
+            if not f.kills(role):
+                continue
+            target = f"pod{ev.pod}:{name}/{f.process}"
+            try:
+                pid = await handle.process.remote(f.process)
+                await tg.agent.kill_engine.remote(pid)
+                rows.append((target, self.now(), 0.0, np.nan))
+            except Exception as e:  # an engine that is dead already: nothing left to kill
+                log.warning("engine fault on %s: %s", target, e)
+                rows.append((target, self.now(), np.nan, np.nan))
+        return rows
 
     def _rows(self, ev: ScheduledEvent, m: dict[str, Any], now: float) -> list[FaultRow]:
         """One row per target acted on; its time is when the agent had acted (the measurement comes after)."""

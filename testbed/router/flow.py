@@ -53,7 +53,7 @@ from core.canary import Reference, Verdict, verdict
 from core.limits import first_token_limit
 from core.records import CORRUPT, DEAD_PULL_WATCH_S, ERROR, NAN, OK, REJECTED, TIMEOUT
 from core.run import RunContext
-from core.stages import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL
+from core.stages import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL, PREFILL_QUEUE
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
 from testbed.engines.engine import TokenSink  # (engine.py imports vLLM only when an engine starts)
@@ -408,6 +408,16 @@ class RequestFlow:
             log.warning("request %s failed: %s", rid, e)
             if self.on_engine_error is not None:
                 self.on_engine_error(*calling, e)
+            # Where it was: the stage log of an engine whose core died is still read by its actor (a
+            # dead actor answers nothing, and the stage stays the one the router saw, a queue).
+            failed_at = self.clock()
+            where = await self._where(p_eng if calling[0] == "prefill" else d_eng, rid)
+            if calling[0] == "prefill":
+                started = _at(sent, where, "alloc", failed_at)
+                if started is not None and t.stage == PREFILL_QUEUE:
+                    t.enter(PREFILL, started)
+            elif t.stage == DECODE_QUEUE:
+                self._mark_decode(t, sent, where, failed_at)
             return ERROR, None
 
     def _watch(self, coro: Any) -> None:

@@ -140,6 +140,7 @@ class Engines:
                            kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
                            max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
                            transport=t.transport, gpu=self.gpu, shm_recheck_ms=t.shm_recheck_ms,
+                           nixl_rehandshake=t.nixl_rehandshake,
                            executor=t.executor)
                 # the longest KV can stay held after its run (quiesce): the lease, every engine's
                 self.lease_s = max(self.lease_s, EngineConfig(**cfg).kv_lease_s)
@@ -277,6 +278,15 @@ class Engines:
         pods = np.r_[self.topo.worker_pod[self.topo.prefill_ids], self.topo.worker_pod[self.topo.decode_ids]]
         return [sorted({u for i in np.flatnonzero(pods == p) if (u := uuids[i])}) for p in range(self.topo.n_pods)]
 
+    def pod_engines(self) -> list[list[tuple[str, str, Any]]]:
+        """Per pod, its engines as (role, name, actor handle): what an engine fault kills."""
+        topo, out = self.topo, [[] for _ in range(self.topo.n_pods)]
+        n_pre = len(self.prefill)
+        for i, handle in enumerate(self.all):
+            role, ids, k = ("prefill", topo.prefill_ids, i) if i < n_pre else ("decode", topo.decode_ids, i - n_pre)
+            out[int(topo.worker_pod[ids[k]])].append((role, self.names[i], handle))
+        return out
+
     def pod_pids(self) -> list[list[int]]:
         """Per pod, the worker processes of its engines (what a compute fault slows)."""
         pids = ray.get([a.compute_pids.remote() for a in self.all])
@@ -298,9 +308,10 @@ def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -
     host = len(os.sched_getaffinity(0))
     per_pod = np.bincount(engines.topo.worker_pod, minlength=engines.topo.n_pods)
     cores = [float(host) if ENGINE_THREADS is None else min(float(n * ENGINE_THREADS), host) for n in per_pod]
-    pods = [PodTargets(agent, ip, ifname, pids, backend, c, gpus)
-            for agent, ip, ifname, pids, c, gpus in zip(agents.pods, agents.pod_ips, agents.pod_ifnames,
-                                                        engines.pod_pids(), cores, engines.pod_gpu_uuids())]
+    pods = [PodTargets(agent, ip, ifname, pids, backend, c, gpus, mine)
+            for agent, ip, ifname, pids, c, gpus, mine in zip(agents.pods, agents.pod_ips, agents.pod_ifnames,
+                                                              engines.pod_pids(), cores, engines.pod_gpu_uuids(),
+                                                              engines.pod_engines())]
     return FaultTargets(pods, agents.head, agents.head_ip)
 
 
@@ -441,12 +452,14 @@ def kv_path_verdict(spec: ExperimentSpec, kv_bytes: int, tx_bytes: int, ifname: 
 
 def kv_paths_or_restart(spec: ExperimentSpec, engines: Engines, vocab: int) -> dict[str, Any]:
     """Every live engine pair's KV path checked before a run (Engines.kv_paths); where one is broken
-    (a link down leaves the pod's NIXL connections failed for good: docs/testbed.md "A link down"),
-    every engine restarted and checked again. What run.json records as ``start.kv_paths``."""
+    (a link down leaves the pod's NIXL connections failed for good: docs/testbed.md "A link down")
+    or an engine is down (an engine fault killed it: each run starts on the whole set, as in the
+    simulator), every engine restarted and checked again. What run.json records as ``start.kv_paths``."""
     kv = engines.kv_paths(vocab)
-    if not kv["ok"]:
-        console.print(f"[yellow]KV path(s) {', '.join(kv['broken'])} broken after the last run: restarting "
-                      "the engines[/]")
+    if not kv["ok"] or kv["down"]:
+        what = (f"KV path(s) {', '.join(kv['broken'])} broken" if not kv["ok"]
+                else f"engine pair(s) {', '.join(kv['down'])} with a dead engine")
+        console.print(f"[yellow]{what} after the last run: restarting the engines[/]")
         kv["restart"] = engines.restart(spec.testbed.engine_start_timeout_s, vocab)
         kv["after_restart"] = again = engines.kv_paths(vocab)
         if not again["ok"]:

@@ -99,7 +99,7 @@ def check_faults(specs: Sequence[ExperimentSpec]) -> None:
             if f.kind == "link" and f.residual_bw == 0 and not f.kv_only:
                 # Ray's control traffic to the pod would go down with it: the GCS declares the node
                 # dead and its raylet exits, taking the pod's engines and the fault agent that
-                # would clear the fault (engine death is a run's end on the testbed today).
+                # would clear the fault (a node's death, which no engine fault can stand for).
                 raise ValueError(f"{s.name}: faults[{i}]: a link down on the testbed needs kv_only: true (the KV "
                                  "traffic dropped, Ray's control traffic kept; with it down too the pod's Ray node "
                                  "is declared dead)")

@@ -1,0 +1,161 @@
+"""Engines that die in the simulator (an ``engine`` fault, faults.spec.EngineFault): the part of
+:class:`simulator.cluster.ClusterSim` that kills them, kept apart from its hot path, which only
+asks whether an engine is dead (``dead`` of its worker) when a request reaches it.
+
+What a dead engine held ends as ``error`` in its stage at once, as the calls on it raise on the
+testbed; a pull of KV a dead prefill engine held fails in ``kv_transfer`` (vLLM's default
+``kv_load_failure_policy: fail``). The router stops choosing it by the testbed's liveness rule
+(testbed/router/flow.py Liveness): when a call on it failed (a dead core's calls
+``engine.core_death_notice_s`` after the kill), else at the next periodic check or the first call
+routed to it (docs/reliability.md "Engine death in both worlds").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from core.records import ERROR, NAN
+from core.stages import KV_TRANSFER
+from core.ticket import Ticket
+from faults.schedule import ScheduledEvent
+
+from .events import Call, call_after
+
+if TYPE_CHECKING:
+    from .cluster import _Decode
+
+
+class EngineDeaths:
+    """ClusterSim's engine deaths (a mixin: it reads ClusterSim's state)."""
+
+    env: Any
+    ctx: Any
+
+    def _kill(self, ev: ScheduledEvent, now: float) -> None:
+        """The engine fault's engines on ``ev.pod`` die now. What each held ends as ``error`` in its
+        stage, as the calls on it raise on the testbed; a death that failed a call is seen by the
+        router at once (Liveness.error), any other at its next liveness check or first call."""
+        f = self.ctx.spec.faults[ev.fault_id]
+        why = f"killed by faults[{ev.fault_id}] ({f.process})"
+        for role, workers, ids in (("prefill", self.prefill, self.topo.prefill_ids),
+                                   ("decode", self.decode, self.topo.decode_ids)):
+            if not f.kills(role):
+                continue
+            for idx, w in enumerate(workers):
+                if w.pod != ev.pod or w.dead:
+                    continue
+                failed = self._kill_prefill(idx, now) if role == "prefill" else self._kill_decode(w, now)
+                worker = int(ids[idx])
+                self._unseen[worker] = why
+                notice = self.e.core_death_notice_s if f.process == "core" else 0.0
+                if failed and notice > 0:  # a check or a later call may still see it first
+                    call_after(self.env, notice, self._noticed, worker)
+                elif failed:
+                    self._call_failed(worker, now)
+
+    def _noticed(self, ev: Call) -> None:
+        self._call_failed(ev.data, self.env._now)
+
+    def _liveness(self, now: float) -> None:
+        """The router's periodic question to every engine: the dead ones not yet seen are down."""
+        for worker, why in list(self._unseen.items()):
+            self._call_failed(worker, now, why)
+
+    def _call_failed(self, worker: int, now: float, why: str | None = None) -> None:
+        why = self._unseen.pop(worker, why)
+        if why is not None:
+            self.ctx.engine_down(now, worker, why)
+
+    def _fail(self, req: Ticket, now: float) -> None:
+        """The attempt ends as ``error`` in the stage it is in (its engine died), the request with it
+        unless it is retried; the caller frees what it held."""
+        i = req.request_id
+        nxt = self.ctx.end_attempt(now, req, ERROR, self._arr[i] + self.first_token_limit)
+        self.reqs[i] = None
+        if nxt is not None:
+            call_after(self.env, nxt.at_s - now, self._retry, (i, nxt))
+
+    def _kill_prefill(self, idx: int, now: float) -> int:
+        """Prefill worker ``idx`` dies: its queue and running batch fail, and so does every pull of
+        KV it held (the decode engine's read of a dead peer fails: _pull_failed). How many failed."""
+        w = self.prefill[idx]
+        w.dead = True
+        doomed = [r for r in (*w.batch, *w.queue) if not r.done]
+        w.queue.clear()
+        w.batch = []
+        w.busy = False
+        for req in doomed:
+            self._fail(req, now)
+        held = [r for d in self.decode for r in d.waiting if r.p_idx == idx and not r.done]
+        held += [r for r in self._flows if r.p_idx == idx and not r.done]
+        for req in held:
+            self._pull_failed(req, now)
+        for req in [r for r in self._dead if r.p_idx == idx]:  # dead pulls from it: the read fails now
+            given_up, _ = self._dead.pop(req)
+            self.net.abort(self._flows.pop(req))
+            self.ctx.dead_pull(req, given_up, now, "failed", NAN)
+            self._release(self.decode[req.d_idx], req, now)
+        return len(doomed) + len(held)
+
+    def _pull_failed(self, req: Ticket, now: float) -> None:
+        """The KV ``req`` waits for or pulls is gone with its prefill engine: the request fails
+        where it is on its decode engine, which frees its blocks."""
+        stage = req.stage
+        self._fail(req, now)
+        if stage == KV_TRANSFER:
+            flow = self._flows.pop(req, None)
+            if flow is not None:
+                self.net.abort(flow)
+            self._release(self.decode[req.d_idx], req, now)
+
+    def _kill_decode(self, d: _Decode, now: float) -> int:
+        """Decode worker ``d`` dies: whatever waits for it, pulls into it or decodes on it fails,
+        and it holds nothing after. How many failed."""
+        d.dead = True
+        doomed = [r for r in d.waiting if not r.done]
+        doomed += [r for r in self._flows if self.decode[r.d_idx] is d and not r.done]
+        doomed += [r for _, _, r in d.heap if not r.done]
+        for req in doomed:
+            flow = self._flows.pop(req, None)
+            if flow is not None:
+                self.net.abort(flow)
+            self._fail(req, now)
+        for req in [r for r in self._dead if self.decode[r.d_idx] is d]:  # dead pulls into it die unseen,
+            given_up, _ = self._dead.pop(req)  # as the testbed's router finds no end in a dead engine's log
+            flow = self._flows.pop(req, None)
+            if flow is not None:
+                self.net.abort(flow)
+            self.ctx.dead_pull(req, given_up, NAN, "unseen", NAN)
+        d.waiting.clear()
+        d.heap.clear()
+        d.n = d.kv_in_batch = d.reserved_kv = d.reserved_slots = 0
+        d.timer = None  # a pending step end is stale
+        d.step_s = self._step_s(d)
+        return len(doomed)
+
+    # --- the outage after the outage (engine.kv_heal_disconnect_s) ---------------------------
+    def _reconnect(self, ev: Call) -> None:
+        """``kv_heal_disconnect_s`` after a down link came back: the reads across it fail (error in
+        kv_transfer; a dead pull ends ``failed``), then the link carries KV at its rate now."""
+        link, now = ev.data, self.env._now
+        topo = self.topo
+        for req in [r for r in self._flows if link in topo.path(r.prefill_worker, r.decode_worker)]:
+            if req in self._dead:
+                given_up, _ = self._dead.pop(req)
+                self.net.abort(self._flows.pop(req))
+                self.ctx.dead_pull(req, given_up, now, "failed", NAN)
+                self._release(self.decode[req.d_idx], req, now)
+                self._unhold(req)
+            elif not req.done:
+                self._pull_failed(req, now)
+        step = self._applied
+        pod = link - 2 * topo.n_workers
+        factor = step.uplink[pod] if pod < topo.n_pods else step.downlink[pod - topo.n_pods]
+        self.net.set_capacity(link, topo.core_link_Bps(float(factor)))
+
+    def _unhold(self, req: Ticket) -> None:
+        """The prefill engine no longer holds ``req``'s KV for a reader (the host model's demand)."""
+
+    def _orphaned(self, req: Ticket) -> None:
+        """No decoder will read ``req``'s KV (its decode engine died): the host model's hold ends later."""
+
