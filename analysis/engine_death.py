@@ -2,7 +2,7 @@
 same requests the same way, and stop the router choosing the dead engine as soon, as the testbed's?
 
 Per policy, for the quantities an engine death decides (:data:`ROWS`): engine_down_s (kill to the
-router's down record), the failure rate, and the failure composition by stage. Each is the mean over
+router's down record), engine_up_s (a restart to the router's up record), the failure rate, and the failure composition by stage. Each is the mean over
 the seeds of the sim's, the testbed's and, with a repeat (``testbed compare --repeat``), the repeat's
 runs; ``diff`` = testbed - sim; ``repeatability`` = testbed - repeat over the seeds the repeat holds;
 ``beyond_repeatability`` as analysis/repeatability.py judges it: "within" when |diff| <=
@@ -24,7 +24,7 @@ from analysis.repeatability import beyond
 from analysis.summary import mean_ci
 from core.stages import FAILURE_STAGES
 
-ROWS: tuple[str, ...] = (M.ENGINE_DOWN_S, M.FAILURE_RATE, *(fail_share(s) for s in FAILURE_STAGES))
+ROWS: tuple[str, ...] = (M.ENGINE_DOWN_S, M.ENGINE_UP_S, M.FAILURE_RATE, *(fail_share(s) for s in FAILURE_STAGES))
 FILE = "fidelity_engines.csv"
 
 

@@ -39,6 +39,7 @@ class Metric(StrEnum):
     RETRY_KV_BYTES = "retry_kv_bytes"
     ENGINES_DOWN = "engines_down"
     ENGINE_DOWN_S = "engine_down_s"
+    ENGINE_UP_S = "engine_up_s"
     HOST_STALLED_SHARE = "host_stalled_share"
     FAILURE_RATE_UNSTALLED = "failure_rate_unstalled"
     KV_LEASES_EXPIRED = "kv_leases_expired"

@@ -124,16 +124,18 @@ def retry_work(requests: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, floa
             M.RETRY_KV_BYTES: float(attempts["kv_bytes"].sum())}
 
 
-def engine_down_s(engines: pd.DataFrame, faults: pd.DataFrame) -> float:
+def engine_down_s(engines: pd.DataFrame, faults: pd.DataFrame, state: str = "down") -> float:
     """engine_down_s = over the engines found down on pods an engine fault killed, the mean time from
-    the kill (its pod's first engine ``apply`` row at or before) to the router's down record; NaN
-    without. How long the router went on choosing a dead engine, in either world."""
-    kills = faults[(faults["kind"] == "engine") & (faults["event"] == "apply")]
+    the kill (the pod's last engine ``apply`` row at or before the record) to the router's down
+    record; NaN without. How long the router went on choosing a dead engine, in either world.
+    ``state="up"``: engine_up_s, the same from a restart (the fault's ``clear`` row) to the router's
+    up record, how long a restarted engine took to serve again and be seen to."""
+    acts = faults[(faults["kind"] == "engine") & (faults["event"] == ("apply" if state == "down" else "clear"))]
     lags = []
-    for row in engines.itertuples():
-        at = kills.loc[(kills["pod"] == row.pod) & (kills["time_s"] <= row.time_s), "time_s"]
+    for row in engines[engines["state"] == state].itertuples():
+        at = acts.loc[(acts["pod"] == row.pod) & (acts["time_s"] <= row.time_s), "time_s"]
         if len(at):
-            lags.append(row.time_s - float(at.min()))
+            lags.append(row.time_s - float(at.max()))
     return float(np.mean(lags)) if lags else NAN
 
 
@@ -182,6 +184,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out.update(retry_work(req, run.attempts))
     out[M.ENGINES_DOWN] = int(run.engines["worker"].nunique())
     out[M.ENGINE_DOWN_S] = engine_down_s(run.engines, run.faults)
+    out[M.ENGINE_UP_S] = engine_down_s(run.engines, run.faults, "up")
     out.update(host_stall(run))
     out.update(kv_leases(run.meta))
     out.update(corruption(req, run.meta, run.world))

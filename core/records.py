@@ -170,14 +170,14 @@ class BreakerRecord(NamedTuple):
 
 
 class EngineRecord(NamedTuple):
-    """An engine went down (its actor died, or its engine core: testbed/router/actor.py): the
-    router stops choosing its worker from then on."""
+    """An engine went down (its actor died, or its engine core: testbed/router/flow.py Liveness):
+    the router stops choosing its worker from then on; or, restarted, up again: chosen again."""
 
     time_s: float
     worker: int
     pod: int
     role: str  # "prefill" | "decode"
-    state: str  # "down"
+    state: str  # "down" | "up"
     reason: str  # what said so: the exception of a call or of vLLM's health check
     table = "engines"  # a class attribute, not a column
 

@@ -135,16 +135,17 @@ class Router:
         self.view.pods = self.view.pods.replace(blocked=self.breakers.blocked)
         self.policy.prepare(self.view)  # off the next decision's path
 
-    def engine_down(self, now: float, worker: int, reason: str) -> None:
-        """The engine of ``worker`` is down: never chosen again while its role has another."""
+    def engine_down(self, now: float, worker: int, reason: str, up: bool = False) -> None:
+        """The engine of ``worker`` is down: never chosen again while its role has another (until it
+        is up again: ``up``, a restarted engine found serving). Each change recorded once."""
         down = np.zeros(self.topo.n_workers, bool) if self.view.pods.down is None else self.view.pods.down.copy()
-        if down[worker]:
+        if down[worker] != up:
             return
-        down[worker] = True
+        down[worker] = not up
         self.view.pods = self.view.pods.replace(down=down)
         self.policy.prepare(self.view)  # off the next decision's path
         role = "prefill" if worker in self._prefill_ids else "decode"
-        self.sink(EngineRecord(now, worker, self._worker_pod[worker], role, "down", reason))
+        self.sink(EngineRecord(now, worker, self._worker_pod[worker], role, "up" if up else "down", reason))
 
     # --- ground truth, labels, telemetry ----------------------------------
     def set_truth(self, degraded: np.ndarray, link_Bps: np.ndarray | None = None) -> None:

@@ -115,6 +115,11 @@ class EngineSpec(_Spec):
     # at once (Ray), as does any call to a core already found dead. 0: at once; measured on the
     # emulated testbed (docs/reliability.md "Engine death in both worlds").
     core_death_notice_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    # How long a restarted engine core takes to start serving (an engine fault's restart_s): vLLM
+    # loads the model and warms up again. No default: it is the engine's and the host's; the
+    # testbed measures each engine's start-up (testbed.json `engines` startup_s; a restart in
+    # docs/reliability.md "Engine death in both worlds").
+    engine_start_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     # A link that was down (residual_bw 0) comes back: UCX over TCP finds its endpoints across it
     # disconnected this long after, and every KV read on them fails then (error in kv_transfer):
     # those hung since the outage and those started since, which hang meanwhile; the next read
@@ -382,6 +387,10 @@ class ExperimentSpec(_Spec):
                     if (p < k) != (f.role == "prefill"):
                         raise ValueError(f"faults[{i}] kills the {f.role} engines of pod {p}, which has none "
                                          f"(placement by_pod: pods 0..{k - 1} prefill, the rest decode)")
+        restarts = [i for i, f in enumerate(self.faults) if f.kind == "engine" and f.restart_s is not None]
+        if restarts and self.engine.engine_start_s is None:
+            raise ValueError(f"faults[{restarts[0]}] restarts engines: set engine.engine_start_s (how long an engine "
+                             "takes to start: the testbed records it, testbed.json engines' startup_s)")
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policies lists a name twice: {names}")

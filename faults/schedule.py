@@ -3,8 +3,9 @@
 A fault is active on its pods over the half-open interval
 ``[start_s, start_s + duration_s)``. Overlapping faults on one pod compose:
 the smallest residual bandwidth factor and the largest slowdown win. An engine
-fault has no end: its engines die at ``start_s`` (an ``apply`` event, never a
-``clear``) and the world kills them; it changes no link or speed.
+fault's engines die at ``start_s`` (its ``apply``: the world kills them) and, with
+``restart_s``, are started again then (its ``clear``); without, it has no end. It
+changes no link or speed.
 
 Both worlds walk the same timeline of :class:`FaultStep` (``FaultSchedule.steps``):
 "at ``t``, every pod's links and CPU are so, the truth is so, these events
@@ -87,7 +88,8 @@ class FaultSchedule:
         self._sev = np.asarray(sev, dtype=np.float64)
         self._is_link = np.asarray(is_link, dtype=bool)
         self._is_compute = np.asarray(is_compute, dtype=bool)
-        self._ends = np.isfinite(self._end)  # rows with a clear (an engine fault's end is inf)
+        self._ends = np.isfinite(self._end)  # rows with a clear (an engine fault without a restart has none)
+        self._is_engine = ~(self._is_link | self._is_compute)
         self._up = np.asarray(up, dtype=bool)
         self._down = np.asarray(down, dtype=bool)
 
@@ -143,7 +145,7 @@ class FaultSchedule:
             changed = (up != 1.0) | (down != 1.0) | (slow != 1.0)
         else:
             changed = (up != before.uplink) | (down != before.downlink) | (slow != before.slowdown)
-        active = self._active(t) & self._ends  # what the world must undo (a dead engine is not)
+        active = self._active(t) & self._ends & ~self._is_engine  # what a TTL must undo (a dead engine is not)
         until = float(self._end[active].max()) if active.any() else float(t)
         return FaultStep(float(t), up, down, slow, self.degraded_at(t, health), np.flatnonzero(changed),
                          tuple(events), until)
@@ -164,8 +166,9 @@ class FaultSchedule:
         still on, with the clear events (at ``now``) of the faults that had started. None if nothing is on."""
         if last is None or not ((last.uplink < 1).any() or (last.downlink < 1).any() or (last.slowdown > 1).any()):
             return None
-        clears = [dataclasses.replace(ev, time_s=float(now)) for ev in self.events()
-                  if ev.event == "clear" and ev.time_s > last.time_s and self.faults[ev.fault_id].start_s <= last.time_s]
+        clears = [dataclasses.replace(ev, time_s=float(now)) for ev in self.events()  # (no engine's restart)
+                  if ev.event == "clear" and ev.kind != "engine" and ev.time_s > last.time_s
+                  and self.faults[ev.fault_id].start_s <= last.time_s]
         ones = np.ones(self.n_pods)
         changed = (last.uplink != 1.0) | (last.downlink != 1.0) | (last.slowdown != 1.0)
         return FaultStep(float(now), ones, ones.copy(), ones.copy(), np.zeros(self.n_pods, bool),
@@ -176,7 +179,7 @@ class FaultSchedule:
         return np.unique(np.concatenate([self._start, self._end[self._ends]]))
 
     def window(self) -> tuple[float, float] | None:
-        """(first apply, last clear; inf with an engine fault, which never clears), or None without faults."""
+        """(first apply, last clear; inf with an engine fault that never restarts), or None without faults."""
         if self._start.size == 0:
             return None
         return float(self._start.min()), float(self._end.max())

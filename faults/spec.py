@@ -94,21 +94,33 @@ class ComputeFault(_FaultBase):
 
 
 class EngineFault(_OnPods):
-    """The pods' engines of ``role`` die at ``start_s`` and stay down for the rest of the run, as
-    after a crash or the OOM killer: on the testbed their process is SIGKILLed (``core``: vLLM's
-    engine core, under an actor that lives on and then raises EngineDeadError; ``actor``: the
-    engine actor's own process, vLLM's front end with it). The requests they hold end as ``error``
-    in the stage they are in, and the router stops choosing them from their own state, in both
-    worlds by the testbed's liveness rule (docs/reliability.md "Engines that die"). No restart:
-    the testbed's next run starts on a new set of engines."""
+    """The pods' engines of ``role`` die at ``start_s``, as after a crash or the OOM killer: on the
+    testbed their process is SIGKILLed (``core``: vLLM's engine core, under an actor that lives on
+    and then raises EngineDeadError; ``actor``: the engine actor's own process, vLLM's front end
+    with it). The requests they hold end as ``error`` in the stage they are in, and the router stops
+    choosing them from their own state, in both worlds by the testbed's liveness rule
+    (docs/reliability.md "Engine death in both worlds"). With ``restart_s`` a new engine core is
+    started that long after the kill, as a supervisor restarts a crashed process; it serves once
+    started (``engine.engine_start_s`` in the simulator) and the router's liveness check finds it
+    up. Without, the engines stay down for the rest of the run (the testbed's next run starts on a
+    new set of engines)."""
 
     kind: Literal["engine"] = "engine"
     role: Literal["prefill", "decode", "both"] = "both"
     process: Literal["core", "actor"] = "core"
+    restart_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _restart_of_a_core(self) -> "EngineFault":
+        if self.restart_s is not None and self.process != "core":
+            # the actor's process is Ray's to restart (max_restarts), with its own timing and errors
+            raise ValueError("restart_s restarts an engine core (process: core); a dead actor stays dead")
+        return self
 
     @property
     def end_s(self) -> float:
-        return math.inf  # never cleared within the run
+        """When the engines are started again (the fault's ``clear``); inf: never within the run."""
+        return math.inf if self.restart_s is None else self.start_s + self.restart_s
 
     @property
     def severity(self) -> float:

@@ -171,6 +171,7 @@ class ClusterSim(EngineDeaths):
         # every engine whether it is down every testbed.engine_check_s from run start, and at once
         # when a call to one raised (testbed/router/flow.py Liveness): the same rule here.
         self._unseen: dict[int, str] = {}
+        self._restarted: set[int] = set()  # serving again, not yet seen up by the router
         if any(f.kind == "engine" for f in ctx.spec.faults):
             env.process(self._every(ctx.spec.testbed.engine_check_s, self._liveness))
         for period, fn in ctx.periodic:
@@ -310,7 +311,7 @@ class ClusterSim(EngineDeaths):
         self.ctx.begin_step(step, now)
         for ev in step.events:
             if ev.kind == "engine":
-                self._kill(ev, now)
+                (self._kill if ev.event == "apply" else self._restart)(ev, now)
         before = self._applied
         for p in step.changed.tolist():
             for link, new, old in ((topo.uplink(p), step.uplink[p], before.uplink[p] if before else 1.0),

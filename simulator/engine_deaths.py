@@ -57,9 +57,30 @@ class EngineDeaths:
         self._call_failed(ev.data, self.env._now)
 
     def _liveness(self, now: float) -> None:
-        """The router's periodic question to every engine: the dead ones not yet seen are down."""
+        """The router's periodic question to every engine: the dead ones not yet seen are down, the
+        restarted ones serving again are up."""
         for worker, why in list(self._unseen.items()):
             self._call_failed(worker, now, why)
+        for worker in sorted(self._restarted):
+            self.ctx.engine_up(now, worker, "restarted (engine fault)")
+        self._restarted.clear()
+
+    def _restart(self, ev: ScheduledEvent, now: float) -> None:
+        """The engine fault's restart: its dead engines on ``ev.pod`` start again and serve
+        ``engine.engine_start_s`` later (empty: what they held died with them)."""
+        f = self.ctx.spec.faults[ev.fault_id]
+        for role, workers, ids in (("prefill", self.prefill, self.topo.prefill_ids),
+                                   ("decode", self.decode, self.topo.decode_ids)):
+            if f.kills(role):
+                for idx, w in enumerate(workers):
+                    if w.pod == ev.pod and w.dead:
+                        call_after(self.env, self.e.engine_start_s, self._started, (w, int(ids[idx])))
+
+    def _started(self, ev: Call) -> None:
+        w, worker = ev.data
+        w.dead = False
+        if self._unseen.pop(worker, None) is None:  # the router took it for down: its next check finds it up
+            self._restarted.add(worker)
 
     def _call_failed(self, worker: int, now: float, why: str | None = None) -> None:
         why = self._unseen.pop(worker, why)

@@ -139,8 +139,12 @@ def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
     # whole run, by the node agent `ray up` started in pod 1's namespace: a CPU quota on the engine's
     # processes, the factor measured by saturating their cgroup (docs/testbed.md "Compute slow-down").
     compute = parse_spec({**base, "name": "e2e_compute", "policies": ["LC"],
+                          # prompts whose prefill computes several CFS periods (100 ms, a third of it
+                          # allowed at 3x): one of 300-400 tokens took 45 ms on a quiet host, which a
+                          # period boundary can let through unthrottled (from the working tree, 2026-11-26:
+                          # pod 1's median 56 ms against pod 0's 51 ms, one of four prefills slowed)
                           "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 8,
-                                       "prompt": {"kind": "uniform", "low": 300, "high": 400},
+                                       "prompt": {"kind": "uniform", "low": 1500, "high": 1900},
                                        "output": {"kind": "fixed", "value": 8}},
                           "faults": [{"kind": "compute", "pods": [1], "start_s": 0.0, "duration_s": 30.0,
                                       "slowdown": COMPUTE_SLOWDOWN}]})
@@ -400,16 +404,20 @@ DEATH_REQUESTS = 30
 # before pod 0's. At 0.5 requests/s an 8 s gap left a window of under a second once pod 2's death
 # was seen 5 s after its kill (fresh clone, 2026-11-23: no request in it); 16 s leaves about 7 s.
 KILL_GAP_S = 16.0
-DEATH_REPEAT = "e2e_engine_death_repeat"  # the same run again, on engines restarted: the testbed's repeatability
+DEATH_REPEAT = "e2e_engine_death_repeat"
+DEATH_INTO_DECODE_S = 1.0  # the first kill, this long after its request's first token (in the simulator)
+ISOLATION_S = 3.0  # and no other request on its engine this long around that request  # the same run again, on engines restarted: the testbed's repeatability
 
 
 def engine_death_spec(base: dict) -> ExperimentSpec:
     """LC while an engine fault kills pod 2's decode engine core, then, KILL_GAP_S later, pod 0's
-    prefill engine actor (SIGKILL each, by the pod's fault agent: a crash or the OOM killer). The
-    first kill lands mid-decode of a request on pod 2 in the calibrated simulator's run of the same
-    workload without it, so that a call is on the engine when it dies; the run goes on with pods 1
-    and 3. At 0.5 requests/s: once pod 2 is gone, pod 3 decodes everything alone (at 1/s it ran
-    past the deadline)."""
+    prefill engine actor (SIGKILL each, by the pod's fault agent: a crash or the OOM killer); the
+    run goes on with pods 1 and 3. The first kill lands DEATH_INTO_DECODE_S into the decode of a
+    request alone on pod 2 in the simulator's run of the same workload without it (the shipped
+    spec's engines), so that in both worlds one call is on the engine when it dies: the testbed's
+    stages run up to a few times the simulator's (docs/twin.md), and a kill in the middle of a short
+    decode missed its request in the calibrated simulator once (from a fresh clone, 2026-11-26: it
+    had ended 10 ms before). At 0.5 requests/s: once pod 2 is gone, pod 3 decodes everything alone."""
     import tempfile
 
     from simulator.run import run_sim
@@ -417,13 +425,17 @@ def engine_death_spec(base: dict) -> ExperimentSpec:
     spec = {**base, "name": "e2e_engine_death", "policies": ["LC"], "faults": [],
             "workload": {"arrival": {"kind": "poisson", "rate_rps": 0.5}, "max_requests": DEATH_REQUESTS,
                          "prompt": {"kind": "uniform", "low": 300, "high": 400},
-                         # a decode of 64 tokens lasts a second or two here: time for the kill to land
-                         "output": {"kind": "fixed", "value": 64}}}
+                         # a decode of 256 tokens lasts 2-3 s in the simulator, longer here
+                         "output": {"kind": "fixed", "value": 256}}}
     with tempfile.TemporaryDirectory() as tmp:
         req = read_table(run_sim(parse_spec(spec), "LC", 0, Path(tmp)), "requests")
-    # off the liveness checks' grid (every testbed.engine_check_s from the run's start), after 15 s
-    on2 = req[(req.decode_pod == 2) & (req.first_token_s > 15.0)].iloc[0]
-    kill = round(float(on2.first_token_s + on2.end_s) / 2, 2)
+    on2 = req[req.decode_pod == 2]
+    # alone: no other request on pod 2 from ISOLATION_S before its first token to ISOLATION_S after its end;
+    # after 15 s, off the liveness checks' grid (every testbed.engine_check_s from the run's start)
+    alone = [r for r in on2.itertuples() if r.first_token_s > 15.0
+             and not ((on2.request_id != r.request_id) & (on2.routed_s < r.end_s + ISOLATION_S)
+                      & (on2.end_s > r.first_token_s - ISOLATION_S)).any()]
+    kill = round(float(alone[0].first_token_s) + DEATH_INTO_DECODE_S, 2)
     return parse_spec({**spec, "faults": [
         {"kind": "engine", "pods": [2], "role": "decode", "process": "core", "start_s": kill},
         {"kind": "engine", "pods": [0], "role": "prefill", "process": "actor", "start_s": kill + KILL_GAP_S}]})

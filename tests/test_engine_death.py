@@ -238,3 +238,26 @@ def test_the_routers_modules_and_an_engine_error_do_not_import_vllm_or_torch():
             "print([m for m in ('vllm', 'torch') if m in sys.modules])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_restarted_engine_is_found_up_by_the_periodic_check_and_chosen_again(tmp_path):
+    # a decode engine dies (its core: the actor answers again once restarted), is found down, then
+    # comes back: the next periodic check records it up and the router sends requests to it again
+    dying = _ok()
+    events = []
+
+    def kill(now):
+        if now > 0.3 and not events:
+            events.append(("kill", now))
+            dying.die(core=True)
+        elif events and len(events) == 1 and now > 0.9:
+            events.append(("restart", now))
+            dying.dead = False  # a new engine core answers its health check and its calls
+
+    outcomes, req, eng, dec = _run(tmp_path, [_ok(), _ok()], [dying, _ok()], kill, n=20, gap=0.1, probe_s=0.05)
+    (down,), (up,) = eng[eng.state == "down"].itertuples(), eng[eng.state == "up"].itertuples()
+    assert (down.worker, up.worker) == (2, 2) and events[0][1] <= down.time_s < up.time_s
+    assert events[1][1] <= up.time_s < events[1][1] + 0.2  # at the next periodic check after the restart
+    assert not ((dec.time_s > down.time_s) & (dec.time_s < up.time_s) & (dec.decode_worker == 2)).any()
+    assert ((dec.time_s > up.time_s) & (dec.decode_worker == 2)).any()
+    assert (req[req.routed_s > up.time_s].outcome == "ok").all()

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the README's install command installs it)")
 
 
-def _nixl_worker_after_a_failed_read(rehandshake: bool):
+def _nixl_worker_after_a_failed_read(rehandshake: bool, reading: bool = False):
     """vLLM's own NIXL pull worker (its cleanup code, state stubbed) after a read from engine "E"
     failed on an endpoint whose metadata NIXL still holds (a UCX peer dropped), no read in flight:
     the state its `_cleanup_remote_engines` then keeps, and the agents it removed."""
@@ -34,11 +34,19 @@ def _nixl_worker_after_a_failed_read(rehandshake: bool):
     w._remote_agents = {"E": {(0, 0): "agent-E"}}
     w._engine_by_address = {("10.0.0.2", 5600): "E"}  # a live peer, not one replaced by another
     w._failed_remote_engines, w._invalid_remote_engines = {"E"}, set()
+    if reading:  # another read of E still in flight (a slow link's)
+        w._recving_transfers = {"req-2": [7]}
+        w._recving_metadata = {"req-2": types.SimpleNamespace(remote=types.SimpleNamespace(engine_id="E"))}
     if rehandshake:
         from testbed.engines.vllm_hooks import install_rehandshake
 
         install_rehandshake()
         w._cleanup_remote_engines()
+        if reading:  # kept (vLLM would reject every new read of an invalid peer meanwhile), not forgotten
+            assert "E" in w._remote_agents and removed == [] and not w._invalid_remote_engines
+            w._recving_transfers, w._recving_metadata = {}, {}
+            w._failed_remote_engines = set()  # vLLM's cleanup cleared it; the hook kept E
+            w._cleanup_remote_engines()
     else:  # vLLM 0.32's own method (the hook keeps it where it is installed)
         getattr(NixlBaseConnectorWorker, "_vllm_cleanup_remote_engines",
                 NixlBaseConnectorWorker._cleanup_remote_engines)(w)
@@ -52,6 +60,7 @@ def test_after_a_failed_read_the_nixl_worker_drops_the_peer_for_a_new_handshake(
     agent removed, and the next read handshakes anew."""
     kept, removed = _nixl_worker_after_a_failed_read(rehandshake=False)
     assert "E" in kept._remote_agents and removed == []
-    dropped, removed = _nixl_worker_after_a_failed_read(rehandshake=True)
-    assert "E" not in dropped._remote_agents and removed == ["agent-E"]
-    assert "E" in dropped._invalid_engine_backoff  # vLLM's backoff against a peer that keeps failing
+    for reading in (False, True):  # with another read of it in flight: once that has drained
+        dropped, removed = _nixl_worker_after_a_failed_read(rehandshake=True, reading=reading)
+        assert "E" not in dropped._remote_agents and removed == ["agent-E"]
+        assert "E" in dropped._invalid_engine_backoff  # vLLM's backoff against a peer that keeps failing

@@ -139,3 +139,24 @@ def test_after_a_link_down_heals_its_reads_fail_at_the_disconnect_then_work(tmp_
     # the plain model: the same requests, their pulls resumed at the heal
     plain = runs[None].loc[hung.index]
     assert (plain.outcome == "ok").all() and (plain.kv_end_s >= healed).all() and (plain.kv_end_s < after).all()
+
+
+def test_a_restarted_engine_core_serves_again_once_started_and_seen_up_at_the_next_check(tmp_path):
+    """restart_s: the dead decode core is started again 20 s after its kill, serves engine_start_s
+    (30 s) later, and the router chooses it again from its next liveness check on (every 10 s)."""
+    kill, restart, start = 21.3, 20.0, 30.0
+    with pytest.raises(SpecError, match=r"faults\[0\] restarts engines: set engine.engine_start_s"):
+        _spec([{"kind": "engine", "pods": [2], "role": "decode", "start_s": kill, "restart_s": restart}])
+    with pytest.raises(SpecError, match="restart_s restarts an engine core"):
+        _spec([{"kind": "engine", "pods": [2], "role": "decode", "start_s": kill, "restart_s": restart,
+                "process": "actor"}], engine={"engine_start_s": start})
+    spec = _spec([{"kind": "engine", "pods": [2], "role": "decode", "start_s": kill, "restart_s": restart}],
+                 rate=1.0, n=120, output=8, engine={"engine_start_s": start})
+    req, eng, dec, faults = _run(spec, tmp_path)
+    assert list(zip(faults.event, faults.time_s)) == [("apply", kill), ("clear", kill + restart)]
+    down, up = eng[eng.state == "down"].time_s.item(), eng[eng.state == "up"].time_s.item()
+    serving = kill + restart + start
+    assert kill <= down < kill + CHECK_S and up == math.ceil(serving / CHECK_S) * CHECK_S  # the next check
+    to2 = dec[dec.decode_pod == 2].time_s
+    assert not to2.between(down, up, inclusive="neither").any() and (to2 >= up).sum() > 5
+    assert (req[req.routed_s >= up].outcome == "ok").all()

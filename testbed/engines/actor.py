@@ -76,6 +76,19 @@ class EngineActor:
                                 lost_wakeup_s=LostSeconds(self.engine.config.wakeup_log_path))
         return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds}
 
+    async def restart(self) -> dict[str, Any]:
+        """A new engine core in place of a dead one (an engine fault's restart_s, as a supervisor
+        restarts a crashed process): the dead one's client shut down, the same configuration
+        started again in this actor, so its handle and node stay. Returns its start-up seconds."""
+        import asyncio
+
+        try:  # the dead core's client: vLLM's monitor began shutting it down already
+            await asyncio.wait_for(self.engine.shutdown(), 30)
+        except Exception:
+            pass
+        self.engine = Engine(self.engine.config)
+        return {"name": self.engine.config.name, "startup_s": await self.engine.start()}
+
     async def host_samples(self, since_wall: float = 0.0) -> list[tuple[float, ...]]:
         """This engine's host samples (hoststats.HostSample) taken at or after ``since_wall``."""
         host = getattr(self, "host", None)

@@ -137,10 +137,12 @@ def install_rehandshake() -> bool:
     endpoint the peer dropped keeps its metadata: NIXL then fails every later read to that peer
     at once (NIXL_ERR_REMOTE_DISCONNECT), for good, though removing the peer and adding it again
     makes a working endpoint at once (docs/testbed.md "A link down without vLLM: NIXL and UCX
-    alone"). This marks every engine with a failed transfer as vLLM marks one whose metadata
-    is gone (`_mark_remote_engine_invalid`): vLLM's own path then releases it once its reads
-    have drained and handshakes on the next read, with its own backoff against a peer that keeps
-    failing (1 s doubling to 60 s). Idempotent; False if it was installed already."""
+    alone"). This marks an engine with a failed transfer as vLLM marks one whose metadata is gone
+    (`_mark_remote_engine_invalid`), once no read of it is in flight: vLLM's own path then releases
+    it in the same cleanup and handshakes on the next read, with its own backoff against a peer
+    that keeps failing (1 s doubling to 60 s). Not before its reads have drained: vLLM rejects every
+    new read of an invalid peer until it is released, and a read on a slow link can last minutes.
+    Idempotent; False if it was installed already."""
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker as Worker
 
     if getattr(Worker, "_testbed_rehandshake", False):
@@ -148,14 +150,20 @@ def install_rehandshake() -> bool:
     cleanup = Worker._cleanup_remote_engines
 
     def _cleanup_remote_engines(self: Any) -> None:
-        if self._TRANSFER_MODE == "pull" and self._failed_remote_engines:
+        if self._TRANSFER_MODE == "pull":
+            # vLLM clears its failed set at every cleanup: the failed peers are kept here until drained
+            due = self.__dict__.setdefault("_testbed_rehandshake_due", set())
+            due |= self._failed_remote_engines - self._invalid_remote_engines
             with self._handshake_lock:
                 handshaking = bool(self._handshake_futures)
-            if not handshaking:  # vLLM's own cleanup defers then too
-                now = time.perf_counter()
-                for engine_id in self._failed_remote_engines - self._invalid_remote_engines:
-                    if engine_id in self._remote_agents:
+            if due and not handshaking:  # vLLM's own cleanup defers then too
+                busy, now = self._engines_with_inflight_transfers(), time.perf_counter()
+                for engine_id in list(due):
+                    if engine_id not in self._remote_agents:
+                        due.discard(engine_id)  # released already
+                    elif engine_id not in busy:
                         self._mark_remote_engine_invalid(engine_id, now)
+                        due.discard(engine_id)
         cleanup(self)
 
     Worker._cleanup_remote_engines = _cleanup_remote_engines

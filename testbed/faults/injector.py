@@ -22,8 +22,9 @@ probe that gets through at 1.5x or more proves the limit gone (Python cannot fil
 a 10 Gbit/s baseline, so the row then reads 1.0, and the telemetry the baseline).
 
 An engine fault's engines are killed through their pod's agent (``kill_engine``: SIGKILL of the
-process the fault names, which each engine actor reports), one row per engine; the router learns
-of the deaths from the engines themselves (testbed/router/flow.py Liveness), as in the simulator.
+process the fault names, which each engine actor reports), one row per engine, and with
+``restart_s`` started again by their actors; the router learns of the deaths and of the restarted
+engines from the engines themselves (testbed/router/flow.py Liveness), as in the simulator.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class FaultInjector:
         # Measured residual factor per pod and side: the telemetry reports the narrower one.
         self.measured = {"uplink": np.ones(n), "downlink": np.ones(n)}
         self._stop = asyncio.Event()
+        self._restarts: set[asyncio.Task] = set()  # engines starting again (engine faults' restart_s)
 
     # --- the timeline -----------------------------------------------------
     async def run(self) -> None:
@@ -106,13 +108,37 @@ class FaultInjector:
         self.ctx.begin_step(step, self.now())
         kills = [ev for ev in step.events if ev.kind == "engine"]
         results = await asyncio.gather(*(self._make_pod(p, step, before) for p in step.changed.tolist()),
-                                       *(self._kill(ev) for ev in kills))
+                                       *(self._kill(ev) if ev.event == "apply" else self._restart(ev) for ev in kills))
         measured = dict(zip(step.changed.tolist(), results))
         killed = dict(zip(kills, results[len(measured):]))
         now = self.now()
         bw = np.minimum(self.measured["uplink"], self.measured["downlink"])
         self.ctx.end_step(step, now, bw, lambda ev: killed[ev] if ev in killed
                           else self._rows(ev, measured.get(ev.pod, {}), now))
+
+    async def _restart(self, ev: ScheduledEvent) -> list[FaultRow]:
+        """Start the fault's engines on ``ev.pod`` again (each actor a new engine core): a row each,
+        measured 1 (the capacity back) when asked, NaN where the ask failed. Not awaited: a start
+        takes the better part of a minute, and the steps after it keep their times; the router's
+        liveness check finds the engine up once it serves."""
+        f = self.spec.faults[ev.fault_id]
+        assert isinstance(f, EngineFault)
+        tg, rows = self.pods[ev.pod], []
+        for role, name, handle in tg.engines:
+            if f.kills(role):
+                task = asyncio.ensure_future(self._start_again(handle, f"pod{ev.pod}:{name}/core"))
+                self._restarts.add(task)
+                task.add_done_callback(self._restarts.discard)
+                rows.append((f"pod{ev.pod}:{name}/core", self.now(), 1.0, np.nan))
+        return rows
+
+    @staticmethod
+    async def _start_again(handle: Any, target: str) -> None:
+        try:
+            res = await handle.restart.remote()
+            log.info("engine fault: %s started again in %.1f s", target, res["startup_s"])
+        except Exception as e:
+            log.warning("engine fault: restart of %s failed: %s", target, e)
 
     async def _kill(self, ev: ScheduledEvent) -> list[FaultRow]:
         """Kill the fault's engines on ``ev.pod``: a row each, measured 0 (the capacity left) once the

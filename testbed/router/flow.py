@@ -465,8 +465,9 @@ class Liveness:
     """Which engines are down, from their own state: vLLM's health check through each engine's
     actor (its engine core alive), asked at the health probe's period and at once when a call to
     the engine raised. An answer that is an error (the actor dead, the core dead) puts the engine
-    down for good (RunContext.engine_down: the router stops choosing it); no answer within
-    ``timeout_s`` is a busy engine, not a dead one."""
+    down (RunContext.engine_down: the router stops choosing it) until a periodic check finds it
+    answering again, restarted by an engine fault's restart_s (RunContext.engine_up); no answer
+    within ``timeout_s`` is a busy engine, not a dead one."""
 
     def __init__(self, ctx: RunContext, flow: RequestFlow, clock: Callable[[], float], timeout_s: float,
                  names: Sequence[str]) -> None:
@@ -483,12 +484,11 @@ class Liveness:
         self._check(role, idx)
 
     def tick(self, now: float) -> None:
-        """Ask every engine not yet down."""
-        down = self.ctx.router.view.pods.down
+        """Ask every engine: a live one whether it died, a down one whether it serves again (an
+        engine fault's restart; a dead actor answers at once that it is still dead)."""
         for role, n in (("prefill", len(self.flow.prefill)), ("decode", len(self.flow.decode))):
             for idx in range(n):
-                if down is None or not down[self.worker(role, idx)]:
-                    self._check(role, idx)
+                self._check(role, idx)
 
     def _check(self, role: str, idx: int) -> None:
         if (role, idx) in self._checking:  # one question at a time per engine
@@ -500,11 +500,19 @@ class Liveness:
 
     async def _ask(self, role: str, idx: int) -> None:
         engine = (self.flow.prefill if role == "prefill" else self.flow.decode)[idx]
+        worker = self.worker(role, idx)
+        down = self.ctx.router.view.pods.down
+        was_down = down is not None and bool(down[worker])
+        name = self.names[idx if role == "prefill" else len(self.flow.prefill) + idx]
         try:
             await asyncio.wait_for(engine.health(), self.timeout_s)
         except asyncio.TimeoutError:
             return
         except Exception as e:
-            name = self.names[idx if role == "prefill" else len(self.flow.prefill) + idx]
-            log.warning("engine %s is down: %s", name, e)
-            self.ctx.engine_down(self.clock(), self.worker(role, idx), f"{type(e).__name__}: {e}"[:300])
+            if not was_down:
+                log.warning("engine %s is down: %s", name, e)
+                self.ctx.engine_down(self.clock(), worker, f"{type(e).__name__}: {e}"[:300])
+            return
+        if was_down:  # restarted: it answers vLLM's health check again
+            log.warning("engine %s is up again", name)
+            self.ctx.engine_up(self.clock(), worker, "health check answered (restarted)")
