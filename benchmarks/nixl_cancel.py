@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ucx_outage import SOURCE  # noqa: E402
+from benchmarks.ucx_outage import start_source  # noqa: E402
 from testbed.faults import shaping  # noqa: E402
 from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns, netns_exec_argv  # noqa: E402
 
@@ -101,14 +101,8 @@ def run(mbit: float, mb: int, deadline_s: float, keep: bool) -> list[dict]:
         with in_netns(pod.netns):
             for d in ("egress", "ingress"):
                 shaping.shape(shaping.Shaping(pod.ifname, d, mbit * 1e6))
-        meta = work / "source.json"
-        procs.append(subprocess.Popen(netns_exec_argv(pod.netns, [sys.executable, "-c", SOURCE, str(meta), str(n)]),
-                                      env={**env, "UCX_NET_DEVICES": pod.ifname}))
-        until = time.time() + 60
-        while not meta.exists():
-            if time.time() > until or procs[0].poll() is not None:
-                raise RuntimeError("the source did not publish its metadata")
-            time.sleep(0.1)
+        source, meta = start_source(pod, work, n, {**env, "UCX_NET_DEVICES": pod.ifname})
+        procs.append(source)
         t0 = time.time()
         reader = subprocess.Popen(netns_exec_argv(head.netns, [sys.executable, "-c", READER, str(meta), str(t0),
                                                                str(deadline_s), "keep" if keep else "release",
@@ -136,12 +130,10 @@ def summary(rows: list[dict], mbit: float) -> str:
     first = next(r for r in ev if r.get("read") == 0 and r["event"] == "started")["t_s"]
     gave_up = next((r["t_s"] for r in ev if r.get("read") == 0 and r["event"] in ("released", "release_refused")),
                    None)
-    ended0 = next((r for r in ev if r.get("read") == 0 and r["event"] == "ended"), None)
     second = next((r for r in ev if r.get("read") == 1 and r["event"] == "started"), None)
     lines = [f"link {mbit:g} Mbit/s; read 0 started {first:.2f} s"]
     for r in ev:
         lines.append(f"  {r['t_s']:.2f} s: read {r.get('read')} {r['event']} {r.get('state', '')} {r.get('error', '')}")
-    mark = gave_up if gave_up is not None else (ended0["t_s"] if ended0 else first)
     end = second["t_s"] if second else tx[-1][0]
 
     def sent(a: float, b: float) -> float:

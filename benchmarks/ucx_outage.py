@@ -103,6 +103,20 @@ while time.time() - t0 < until:
 """
 
 
+def start_source(pod: object, work: Path, n: int, env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+    """The NIXL source in ``pod``'s namespace holding ``n`` bytes, once it has published its metadata
+    (the file returned); the process is the caller's to kill."""
+    meta = work / "source.json"
+    proc = subprocess.Popen(netns_exec_argv(pod.netns, [sys.executable, "-c", SOURCE, str(meta), str(n)]), env=env)
+    deadline = time.time() + 60
+    while not meta.exists():
+        if time.time() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise RuntimeError("the source did not publish its metadata")
+        time.sleep(0.1)
+    return proc, meta
+
+
 def run_case(env: dict[str, str], down_s: float, total_s: float, limit_s: float, reconnect: bool,
              directions: tuple[str, ...] = ("egress", "ingress")) -> list[dict]:
     """One case on a fresh fabric (head + pod0): the rows the reader printed, and the fault's times."""
@@ -114,14 +128,8 @@ def run_case(env: dict[str, str], down_s: float, total_s: float, limit_s: float,
     base = {**os.environ, "UCX_TLS": "tcp", "UCX_NET_DEVICES": pod.ifname, **env}
     try:
         create_fabric(fabric)
-        meta = work / "source.json"
-        procs.append(subprocess.Popen(netns_exec_argv(pod.netns, [sys.executable, "-c", SOURCE, str(meta), str(READ_BYTES)]),
-                                      env=base))
-        deadline = time.time() + 60
-        while not meta.exists():
-            if time.time() > deadline or procs[0].poll() is not None:
-                raise RuntimeError("the source did not publish its metadata")
-            time.sleep(0.1)
+        source, meta = start_source(pod, work, READ_BYTES, base)
+        procs.append(source)
         t0 = time.time()
         reader = subprocess.Popen(netns_exec_argv(head.netns, [sys.executable, "-c", READER, str(meta), str(t0),
                                                                str(total_s), str(limit_s), "1" if reconnect else "0"]),

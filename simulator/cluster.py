@@ -314,11 +314,11 @@ class ClusterSim(EngineDeaths):
                 (self._kill if ev.event == "apply" else self._restart)(ev, now)
         before = self._applied
         for p in step.changed.tolist():
-            for link, new, old in ((topo.uplink(p), step.uplink[p], before.uplink[p] if before else 1.0),
-                                   (topo.downlink(p), step.downlink[p], before.downlink[p] if before else 1.0)):
+            for side, link in (("uplink", topo.uplink(p)), ("downlink", topo.downlink(p))):
+                new, old = getattr(step, side)[p], getattr(before, side)[p] if before else 1.0
                 if old == 0 and new > 0 and self._heal_disconnect is not None:
                     # the KV endpoints across it stay dead until UCX finds them disconnected
-                    call_after(self.env, self._heal_disconnect, self._reconnect, link)
+                    call_after(self.env, self._heal_disconnect, self._reconnect, (link, p, side))
                 else:
                     self.net.set_capacity(link, topo.core_link_Bps(new))
             if step.slowdown[p] != self.slowdown[p]:

@@ -37,15 +37,9 @@ class EngineDeaths:
         router at once (Liveness.error), any other at its next liveness check or first call."""
         f = self.ctx.spec.faults[ev.fault_id]
         why = f"killed by faults[{ev.fault_id}] ({f.process})"
-        for role, workers, ids in (("prefill", self.prefill, self.topo.prefill_ids),
-                                   ("decode", self.decode, self.topo.decode_ids)):
-            if not f.kills(role):
-                continue
-            for idx, w in enumerate(workers):
-                if w.pod != ev.pod or w.dead:
-                    continue
+        for role, idx, w, worker in self._engines_of(f, ev.pod):
+            if not w.dead:
                 failed = self._kill_prefill(idx, now) if role == "prefill" else self._kill_decode(w, now)
-                worker = int(ids[idx])
                 self._unseen[worker] = why
                 notice = self.e.core_death_notice_s if f.process == "core" else 0.0
                 if failed and notice > 0:  # a check or a later call may still see it first
@@ -68,13 +62,17 @@ class EngineDeaths:
     def _restart(self, ev: ScheduledEvent, now: float) -> None:
         """The engine fault's restart: its dead engines on ``ev.pod`` start again and serve
         ``engine.engine_start_s`` later (empty: what they held died with them)."""
-        f = self.ctx.spec.faults[ev.fault_id]
-        for role, workers, ids in (("prefill", self.prefill, self.topo.prefill_ids),
-                                   ("decode", self.decode, self.topo.decode_ids)):
-            if f.kills(role):
-                for idx, w in enumerate(workers):
-                    if w.pod == ev.pod and w.dead:
-                        call_after(self.env, self.e.engine_start_s, self._started, (w, int(ids[idx])))
+        for _, _, w, worker in self._engines_of(self.ctx.spec.faults[ev.fault_id], ev.pod):
+            if w.dead:
+                call_after(self.env, self.e.engine_start_s, self._started, (w, worker))
+
+    def _engines_of(self, f: Any, pod: int) -> list[tuple[str, int, Any, int]]:
+        """The workers engine fault ``f`` acts on in ``pod``: (role, index in its role, worker state,
+        global worker id)."""
+        return [(role, idx, w, int(ids[idx]))
+                for role, workers, ids in (("prefill", self.prefill, self.topo.prefill_ids),
+                                           ("decode", self.decode, self.topo.decode_ids)) if f.kills(role)
+                for idx, w in enumerate(workers) if w.pod == pod]
 
     def _started(self, ev: Call) -> None:
         w, worker = ev.data
@@ -158,7 +156,7 @@ class EngineDeaths:
     def _reconnect(self, ev: Call) -> None:
         """``kv_heal_disconnect_s`` after a down link came back: the reads across it fail (error in
         kv_transfer; a dead pull ends ``failed``), then the link carries KV at its rate now."""
-        link, now = ev.data, self.env._now
+        link, pod, side, now = *ev.data, self.env._now
         topo = self.topo
         for req in [r for r in self._flows if link in topo.path(r.prefill_worker, r.decode_worker)]:
             if req in self._dead:
@@ -169,10 +167,7 @@ class EngineDeaths:
                 self._unhold(req)
             elif not req.done:
                 self._pull_failed(req, now)
-        step = self._applied
-        pod = link - 2 * topo.n_workers
-        factor = step.uplink[pod] if pod < topo.n_pods else step.downlink[pod - topo.n_pods]
-        self.net.set_capacity(link, topo.core_link_Bps(float(factor)))
+        self.net.set_capacity(link, topo.core_link_Bps(float(getattr(self._applied, side)[pod])))
 
     def _unhold(self, req: Ticket) -> None:
         """The prefill engine no longer holds ``req``'s KV for a reader (the host model's demand)."""

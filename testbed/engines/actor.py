@@ -143,7 +143,7 @@ class EngineActor:
         own process (vLLM's front end); ``core``, vLLM's engine core, the child the front end spawned
         (found by its parent, not its title: twice a serving core kept multiprocessing's
         ``spawn_main`` command line; multiprocessing's resource tracker is the other child)."""
-        from testbed.faults.procs import ppid
+        from testbed.faults.procs import cmdline, ppid
 
         me = os.getpid()
         if which == "actor":
@@ -151,12 +151,7 @@ class EngineActor:
         if which != "core":
             raise ValueError(f"unknown engine process {which!r} (known: actor, core)")
         for pid in descendants_of(me):
-            if ppid(pid) != me:
-                continue
-            try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
+            cmd = cmdline(pid) if ppid(pid) == me else ""
             if "resource_tracker" not in cmd and ("EngineCore" in cmd or "spawn_main" in cmd):
                 return pid
         raise RuntimeError(f"engine {self.engine.config.name}: no engine core process under pid {me}")

@@ -23,7 +23,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
 from testbed.faults import shaping
@@ -219,17 +218,11 @@ class FaultAgent:
         which Ray sets as the actor starts) or a process it spawned (vLLM's engine core). Any other
         process is refused, nothing signalled. Nothing to undo and no TTL: a dead engine stays dead
         (the driver starts a new set before the next run). Returns when it was sent (the agent's clock)."""
-        from testbed.faults.procs import ppid
+        from testbed.faults.procs import cmdline, ppid
 
-        def title(p: int | None) -> str:
-            try:
-                return Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                return ""
-
-        if not (title(pid).startswith(ENGINE_TITLE) or title(ppid(pid)).startswith(ENGINE_TITLE)):
+        if not (cmdline(pid).startswith(ENGINE_TITLE) or cmdline(ppid(pid)).startswith(ENGINE_TITLE)):
             raise FaultRefused(f"pid {pid} is not an engine's process (neither {ENGINE_TITLE} nor its child): "
-                               f"{title(pid)[:80] or 'gone'!r}")
+                               f"{cmdline(pid)[:80] or 'gone'!r}")
         os.kill(pid, signal.SIGKILL)
         return self.clock()
 

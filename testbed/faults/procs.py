@@ -39,6 +39,14 @@ def ppid(pid: int) -> int | None:
     return int(fields[1]) if fields else None
 
 
+def cmdline(pid: int | None) -> str:
+    """``pid``'s command line, arguments joined by spaces; "" when it is gone or unreadable."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def descendants(pid: int) -> list[int]:
     """``pid``'s child processes, recursively (from the ppid in /proc/*/stat), not ``pid`` itself."""
     children: dict[int, list[int]] = {}
