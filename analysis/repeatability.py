@@ -35,11 +35,13 @@ def deviation(row: pd.Series) -> float:
     return float(row["rel_error"] if kind == "rel" else row["diff"])
 
 
-def beyond(sim_deviation: float, repeat_deviation: float) -> str:
-    """"within" when |sim_deviation| <= |repeat_deviation|, "beyond" when larger, "n/a" if either is NaN."""
+def beyond(sim_deviation: float, repeat_deviation: float, floor: float = 0.0) -> str:
+    """"within" when |sim_deviation| <= max(|repeat_deviation|, ``floor``), "beyond" when larger, "n/a"
+    if either is NaN. ``floor``: the spread the testbed is known to have in that quantity from more runs
+    than one repeat, where one repeat can agree by chance far closer (analysis/engine_death.py)."""
     if math.isnan(sim_deviation) or math.isnan(repeat_deviation):
         return "n/a"
-    return "within" if abs(sim_deviation) <= abs(repeat_deviation) + EPS else "beyond"
+    return "within" if abs(sim_deviation) <= max(abs(repeat_deviation), floor) + EPS else "beyond"
 
 
 def with_deviation(table: pd.DataFrame) -> pd.DataFrame:

@@ -26,6 +26,7 @@ brings it up, runs every job and command below on it, brings it down, and the te
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -51,6 +52,7 @@ TIME_COLUMNS = ["routed_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "k
 RETRY_TTFT_S = 8.0  # router.retry.attempt_ttft_s of the retried run (derived in job_specs)
 OVERLOAD_REQUESTS = 40
 OVERLOAD_LIMIT = 4  # router.max_in_flight of the overload run
+OVERLOAD_OFFERED = 3  # the load the overload run offers, in multiples of OVERLOAD_LIMIT (job_specs)
 COMPUTE_SLOWDOWN = 3.0  # the compute fault's factor (e2e_compute and the killed run)
 
 
@@ -106,13 +108,20 @@ def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
     retried = parse_spec({**throttled.model_dump(mode="json", exclude={"study"}), "name": "e2e_retry",
                           "deadline_s": 20.0,
                           "router": {**base["router"], "retry": {"attempt_ttft_s": RETRY_TTFT_S}}})
-    # Overload: the shipped scenario at 10x its rate (5 requests/s), OVERLOAD_REQUESTS of them, behind
-    # an admission limit of OVERLOAD_LIMIT. Without a limit, 224 requests at this rate held up to 86
-    # in flight here, a TTFT p50 of 3.2 s (docs/performance.md "Overload and the admission
-    # limit"), so a limit of 4 binds within a few.
+    # Overload: the shipped scenario at 5x its rate (5 requests/s), OVERLOAD_REQUESTS of them, behind
+    # an admission limit of OVERLOAD_LIMIT, with outputs long enough that the limit binds by Little's
+    # law, not by chance: in flight = rate x time in the system, and a request decoding n tokens is
+    # in the system at least n decode steps (the shipped spec's decode_step_base_s, 9.1 ms, measured
+    # here by `testbed calibrate`). n is set so that the load offered is OVERLOAD_OFFERED times the
+    # limit: Erlang's loss formula (4 servers, 12 erlangs) then refuses 70% of the arrivals, and 47%
+    # were each request twice as fast as the spec says. The shipped outputs (8-24 tokens, requests of
+    # 0.25 s here) offered 1.2 erlangs: the limit bound only where arrivals bunched (2 of 40 refused
+    # in two runs of 2026-11-26, none in two others: the test's assertion failed at random).
     rate = 5.0
+    out_tokens = math.ceil(OVERLOAD_OFFERED * OVERLOAD_LIMIT / (rate * base["engine"]["decode_step_base_s"]))
     overload = parse_spec({**base, "name": "e2e_overload", "policies": ["LC"],
                            "workload": {**base["workload"], "arrival": {"kind": "poisson", "rate_rps": rate},
+                                        "output": {"kind": "fixed", "value": out_tokens},
                                         "duration_s": None, "max_requests": OVERLOAD_REQUESTS},
                            "router": {**base["router"], "max_in_flight": OVERLOAD_LIMIT}})
     # The circuit breaker (router.circuit_breaker): pod 0's link throttled as above for BREAKER_FAULT_S,

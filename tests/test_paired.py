@@ -286,3 +286,24 @@ def test_compare_cli_repeat(worlds, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "Repeatability" in printed and "beyond" in printed
     assert (tmp_path / "out" / "fidelity_repeatability.csv").exists()
+
+
+def test_the_engine_table_judges_a_time_against_at_least_the_testbeds_known_spread():
+    from analysis.engine_death import TIME_FLOOR_S, engine_table
+    from analysis.metric_names import Metric as M
+
+    def runs(world: str, down: float, rate: float) -> dict:
+        return {"world": world, "policy": "LC", "seed": 0, M.ENGINE_DOWN_S: down, M.FAILURE_RATE: rate}
+
+    # the repeat agrees with the testbed to 1 ms; the simulator is off by less than the floor in the
+    # time, by the same 1 ms in the rate: the time is within, the rate is not (no floor for a rate)
+    near = TIME_FLOOR_S / 2
+    both = pd.DataFrame([runs("sim", 0.5 - near, 0.05 - 0.002), runs("testbed", 0.5, 0.05)])
+    rep = pd.DataFrame([runs("repeat", 0.499, 0.049)])
+    t = engine_table(both, rep, ["LC"]).set_index("metric")
+    assert t.loc[M.ENGINE_DOWN_S, "repeatability"] == pytest.approx(0.001)
+    assert t.loc[M.ENGINE_DOWN_S, "beyond_repeatability"] == "within"
+    assert t.loc[M.FAILURE_RATE, "beyond_repeatability"] == "beyond"
+    # beyond the floor and the repeat's distance, a time is beyond
+    far = pd.DataFrame([runs("sim", 0.5 - 2 * TIME_FLOOR_S, 0.05), runs("testbed", 0.5, 0.05)])
+    assert engine_table(far, rep, ["LC"]).set_index("metric").loc[M.ENGINE_DOWN_S, "beyond_repeatability"] == "beyond"

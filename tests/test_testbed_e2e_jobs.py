@@ -140,7 +140,7 @@ def test_a_request_past_its_deadline_is_aborted_and_recorded_in_its_stage(testbe
     assert all(v["unfinished"] == 0 for v in after.values()), after
 
 
-def test_at_ten_times_the_rate_the_admission_limit_bounds_what_is_in_flight_and_rejects_the_rest(testbed_runs):
+def test_past_the_admission_limit_the_router_bounds_what_is_in_flight_and_rejects_the_rest(testbed_runs):
     from analysis.metrics import peak_in_flight
     from analysis.run_metrics import run_metrics
 

@@ -49,6 +49,7 @@ The fits and the file are :mod:`core.calibration`'s.
 from __future__ import annotations
 
 import itertools
+import math
 import platform
 import time
 from datetime import datetime, timezone
@@ -63,6 +64,7 @@ from core.calibration import (Calibration, HostCalibration, calibration_from_fit
 from core.host_model import host_shared, host_speed, rate_against, sample_intervals, worker_spin_s
 from core.spec import ExperimentSpec
 from core.topology import Topology, kv_transfer_bytes
+from testbed.engines.engine import EngineConfig
 
 from testbed.router.flow import CPU_BLOCK_TOKENS, prompt_ids
 
@@ -89,12 +91,17 @@ DECODE_TOKENS = 32
 HOST_PROMPT = 1536
 HOST_REPEATS = 3
 HANG_BLOCKS = 6
-# The demand window: the reference engine prefills this many HOST_PROMPT prompts at once (seconds
-# of computing, several of the engines' 0.5 s host samples), while another decode engine decodes
-# up to DEMAND_DECODE_TOKENS tokens, more than fit in the window at the decode steps measured under
-# load (it is aborted when the window closes).
-DEMAND_PROMPTS = 2
-DEMAND_DECODE_TOKENS = 512
+# The demand window: the reference engine prefills HOST_PROMPT prompts at once, as many as take
+# DEMAND_WINDOW_SAMPLES of the engines' host sample periods (EngineConfig.host_sample_s) at the
+# speed measured alone, so that every engine samples its CPU at least twice in it whatever its
+# phase, the window running slower under load than alone. Two prompts (0.6-0.7 s here) held fewer
+# than two samples of an engine in 2 of 3 windows of one calibration and in all 3 of two e2e runs
+# (2026-11-26: the demand by state measured nothing). Meanwhile another decode engine decodes up to
+# DEMAND_DECODE_TOKENS tokens, 14 s at the spec's quiet decode step (9.1 ms), three times the
+# window under load (about 4.5 s) (it is aborted when the window closes).
+DEMAND_WINDOW_SAMPLES = 3
+DEMAND_MIN_PROMPTS = 2
+DEMAND_DECODE_TOKENS = 1536
 DEMAND_SETTLE_S = 0.5  # after the window opens: the decode's pull is done and its steps run
 HOST_PROBE_TIMEOUT_S = 60.0
 
@@ -398,6 +405,7 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
         secs, held = _prefill_all(prefill, ids)
         rows += [[1, i, s] for i, s in enumerate(secs)]
         ray.get([decode.decode.remote(rid, p, 1, x.kv_transfer_params) for rid, p, x in held])
+    alone = float(np.median([x[2] for x in rows if x[0] == 0]))
     ratios: list[list[float]] = []
     windows: list[float] = []  # the demand windows' seconds, where they measured
     others = [e for e in decoders if e is not decode]
@@ -412,14 +420,14 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
             rows += [[2, i, s] for i, s in enumerate(secs)]
             if k > 1:
                 got, window_s = demand_window(prefill, decode, others[0] if others else None, ids, hang,
-                                              list(decoders) or [decode], one_host)
+                                              list(decoders) or [decode], one_host, demand_prompts(alone))
                 ratios += [[r, *x] for x in got]
                 windows += [window_s] * bool(got)
         finally:
             ray.get(agent.clear.remote("calibrate-host"))
         ray.get([hang] + [decode.decode.remote(r, q, 1, x.kv_transfer_params) for r, q, x in held])
     a = np.asarray(rows, float)
-    alone, every, hung = (float(np.median(a[a[:, 0] == s, 2])) for s in (0, 1, 2))
+    every, hung = (float(np.median(a[a[:, 0] == s, 2])) for s in (1, 2))
     demand = demand_of(ratios, per)
     out = {"prompt_tokens": float(HOST_PROMPT), "prefill_engines": float(k), "alone_s": alone,
            "all_prefill_s": every, "all_prefill_hang_s": hung}
@@ -435,10 +443,10 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
                 f"{name}_slowdown": measured / alone,
                 f"{name}_model_slowdown": alone_speed / host_speed(cores, cores_demanded)}
     if windows and len(demand) == len(DEMAND_STATES) - 1:
-        # the window itself, a check of the model on the data it was measured on: DEMAND_PROMPTS
+        # the window itself, a check of the model on the data it was measured on: demand_prompts
         # prompts at once against one alone, and every state's demand at once
         window = float(np.median(windows))
-        out |= {"demand_window_s": window, "demand_window_slowdown": window / (DEMAND_PROMPTS * alone),
+        out |= {"demand_window_s": window, "demand_window_slowdown": window / (demand_prompts(alone) * alone),
                 "demand_window_model_slowdown": alone_speed / host_speed(cores, per + sum(demand.values()))}
     return out, rows, demand, ratios
 
@@ -447,10 +455,18 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
 DEMAND_STATES = ("compute", "hold", "pull", "decode", "background")
 
 
+def demand_prompts(alone_s: float) -> int:
+    """How many HOST_PROMPT prompts the demand window prefills at once: DEMAND_WINDOW_SAMPLES host
+    sample periods at ``alone_s`` a prompt (the comment above DEMAND_WINDOW_SAMPLES), at least
+    DEMAND_MIN_PROMPTS."""
+    return max(DEMAND_MIN_PROMPTS, math.ceil(DEMAND_WINDOW_SAMPLES * EngineConfig.host_sample_s / alone_s))
+
+
 def demand_window(prefill: Sequence[Any], hung: Any, decoder: Any | None, ids: _Ids, hang: Any,
-                  decoders: Sequence[Any], one_host: bool) -> tuple[list[list[float]], float]:
+                  decoders: Sequence[Any], one_host: bool, prompts: int = DEMAND_MIN_PROMPTS
+                  ) -> tuple[list[list[float]], float]:
     """While the pull ``hang`` from prefill[0] to ``hung`` hangs (prefill[0] holds its KV, ``hung``
-    waits for it): prefill[1] computes DEMAND_PROMPTS prompts at once and ``decoder`` (if any)
+    waits for it): prefill[1] computes ``prompts`` prompts at once and ``decoder`` (if any)
     decodes. Returns rows (state index in DEMAND_STATES, cores against the computing engine's, one
     per interval between two host samples: :func:`_window_rates`), empty where the window held
     fewer than two host samples of an engine, or the pull or the decode ended inside it (not the
@@ -462,7 +478,7 @@ def demand_window(prefill: Sequence[Any], hung: Any, decoder: Any | None, ids: _
         pre = ray.get(ref.prefill.remote(dec_rid, p))
         decoding = decoder.decode.remote(dec_rid, p, DEMAND_DECODE_TOKENS, pre.kv_transfer_params)
         time.sleep(DEMAND_SETTLE_S)
-    reqs = [ids(HOST_PROMPT) for _ in range(DEMAND_PROMPTS)]
+    reqs = [ids(HOST_PROMPT) for _ in range(prompts)]
     opened = time.time()
     res = ray.get([ref.prefill.remote(r, q) for r, q in reqs])
     closed = time.time()
