@@ -86,7 +86,7 @@ def test_shaped_throughput_matches_three_rates_and_takes_effect_within_200ms(fab
 
 @pytest.mark.parametrize("pod, side, direction", [("pod0", "uplink", "egress"), ("pod1", "downlink", "ingress")])
 def test_a_healed_link_delivers_what_its_queue_holds(fabric, pod, side, direction):
-    """A pull's tail queued on the throttled link when it heals arrives at once, nothing resent.
+    """A pull's tail queued on the throttled link when it heals arrives at once, nothing waiting on a resend.
     Removing the shaping's qdisc with the tail in it dropped it, and the sender, whose
     retransmission timeout the queue's delay had grown, resent it seconds later (3.2 s here;
     15-19 s on the engines: docs/testbed.md "When a link heals")."""
@@ -127,11 +127,14 @@ def test_a_healed_link_delivers_what_its_queue_holds(fabric, pod, side, directio
         while not done and time.monotonic() - healed < 10:
             time.sleep(0.01)
         assert done, "the transfer did not finish within 10 s of the heal"
-        assert done[0] - healed < 1.0, f"{queued} queued bytes took {done[0] - healed:.2f} s to arrive after the heal"
-        if direction == "egress":
-            # (Into the pod, the ifb hands its queue to the receiving stack at once, whose
-            # backlog may drop some of that burst: resent then, but in milliseconds.)
-            assert retransmits(sender) == resent, "the heal dropped queued packets that TCP had to send again"
+        # What a dropped tail costs is the sender's retransmission timeout, grown by the queue's
+        # delay (3.2 s here): arriving within a second of the heal means nothing waited for it.
+        # Resent segments alone do not tell: the queue released at line rate is a burst that the
+        # receiving stack's backlog may drop some of, resent within milliseconds (into the pod
+        # the ifb hands it over so every time; out of it, a fresh clone's suite saw 180 such on
+        # 2026-11-26, the transfer complete in time).
+        assert done[0] - healed < 1.0, (f"{queued} queued bytes took {done[0] - healed:.2f} s to arrive after "
+                                        f"the heal ({retransmits(sender) - resent} segments resent since)")
         sender.close()
     finally:
         srv.close()

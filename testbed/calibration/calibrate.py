@@ -97,8 +97,9 @@ HANG_BLOCKS = 6
 # phase, the window running slower under load than alone. Two prompts (0.6-0.7 s here) held fewer
 # than two samples of an engine in 2 of 3 windows of one calibration and in all 3 of two e2e runs
 # (2026-11-26: the demand by state measured nothing). Meanwhile another decode engine decodes up to
-# DEMAND_DECODE_TOKENS tokens, 14 s at the spec's quiet decode step (9.1 ms), three times the
-# window under load (about 4.5 s) (it is aborted when the window closes).
+# DEMAND_DECODE_TOKENS tokens, 14 s at the spec's quiet decode step (9.1 ms), six times the
+# window of six prompts measured under load (2.2 s, an e2e run of 2026-11-26); it is aborted when
+# the window closes.
 DEMAND_WINDOW_SAMPLES = 3
 DEMAND_MIN_PROMPTS = 2
 DEMAND_DECODE_TOKENS = 1536
