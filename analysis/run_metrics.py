@@ -124,7 +124,7 @@ def retry_work(requests: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, floa
             M.RETRY_KV_BYTES: float(attempts["kv_bytes"].sum())}
 
 
-def engine_down_s(engines: pd.DataFrame, faults: pd.DataFrame, state: str = "down") -> float:
+def engine_lag_s(engines: pd.DataFrame, faults: pd.DataFrame, state: str = "down") -> float:
     """engine_down_s = over the engines found down on pods an engine fault killed, the mean time from
     the kill (the pod's last engine ``apply`` row at or before the record) to the router's down
     record; NaN without. How long the router went on choosing a dead engine, in either world.
@@ -183,8 +183,8 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out.update(dead_work(run.dead_pulls))
     out.update(retry_work(req, run.attempts))
     out[M.ENGINES_DOWN] = int(run.engines["worker"].nunique())
-    out[M.ENGINE_DOWN_S] = engine_down_s(run.engines, run.faults)
-    out[M.ENGINE_UP_S] = engine_down_s(run.engines, run.faults, "up")
+    out[M.ENGINE_DOWN_S] = engine_lag_s(run.engines, run.faults)
+    out[M.ENGINE_UP_S] = engine_lag_s(run.engines, run.faults, "up")
     out.update(host_stall(run))
     out.update(kv_leases(run.meta))
     out.update(corruption(req, run.meta, run.world))

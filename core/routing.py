@@ -135,9 +135,9 @@ class Router:
         self.view.pods = self.view.pods.replace(blocked=self.breakers.blocked)
         self.policy.prepare(self.view)  # off the next decision's path
 
-    def engine_down(self, now: float, worker: int, reason: str, up: bool = False) -> None:
-        """The engine of ``worker`` is down: never chosen again while its role has another (until it
-        is up again: ``up``, a restarted engine found serving). Each change recorded once."""
+    def set_engine_state(self, now: float, worker: int, reason: str, up: bool = False) -> None:
+        """The engine of ``worker`` is down (``up`` False): never chosen again while its role has
+        another, until it is up again (a restarted engine found serving). Each change recorded once."""
         down = np.zeros(self.topo.n_workers, bool) if self.view.pods.down is None else self.view.pods.down.copy()
         if down[worker] != up:
             return

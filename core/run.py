@@ -126,11 +126,11 @@ class RunContext:
     # --- engines ---------------------------------------------------------------------
     def engine_down(self, now: float, worker: int, reason: str) -> None:
         """The world saw the engine of ``worker`` die: the router stops choosing it (recorded once)."""
-        self.router.engine_down(now, worker, reason)
+        self.router.set_engine_state(now, worker, reason)
 
     def engine_up(self, now: float, worker: int, reason: str) -> None:
         """The world saw the engine of ``worker``, down, serve again (restarted): chosen again."""
-        self.router.engine_down(now, worker, reason, up=True)
+        self.router.set_engine_state(now, worker, reason, up=True)
 
     # --- dead work -----------------------------------------------------------------
     def dead_pull(self, t: Ticket, given_up_s: float, end_s: float, ending: str, bytes_after: float) -> None:

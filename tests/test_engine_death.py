@@ -32,8 +32,8 @@ def test_no_policy_chooses_a_down_engine_while_its_role_has_another(policy):
     spec = _spec(policies=[policy])
     rows = []
     router = make_router(spec, build_topology(spec), policy, seed_streams(2), rows.append)
-    router.engine_down(1.0, 2, "RayActorError: the actor died")  # decode on pod 2
-    router.engine_down(1.5, 2, "again")  # recorded once
+    router.set_engine_state(1.0, 2, "RayActorError: the actor died")  # decode on pod 2
+    router.set_engine_state(1.5, 2, "again")  # recorded once
     for i in range(30):
         t = router.route(2.0 + i, i, 2.0 + i, 256, 10)
         assert t.decode_worker == 3, policy
@@ -45,7 +45,7 @@ def test_no_policy_chooses_a_down_engine_while_its_role_has_another(policy):
     t = router.route(40.0, 99, 40.0, 256, 10)
     assert t.decode_worker == 3
     # every decode engine down: a request still goes somewhere (and fails there), as with filters
-    router.engine_down(41.0, 3, "EngineDeadError")
+    router.set_engine_state(41.0, 3, "EngineDeadError")
     assert router.route(42.0, 100, 42.0, 256, 10).decode_worker in (2, 3)
 
 

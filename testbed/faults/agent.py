@@ -217,7 +217,8 @@ class FaultAgent:
         fault, faults.spec.EngineFault): an engine actor's own process (its title ``ray::EngineActor``,
         which Ray sets as the actor starts) or a process it spawned (vLLM's engine core). Any other
         process is refused, nothing signalled. Nothing to undo and no TTL: a dead engine stays dead
-        (the driver starts a new set before the next run). Returns when it was sent (the agent's clock)."""
+        unless its fault restarts it (the injector asks the engine's actor, not the agent); the driver
+        starts a new set before the next run. Returns when it was sent (the agent's clock)."""
         from testbed.faults.procs import cmdline, ppid
 
         if not (cmdline(pid).startswith(ENGINE_TITLE) or cmdline(ppid(pid)).startswith(ENGINE_TITLE)):
