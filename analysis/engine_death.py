@@ -6,7 +6,7 @@ router's down record), engine_up_s (a restart to the router's up record), the fa
 the seeds of the sim's, the testbed's and, with a repeat (``testbed compare --repeat``), the repeat's
 runs; ``diff`` = testbed - sim; ``repeatability`` = testbed - repeat over the seeds the repeat holds;
 ``beyond_repeatability`` as analysis/repeatability.py judges it: "within" when |diff| <=
-|repeatability|, for the times (engine_down_s, engine_up_s) at least :data:`TIME_FLOOR_S`. The table
+|repeatability|, for engine_down_s at least :func:`down_floor_s`. The table
 exists where a run of either world had an engine fault's kill.
 """
 
@@ -28,13 +28,13 @@ from core.stages import FAILURE_STAGES
 ROWS: tuple[str, ...] = (M.ENGINE_DOWN_S, M.ENGINE_UP_S, M.FAILURE_RATE, *(fail_share(s) for s in FAILURE_STAGES))
 FILE = "fidelity_engines.csv"
 # One repeat measures the testbed's spread in a time with one draw, and two runs can agree by chance
-# far closer than the testbed repeats: engine_down_s's repeat agreed to 34 ms in one comparison and
-# to 4 ms in another, where the simulator, 6 ms off, was then "beyond". A time is judged against at
-# least the spread of the testbed's own notice of a dead engine core, 0.092 to 0.110 s in three runs
-# here (docs/reliability.md "Engine death in both worlds"): the simulator models that notice by one
-# value (engine.core_death_notice_s), so a distance below that spread says nothing about its model.
-TIME_FLOOR_S = 0.110 - 0.092
-TIMES = (M.ENGINE_DOWN_S, M.ENGINE_UP_S)
+# far closer than the testbed repeats. A dead core with a call on it is seen when vLLM's front end
+# has noticed the death (the simulator's engine.core_death_notice_s, one value: their median), and that notice
+# spread from 0.091 to 0.178 s over 19 testbed runs here (docs/reliability.md "The dead core's
+# notice, measured"): engine_down_s, a mean over the deaths, is judged against at least that range
+# times the share of its deaths that were a core's (engine_core_share), the most such notices can
+# move the mean. (The first floor, 0.018 s, was the range of 3 runs; a CI run drew 0.141 and 0.164.)
+NOTICE_RANGE_S = 0.178 - 0.091
 
 
 def _mean(runs: pd.DataFrame, world: str, policy: str, metric: str, seeds: set[int] | None = None) -> float:
@@ -42,6 +42,12 @@ def _mean(runs: pd.DataFrame, world: str, policy: str, metric: str, seeds: set[i
     if seeds is not None:
         sel &= runs["seed"].isin(seeds)
     return mean_ci(runs.loc[sel, metric].to_numpy(dtype=float))[0] if metric in runs.columns else math.nan
+
+
+def down_floor_s(core_share: float) -> float:
+    """The least distance engine_down_s is judged against: :data:`NOTICE_RANGE_S` times the share of
+    the averaged deaths that were a core's (0 where unknown)."""
+    return NOTICE_RANGE_S * (0.0 if math.isnan(core_share) else core_share)
 
 
 def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies: Sequence[str]) -> pd.DataFrame | None:
@@ -54,13 +60,15 @@ def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies:
         seeds = None
         if repeat_runs is not None:
             seeds = set(repeat_runs.loc[repeat_runs["policy"] == policy, "seed"].tolist())
+        shares = [_mean(runs, w, policy, M.ENGINE_CORE_SHARE) for w in ("sim", "testbed")]
+        share = max((x for x in shares if not math.isnan(x)), default=math.nan)
         for metric in ROWS:
             sim, tb = _mean(runs, "sim", policy, metric), _mean(runs, "testbed", policy, metric)
             rep = _mean(repeat_runs, "repeat", policy, metric) if repeat_runs is not None else math.nan
             rep_dev = _mean(runs, "testbed", policy, metric, seeds) - rep if seeds else math.nan
             rows.append({"policy": policy, "metric": metric, "sim": sim, "testbed": tb, "repeat": rep,
                          "diff": tb - sim, "repeatability": rep_dev,
-                         "beyond_repeatability": beyond(tb - sim, rep_dev, TIME_FLOOR_S if metric in TIMES else 0.0)})
+                         "beyond_repeatability": beyond(tb - sim, rep_dev, down_floor_s(share) if metric == M.ENGINE_DOWN_S else 0.0)})
     return pd.DataFrame(rows)
 
 

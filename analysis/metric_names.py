@@ -40,6 +40,7 @@ class Metric(StrEnum):
     ENGINES_DOWN = "engines_down"
     ENGINE_DOWN_S = "engine_down_s"
     ENGINE_UP_S = "engine_up_s"
+    ENGINE_CORE_SHARE = "engine_core_share"
     HOST_STALLED_SHARE = "host_stalled_share"
     FAILURE_RATE_UNSTALLED = "failure_rate_unstalled"
     KV_LEASES_EXPIRED = "kv_leases_expired"

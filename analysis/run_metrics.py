@@ -124,19 +124,39 @@ def retry_work(requests: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, floa
             M.RETRY_KV_BYTES: float(attempts["kv_bytes"].sum())}
 
 
+def _engine_lags(engines: pd.DataFrame, faults: pd.DataFrame, state: str) -> list[tuple[float, int]]:
+    """(lag, fault_id) of each ``state`` record on a pod an engine fault acted on: the time from the
+    pod's last engine ``apply`` (``clear`` for "up") row at or before the record to the record."""
+    acts = faults[(faults["kind"] == "engine") & (faults["event"] == ("apply" if state == "down" else "clear"))]
+    lags = []
+    for row in engines[engines["state"] == state].itertuples():
+        at = acts[(acts["pod"] == row.pod) & (acts["time_s"] <= row.time_s)]
+        if len(at):
+            last = at.loc[at["time_s"].idxmax()]
+            lags.append((row.time_s - float(last["time_s"]), int(last["fault_id"])))
+    return lags
+
+
 def engine_lag_s(engines: pd.DataFrame, faults: pd.DataFrame, state: str = "down") -> float:
     """engine_down_s = over the engines found down on pods an engine fault killed, the mean time from
     the kill (the pod's last engine ``apply`` row at or before the record) to the router's down
     record; NaN without. How long the router went on choosing a dead engine, in either world.
     ``state="up"``: engine_up_s, the same from a restart (the fault's ``clear`` row) to the router's
     up record, how long a restarted engine took to serve again and be seen to."""
-    acts = faults[(faults["kind"] == "engine") & (faults["event"] == ("apply" if state == "down" else "clear"))]
-    lags = []
-    for row in engines[engines["state"] == state].itertuples():
-        at = acts.loc[(acts["pod"] == row.pod) & (acts["time_s"] <= row.time_s), "time_s"]
-        if len(at):
-            lags.append(row.time_s - float(at.max()))
-    return float(np.mean(lags)) if lags else NAN
+    lags = _engine_lags(engines, faults, state)
+    return float(np.mean([lag for lag, _ in lags])) if lags else NAN
+
+
+def engine_core_share(engines: pd.DataFrame, faults: pd.DataFrame, spec_faults: list[dict]) -> float:
+    """Of the down records engine_down_s averages, the share whose fault killed an engine core
+    (``process: core`` in the run's spec) rather than an engine actor; NaN without any. Only a dead
+    core's lag can hold vLLM's notice of the death, whose spread the comparison of the two worlds
+    allows for (analysis/engine_death.py)."""
+    ids = [fid for _, fid in _engine_lags(engines, faults, "down")]
+    if not ids:
+        return NAN
+    process = [(spec_faults[i].get("process", "core") if 0 <= i < len(spec_faults) else "core") for i in ids]
+    return float(np.mean([p == "core" for p in process]))
 
 
 def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
@@ -185,6 +205,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out[M.ENGINES_DOWN] = int(run.engines["worker"].nunique())
     out[M.ENGINE_DOWN_S] = engine_lag_s(run.engines, run.faults)
     out[M.ENGINE_UP_S] = engine_lag_s(run.engines, run.faults, "up")
+    out[M.ENGINE_CORE_SHARE] = engine_core_share(run.engines, run.faults, list((run.meta.get("spec") or {}).get("faults") or []))
     out.update(host_stall(run))
     out.update(kv_leases(run.meta))
     out.update(corruption(req, run.meta, run.world))

@@ -413,9 +413,9 @@ DEATH_REQUESTS = 30
 # before pod 0's. At 0.5 requests/s an 8 s gap left a window of under a second once pod 2's death
 # was seen 5 s after its kill (fresh clone, 2026-11-23: no request in it); 16 s leaves about 7 s.
 KILL_GAP_S = 16.0
-DEATH_REPEAT = "e2e_engine_death_repeat"
+DEATH_REPEAT = "e2e_engine_death_repeat"  # the same run again, on engines restarted: the testbed's repeatability
 DEATH_INTO_DECODE_S = 1.0  # the first kill, this long after its request's first token (in the simulator)
-ISOLATION_S = 3.0  # and no other request on its engine this long around that request  # the same run again, on engines restarted: the testbed's repeatability
+ISOLATION_S = 3.0  # and no other request on its engine this long around that request
 
 
 def engine_death_spec(base: dict) -> ExperimentSpec:
@@ -432,6 +432,7 @@ def engine_death_spec(base: dict) -> ExperimentSpec:
     from simulator.run import run_sim
 
     spec = {**base, "name": "e2e_engine_death", "policies": ["LC"], "faults": [],
+            "description": "pod 2's decode engine core, then pod 0's prefill engine actor, SIGKILLed",
             "workload": {"arrival": {"kind": "poisson", "rate_rps": 0.5}, "max_requests": DEATH_REQUESTS,
                          "prompt": {"kind": "uniform", "low": 300, "high": 400},
                          # a decode of 256 tokens lasts 2-3 s in the simulator, longer here

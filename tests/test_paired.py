@@ -288,22 +288,28 @@ def test_compare_cli_repeat(worlds, tmp_path, capsys):
     assert (tmp_path / "out" / "fidelity_repeatability.csv").exists()
 
 
-def test_the_engine_table_judges_a_time_against_at_least_the_testbeds_known_spread():
-    from analysis.engine_death import TIME_FLOOR_S, engine_table
+def test_the_engine_table_judges_engine_down_s_against_at_least_the_spread_its_core_deaths_can_hold():
+    from analysis.engine_death import NOTICE_RANGE_S, down_floor_s, engine_table
     from analysis.metric_names import Metric as M
 
-    def runs(world: str, down: float, rate: float) -> dict:
-        return {"world": world, "policy": "LC", "seed": 0, M.ENGINE_DOWN_S: down, M.FAILURE_RATE: rate}
+    def runs(world: str, down: float, rate: float, share: float = 0.5) -> dict:
+        return {"world": world, "policy": "LC", "seed": 0, M.ENGINE_DOWN_S: down, M.FAILURE_RATE: rate,
+                M.ENGINE_CORE_SHARE: share}
 
+    # half the deaths a core's: the notices' range can move the mean by half of it
+    assert down_floor_s(0.5) == pytest.approx(NOTICE_RANGE_S / 2) and down_floor_s(float("nan")) == 0.0
     # the repeat agrees with the testbed to 1 ms; the simulator is off by less than the floor in the
     # time, by the same 1 ms in the rate: the time is within, the rate is not (no floor for a rate)
-    near = TIME_FLOOR_S / 2
+    near = down_floor_s(0.5) * 0.9
     both = pd.DataFrame([runs("sim", 0.5 - near, 0.05 - 0.002), runs("testbed", 0.5, 0.05)])
     rep = pd.DataFrame([runs("repeat", 0.499, 0.049)])
     t = engine_table(both, rep, ["LC"]).set_index("metric")
     assert t.loc[M.ENGINE_DOWN_S, "repeatability"] == pytest.approx(0.001)
     assert t.loc[M.ENGINE_DOWN_S, "beyond_repeatability"] == "within"
     assert t.loc[M.FAILURE_RATE, "beyond_repeatability"] == "beyond"
+    # the same distance where every death was an actor's (seen at a call, no notice): beyond
+    actors = pd.DataFrame([runs("sim", 0.5 - near, 0.05, 0.0), runs("testbed", 0.5, 0.05, 0.0)])
+    assert engine_table(actors, rep, ["LC"]).set_index("metric").loc[M.ENGINE_DOWN_S, "beyond_repeatability"] == "beyond"
     # beyond the floor and the repeat's distance, a time is beyond
-    far = pd.DataFrame([runs("sim", 0.5 - 2 * TIME_FLOOR_S, 0.05), runs("testbed", 0.5, 0.05)])
+    far = pd.DataFrame([runs("sim", 0.5 - 2 * down_floor_s(0.5), 0.05), runs("testbed", 0.5, 0.05)])
     assert engine_table(far, rep, ["LC"]).set_index("metric").loc[M.ENGINE_DOWN_S, "beyond_repeatability"] == "beyond"

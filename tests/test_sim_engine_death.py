@@ -90,6 +90,27 @@ def test_a_decode_engine_killed_with_requests_on_it_fails_them_in_their_stages_a
     assert ((req.routed_s > kill) & (req.decode_pod == 3) & (req.outcome == "ok")).sum() > 10
 
 
+def test_engine_down_s_averages_the_kills_and_engine_core_share_counts_the_cores_among_them(tmp_path):
+    from analysis.metric_names import Metric as M
+    from analysis.run_metrics import run_metrics
+
+    # pod 2's decode core, then pod 0's prefill actor: the mean of the two lags, one of them a core's
+    spec = _spec([{"kind": "engine", "pods": [2], "start_s": 21.3, "role": "decode", "process": "core"},
+                  {"kind": "engine", "pods": [0], "start_s": 25.0, "role": "prefill", "process": "actor"}])
+    d = run_sim(spec, "LC", 0, tmp_path / "both")
+    eng = read_table(d, "engines").set_index("pod")
+    assert set(eng.index) == {0, 2}
+    m = run_metrics(d)
+    assert m[M.ENGINE_DOWN_S] == pytest.approx(((eng.time_s[2] - 21.3) + (eng.time_s[0] - 25.0)) / 2)
+    assert m[M.ENGINE_CORE_SHARE] == 0.5
+    # the actor alone: no core among the kills; no kill: neither
+    alone = run_metrics(run_sim(_spec([spec.faults[1].model_dump()]), "LC", 0, tmp_path / "actor"))
+    assert alone[M.ENGINE_CORE_SHARE] == 0.0
+    assert alone[M.ENGINE_DOWN_S] == pytest.approx(m[M.ENGINE_DOWN_S] * 2 - (eng.time_s[2] - 21.3))
+    none = run_metrics(run_sim(_spec([]), "LC", 0, tmp_path / "none"))
+    assert math.isnan(none[M.ENGINE_CORE_SHARE]) and math.isnan(none[M.ENGINE_DOWN_S])
+
+
 def test_an_engine_that_dies_idle_is_seen_at_the_next_check_or_its_first_call(tmp_path):
     # a prefill engine killed at 25 s with nothing on it, requests every ~4 s: LC's next choice of it
     # fails at once (the call raises) unless the check at 30 s comes first
