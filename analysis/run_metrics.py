@@ -137,25 +137,26 @@ def _engine_lags(engines: pd.DataFrame, faults: pd.DataFrame, state: str) -> lis
     return lags
 
 
-def engine_lag_s(engines: pd.DataFrame, faults: pd.DataFrame, state: str = "down") -> float:
+def engine_lag_s(engines: pd.DataFrame, faults: pd.DataFrame, state: str = "down",
+                 lags: list[tuple[float, int]] | None = None) -> float:
     """engine_down_s = over the engines found down on pods an engine fault killed, the mean time from
     the kill (the pod's last engine ``apply`` row at or before the record) to the router's down
     record; NaN without. How long the router went on choosing a dead engine, in either world.
     ``state="up"``: engine_up_s, the same from a restart (the fault's ``clear`` row) to the router's
-    up record, how long a restarted engine took to serve again and be seen to."""
-    lags = _engine_lags(engines, faults, state)
+    up record, how long a restarted engine took to serve again and be seen to. ``lags``: those of
+    :func:`_engine_lags` for ``state``, where the caller has them."""
+    lags = _engine_lags(engines, faults, state) if lags is None else lags
     return float(np.mean([lag for lag, _ in lags])) if lags else NAN
 
 
-def engine_core_share(engines: pd.DataFrame, faults: pd.DataFrame, spec_faults: list[dict]) -> float:
-    """Of the down records engine_down_s averages, the share whose fault killed an engine core
-    (``process: core`` in the run's spec) rather than an engine actor; NaN without any. Only a dead
-    core's lag can hold vLLM's notice of the death, whose spread the comparison of the two worlds
-    allows for (analysis/engine_death.py)."""
-    ids = [fid for _, fid in _engine_lags(engines, faults, "down")]
-    if not ids:
+def engine_core_share(down_lags: list[tuple[float, int]], spec_faults: list[dict]) -> float:
+    """Of the down records engine_down_s averages (``down_lags``, :func:`_engine_lags`), the share
+    whose fault killed an engine core (``process: core`` in the run's spec) rather than an engine
+    actor; NaN without any. Only a dead core's lag can hold vLLM's notice of the death, whose spread
+    the comparison of the two worlds allows for (analysis/engine_death.py)."""
+    if not down_lags:
         return NAN
-    process = [(spec_faults[i].get("process", "core") if 0 <= i < len(spec_faults) else "core") for i in ids]
+    process = [(spec_faults[i].get("process", "core") if 0 <= i < len(spec_faults) else "core") for _, i in down_lags]
     return float(np.mean([p == "core" for p in process]))
 
 
@@ -203,10 +204,11 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
     out.update(dead_work(run.dead_pulls))
     out.update(retry_work(req, run.attempts))
     out[M.ENGINES_DOWN] = int(run.engines["worker"].nunique())
-    out[M.ENGINE_DOWN_S] = engine_lag_s(run.engines, run.faults)
+    down_lags = _engine_lags(run.engines, run.faults, "down")
+    out[M.ENGINE_DOWN_S] = engine_lag_s(run.engines, run.faults, lags=down_lags)
     out[M.ENGINE_UP_S] = engine_lag_s(run.engines, run.faults, "up")
     spec_faults = list((run.meta.get("spec") or {}).get("faults") or [])
-    out[M.ENGINE_CORE_SHARE] = engine_core_share(run.engines, run.faults, spec_faults)
+    out[M.ENGINE_CORE_SHARE] = engine_core_share(down_lags, spec_faults)
     out.update(host_stall(run))
     out.update(kv_leases(run.meta))
     out.update(corruption(req, run.meta, run.world))
