@@ -35,23 +35,11 @@ from analysis.metrics import (
 )
 from analysis.run_data import RunData, load_run
 from analysis.run_metrics import run_metrics
-from analysis.fidelity import (
-    Fidelity,
-    Rank,
-    check_same_scenario,
-    clean_failures,
-    compare,
-    composition_table,
-    fidelity_table,
-    fingerprint_difference,
-    noise_table,
-    policy_order,
-    rank_agreement,
-    scenario_fingerprint,
-)
+from analysis.fidelity import Fidelity, check_same_scenario, clean_failures, compare, fingerprint_difference, scenario_fingerprint
+from analysis.fidelity_checks import Rank, composition_table, fidelity_table, noise_table, policy_order, rank_agreement
 from analysis.plots import RunCurves, run_curves, write_plots
 from analysis.report import report
-from analysis.claims import claim_table, effect_ci
+from analysis.claims import claim_table
 from analysis.summary import RunDiscoveryError, collect_runs, compare_worlds, discover_runs, mean_ci, runs_frame, summarize
 from analysis.study import StudyError, cell_metrics, is_study, load_study, study_summary
 from analysis.study_report import study_report
@@ -60,7 +48,7 @@ __all__ = [
     "FaultWindow", "Fidelity", "FidelityTolerances", "MetricsSpec", "ORACLE", "Rank", "RunCurves", "RunData",
     "RunDiscoveryError", "check_same_scenario", "claim_table", "clean_failures", "collect_runs", "compare",
     "compare_worlds", "composition_table", "decision_latency", "degraded_availability", "degraded_pod_shares",
-    "discover_runs", "effect_ci", "failure_composition", "failure_rate", "fault_window", "fidelity_table",
+    "discover_runs", "failure_composition", "failure_rate", "fault_window", "fidelity_table",
     "fingerprint_difference", "gap_to_oracle", "goodput_rps", "latency_percentiles", "load_run", "mean_ci",
     "noise_table", "needless_deflection", "needless_deflection_ratio", "pod_exposure", "StudyError",
     "cell_metrics", "is_study", "load_study", "study_summary", "study_report", "parse_metrics_spec",

@@ -1,58 +1,75 @@
-"""Does a claim measured in the simulator carry over to the testbed: a verdict per claim.
+"""Does a claim measured in the simulator carry over to the testbed: a verdict per claim, by the rule of
+analysis/verdict.py (docs/verdicts.md).
 
-A claim's effect is one number per world and seed (say FaultAwareLC's failure rate minus
-FaultAwareOTF-R's). The input is a long table: claim, world ("sim", "testbed", or "repeat": the
-testbed's second run of the same seeds), seed, value; NaN values are left out.
+A claim (core/study_spec.py ``ClaimSpec``) names its metric, its expected direction (``increase``,
+``decrease``, or ``none``: no effect), its measure (a ``difference``, or a ``ratio`` reported beside
+it) and its margin: the smallest effect that matters, and for a null claim the band inside which "no
+effect" holds. Its effect is one number per world and seed: the metric of its cell (``a``) minus that
+of its ``vs`` cell (``b``) on the same seed, or ``a`` alone without ``vs``. The input is a long table
+(:data:`COLUMNS`): claim, world ("sim", "testbed", or "repeat": the testbed's second run of a seed,
+shown, not judged), seed, value = a - b, a, b (NaN without ``vs``).
 
-Interval of a world's effect: mean over seeds +- t_{(1+c)/2, n-1} * s / sqrt(n), s the sample standard
-deviation (ddof=1), Student t (analysis.summary.mean_ci). With 3 seeds at 95 % that is
-mean +- 4.303 * s / sqrt(3), about mean +- 2.48 s; with fewer than 2 seeds there is no interval. The
-effect *holds* in a world when its interval excludes 0.
+Per claim (:func:`claim_row`):
 
-Verdict: the testbed's repeatability is the mean over seeds of |testbed - repeat| (the seeds run
-twice); diff = testbed mean - sim mean. "carries over" when the two means have the same sign and
-|diff| <= repeatability; "does not carry over" when the signs differ or |diff| > repeatability; "n/a"
-with fewer than 2 seeds in either world or no repeat. Why repeatability is the yardstick: a
-difference between the worlds no larger than the testbed's difference from itself on the same seeds
-cannot be told from the testbed's own noise, and one larger than it can.
+* each world's interval over seeds (:func:`analysis.verdict.interval`), floored by the testbed's
+  spread of the effect: the spread of its metric, pooled over every repeated cell of the study
+  (analysis/study_claims.py), times sqrt(the cells in the effect: 1, or 2 with ``vs``). The floor
+  holds for the simulator's interval too: the simulator is exact per seed, and without it a claim
+  would hold there on a precision the testbed cannot have;
+* whether it holds in each world (:func:`analysis.verdict.world_status`);
+* the paired difference testbed - simulator over the seeds both have, its interval with the same
+  floor, and whether it lies inside +-margin: an equivalence test (two one-sided tests);
+* the verdict, its reason and the seeds a decision needs (:func:`analysis.verdict.claim_verdict`,
+  :func:`analysis.verdict.claim_seeds_needed`), the means and spreads staying as measured;
+* for a ratio claim, mean(a) / mean(b) per world with its Fieller interval (:func:`fieller`): NaN
+  where mean(b) is 0 (the baseline never fails), unbounded (NaN bounds) where b's interval holds 0.
+  The verdict judges the difference, which is defined either way.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
-from analysis.summary import mean_ci
+from analysis.verdict import (ALPHA, DIRECTIONS, NO_SPREAD, RULE_VERSION, UNDECIDED_CLAIM, Interval, Spread,
+                              claim_seeds_needed, claim_verdict, inside, interval, world_status)
 
 WORLDS = ("sim", "testbed", "repeat")
-COLUMNS = ("claim", "world", "seed", "value")
-# Below this an effect counts as zero: equal rates subtracted can leave 1e-17 instead of 0.
-ZERO_EFFECT = 1e-12
-CARRIES, DOES_NOT, NA = "carries over", "does not carry over", "n/a"
-TABLE_COLUMNS = ("claim", "sim_mean", "sim_low", "sim_high", "sim_n", "tb_mean", "tb_low", "tb_high", "tb_n",
-                 "n_seeds", "diff", "paired_diff", "paired_low", "paired_high", "repeatability", "n_repeat",
-                 "holds_sim", "holds_tb", "same_sign", "within_repeatability", "verdict")
+COLUMNS = ("claim", "world", "seed", "value", "a", "b")
+MEASURES = ("difference", "ratio")
+TABLE_COLUMNS = (
+    "claim", "direction", "measure", "margin",
+    "sim_mean", "sim_low", "sim_high", "sim_n", "sim_status",
+    "tb_mean", "tb_low", "tb_high", "tb_n", "tb_status",
+    "paired_mean", "paired_low", "paired_high", "n_seeds", "equivalence",
+    "spread_sigma", "spread_pairs", "effect_floor", "margin_below_floor",
+    "ratio_sim", "ratio_sim_low", "ratio_sim_high", "ratio_tb", "ratio_tb_low", "ratio_tb_high",
+    "verdict", "reason", "seeds_needed", "rule")
 
 
-def effect_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float, int]:
-    """(mean, low, high, n) of the non-NaN values: low/high = mean -+ the Student-t half-width of
-    :func:`analysis.summary.mean_ci`; NaN bounds with n < 2, all NaN with n = 0."""
-    mean, half, n = mean_ci(values, confidence)
-    return mean, mean - half, mean + half, n
+@dataclass(frozen=True)
+class ClaimRule:
+    """What judges one claim: its metric (whose spread floors it), direction, margin, measure, and how
+    many cells its effect is made of (1, or 2 with ``vs``)."""
 
+    metric: str
+    direction: str
+    margin: float
+    measure: str = "difference"
+    cells: int = 2
 
-def _sign(x: float) -> int:
-    return 0 if abs(x) < ZERO_EFFECT else int(math.copysign(1, x))
-
-
-def _holds(low: float, high: float) -> bool | None:
-    """The interval excludes 0; None (<NA> in the table) without an interval."""
-    if math.isnan(low) or math.isnan(high):
-        return None
-    return bool(low > 0 or high < 0)
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"unknown direction {self.direction!r} (known: {', '.join(DIRECTIONS)})")
+        if self.measure not in MEASURES:
+            raise ValueError(f"unknown measure {self.measure!r} (known: {', '.join(MEASURES)})")
+        if not self.margin > 0:
+            raise ValueError(f"a claim's margin must be > 0, got {self.margin!r}")
 
 
 def check_effects(effects: pd.DataFrame) -> None:
@@ -70,47 +87,84 @@ def check_effects(effects: pd.DataFrame) -> None:
         raise ValueError(f"claim {r['claim']!r} has two values for world={r['world']} seed={r['seed']}")
 
 
-def claim_row(g: pd.DataFrame, confidence: float) -> dict[str, object]:
-    """The verdict of one claim from its (checked) rows: see the module docstring."""
-    by = {w: g.loc[g["world"] == w].set_index("seed")["value"].astype(float).dropna() for w in WORLDS}
-    sim, tb, rep = by["sim"], by["testbed"], by["repeat"]
-    sm, sl, sh, sn = effect_ci(sim.to_numpy(), confidence)
-    tm, tl, th, tn = effect_ci(tb.to_numpy(), confidence)
-    both = tb.index.intersection(sim.index)
-    pm, pl, ph, pn = effect_ci((tb[both] - sim[both]).to_numpy(), confidence)  # matched by seed
-    again = tb.index.intersection(rep.index)
-    repeatability = float(np.abs(tb[again] - rep[again]).mean()) if len(again) else math.nan
-    diff = tm - sm
-    defined = not (math.isnan(sm) or math.isnan(tm))
-    same_sign = _sign(sm) == _sign(tm) if defined else None
-    # |diff| below ZERO_EFFECT is 0: equal means computed in another order differ by 1e-17
-    within = bool(abs(diff) < ZERO_EFFECT or abs(diff) <= repeatability) \
-        if defined and not math.isnan(repeatability) else None
-    if sn < 2 or tn < 2 or math.isnan(repeatability):
-        verdict = NA
-    elif same_sign and within:
-        verdict = CARRIES
+def fieller(a: np.ndarray, b: np.ndarray, floor: Spread = NO_SPREAD) -> tuple[float, float, float]:
+    """(ratio, low, high) of mean(a) / mean(b) over paired seeds, with Fieller's interval at the rule's
+    confidence (Fieller, J. R. Stat. Soc. B 16, 1954): the ratios R for which mean(a) - R mean(b) is
+    not distinguishable from 0, i.e. (a - R b)^2 <= t^2 var(a - R b) / n, a quadratic in R. Each cell's
+    variance is floored by ``floor`` (one testbed run's spread of the metric). NaN ratio where mean(b)
+    = 0; NaN bounds where the interval is unbounded (b's own interval holds 0) or with fewer than 2
+    seeds and no floor."""
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b = a[ok], b[ok]
+    n = a.size
+    if n == 0 or abs(float(b.mean())) < 1e-15:
+        return math.nan, math.nan, math.nan
+    ma, mb = float(a.mean()), float(b.mean())
+    f2 = floor.sigma ** 2 if floor.known else 0.0
+    if n >= 2:
+        va, vb = max(float(a.var(ddof=1)), f2), max(float(b.var(ddof=1)), f2)
+        cab, df = float(np.cov(a, b, ddof=1)[0, 1]), n - 1
+    elif floor.known:
+        va = vb = f2
+        cab, df = 0.0, floor.pairs
     else:
-        verdict = DOES_NOT
-    return {"sim_mean": sm, "sim_low": sl, "sim_high": sh, "sim_n": sn,
-            "tb_mean": tm, "tb_low": tl, "tb_high": th, "tb_n": tn, "n_seeds": pn,
-            "diff": diff, "paired_diff": pm, "paired_low": pl, "paired_high": ph,
-            "repeatability": repeatability, "n_repeat": len(again),
-            "holds_sim": _holds(sl, sh), "holds_tb": _holds(tl, th),
-            "same_sign": same_sign, "within_repeatability": within, "verdict": verdict}
+        return ma / mb, math.nan, math.nan
+    t2 = float(stats.t.ppf(1.0 - ALPHA, df)) ** 2 / n
+    qa, qb, qc = mb * mb - t2 * vb, ma * mb - t2 * cab, ma * ma - t2 * va
+    disc = qb * qb - qa * qc
+    if qa <= 0 or disc < 0:
+        return ma / mb, math.nan, math.nan
+    root = math.sqrt(disc)
+    return ma / mb, (qb - root) / qa, (qb + root) / qa
 
 
-def claim_table(effects: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
-    """One row per claim (sorted): each world's effect interval (sim_/tb_ mean, low, high, n), n_seeds
-    (seeds with a value in both worlds), diff = tb_mean - sim_mean, the paired difference over those
-    seeds (testbed - sim per seed: paired_diff, paired_low, paired_high), repeatability (mean |testbed
-    - repeat| over the n_repeat seeds that have both; NaN with none), holds_sim / holds_tb (the interval
-    excludes 0), same_sign (|mean| < ZERO_EFFECT counts as 0, so two zeros agree),
-    within_repeatability (|diff| <= repeatability), and the verdict of the module docstring. The
-    booleans are <NA> where undefined. A malformed table raises a one-line ValueError."""
+def _world(g: pd.DataFrame, world: str) -> pd.DataFrame:
+    return g.loc[g["world"] == world].set_index("seed")[["value", "a", "b"]].astype(float).dropna(subset=["value"])
+
+
+def claim_row(g: pd.DataFrame, rule: ClaimRule, spread: Spread = NO_SPREAD) -> dict[str, object]:
+    """The verdict of one claim from its (checked) rows, ``spread`` being the testbed's spread of one run
+    of its metric: see the module docstring."""
+    sim, tb = _world(g, "sim"), _world(g, "testbed")
+    floor = spread.times(rule.cells) if spread.known else NO_SPREAD
+    s, t = interval(sim["value"], floor), interval(tb["value"], floor)
+    both = tb.index.intersection(sim.index)
+    p = interval(tb.loc[both, "value"] - sim.loc[both, "value"], floor)
+    verdict, reason = claim_verdict(s, t, p, rule.direction, rule.margin)
+    below = bool(floor.known and rule.margin < floor.sigma)
+    if below:
+        reason += f" (the margin {rule.margin:g} is below one run's spread of this effect, {floor.sigma:.3g})"
+    needed = claim_seeds_needed(s, t, p, rule.direction, rule.margin) if verdict == UNDECIDED_CLAIM else \
+        max(s.n, t.n)
+    ratios: dict[str, float] = {}
+    for key, w in (("sim", sim), ("tb", tb)):
+        r = fieller(w["a"].to_numpy(), w["b"].to_numpy(), spread) if rule.measure == "ratio" else (math.nan,) * 3
+        ratios.update({f"ratio_{key}": r[0], f"ratio_{key}_low": r[1], f"ratio_{key}_high": r[2]})
+    return {"direction": rule.direction, "measure": rule.measure, "margin": rule.margin,
+            **_iv("sim", s, world_status(s, rule.direction, rule.margin)),
+            **_iv("tb", t, world_status(t, rule.direction, rule.margin)),
+            "paired_mean": p.mean, "paired_low": p.low, "paired_high": p.high, "n_seeds": p.n,
+            "equivalence": inside(p, -rule.margin, rule.margin),
+            "spread_sigma": spread.sigma, "spread_pairs": spread.pairs, "effect_floor": floor.sigma,
+            "margin_below_floor": below, **ratios, "verdict": verdict, "reason": reason,
+            "seeds_needed": needed if needed is not None else math.nan, "rule": RULE_VERSION}
+
+
+def _iv(key: str, iv: Interval, status: str) -> dict[str, object]:
+    return {f"{key}_mean": iv.mean, f"{key}_low": iv.low, f"{key}_high": iv.high, f"{key}_n": iv.n,
+            f"{key}_status": status}
+
+
+def claim_table(effects: pd.DataFrame, rules: Mapping[str, ClaimRule],
+                spreads: Mapping[str, Spread] | None = None) -> pd.DataFrame:
+    """One row per claim of ``rules`` (in its order; :data:`TABLE_COLUMNS`), each judged by
+    :func:`claim_row` with the spread of its metric from ``spreads`` (none where absent). A claim
+    without a row in ``effects`` is undecided, with nothing measured. A malformed table raises a
+    one-line ValueError."""
     check_effects(effects)
-    rows = [{"claim": claim, **claim_row(g, confidence)} for claim, g in effects.groupby("claim", sort=True)]
-    out = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
-    for c in ("holds_sim", "holds_tb", "same_sign", "within_repeatability"):
-        out[c] = out[c].astype("boolean")
-    return out
+    spreads = spreads or {}
+    rows = []
+    for name, rule in rules.items():
+        g = effects.loc[effects["claim"] == name]
+        rows.append({"claim": name, **claim_row(g, rule, spreads.get(rule.metric, NO_SPREAD))})
+    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))

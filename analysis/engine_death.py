@@ -2,93 +2,205 @@
 same requests the same way, and stop the router choosing the dead engine as soon, as the testbed's?
 
 Per policy, for the quantities an engine death decides (:data:`ROWS`): engine_down_s (kill to the
-router's down record), engine_up_s (a restart to the router's up record), the failure rate, and the failure composition by stage. Each is the mean over
-the seeds of the sim's, the testbed's and, with a repeat (``testbed compare --repeat``), the repeat's
-runs; ``diff`` = testbed - sim; ``repeatability`` = testbed - repeat over the seeds the repeat holds;
-``beyond_repeatability`` as analysis/repeatability.py judges it: "within" when |diff| <=
-|repeatability|, for engine_down_s at least :func:`down_floor_s`. The table
-exists where a run of either world had an engine fault's kill.
+router's down record), engine_up_s (a restart to the router's up record), the failure rate, and the
+failure composition by stage. Each is the mean over the seeds of the sim's, the testbed's and, with a
+repeat (``testbed compare --repeat``), the repeat's runs, and is judged by the rule of
+analysis/verdict.py on the per-seed deviation testbed - sim: "pass" when its interval lies inside the
+margin of :func:`margins` (the spec's ``metrics.fidelity``), "fail" when wholly outside, "undecided"
+otherwise. The interval's floor is the testbed's spread of the quantity: from the repeat (pooled over
+its policies and seeds), at least the spread shipped for it (core/defaults/fits.yaml), and for
+engine_down_s at least the fitted notice's standard deviation times the share of the averaged deaths
+that were a core's (the most the notice can move the mean by, in spread). The table exists where a
+run of either world had an engine fault's kill.
+
+The dead core's notice (``engine.core_death_notice_s``, the simulator's one value) is a parameter
+fitted on named runs (core/defaults/fits.yaml, core/fits.py) and frozen. :func:`notice_table` judges
+the notices of the runs compared, none of them in the fit, against its prediction interval: inside
+passes, outside fails, a fail to explain.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Sequence
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from analysis.metric_names import Metric as M, fail_share
-from analysis.repeatability import beyond
+from analysis.run_data import RunData, load_run
 from analysis.summary import mean_ci
-from core.stages import FAILURE_STAGES
+from analysis.verdict import (FAIL, NO_SPREAD, PASS, RULE_VERSION, Spread, check_seeds_needed, inside, interval,
+                              prediction_interval)
+from core.fits import fit
+from core.metrics_spec import FidelityTolerances
+from core.stages import DECODE, FAILURE_STAGES, PREFILL
 
 ROWS: tuple[str, ...] = (M.ENGINE_DOWN_S, M.ENGINE_UP_S, M.FAILURE_RATE, *(fail_share(s) for s in FAILURE_STAGES))
 FILE = "fidelity_engines.csv"
-# One repeat measures the testbed's spread in a time with one draw, and two runs can agree by chance
-# far closer than the testbed repeats. A dead core with a call on it is seen when vLLM's front end
-# has noticed the death (the simulator's engine.core_death_notice_s, one value: their median), and
-# that notice spread from 0.091 to 0.186 s over 21 testbed runs here (docs/reliability.md "The dead
-# core's notice, measured"): engine_down_s, a mean over the deaths, is judged against at least that
-# range times the share of its deaths that were a core's (engine_core_share), the most such notices
-# can move the mean. (The first floor, 0.018 s, was the range of 3 runs; a CI run drew 0.117, 0.172.)
-NOTICE_RANGE_S = 0.186 - 0.091
+NOTICE_FILE = "fidelity_notices.csv"
+NOTICE = "core_death_notice_s"  # the fit's name in core/defaults/fits.yaml
+# The stage a call on a killed core was in, by the engine's role: the fit's samples are the kills of
+# a core whose call failed in prefill (a prefill engine) or decode (a decode engine).
+CALL_STAGE = {"prefill": PREFILL, "decode": DECODE}
 
 
-def _mean(runs: pd.DataFrame, world: str, policy: str, metric: str, seeds: set[int] | None = None) -> float:
-    sel = (runs["world"] == world) & (runs["policy"] == policy)
-    if seeds is not None:
-        sel &= runs["seed"].isin(seeds)
-    return mean_ci(runs.loc[sel, metric].to_numpy(dtype=float))[0] if metric in runs.columns else math.nan
+def margins(tol: FidelityTolerances) -> dict[str, float]:
+    """The margin each row of :data:`ROWS` is judged against: the engine lags engine_lag_abs_s, the
+    failure rate failure_rate_abs, the composition's shares composition_abs."""
+    return {M.ENGINE_DOWN_S: tol.engine_lag_abs_s, M.ENGINE_UP_S: tol.engine_lag_abs_s,
+            M.FAILURE_RATE: tol.failure_rate_abs,
+            **{fail_share(s): tol.composition_abs for s in FAILURE_STAGES}}
 
 
-def down_floor_s(core_share: float) -> float:
-    """The least distance engine_down_s is judged against: :data:`NOTICE_RANGE_S` times the share of
-    the averaged deaths that were a core's (0 where unknown)."""
-    return NOTICE_RANGE_S * (0.0 if math.isnan(core_share) else core_share)
+def _values(runs: pd.DataFrame, world: str, policy: str, metric: str) -> pd.Series:
+    if runs is None or metric not in runs.columns:
+        return pd.Series(dtype=float)
+    sel = runs.loc[(runs["world"] == world) & (runs["policy"] == policy)]
+    return sel.set_index("seed")[metric].astype(float).dropna()
 
 
-def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies: Sequence[str]) -> pd.DataFrame | None:
-    """One row per policy and quantity of :data:`ROWS` (module docstring); None where no run has an
-    engine killed by a fault (engine_down_s NaN in every run)."""
+def _mean(values: pd.Series) -> float:
+    return mean_ci(values.to_numpy(dtype=float))[0]
+
+
+def notice_spread(core_share: float) -> Spread:
+    """The fitted notice's spread in engine_down_s: its samples' standard deviation times the share of
+    the averaged deaths that were a core's, with the fit's degrees of freedom; none where unknown."""
+    if math.isnan(core_share) or core_share <= 0:
+        return NO_SPREAD
+    f = fit(NOTICE)
+    return Spread(float(np.std(f.samples, ddof=1)) * core_share, len(f.samples) - 1)
+
+
+def _larger(a: Spread, b: Spread) -> Spread:
+    if not a.known:
+        return b
+    return b if b.known and b.sigma > a.sigma else a
+
+
+def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies: Sequence[str],
+                 tol: FidelityTolerances | None = None,
+                 shipped: Mapping[str, Spread] | None = None) -> pd.DataFrame | None:
+    """One row per policy and quantity of :data:`ROWS` (module docstring): sim, testbed and repeat
+    means, diff = testbed - sim, repeatability = testbed - repeat over the repeated seeds, the
+    deviation's interval (dev_low, dev_high, n_seeds), its floor (spread_sigma, spread_pairs), the
+    margin, the verdict and the seeds a decision needs. None where no run has an engine killed by a
+    fault (engine_down_s NaN in every run)."""
     if M.ENGINE_DOWN_S not in runs.columns or runs[M.ENGINE_DOWN_S].isna().all():
         return None
+    tol = tol or FidelityTolerances()
+    margin = margins(tol)
+    both = pd.concat([runs[runs["world"] == "testbed"], repeat_runs], ignore_index=True) \
+        if repeat_runs is not None else None
+    own: dict[str, Spread] = {}
+    for metric in ROWS:  # the repeat's distance from the testbed, pooled over every policy and seed
+        d = [(_values(both, "testbed", p, metric) - _values(both, "repeat", p, metric)).dropna() for p in policies]
+        own[metric] = Spread.of(pd.concat(d).to_numpy()) if both is not None and d else NO_SPREAD
     rows = []
     for policy in policies:
-        seeds = None
-        if repeat_runs is not None:
-            seeds = set(repeat_runs.loc[repeat_runs["policy"] == policy, "seed"].tolist())
-        shares = [_mean(runs, w, policy, M.ENGINE_CORE_SHARE) for w in ("sim", "testbed")]
+        shares = [_mean(_values(runs, w, policy, M.ENGINE_CORE_SHARE)) for w in ("sim", "testbed")]
         share = max((x for x in shares if not math.isnan(x)), default=math.nan)
         for metric in ROWS:
-            sim, tb = _mean(runs, "sim", policy, metric), _mean(runs, "testbed", policy, metric)
-            rep = _mean(repeat_runs, "repeat", policy, metric) if repeat_runs is not None else math.nan
-            rep_dev = _mean(runs, "testbed", policy, metric, seeds) - rep if seeds else math.nan
-            floor = down_floor_s(share) if metric == M.ENGINE_DOWN_S else 0.0
-            rows.append({"policy": policy, "metric": metric, "sim": sim, "testbed": tb, "repeat": rep,
-                         "diff": tb - sim, "repeatability": rep_dev,
-                         "beyond_repeatability": beyond(tb - sim, rep_dev, floor)})
+            sim, tb = _values(runs, "sim", policy, metric), _values(runs, "testbed", policy, metric)
+            rep = _values(repeat_runs, "repeat", policy, metric) if repeat_runs is not None else pd.Series(dtype=float)
+            spread = _larger(own[metric], (shipped or {}).get(metric, NO_SPREAD))
+            if metric == M.ENGINE_DOWN_S:
+                spread = _larger(spread, notice_spread(share))
+            seeds = tb.index.intersection(sim.index)
+            iv = interval((tb[seeds] - sim[seeds]).to_numpy(), spread)
+            again = tb.index.intersection(rep.index)
+            needed = check_seeds_needed(iv, -margin[metric], margin[metric])
+            rows.append({"policy": policy, "metric": metric, "sim": _mean(sim), "testbed": _mean(tb),
+                         "repeat": _mean(rep), "diff": _mean(tb) - _mean(sim),
+                         "repeatability": _mean(tb[again] - rep[again]) if len(again) else math.nan,
+                         "deviation": iv.mean, "dev_low": iv.low, "dev_high": iv.high, "n_seeds": iv.n,
+                         "spread_sigma": spread.sigma, "spread_pairs": spread.pairs, "margin": margin[metric],
+                         "verdict": inside(iv, -margin[metric], margin[metric]),
+                         "seeds_needed": math.nan if needed is None else needed, "rule": RULE_VERSION})
     return pd.DataFrame(rows)
 
 
-def write_engine_table(table: pd.DataFrame, scenario: str, out_dir: Path) -> Path:
-    path = Path(out_dir) / FILE
-    df = table.copy()
-    df.insert(0, "scenario", scenario)
-    df.to_csv(path, index=False)
-    return path
+# --------------------------------------------------------------------------- the fitted notice, judged
 
 
-def print_engine_table(table: pd.DataFrame, console: Console) -> None:
-    t = Table(title="engine death: sim vs testbed (diff = testbed - sim; repeatability = testbed - repeat)")
-    for col in ("policy", "metric", "sim", "testbed", "repeat", "diff", "repeatability", "beyond_repeatability"):
+def core_death_notices(run: RunData) -> list[float]:
+    """The notices of one run: for each engine core a fault killed (a ``faults`` apply row of kind
+    engine whose target ends in ``/core``) while a call was on it (a request routed before the kill
+    that ended ``error`` after it, in the stage of :data:`CALL_STAGE` for the engine's role, on its
+    pod), the time from the kill to the router's first down record of that pod and role after it."""
+    faults, engines, req = run.faults, run.engines, run.requests
+    if faults.empty or engines.empty or req.empty:
+        return []
+    kills = faults[(faults["kind"] == "engine") & (faults["event"] == "apply")
+                   & faults["target"].astype(str).str.endswith("/core")]
+    out = []
+    for k in kills.itertuples():
+        for role, stage in CALL_STAGE.items():
+            if f"-{role}/" not in str(k.target):
+                continue
+            pod_col = "prefill_pod" if role == "prefill" else "decode_pod"
+            on_it = req[(req[pod_col] == k.pod) & (req["routed_s"] < k.time_s) & (req["end_s"] >= k.time_s)
+                        & (req["outcome"] == "error") & (req["failed_stage"] == stage)]
+            down = engines[(engines["pod"] == k.pod) & (engines["role"] == role) & (engines["state"] == "down")
+                           & (engines["time_s"] >= k.time_s)]
+            if len(on_it) and len(down):
+                out.append(float(down["time_s"].min()) - float(k.time_s))
+    return out
+
+
+def notice_table(run_dirs: Iterable[Path | str]) -> pd.DataFrame | None:
+    """Each dead core's notice in the given testbed runs against the fitted notice's prediction
+    interval (analysis.verdict.prediction_interval of core/defaults/fits.yaml's samples): run_dir,
+    notice_s, low, high, coverage, verdict (pass inside, fail outside). None where the runs hold none."""
+    f = fit(NOTICE)
+    low, high, coverage = prediction_interval(f.samples)
+    rows = []
+    for d in run_dirs:
+        run = load_run(d)
+        for x in core_death_notices(run):
+            rows.append({"run_dir": str(d), "notice_s": x, "fitted_median_s": f.value, "low": low, "high": high,
+                         "coverage": coverage, "verdict": PASS if low <= x <= high else FAIL, "rule": RULE_VERSION})
+    return pd.DataFrame(rows) if rows else None
+
+
+# --------------------------------------------------------------------------- output
+
+
+def write_engine_table(table: pd.DataFrame, scenario: str, out_dir: Path, notices: pd.DataFrame | None = None) -> list[Path]:
+    paths = []
+    for df, name in ((table, FILE), (notices, NOTICE_FILE)):
+        if df is None:
+            continue
+        df = df.copy()
+        df.insert(0, "scenario", scenario)
+        df.to_csv(Path(out_dir) / name, index=False)
+        paths.append(Path(out_dir) / name)
+    return paths
+
+
+def _fmt(v: float) -> str:
+    return "–" if isinstance(v, float) and math.isnan(v) else f"{v:.3g}"
+
+
+def print_engine_table(table: pd.DataFrame, console: Console, notices: pd.DataFrame | None = None) -> None:
+    t = Table(title="engine death: sim vs testbed (deviation = testbed - sim per seed, 90% CI floored by the "
+                    f"testbed's spread; rule {RULE_VERSION})")
+    for col in ("policy", "metric", "sim", "testbed", "repeat", "deviation [CI]", "margin", "verdict"):
         t.add_column(col)
-    colour = {"within": "green", "beyond": "yellow", "n/a": "dim"}
+    colour = {"pass": "green", "fail": "red", "undecided": "yellow"}
     for r in table.itertuples():
-        cells = ["–" if isinstance(v, float) and math.isnan(v) else f"{v:.3g}"
-                 for v in (r.sim, r.testbed, r.repeat, r.diff, r.repeatability)]
-        v = r.beyond_repeatability
-        t.add_row(r.policy, r.metric, *cells, f"[{colour[v]}]{v}[/]")
+        seeds = "" if r.verdict != "undecided" or math.isnan(r.seeds_needed) else f" ({r.seeds_needed:.0f} seeds)"
+        t.add_row(r.policy, r.metric, *(_fmt(v) for v in (r.sim, r.testbed, r.repeat)),
+                  f"{_fmt(r.deviation)} [{_fmt(r.dev_low)}, {_fmt(r.dev_high)}]", f"±{_fmt(r.margin)}",
+                  f"[{colour[r.verdict]}]{r.verdict}[/]{seeds}")
     console.print(t)
+    if notices is not None:
+        n = notices.iloc[0]
+        listed = ", ".join(f"{x:.3f} ({v})" for x, v in zip(notices["notice_s"], notices["verdict"]))
+        console.print(f"dead core's notice: fitted {n['fitted_median_s']:.3f} s on named runs "
+                      f"(core/defaults/fits.yaml), {100 * n['coverage']:.0f}% prediction interval "
+                      f"[{n['low']:.3f}, {n['high']:.3f}]; these testbed runs: {listed}")

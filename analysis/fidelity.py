@@ -1,31 +1,36 @@
 """Sim vs testbed: does a result found in simulation carry over? (``testbed compare SIM TESTBED``)
 
 Two sets of runs of one scenario, one per world, compared policy by policy; the testbed (the measured
-world) is the reference. "Mean" is the mean over seeds and "CI" its 95% half-width
-(:func:`analysis.summary.mean_ci`); seeds need not be paired. Tolerances are the ``metrics.fidelity``
-block of the testbed runs' spec (``core.metrics_spec.FidelityTolerances``).
+world) is the reference. Each world's "mean" is the mean over seeds and "CI" its 95% half-width
+(:func:`analysis.summary.mean_ci`), a description. Tolerances are the ``metrics.fidelity`` block of
+the testbed runs' spec (``core.metrics_spec.FidelityTolerances``): the difference that matters.
 
-* failure rate: mean and CI per world; diff = testbed - sim (absolute; printed in percentage points);
-  pass when |diff| <= failure_rate_abs.
+Every check is judged by the rule of analysis/verdict.py (docs/verdicts.md) on the deviation it
+names, one value per seed both worlds ran (the seeds' workloads are the same in both), its interval
+floored by the testbed's spread of that deviation (below): "pass" when the interval lies inside the
+tolerance, "fail" when it lies wholly outside, "undecided" when the seeds cannot tell, with how many
+seeds would (analysis/fidelity_checks.py):
+
+* failure rate: diff = testbed - sim (absolute; printed in percentage points), inside
+  +-failure_rate_abs.
 * outcome agreement (analysis/paired.py): the share of the requests matched by (policy, seed, id)
-  that end the same way in both worlds; in the table sim = the agreement, diff = 1 - agreement (the
-  share that ended differently), testbed NaN; pass when agreement >= outcome_agreement_min.
+  that end the same way in both worlds; the deviation is 1 - the seed's agreement (the share that
+  ended differently), at most 1 - outcome_agreement_min; in the table sim = the pooled agreement,
+  diff = 1 - it, testbed NaN.
+* TTFT and E2E p50 and p90 over ok requests: each run's percentile; rel_error = (sim - testbed) /
+  testbed, the simulator's error relative to the measured value as simulator-accuracy studies define
+  it (Vidur, Agrawal et al., MLSys 2024), per seed, inside +-latency_p50_rel (p50) or
+  +-latency_p90_rel (p90).
+* traffic deflection ratio: diff = testbed - sim, inside +-deflection_abs.
 * failure composition: per stage of core.stages plus "unknown", the mean over seeds of the stage's share
-  of the failures (runs without failures, whose shares are NaN, left out).
-* TTFT and E2E p50 and p90 over ok requests: mean over seeds of each run's percentile; diff = testbed -
-  sim as above, and rel_error = (sim - testbed) / testbed, the simulator's error relative to the
-  measured value as simulator-accuracy studies define it (Vidur, Agrawal et al., MLSys 2024): -0.5 is
-  a simulated latency half the testbed's. Pass when |rel_error| <= latency_p50_rel (p50) or
-  latency_p90_rel (p90).
-* traffic deflection ratio: diff = testbed - sim; pass when |diff| <= deflection_abs.
-* rank agreement: Kendall tau-b (scipy.stats.kendalltau) between the worlds' mean failure rates over the
-  policies in both worlds with a finite mean on each side; pass when tau >= kendall_tau_min.
-* order of the named policies (rank_policies, those present on both sides): each world's policies sorted
-  by mean failure rate, lowest first; policies whose means are equal (within 1e-12) are a tie, written
-  "=". Ties are decided on the means, not on the CIs: the issue asks for an identical ranking, and
-  whether the two worlds' values lie within each other's noise is what the per-policy failure-rate
-  verdicts judge. Pass when both worlds give the same sequence of tie groups (a tie in one world and a
-  strict order in the other is a difference).
+  of the failures (runs without failures, whose shares are NaN, left out); a description.
+* rank: for every pair of policies, whether the worlds separate them alike (:func:`pair_table`: the
+  per-seed deviation of the pair's failure-rate difference inside +-failure_rate_abs: "agree",
+  wholly outside: "disagree", else "open"). The Kendall tau verdict counts agreeing pairs as
+  concordant (tau-a, 2 C / P - 1) against kendall_tau_min, the open pairs counted both ways; the
+  order verdict asks every pair of the named policies (rank_policies) to agree. Kendall tau-b of the
+  worlds' mean failure rates and each world's order of the named policies (ties within 1e-12 written
+  "=") are printed as descriptions.
 * noise floor: per run, among routed requests that touched no degraded pod (neither prefill_pod nor
   decode_pod is a pod of the faults table, :func:`analysis.metrics.fault_window`), the failure rate;
   without faults every routed request counts. In the simulator it is normally 0; on the testbed such
@@ -33,14 +38,12 @@ block of the testbed runs' spec (``core.metrics_spec.FidelityTolerances``).
   clean_failure_share(sim), where clean_failure_share = failed clean requests / all requests: the part
   of the failure-rate difference made of failures that no fault explains.
 
-* the paired report (analysis/paired.py): per request, outcome confusion, per-stage latency errors, where
-  the E2E gap comes from inside and outside the fault window, MAPE.
-* repeatability (analysis/repeatability.py), given a second set of testbed runs: every check computed
-  again with the repeat in the simulator's place; per check, the testbed's deviation from itself and
-  whether the simulator's is within it or beyond it.
-
-A verdict is "pass", "fail", or "n/a" where the value compared is NaN (e.g. a relative error against a
-testbed latency of 0, or a tau over fewer than two policies). Comparisons allow 1e-12 of float rounding.
+The spread floor of a check: the testbed's own, given a second set of testbed runs (``--repeat``):
+every check's deviation with the repeat in the simulator's place, pooled over its policies and seeds
+(analysis.verdict.Spread); and the spread shipped in core/defaults/fits.yaml (fitted on named runs of
+the twin), the larger of the two. The paired report (analysis/paired.py): per request, outcome
+confusion, per-stage latency errors, where the E2E gap comes from inside and outside the fault window,
+MAPE. Comparisons allow 1e-12 of float rounding.
 """
 
 from __future__ import annotations
@@ -54,31 +57,29 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from rich.console import Console
-from scipy import stats
 
-from analysis.metric_names import Metric as M, latency
-from analysis.engine_death import engine_table, print_engine_table, write_engine_table
+from analysis.metric_names import Metric as M
+from analysis.engine_death import engine_table, notice_table, print_engine_table, write_engine_table
 from analysis.calibration_check import calibration_check, print_calibration_check, write_calibration_check
 from analysis.host_demand import host_demand_check, print_host_demand, write_host_demand
 from analysis.fidelity_console import print_fidelity, write_fidelity
 from analysis.fidelity_plots import plot_price_overlay, plot_success_overlay
 from analysis.metrics import fault_window, latency_percentiles
-from analysis.paired import OUTCOME_AGREEMENT, PairedReport, concat_frames, paired_from_frames, request_frame
-from analysis.repeatability import add_repeatability, with_deviation
+from analysis.fidelity_checks import (REPEAT, WORLDS, Rank, check_spreads, composition_table, fidelity_table,
+                                      noise_table, pair_table, rank_agreement, repeat_spreads, repeat_table,
+                                      seed_mean, shipped_spreads)
+from analysis.paired import PairedReport, concat_frames, paired_from_frames, request_frame
+from analysis.repeatability import add_repeatability
+from analysis.verdict import FAIL, PASS, UNDECIDED, Spread
 from analysis.run_data import RunData, load_run
 from analysis.run_metrics import run_metrics
 from analysis.plots import RunCurves, run_curves
-from analysis.summary import discover_runs, mean_ci, runs_frame
+from analysis.summary import discover_runs, runs_frame
 from core.records import Outcome
 from core.metrics_spec import FidelityTolerances
 from core.records import read_meta
-from core.stages import FAILURE_STAGES
 
 NAN = math.nan
-EPS = 1e-12  # float rounding allowed in tolerance checks and ties
-WORLDS = ("sim", "testbed")
-REPEAT = "repeat"  # the world label of a second set of testbed runs (repeatability)
-COMPOSITION_STAGES = (*FAILURE_STAGES, "unknown")
 # What defines a scenario. Engine speeds, link rates and KV parameters may differ: the simulator's side
 # is calibrated to the testbed's hardware.
 SCENARIO_FIELDS = ("workload", "faults", "deadline_s", "health", "telemetry", "router", "weights")
@@ -240,168 +241,6 @@ def run_row(run: RunData) -> dict[str, Any]:
     return row
 
 
-# --------------------------------------------------------------------------- the maths, on runs tables
-
-
-def verdict(deviation: float, tolerance: float) -> str:
-    """"pass" when |deviation| <= tolerance, "fail" when above, "n/a" when deviation is NaN."""
-    if deviation is None or math.isnan(deviation):
-        return "n/a"
-    return "pass" if abs(deviation) <= tolerance + EPS else "fail"
-
-
-def verdict_min(value: float, minimum: float) -> str:
-    """"pass" when value >= minimum, "fail" when below, "n/a" when value is NaN."""
-    if value is None or math.isnan(value):
-        return "n/a"
-    return "pass" if value >= minimum - EPS else "fail"
-
-
-def seed_mean(runs: pd.DataFrame, world: str, policy: str, metric: str) -> tuple[float, float, int]:
-    """(mean, CI half-width, n) over the seeds of ``world`` and ``policy`` in a runs table; NaN, NaN, 0
-    when the table has no such runs or no such column."""
-    if metric not in runs.columns:
-        return NAN, NAN, 0
-    sel = (runs["world"] == world) & (runs["policy"] == policy)
-    return mean_ci(runs.loc[sel, metric].to_numpy(dtype=float))
-
-
-def _checks(tol: FidelityTolerances) -> list[tuple[str, str, float]]:
-    """(metric, "abs" | "rel" | "min", tolerance) of each per-policy check."""
-    rel = {50: tol.latency_p50_rel, 90: tol.latency_p90_rel}
-    return [(M.FAILURE_RATE, "abs", tol.failure_rate_abs),
-            *((latency(k, q), "rel", rel[q]) for k in ("ttft", "e2e") for q in (50, 90)),
-            (M.TRAFFIC_DEFLECTION_RATIO, "abs", tol.deflection_abs),
-            (OUTCOME_AGREEMENT, "min", tol.outcome_agreement_min)]
-
-
-def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
-                   agreement: Mapping[str, tuple[float, int]] | None = None, other: str = "sim") -> pd.DataFrame:
-    """One row per policy and checked metric (failure_rate, TTFT/E2E p50/p90, traffic_deflection_ratio,
-    outcome_agreement), the testbed against ``other`` (a world of ``runs``: "sim", or "repeat"): other's
-    and the testbed's mean, CI half-width and n (columns <other>, <other>_ci, <other>_n, testbed, ...),
-    diff = testbed - other, rel_error = (other - testbed) / testbed (NaN where the testbed's is 0 or
-    NaN), the tolerance, its kind ("abs": on diff, "rel": on rel_error, "min": on the agreement) and the
-    verdict. ``runs`` holds the per-run rows (columns world, policy and the metrics); ``agreement`` maps
-    a policy to its (outcome agreement, matched requests) (:meth:`analysis.paired.PairedReport.agreement_of`;
-    without it the agreement is NaN): its row holds the agreement as <other>, the matched requests as
-    both n, and diff = 1 - agreement."""
-    rows = []
-    for policy in policies:
-        for metric, kind, limit in _checks(tol):
-            if kind == "min":
-                a, n = (agreement or {}).get(policy, (NAN, 0))
-                om, oh, on, tm, th, tn, diff, rel = a, NAN, n, NAN, NAN, n, 1.0 - a, NAN
-                v = verdict_min(a, limit)
-            else:
-                om, oh, on = seed_mean(runs, other, policy, metric)
-                tm, th, tn = seed_mean(runs, "testbed", policy, metric)
-                diff = tm - om
-                rel = (om - tm) / tm if tm != 0 and not math.isnan(tm) else NAN
-                v = verdict(diff if kind == "abs" else rel, limit)
-            rows.append({"policy": policy, "metric": metric, other: om, f"{other}_ci": oh, f"{other}_n": on,
-                         "testbed": tm, "testbed_ci": th, "testbed_n": tn, "diff": diff, "rel_error": rel,
-                         "tolerance": limit, "tolerance_kind": kind, "verdict": v})
-    return pd.DataFrame(rows)
-
-
-def repeat_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
-                 agreement: Mapping[str, tuple[float, int]]) -> pd.DataFrame:
-    """The testbed against its repeat, check by check (:func:`fidelity_table` with the repeat as the other
-    side; the testbed's runs only of the (policy, seed) pairs the repeat holds), with each row's
-    ``deviation`` (analysis/repeatability.py) and without tolerance or verdict."""
-    tb = runs[runs["world"] == "testbed"]
-    held = pd.MultiIndex.from_frame(repeat_runs[["policy", "seed"]])
-    tb = tb[pd.MultiIndex.from_frame(tb[["policy", "seed"]]).isin(held)]
-    table = fidelity_table(pd.concat([tb, repeat_runs], ignore_index=True), policies, tol, agreement, REPEAT)
-    return with_deviation(table).drop(columns=["tolerance", "verdict"])
-
-
-def composition_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
-    """Per policy and stage (core.stages plus "unknown"): sim_share and testbed_share, the mean over seeds
-    of fail_share_<stage> (runs without failures left out), and diff_share = testbed - sim."""
-    rows = []
-    for policy in policies:
-        for stage in COMPOSITION_STAGES:
-            s = seed_mean(runs, "sim", policy, f"fail_share_{stage}")[0]
-            t = seed_mean(runs, "testbed", policy, f"fail_share_{stage}")[0]
-            rows.append({"policy": policy, "stage": stage, "sim_share": s, "testbed_share": t, "diff_share": t - s})
-    return pd.DataFrame(rows)
-
-
-def noise_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
-    """Per policy: means over seeds of noise_floor, clean_share, clean_failure_share and failure_rate in
-    each world (columns <name>_sim, <name>_testbed), failure_rate_diff, noise_explained =
-    clean_failure_share_testbed - clean_failure_share_sim, and noise_explained_fraction =
-    noise_explained / failure_rate_diff (NaN when the difference is 0)."""
-    rows = []
-    for policy in policies:
-        row: dict[str, Any] = {"policy": policy}
-        for name in (M.FAILURE_RATE, M.NOISE_FLOOR, M.CLEAN_SHARE, M.CLEAN_FAILURE_SHARE):
-            for world in WORLDS:
-                row[f"{name}_{world}"] = seed_mean(runs, world, policy, name)[0]
-        row["failure_rate_diff"] = row["failure_rate_testbed"] - row["failure_rate_sim"]
-        row["noise_explained"] = row["clean_failure_share_testbed"] - row["clean_failure_share_sim"]
-        d = row["failure_rate_diff"]
-        row["noise_explained_fraction"] = row["noise_explained"] / d if abs(d) > EPS else NAN
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-Order = tuple[tuple[str, ...], ...]
-
-
-def policy_order(means: Mapping[str, float]) -> Order:
-    """Policies by mean failure rate, lowest first, as groups of ties (means within 1e-12; names sorted
-    inside a group). NaN means are left out."""
-    items = sorted(((v, p) for p, v in means.items() if not math.isnan(v)))
-    groups: list[list[str]] = []
-    first = NAN
-    for v, p in items:
-        if groups and v - first <= EPS:
-            groups[-1].append(p)
-        else:
-            groups.append([p])
-            first = v
-    return tuple(tuple(sorted(g)) for g in groups)
-
-
-@dataclass(frozen=True)
-class Rank:
-    """Rank agreement of the two worlds on mean failure rate (see the module docstring)."""
-
-    policies: tuple[str, ...]  # the policies tau is over
-    kendall_tau: float
-    tau_min: float
-    tau_verdict: str
-    named: tuple[str, ...]  # the rank_policies present in both worlds
-    order_sim: Order
-    order_testbed: Order
-    order_verdict: str  # pass: same order; fail: different; n/a: fewer than two named policies
-
-
-def rank_agreement(sim_means: Mapping[str, float], testbed_means: Mapping[str, float],
-                   tol: FidelityTolerances) -> Rank:
-    """Kendall tau-b over the policies with a finite mean in both mappings, and the order of
-    tol.rank_policies in each world. tau is NaN (verdict n/a) with fewer than two policies or when one
-    world's means are all equal."""
-    common = tuple(p for p in sim_means if p in testbed_means
-                   and not math.isnan(sim_means[p]) and not math.isnan(testbed_means[p]))
-    tau = NAN
-    if len(common) >= 2:
-        # rounded like policy_order's ties, so float noise is no order in either
-        x = [round(sim_means[p], 12) for p in common]
-        y = [round(testbed_means[p], 12) for p in common]
-        if len(set(x)) > 1 and len(set(y)) > 1:  # scipy warns and returns NaN on a constant input
-            tau = float(stats.kendalltau(x, y, variant="b").statistic)
-    tau_ok = "n/a" if math.isnan(tau) else ("pass" if tau >= tol.kendall_tau_min - EPS else "fail")
-    named = tuple(p for p in tol.rank_policies if p in common)
-    o_sim = policy_order({p: sim_means[p] for p in named})
-    o_tb = policy_order({p: testbed_means[p] for p in named})
-    order_ok = "n/a" if len(named) < 2 else ("pass" if o_sim == o_tb else "fail")
-    return Rank(common, tau, tol.kendall_tau_min, tau_ok, named, o_sim, o_tb, order_ok)
-
-
 # --------------------------------------------------------------------------- the comparison
 
 
@@ -423,7 +262,10 @@ class Fidelity:
     paired: PairedReport | None = None  # the testbed against the sim, request by request
     repeat: PairedReport | None = None  # the testbed against its repeat (None without one)
     repeatability: pd.DataFrame | None = None  # repeat_table: fidelity_repeatability.csv
+    spreads: dict[str, Spread] | None = None  # the floor of each check's interval (module docstring)
+    spread_source: str = ""  # where the floor came from, in words
     engines: pd.DataFrame | None = None  # analysis.engine_death.engine_table: fidelity_engines.csv
+    notices: pd.DataFrame | None = None  # analysis.engine_death.notice_table: fidelity_notices.csv
     # analysis.calibration_check: each fit against the quiet requests; calibration_check.csv
     calibration_check: pd.DataFrame | None = None
     # analysis.host_demand: the host's demand by state in the runs against the calibration's; host_demand.csv
@@ -432,15 +274,29 @@ class Fidelity:
     files: tuple[Path, ...] = ()
 
     def verdicts(self) -> list[tuple[str, str, str]]:
-        """Every check as (policy or "all", metric, verdict)."""
+        """Every check as (policy or "all", metric, verdict): the per-policy checks, the rank's, and the
+        engine-death comparison's where the runs had an engine fault."""
         out = [(r.policy, r.metric, r.verdict) for r in self.table.itertuples()]
+        if self.engines is not None:
+            out += [(r.policy, f"engine {r.metric}", r.verdict) for r in self.engines.itertuples()]
         out.append(("all", "kendall_tau", self.rank.tau_verdict))
         out.append(("all", "rank_order", self.rank.order_verdict))
         return out
 
     def counts(self) -> dict[str, int]:
         v = [x[2] for x in self.verdicts()]
-        return {k: v.count(k) for k in ("pass", "fail", "n/a")}
+        return {k: v.count(k) for k in (PASS, FAIL, UNDECIDED)}
+
+
+def spread_source(own: Mapping[str, Spread], shipped: Mapping[str, Spread], fitted_on: str) -> str:
+    """Where the checks' floor came from, in words."""
+    parts = []
+    if own:
+        k = max((s.pairs for s in own.values()), default=0)
+        parts.append(f"this comparison's repeat ({k} pairs a check at most)")
+    if shipped:
+        parts.append(f"the spread shipped in core/defaults/fits.yaml ({fitted_on}) where larger")
+    return "; ".join(parts) if parts else "none measured: one seed without a repeat cannot be judged"
 
 
 def calibration_noise(calibration: Mapping[str, Any] | None) -> dict[str, float]:
@@ -507,13 +363,19 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
     means = {w: {p: seed_mean(runs, w, p, M.FAILURE_RATE)[0] for p in policies} for w in WORLDS}
     tb_frame = concat_frames(frames["testbed"])
     paired = paired_from_frames(tb_frame, concat_frames(frames["sim"]), "sim", policies)
-    table = fidelity_table(runs, policies, tol, {p: paired.agreement_of(p) for p in policies})
-    repeat, rep_table = None, None
+    repeat, rep_table, own = None, None, {}
     repeat_runs = runs_frame(repeat_rows) if repeat_rows else None
     if repeat_rows:
         repeat = paired_from_frames(tb_frame, concat_frames(frames[REPEAT]), REPEAT, policies)
-        rep_table = repeat_table(runs, repeat_runs, policies, tol,
-                                 {p: repeat.agreement_of(p) for p in policies})
+        own = repeat_spreads(runs, repeat_runs, policies, tol, repeat.agreement_seeds)
+        rep_table = repeat_table(runs, repeat_runs, policies, tol, {p: repeat.agreement_of(p) for p in policies},
+                                 repeat.agreement_seeds)
+    shipped, fitted_on = shipped_spreads()
+    spreads = check_spreads(own, shipped)
+    table = fidelity_table(runs, policies, tol, {p: paired.agreement_of(p) for p in policies},
+                           agreement_by_seed=paired.agreement_seeds, spreads=spreads)
+    pairs = pair_table(runs, policies, tol.failure_rate_abs, spreads.get(M.FAILURE_RATE, Spread.of([])))
+    engines = engine_table(runs, repeat_runs, policies, tol, shipped)
     fid = Fidelity(
         scenario=scenario,
         policies=policies,
@@ -523,19 +385,22 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
         table=add_repeatability(table, rep_table),
         composition=composition_table(runs, policies),
         noise=noise_table(runs, policies),
-        rank=rank_agreement(means["sim"], means["testbed"], tol),
+        rank=rank_agreement(means["sim"], means["testbed"], tol, pairs),
         tolerances=tol,
         calibration_noise=calibration_noise(calibration),
         paired=paired,
         repeat=repeat,
         repeatability=rep_table,
-        engines=engine_table(runs, repeat_runs, policies),
+        spreads=spreads,
+        spread_source=spread_source(own, shipped, fitted_on),
+        engines=engines,
+        notices=notice_table([*dirs["testbed"], *dirs.get(REPEAT, [])]) if engines is not None else None,
     )
     out = Path(out_dir) if out_dir is not None else Path(testbed_paths[0]).resolve().parent / "fidelity"
     out.mkdir(parents=True, exist_ok=True)
     files = write_fidelity(fid, out)
     if fid.engines is not None:
-        files = [*files, write_engine_table(fid.engines, scenario, out)]
+        files = [*files, *write_engine_table(fid.engines, scenario, out, fid.notices)]
     plots = [plot_success_overlay(curves, policies, scenario, out), plot_price_overlay(curves, policies, scenario, out)]
     check = demand = None
     if calibration is not None:  # each fit against the run's own quiet requests (issue 27), the host's too
@@ -546,7 +411,7 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
                   host_demand=demand)
     print_fidelity(fid, console or Console())
     if fid.engines is not None:
-        print_engine_table(fid.engines, console or Console())
+        print_engine_table(fid.engines, console or Console(), fid.notices)
     if check is not None:
         print_calibration_check(check, console or Console())
         print_host_demand(demand, console or Console())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from rich.console import Console
@@ -15,12 +15,14 @@ from rich.table import Table
 from analysis.metric_names import LATENCIES, Metric as M, latency
 from analysis.paired import ALL, OUTCOME_AGREEMENT, SPAN_NAMES, PairedReport
 from analysis.paired_stats import SUMMARY_STATS
+from analysis.verdict import RULE_VERSION
 from core.stages import FAILURE_STAGES
 
 if TYPE_CHECKING:  # only for annotations: analysis.fidelity imports this module
-    from analysis.fidelity import Fidelity, Order
+    from analysis.fidelity import Fidelity
+    from analysis.fidelity_checks import Order
 
-COLOR = {"pass": "green", "fail": "red", "n/a": "dim", "within": "green", "beyond": "yellow"}
+COLOR = {"pass": "green", "fail": "red", "undecided": "yellow", "n/a": "dim"}
 LABEL = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
 
 
@@ -51,26 +53,36 @@ def _checks(fid: Fidelity) -> dict[tuple[str, str], pd.Series]:
     return {(r["policy"], r["metric"]): r for _, r in fid.table.iterrows()}
 
 
+def _dev_ci(r: pd.Series, dev: str) -> str:
+    """The judged deviation and its interval: "-6% [-10, -2]" (relative) or "+0.05 [-0.01, 0.11]"."""
+    if dev == "rel":
+        ci = "" if _nan(r["dev_low"]) else f" [{100 * r['dev_low']:+.0f}, {100 * r['dev_high']:+.0f}]"
+        return _num(100 * r["deviation"], "+.0f") + "%" + ci
+    ci = "" if _nan(r["dev_low"]) else f" [{r['dev_low']:+.2f}, {r['dev_high']:+.2f}]"
+    return _num(r["deviation"], "+.2f") + ci
+
+
 def _pair(r: pd.Series, fmt: str, dev: str) -> str:
-    """"sim / testbed (deviation)", coloured by the check's verdict: one cell per metric keeps the
-    table readable in an 120-column terminal."""
-    d = _num(100 * r["rel_error"], "+.0f") + "%" if dev == "rel" else _num(r["diff"], "+.2f")
-    return _mark(f"{_num(r['sim'], fmt)} / {_num(r['testbed'], fmt)} ({d})", r["verdict"])
+    """"sim / testbed (deviation [90% CI])", coloured by the check's verdict: one cell per metric keeps
+    the table readable in an 120-column terminal."""
+    return _mark(f"{_num(r['sim'], fmt)} / {_num(r['testbed'], fmt)} ({_dev_ci(r, dev)})", r["verdict"])
 
 
 def _policy_table(fid: Fidelity) -> Table:
-    t = Table(title=escape(f"Fidelity: {fid.scenario}, sim vs testbed (mean ± 95% CI half-width over seeds; "
-                           "rel. err = (sim - testbed) / testbed)"))
+    t = Table(title=escape(f"Fidelity: {fid.scenario}, sim vs testbed (mean over seeds; in brackets the deviation "
+                           "judged, per seed: rel. err = (sim - testbed) / testbed, diff = testbed - sim, and its 90% "
+                           "CI; colour: the verdict)"))
     t.add_column("policy", no_wrap=True)  # the other columns give way first
-    for h in ("seeds sim/tb", "fail. rate sim", "fail. rate testbed", "diff (pp)", "verdict", "outcome agreement",
+    for h in ("seeds sim/tb", "fail. rate sim", "fail. rate testbed", "diff (pp) [CI]", "outcome agreement",
               "TTFT p50 (s) sim / tb (rel. err)", "E2E p50 (s) sim / tb (rel. err)", "deflection sim / tb (diff)"):
         t.add_column(h, justify="right", no_wrap=h.startswith("fail."))  # keep "mean ± CI" on one line
     c = _checks(fid)
     for p in fid.policies:
         fr = c[(p, M.FAILURE_RATE)]
+        ci = "" if _nan(fr["dev_low"]) else f" [{100 * fr['dev_low']:+.1f}, {100 * fr['dev_high']:+.1f}]"
         t.add_row(escape(p), f"{fr['sim_n']}/{fr['testbed_n']}", _pct(fr["sim"], fr["sim_ci"]),
-                  _pct(fr["testbed"], fr["testbed_ci"]), _num(100 * fr["diff"], "+.1f"),
-                  _mark(fr["verdict"], fr["verdict"]), _agreement(c.get((p, OUTCOME_AGREEMENT))),
+                  _pct(fr["testbed"], fr["testbed_ci"]), _mark(_num(100 * fr["deviation"], "+.1f") + ci, fr["verdict"]),
+                  _agreement(c.get((p, OUTCOME_AGREEMENT))),
                   _pair(c[(p, latency("ttft", 50))], ".3g", "rel"),
                   _pair(c[(p, latency("e2e", 50))], ".3g", "rel"), _pair(c[(p, M.TRAFFIC_DEFLECTION_RATIO)], ".2f", "abs"))
     return t
@@ -81,6 +93,24 @@ def _agreement(r: pd.Series | None) -> str:
     if r is None or _nan(r["sim"]):
         return "–"
     return _mark(f"{_pct(r['sim'])} of {int(r['sim_n'])}", r["verdict"])
+
+
+def _rank_pairs(fid: Fidelity) -> Table:
+    t = Table(title="Policy pairs: failure rate a - b (pp, mean [90% CI]) and its order in each world (=: within "
+                    "the failure-rate tolerance); agree when both worlds order the pair alike")
+    for h in ("a", "b", "sim a - b", "testbed a - b", ""):
+        t.add_column(h, justify="left" if h in ("a", "b", "") else "right")
+    colour = {"agree": "green", "disagree": "red", "open": "yellow"}
+
+    def cell(r: Any, w: str) -> str:
+        lo, hi = getattr(r, f"{w}_low"), getattr(r, f"{w}_high")
+        ci = "" if _nan(lo) else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+        return f"{_num(100 * getattr(r, f'{w}_diff'), '+.1f')}{ci} {getattr(r, f'{w}_order')}"
+
+    for r in fid.rank.pairs.itertuples():
+        t.add_row(escape(r.a), escape(r.b), cell(r, "sim"), cell(r, "testbed"),
+                  f"[{colour[r.agreement]}]{r.agreement}[/]")
+    return t
 
 
 def _tail_table(fid: Fidelity) -> Table:
@@ -249,7 +279,7 @@ def _dev(x: float, kind: str) -> str:
 
 def _repeat_table(fid: Fidelity) -> Table:
     t = Table(title=escape("Repeatability: the testbed against its repeat, beside the sim against the testbed "
-                           "(repeat / sim; green: the sim within the testbed's own deviation)"))
+                           "(repeat / sim, mean deviations; colour: the sim's verdict)"))
     t.add_column("policy", no_wrap=True)
     t.add_column("seeds", justify="right")
     for _, h in REPEAT_COLUMNS:
@@ -263,8 +293,8 @@ def _repeat_table(fid: Fidelity) -> Table:
         for m, _ in REPEAT_COLUMNS:
             r = c[(p, m)]
             kind = r["tolerance_kind"]
-            sim_dev = r["rel_error"] if kind == "rel" else r["diff"]
-            cells.append(_mark(f"{_dev(r['repeatability'], kind)} / {_dev(sim_dev, kind)}", r["beyond_repeatability"]))
+            sim_dev = r["deviation"]
+            cells.append(_mark(f"{_dev(r['repeatability'], kind)} / {_dev(sim_dev, kind)}", r["verdict"]))
         med = []
         for m in ("ttft", "e2e"):
             rp, sm = (errs[v].loc[(p, ALL, m), "abs_p50"] if v in errs else math.nan for v in ("repeat", "sim"))
@@ -284,16 +314,20 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
     if fid.repeat is not None:
         console.print(_repeat_table(fid))
     rk = fid.rank
+    if len(rk.pairs):
+        console.print(_rank_pairs(fid))
     # three digits: a tau of 0.598 printed as 0.60 read as a fail against "needs >= 0.6"
     console.print(
-        f"Kendall tau = {_num(rk.kendall_tau, '.3f')} ({len(rk.policies)} policies; needs >= {rk.tau_min:g}): "
-        + _mark(rk.tau_verdict, rk.tau_verdict)
+        f"Kendall tau = {_num(rk.kendall_tau, '.3f')} of the means ({len(rk.policies)} policies); over the pairs "
+        f"ordered alike, between {_num(rk.tau_low, '.3f')} and {_num(rk.tau_high, '.3f')} (needs >= "
+        f"{rk.tau_min:g}): " + _mark(rk.tau_verdict, rk.tau_verdict)
     )
-    same = {"pass": "same", "fail": "different", "n/a": "n/a (fewer than two present)"}[rk.order_verdict]
+    same = {"pass": "every pair ordered alike", "fail": "a pair ordered otherwise",
+            "undecided": "not every pair decided" if len(rk.named) > 1 else "fewer than two present"}[rk.order_verdict]
     console.print(
         f"order of {escape(', '.join(fid.tolerances.rank_policies))} by failure rate: "
         f"sim [{escape(format_order(rk.order_sim))}] testbed [{escape(format_order(rk.order_testbed))}]: "
-        + _mark(same, rk.order_verdict)
+        + _mark(f"{rk.order_verdict}, {same}", rk.order_verdict)
     )
     console.print("noise floor: failure rate of the requests that touched no degraded pod (in brackets: their "
                   "share of all requests):")
@@ -314,18 +348,19 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
     n = fid.counts()
     # a failed failure rate says how much of its gap the testbed's host noise could account for
     explained = dict(zip(fid.noise["policy"], fid.noise["noise_explained_fraction"]))
-    beyond = {(r.policy, r.metric): r.beyond_repeatability for r in fid.table.itertuples()
-              if "beyond_repeatability" in fid.table.columns}
+    needed = {(r.policy, r.metric): r.seeds_needed for r in fid.table.itertuples()}
     failed = [f"{p} {m}" + (f" (host noise could explain {100 * explained[p]:.0f}%)"
                             if m == M.FAILURE_RATE and not _nan(explained.get(p, math.nan)) else "")
-              + (" (within the testbed's repeatability)" if beyond.get((p, m)) == "within" else "")
               for p, m, v in fid.verdicts() if v == "fail"]
-    tail = "the simulation carries over" if not failed and n["pass"] else (
-        "mismatch: " + ", ".join(failed) if failed else "nothing could be checked")
-    judged = [beyond.get((p, m)) for p, m, v in fid.verdicts() if v == "fail"]
-    if any(b in ("within", "beyond") for b in judged):
-        tail += f"; {judged.count('beyond')} of {len(judged)} beyond the testbed's repeatability"
-    console.print(f"[bold]verdict:[/] {n['pass']} pass, {n['fail']} fail, {n['n/a']} n/a: {escape(tail)}")
+    open_ = [f"{p} {m}" + ("" if _nan(needed.get((p, m), math.nan)) else f" ({needed[(p, m)]:.0f} seeds)")
+             for p, m, v in fid.verdicts() if v == "undecided"]
+    tail = "the simulation carries over" if not failed and not open_ and n["pass"] else (
+        "; ".join(x for x in ("mismatch: " + ", ".join(failed) if failed else "",
+                              "undecided: " + ", ".join(open_) if open_ else "") if x)
+        or "nothing could be checked")
+    console.print(f"spread (the floor of every interval): {escape(fid.spread_source)}")
+    console.print(f"[bold]verdict:[/] {n['pass']} pass, {n['fail']} fail, {n['undecided']} undecided "
+                  f"(rule {RULE_VERSION}): {escape(tail)}")
     if fid.out_dir is not None:
         console.print(f"wrote {len(fid.files)} file(s) to {escape(str(fid.out_dir))}")
 
@@ -346,19 +381,21 @@ def _paired_frames(fid: Fidelity) -> dict[str, pd.DataFrame]:
 
 def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
     """fidelity.csv (per policy and metric), fidelity_composition.csv, fidelity_noise.csv,
-    fidelity_rank.csv (one row), the paired report's fidelity_paired.csv (per-request latency errors),
+    fidelity_rank.csv (one row), fidelity_pairs.csv (the policy pairs), the paired report's fidelity_paired.csv (per-request latency errors),
     fidelity_confusion.csv (the confusion matrix beside each policy's agreement), fidelity_stages.csv
     and fidelity_mape.csv (each with a column versus: "sim", or "repeat"), and with a repeat
     fidelity_repeatability.csv, into ``out_dir``; returns the paths."""
     rk = fid.rank
     rank = pd.DataFrame([{
         "n_policies": len(rk.policies), "policies": ",".join(rk.policies), "kendall_tau": rk.kendall_tau,
-        "kendall_tau_min": rk.tau_min, "kendall_tau_verdict": rk.tau_verdict, "rank_policies": ",".join(rk.named),
+        "tau_low": rk.tau_low, "tau_high": rk.tau_high, "kendall_tau_min": rk.tau_min,
+        "kendall_tau_verdict": rk.tau_verdict, "rank_policies": ",".join(rk.named),
         "order_sim": format_order(rk.order_sim), "order_testbed": format_order(rk.order_testbed),
-        "order_verdict": rk.order_verdict,
+        "order_verdict": rk.order_verdict, "rule": RULE_VERSION,
     }])
     frames = {"fidelity.csv": fid.table, "fidelity_composition.csv": fid.composition,
-              "fidelity_noise.csv": fid.noise, "fidelity_rank.csv": rank, **_paired_frames(fid)}
+              "fidelity_noise.csv": fid.noise, "fidelity_rank.csv": rank, "fidelity_pairs.csv": rk.pairs,
+              **_paired_frames(fid)}
     if fid.repeatability is not None:
         frames["fidelity_repeatability.csv"] = fid.repeatability
     paths = []

@@ -176,6 +176,19 @@ def agreement_table(pairs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFram
                                        "only_other"])
 
 
+def agreement_by_seed(pairs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
+    """Per policy and seed with a matched request: matched, agree, agreement = agree / matched (the
+    outcome agreement a verdict judges seed by seed, analysis/fidelity.py)."""
+    both = pairs[(pairs["side"] == "both") & pairs["policy"].isin(list(policies))]
+    if both.empty:
+        return pd.DataFrame(columns=["policy", "seed", "matched", "agree", "agreement"])
+    same = (both["cls_tb"] == both["cls_ot"]).rename("agree")
+    g = pd.concat([both[["policy", "seed"]], same], axis=1).groupby(["policy", "seed"], sort=True)["agree"]
+    out = pd.DataFrame({"matched": g.size(), "agree": g.sum().astype(int)}).reset_index()
+    out["agreement"] = out["agree"] / out["matched"]
+    return out
+
+
 def _class_order(c: str) -> tuple[int, str]:
     return (0 if c == Outcome.OK else 1, c)
 
@@ -324,6 +337,7 @@ class PairedReport:
     versus: str
     policies: tuple[str, ...]
     agreement: pd.DataFrame  # agreement_table
+    agreement_seeds: pd.DataFrame  # agreement_by_seed
     confusion: pd.DataFrame  # confusion_table
     errors: pd.DataFrame  # error_table
     stages: pd.DataFrame  # stage_gap_table
@@ -347,7 +361,7 @@ def paired_from_frames(testbed: pd.DataFrame, other: pd.DataFrame, versus: str =
     pairs = pair_frames(testbed, other)
     ape_t, mape_t = mape_tables(testbed, other, policies)
     return PairedReport(versus=versus, policies=policies, agreement=agreement_table(pairs, policies),
-                        confusion=confusion_table(pairs, policies), errors=error_table(pairs, policies),
+                        agreement_seeds=agreement_by_seed(pairs, policies), confusion=confusion_table(pairs, policies), errors=error_table(pairs, policies),
                         stages=stage_gap_table(pairs, policies), mape=mape_t, ape=ape_t)
 
 

@@ -1,20 +1,24 @@
 """A study run in both worlds -> one number per claim, world and seed, the verdict per claim
-(analysis/claims.py), its table, one figure per claim, and reaction and cost side by side.
+(analysis/claims.py, by the rule of analysis/verdict.py), its table, one figure per claim, and
+reaction and cost side by side.
 
 Input: each world's cells table (:func:`analysis.study.load_study` of ``STUDY/sim``, ``STUDY/testbed``
 and, where the testbed ran seeds twice, ``STUDY/repeat``) and the claims resolved to points
 (:func:`core.study.claim_sides`). A claim's value in a world and seed is ``metric`` of its (point,
 policy) cell, minus that of its ``vs`` cell on the same seed where it has one; a seed with either cell
-missing or NaN gives no value (the claim's ``n`` says how many did).
+missing or NaN gives no value (the claim's ``n`` says how many did). The testbed's spread of a metric
+(:func:`testbed_spreads`) comes from every cell the repeat holds, whatever claim it serves.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,18 +27,21 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.claims import COLUMNS, WORLDS, claim_table, effect_ci
+from analysis.claims import COLUMNS, WORLDS, ClaimRule, claim_table
 from analysis.metric_names import Metric as M, check_metric
 from analysis.plots import _save, _slug
 from analysis.study import STUDY_FILE, StudyError, load_study
+from analysis.verdict import CARRIES, CONFIDENCE, DOES_NOT, NO_SPREAD, RULE_VERSION, Spread, interval
 from core.spec import SpecError
 from core.study import ClaimSides, claim_sides
 from core.study_spec import StudySpec
 
 # What "reaction and cost" shows per world, point and policy (mean over seeds).
 REACTION_COST = (M.FAILURE_RATE, M.REACTION_S, M.TRAFFIC_DEFLECTION_RATIO, M.NEEDLESS_DEFLECTION_RATIO,
-                 M.DEGRADED_AVAILABILITY)
+                 M.DEGRADED_AVAILABILITY, M.RESILIENCE_INDEX)
 WORLD_COLORS = {"sim": "tab:blue", "testbed": "tab:orange", "repeat": "tab:orange"}
+VERDICT_STYLE = {CARRIES: "green", DOES_NOT: "red"}
+CLAIMS_FIXED = "claims_fixed"  # study.json's record of the claims the runs began with
 
 
 def check_claim_metrics(sides: Sequence[ClaimSides]) -> None:
@@ -55,29 +62,69 @@ def _values(cells: pd.DataFrame, point: str, policy: str, metric: str) -> pd.Ser
 
 
 def claim_effects(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides]) -> pd.DataFrame:
-    """The long table analysis.claims reads (claim, world, seed, value), from each world's cells table
-    (``frames``: world -> load_study frame; worlds as analysis.claims.WORLDS)."""
+    """The long table analysis.claims reads (claim, world, seed, value, a, b), from each world's cells
+    table (``frames``: world -> load_study frame; worlds as analysis.claims.WORLDS)."""
     rows = []
     for world, cells in frames.items():
         for s in sides:
-            v = _values(cells, s.point, s.policy, s.metric)
-            if s.vs is not None:
-                v = v - _values(cells, *s.vs, s.metric)  # aligned on seed: a seed missing either side is NaN
-            rows += [(s.name, world, int(seed), float(x)) for seed, x in v.dropna().items()]
+            both = _sides_values(cells, s)
+            value = both["value"]
+            if s.minus is not None:  # a difference of two claims' effects, seed by seed
+                value = value - _sides_values(cells, s.minus)["value"]
+            rows += [(s.name, world, int(seed), float(v), float(both.at[seed, "a"]), float(both.at[seed, "b"]))
+                     for seed, v in value.dropna().items()]
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+def _sides_values(cells: pd.DataFrame, s: ClaimSides) -> pd.DataFrame:
+    """Per seed: a (the claim's cell), b (its vs cell; NaN without) and value = a - b (a without vs);
+    aligned on seed, so a seed missing either side has a NaN value."""
+    a = _values(cells, s.point, s.policy, s.metric)
+    if s.vs is None:
+        return pd.DataFrame({"a": a, "b": math.nan, "value": a})
+    b = _values(cells, *s.vs, s.metric)
+    both = pd.DataFrame({"a": a, "b": b})
+    return both.assign(value=both["a"] - both["b"])
+
+
+def claim_rules(sides: Sequence[ClaimSides]) -> dict[str, ClaimRule]:
+    """Each claim's judging rule as its spec fixed it, in the claims' order."""
+    def cells(s: ClaimSides) -> int:
+        return (1 if s.vs is None else 2) + (cells(s.minus) if s.minus is not None else 0)
+
+    return {s.name: ClaimRule(s.metric, s.direction, s.margin, s.measure, cells(s)) for s in sides}
+
+
+def testbed_spreads(testbed: pd.DataFrame, repeat: pd.DataFrame | None, metrics: Sequence[str]) -> dict[str, Spread]:
+    """The testbed's run-to-run spread of each metric (analysis.verdict.Spread.of), pooled over every
+    (point, policy, seed) the repeat holds, each distinct run once (cells that share a run are one
+    pair); empty without a repeat."""
+    if repeat is None or repeat.empty or testbed.empty:
+        return {}
+    key = ["point", "policy", "seed"]
+    a = testbed.drop_duplicates("run_dir") if "run_dir" in testbed.columns else testbed
+    m = a.merge(repeat, on=key, suffixes=("", "_rep"))
+    out = {}
+    for metric in dict.fromkeys(metrics):
+        if metric in m.columns and f"{metric}_rep" in m.columns:
+            out[metric] = Spread.of((m[metric].astype(float) - m[f"{metric}_rep"].astype(float)).to_numpy())
+    return out
+
+
 def claims_frame(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides],
-                 confidence: float = 0.95) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 spreads: Mapping[str, Spread] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(verdict table, effects): :func:`analysis.claims.claim_table` of :func:`claim_effects`, in the
-    claims' own order, with what each claim reads (metric, policy, point, vs) and says."""
+    claims' own order, with what each claim reads (metric, policy, point, vs) and says. ``spreads``
+    default to :func:`testbed_spreads` of the frames' testbed and repeat."""
     effects = claim_effects(frames, sides)
-    table = claim_table(effects, confidence).set_index("claim")
+    if spreads is None:
+        tb = frames.get("testbed", pd.DataFrame())
+        spreads = testbed_spreads(tb, frames.get("repeat"), [s.metric for s in sides])
+    table = claim_table(effects, claim_rules(sides), spreads).set_index("claim")
     info = pd.DataFrame([{"claim": s.name, "says": s.says, "metric": s.metric, "policy": s.policy,
-                          "point": s.point, "vs": "" if s.vs is None else f"{s.vs[1]} @ {s.vs[0]}"} for s in sides])
-    out = info.join(table, on="claim")
-    out["verdict"] = out["verdict"].fillna("n/a")  # a claim without a value in any world
-    return out.reset_index(drop=True), effects
+                          "point": s.point, "vs": "" if s.vs is None else f"{s.vs[1]} @ {s.vs[0]}",
+                          "minus": "" if s.minus is None else s.minus.name} for s in sides])
+    return info.join(table, on="claim").reset_index(drop=True), effects
 
 
 def reaction_cost(frames: Mapping[str, pd.DataFrame], axes: Sequence[str]) -> pd.DataFrame:
@@ -103,74 +150,162 @@ def _num(x: float, digits: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}g}"
 
 
+def _span(mean: float, low: float, high: float) -> str:
+    return f"{_num(mean)} [{_num(low)}, {_num(high)}]"
+
+
+def _claimed(r: Any) -> str:
+    arrow = {"increase": "> 0", "decrease": "< 0", "none": "= 0"}[r.direction]
+    return f"{arrow} ±{_num(r.margin)}" if r.direction == "none" else f"{arrow}, ±{_num(r.margin)}"
+
+
 def claims_console_table(table: pd.DataFrame) -> Table:
-    t = Table(title="claims: simulator vs testbed (mean [95% CI] over seeds; repeatability = mean |testbed - "
-                    "repeat|)")
-    for c in ("claim", "sim", "testbed", "diff", "repeatability", "verdict"):
+    pct = f"{100 * CONFIDENCE:.0f}%"
+    t = Table(title=f"claims: simulator vs testbed (mean [{pct} CI] over seeds, floored by the testbed's spread; "
+                    f"rule {RULE_VERSION})")
+    for c in ("claim", "claimed, margin", "simulator", "testbed", "tb - sim paired", "verdict", "seeds"):
         t.add_column(c, justify="left" if c in ("claim", "verdict") else "right")
     for r in table.itertuples():
-        sim = f"{_num(r.sim_mean)} [{_num(r.sim_low)}, {_num(r.sim_high)}] n={r.sim_n:.0f}"
-        tb = f"{_num(r.tb_mean)} [{_num(r.tb_low)}, {_num(r.tb_high)}] n={r.tb_n:.0f}"
-        style = {"carries over": "green", "does not carry over": "red"}.get(r.verdict, "yellow")
-        t.add_row(escape(r.claim), sim, tb, _num(r.diff), f"{_num(r.repeatability)} (n={r.n_repeat:.0f})",
-                  f"[{style}]{r.verdict}[/]")
+        style = VERDICT_STYLE.get(r.verdict, "yellow")
+        seeds = "–" if math.isnan(r.seeds_needed) else f"{r.seeds_needed:.0f}"
+        ratio = ""
+        if r.measure == "ratio":
+            ratio = f"\nratio sim {_span(r.ratio_sim, r.ratio_sim_low, r.ratio_sim_high)}, " \
+                    f"tb {_span(r.ratio_tb, r.ratio_tb_low, r.ratio_tb_high)}"
+        t.add_row(escape(r.claim), _claimed(r),
+                  f"{_span(r.sim_mean, r.sim_low, r.sim_high)} n={r.sim_n:.0f}\n{r.sim_status}",
+                  f"{_span(r.tb_mean, r.tb_low, r.tb_high)} n={r.tb_n:.0f}\n{r.tb_status}",
+                  f"{_span(r.paired_mean, r.paired_low, r.paired_high)}\n{r.equivalence}",
+                  f"[{style}]{escape(r.verdict)}[/]: {escape(r.reason)}{escape(ratio)}", seeds)
     return t
 
 
-def claim_figure(row: pd.Series, effects: pd.DataFrame, path: Path, confidence: float = 0.95) -> Path:
-    """One claim, the two worlds side by side: each seed's value (the testbed's repeat hollow),
-    the mean and its interval, 0 marked; the verdict in the title."""
-    fig = Figure(figsize=(4.8, 3.6))
+def claim_figure(row: pd.Series, effects: pd.DataFrame, spread: Spread, path: Path) -> Path:
+    """One claim, the two worlds and their paired difference side by side: each seed's value (the
+    testbed's repeat hollow), the mean and its floored interval, the claimed side of 0 shaded (for a
+    null claim the band +-margin), the +-margin band around the paired difference; verdict and reason
+    in the title."""
+    fig = Figure(figsize=(5.6, 3.8))
     ax = fig.add_subplot(1, 1, 1)
     mine = effects.loc[effects["claim"] == row["claim"]]
+    floor = spread.times(1 if not row["vs"] else 2) if spread.known else NO_SPREAD
+    m = float(row["margin"])
+    per_world = {}
     for x, world in enumerate(("sim", "testbed")):
-        vals = mine.loc[mine["world"] == world, "value"].to_numpy(dtype=float)
-        jitter = np.linspace(-0.12, 0.12, len(vals)) if len(vals) > 1 else np.zeros(len(vals))
-        ax.scatter(x + jitter, vals, color=WORLD_COLORS[world], zorder=3, label=f"{world} (per seed)")
-        mean, low, high, n = effect_ci(vals, confidence)
-        if n:
-            ax.hlines(mean, x - 0.25, x + 0.25, color="black", lw=2, zorder=4)
-        if n > 1:
-            ax.vlines(x + 0.3, low, high, color="black", lw=1.2)
+        w = mine.loc[mine["world"] == world].set_index("seed")["value"].astype(float)
+        per_world[world] = w
+        jitter = np.linspace(-0.12, 0.12, len(w)) if len(w) > 1 else np.zeros(len(w))
+        ax.scatter(x + jitter, w.to_numpy(), color=WORLD_COLORS[world], zorder=3, label=f"{world} (per seed)")
         if world == "testbed":
             rep = mine.loc[mine["world"] == "repeat", "value"].to_numpy(dtype=float)
             if len(rep):
                 ax.scatter(np.full(len(rep), x + 0.18), rep, facecolors="none", edgecolors=WORLD_COLORS[world],
                            zorder=3, label="testbed repeat")
+        _mean_and_interval(ax, x, interval(w.to_numpy(), floor))
+    both = per_world["testbed"].index.intersection(per_world["sim"].index)
+    paired = (per_world["testbed"][both] - per_world["sim"][both]).to_numpy()
+    ax.scatter(2 + (np.linspace(-0.12, 0.12, len(paired)) if len(paired) > 1 else np.zeros(len(paired))), paired,
+               color="tab:gray", zorder=3, label="testbed − sim (per seed)")
+    _mean_and_interval(ax, 2, interval(paired, floor))
+    ax.fill_between([1.6, 2.4], -m, m, color="tab:green", alpha=0.15, lw=0, label=f"±margin {m:g}")
+    lo, hi = ax.get_ylim()
+    claimed = {"increase": (0, max(hi, m)), "decrease": (min(lo, -m), 0), "none": (-m, m)}[row["direction"]]
+    ax.fill_between([-0.6, 1.5], *claimed, color="tab:blue", alpha=0.07, lw=0, label="claimed")
     ax.axhline(0, color="grey", lw=0.8, ls=":")
-    ax.set_xticks([0, 1], ["simulator", "testbed"])
-    ax.set_xlim(-0.6, 1.6)
+    ax.set_xticks([0, 1, 2], ["simulator", "testbed", "tb − sim"])
+    ax.set_xlim(-0.6, 2.6)
     what = row["metric"] + (f" − {row['vs']}" if row["vs"] else "")
     ax.set_ylabel(what if len(what) < 40 else row["metric"] + " (difference)", fontsize=8)
-    ax.set_title(f"{row['claim']}: {row['verdict']}", fontsize=9)
+    ax.set_title(f"{row['claim']}: {row['verdict']}\n{row['reason']}", fontsize=8)
     ax.legend(fontsize=6, loc="best")
     fig.tight_layout()
     return _save(fig, path)
 
 
+def _mean_and_interval(ax: Any, x: float, iv: Any) -> None:
+    if iv.n:
+        ax.hlines(iv.mean, x - 0.25, x + 0.25, color="black", lw=2, zorder=4)
+    if iv.defined:
+        ax.vlines(x + 0.3, iv.low, iv.high, color="black", lw=1.2)
+
+
 def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides], axes: Sequence[str],
-                  out_dir: Path, console: Console | None = None) -> pd.DataFrame:
-    """Write claims.csv (one row per claim: verdict and both worlds' intervals), claim_effects.csv (the
-    values behind it), reaction_cost.csv and one figure per claim into ``out_dir``; print the table.
-    Returns the claims table."""
+                  out_dir: Path, console: Console | None = None, fixed: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Write claims.csv (one row per claim: its rule, both worlds' intervals, the paired difference,
+    the verdict and its reason), claim_effects.csv (the values behind it), claim_spreads.csv (the
+    testbed's spread per metric), reaction_cost.csv and one figure per claim into ``out_dir``; print
+    the table. ``fixed``: the claims record the runs began with (study.json), compared with the claims
+    judged now. Returns the claims table."""
     unknown = sorted(set(frames) - set(WORLDS))
     if unknown:
         raise ValueError(f"unknown world(s) {', '.join(unknown)} (known: {', '.join(WORLDS)})")
     console = console or Console()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table, effects = claims_frame(frames, sides)
+    tb = frames.get("testbed", pd.DataFrame())
+    spreads = testbed_spreads(tb, frames.get("repeat"), [s.metric for s in sides])
+    table, effects = claims_frame(frames, sides, spreads)
+    note = fixed_note(fixed)
+    table["claims_as_fixed"] = note is None
     table.to_csv(out / "claims.csv", index=False)
     effects.to_csv(out / "claim_effects.csv", index=False)
+    pd.DataFrame([{"metric": k, "sigma": v.sigma, "pairs": v.pairs} for k, v in spreads.items()],
+                 columns=["metric", "sigma", "pairs"]).to_csv(out / "claim_spreads.csv", index=False)
     rc = reaction_cost(frames, axes)
     rc.to_csv(out / "reaction_cost.csv", index=False)
-    figures = [claim_figure(r, effects, out / f"claim_{_slug(r['claim'])}.png") for _, r in table.iterrows()]
+    figures = [claim_figure(r, effects, spreads.get(r["metric"], NO_SPREAD), out / f"claim_{_slug(r['claim'])}.png")
+               for _, r in table.iterrows()]
     console.print(claims_console_table(table))
     counts = table["verdict"].value_counts().to_dict()
     console.print(f"{len(table)} claim(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
-                  + f"; wrote claims.csv, claim_effects.csv, reaction_cost.csv and {len(figures)} figure(s) to {out}")
+                  + f"; wrote claims.csv, claim_effects.csv, claim_spreads.csv, reaction_cost.csv and "
+                    f"{len(figures)} figure(s) to {out}")
+    if note:
+        console.print(f"[yellow]note:[/] {escape(note)}")
     return table
 
+
+# --------------------------------------------------------------------------- fixed before the run
+
+
+def claims_digest(sides_or_claims: Any) -> str:
+    """A hash of how the claims are judged (each claim's spec as written), order included."""
+    raw = [c.model_dump(mode="json") if hasattr(c, "model_dump") else c for c in sides_or_claims]
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fixed_record(previous: Mapping[str, Any] | None, claims: Sequence[Any], now: str) -> dict[str, Any]:
+    """study.json's ``claims_fixed``: the claims' digest and the rule when the first run began; kept as
+    it was on later calls, with the digest of the claims now beside it when they changed since."""
+    digest = claims_digest(claims)
+    if not previous:
+        return {"digest": digest, "rule": RULE_VERSION, "at": now}
+    rec = dict(previous)
+    if rec.get("digest") != digest:
+        rec["changed_to"], rec["changed_at"] = digest, now
+    else:
+        rec.pop("changed_to", None), rec.pop("changed_at", None)
+    return rec
+
+
+def fixed_note(fixed: Mapping[str, Any] | None) -> str | None:
+    """None when the claims and the rule judging them now are those the runs began with; else a line
+    saying what changed after the runs began."""
+    if not fixed:
+        return None
+    what = []
+    if fixed.get("changed_to"):
+        what.append(f"the claims changed at {fixed.get('changed_at')} (digest {fixed['digest']} -> "
+                    f"{fixed['changed_to']})")
+    if fixed.get("rule") != RULE_VERSION:
+        what.append(f"the runs began under rule {fixed.get('rule')}, judged now by {RULE_VERSION}")
+    if not what:
+        return None
+    return ("claims or rule changed after the runs began (" + "; ".join(what) + "): these verdicts were not "
+            "fixed before the runs; run the study again to judge by rules fixed in advance")
+
+
+# --------------------------------------------------------------------------- a carry-over study directory
 
 # The worlds' study directories in a carry-over study's directory (cli/study_testbed.py writes them).
 SIM, TESTBED, REPEAT, CLAIMS = "sim", "testbed", "repeat", "claims"
@@ -181,16 +316,23 @@ def is_carryover(path: Path | str) -> bool:
     return all((Path(path) / w / STUDY_FILE).is_file() for w in (SIM, TESTBED))
 
 
+def _index(root: Path | str) -> tuple[Path, dict[str, Any]]:
+    f = Path(root) / TESTBED / STUDY_FILE
+    try:
+        return f, json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise StudyError(f"{f}: not a carry-over study's index ({str(e).splitlines()[0]})") from None
+
+
 def carryover_sides(root: Path | str) -> list[ClaimSides]:
     """The claims of a carry-over study, resolved against its testbed side's cells as study.json lists
     them; a malformed file or a claim that selects no single point is a one-line StudyError."""
-    f = Path(root) / TESTBED / STUDY_FILE
+    f, raw = _index(root)
     try:
-        raw = json.loads(f.read_text())
         study = StudySpec.model_validate(raw["study"])
         cells = [SimpleNamespace(**c) for c in raw["cells"]]
         return claim_sides(SimpleNamespace(study=study), cells, str(f))
-    except (OSError, ValueError, KeyError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+    except (ValueError, KeyError, TypeError) as e:  # pydantic's ValidationError is a ValueError
         msg = str(e).splitlines()[0] if not isinstance(e, SpecError) else str(e)
         raise StudyError(f"{f}: not a carry-over study's index ({msg})") from None
 
@@ -201,6 +343,8 @@ def carryover_report(root: Path | str, out_dir: Path | str | None = None,
     seeds, repeat/): :func:`claims_report` into ``out_dir`` (default ROOT/claims)."""
     root = Path(root)
     sides = carryover_sides(root)
+    fixed = _index(root)[1].get(CLAIMS_FIXED)
     frames = {w: load_study(root / w) for w in (SIM, TESTBED, REPEAT) if (root / w / STUDY_FILE).is_file()}
     axes = list(frames[TESTBED].attrs["axes"])
-    return claims_report(frames, sides, axes, Path(out_dir) if out_dir is not None else root / CLAIMS, console)
+    return claims_report(frames, sides, axes, Path(out_dir) if out_dir is not None else root / CLAIMS, console,
+                         fixed)

@@ -135,14 +135,14 @@ def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
     os.replace(partial, final)
 
 
-def write_index(study_dir: Path, spec: Any, cells: list[Cell]) -> None:
-    """study.json (analysis/study.py reads it) of ``cells``."""
+def write_index(study_dir: Path, spec: Any, cells: list[Cell], extra: dict[str, Any] | None = None) -> None:
+    """study.json (analysis/study.py reads it) of ``cells``, with ``extra`` fields."""
     axes: list[str] = []
     for sw in spec.study.sweeps:
         axes += [a for a in sw.axes if a not in axes]
     write_json(study_dir / "study.json", {
         "name": spec.name, "axes": axes, "study": spec.study.model_dump(mode="json"),
-        "cells": [c.index_row() for c in cells]})
+        "cells": [c.index_row() for c in cells], **(extra or {})})
 
 
 def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int | None = None,

@@ -19,6 +19,7 @@ the same command skips finished runs and reruns the others from an empty directo
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -28,7 +29,7 @@ from typing import Any
 
 from rich.console import Console
 
-from analysis.study_claims import REPEAT, TESTBED
+from analysis.study_claims import CLAIMS_FIXED, REPEAT, TESTBED, fixed_record
 from cli.study_runner import write_index, write_json
 from core.study import Cell, distinct_runs
 
@@ -105,7 +106,15 @@ def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_roo
     p = plan(cells, chosen, study_root, repeat_seeds, rerun)
     for world in (TESTBED, REPEAT):
         (study_root / world).mkdir(parents=True, exist_ok=True)
-    write_index(study_root / TESTBED, spec, cells)
+    # How each claim is judged is fixed before the first run; a later call keeps that record and notes
+    # a change, which the verdicts then carry (analysis/study_claims.py fixed_note).
+    index = study_root / TESTBED / "study.json"
+    try:
+        previous = json.loads(index.read_text()).get(CLAIMS_FIXED) if index.is_file() else None
+    except (OSError, ValueError):  # a torn index: the runs' cell.json files still say what is finished
+        previous = None
+    fixed = fixed_record(previous, spec.study.claims, datetime.now(timezone.utc).isoformat())
+    write_index(study_root / TESTBED, spec, cells, {CLAIMS_FIXED: fixed})
     write_index(study_root / REPEAT, spec, [c for c in cells if c.seed in repeat_seeds])
     cal_path = calibration or study_root / CALIBRATION_FILE
     measure = calibration is None and not cal_path.is_file()

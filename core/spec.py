@@ -436,20 +436,68 @@ def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
         raise SpecError(_one_line(e, source)) from None
 
 
-def load_spec(path: str | Path | None = None, default: str = "default.yaml") -> ExperimentSpec:
-    """Load and validate a spec file; ``None`` loads the embedded ``default``."""
+def _read_yaml(path: str | Path | None, embedded: str | None) -> tuple[Any, str, Path | None]:
+    """(data, source, folder) of a spec file, or of the embedded spec ``embedded`` (core/defaults/)."""
     if path is None:
-        text = resources.files("core.defaults").joinpath(default).read_text()
-        source = f"embedded spec {default}"
+        try:
+            text = resources.files("core.defaults").joinpath(str(embedded)).read_text()
+        except (FileNotFoundError, IsADirectoryError):
+            known = sorted(f.name for f in resources.files("core.defaults").iterdir()
+                           if f.name.endswith(".yaml") and f.name != "fits.yaml")
+            raise SpecError(f"no embedded spec {embedded!r} (known: {', '.join(known)})") from None
+        source, folder = f"embedded spec {embedded}", None
     else:
         p = Path(path)
         if not p.is_file():
             raise SpecError(f"{p}: spec file not found")
-        text, source = p.read_text(), str(p)
+        text, source, folder = p.read_text(), str(p), p.resolve().parent
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text), source, folder
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{source}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
-    return parse_spec(data, source)
+
+
+def merge_specs(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` laid on ``base``: mappings merged key by key, all else (lists included) replaced; a
+    mapping of another ``kind`` (a fixed output where the base draws it uniformly) replaces the base's."""
+    out = dict(base)
+    for k, v in over.items():
+        b = out.get(k)
+        same_kind = isinstance(b, dict) and isinstance(v, dict) and v.get("kind", b.get("kind")) == b.get("kind")
+        out[k] = merge_specs(b, v) if same_kind else v
+    return out
+
+
+def resolve_extends(data: Any, source: str, folder: Path | None, seen: tuple[str, ...] = ()) -> Any:
+    """A spec's ``extends:`` resolved: the base it names, itself resolved, with the spec laid on it
+    (:func:`merge_specs`). ``extends: testbed.yaml`` (a bare name) is an embedded spec of
+    core/defaults/; a path (with a ``/``) is a file relative to the spec's folder. So shipped specs
+    take the testbed's measured physics from one place (core/defaults/testbed.yaml)."""
+    if not isinstance(data, dict) or "extends" not in data:
+        return data
+    base = data["extends"]
+    if not isinstance(base, str) or not base:
+        raise SpecError(f"{source}: extends must name a spec (an embedded one such as testbed.yaml, or a path), "
+                        f"got {base!r}")
+    if "/" in base:
+        path = (folder / base) if folder is not None and not Path(base).is_absolute() else Path(base)
+        key = str(path.resolve())
+        raw, src, fold = _read_yaml(path, None)
+    else:
+        key = f"embedded:{base}"
+        raw, src, fold = _read_yaml(None, base)
+    if key in seen:
+        raise SpecError(f"{source}: extends {base} makes a circle ({' -> '.join([*seen, key])})")
+    if not isinstance(raw, dict):
+        raise SpecError(f"{src}: a spec must be a YAML mapping, got {type(raw).__name__}")
+    resolved = resolve_extends(raw, src, fold, (*seen, key))
+    return merge_specs(resolved, {k: v for k, v in data.items() if k != "extends"})
+
+
+def load_spec(path: str | Path | None = None, default: str = "default.yaml") -> ExperimentSpec:
+    """Load and validate a spec file (its ``extends:`` resolved); ``None`` loads the embedded
+    ``default``."""
+    data, source, folder = _read_yaml(path, default if path is None else None)
+    return parse_spec(resolve_extends(data, source, folder, ()), source)

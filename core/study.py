@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .spec import SpecError, parse_spec
-from .study_spec import AxisValue, StudySpec, axis_setter
+from .study_spec import AxisValue, StudySpec, axis_setter, field_setter
 
 __all__ = ["PRICE_ONLY_SECTIONS", "Cell", "ClaimSides", "choose_sweeps", "claim_sides", "distinct_runs",
            "expand_study", "run_inputs"]
@@ -144,7 +144,7 @@ def expand_study(spec: Any, source: str = "<spec>") -> list[Cell]:
                     data["policies"].append({"name": p})
             try:
                 for path, v in sw.set.items():
-                    axis_setter(path)(data, v)
+                    field_setter(path)(data, v)
                 for n, v in axes.items():
                     axis_setter(n)(data, v)
             except ValueError as e:
@@ -192,6 +192,10 @@ class ClaimSides:
     point: str
     policy: str
     vs: tuple[str, str] | None  # (point, policy)
+    direction: str  # how it is judged: core.study_spec.ClaimSpec
+    margin: float
+    measure: str
+    minus: "ClaimSides | None" = None  # the claim whose effect is subtracted seed by seed
 
 
 _NO_AXIS = object()  # a cell's sweep does not vary the axis a claim names
@@ -225,5 +229,6 @@ def claim_sides(spec: Any, cells: list[Cell], source: str = "<spec>") -> list[Cl
             vs = (_select(cells, {**c.at, **c.vs.at}, other, f"{where} vs"), other)
             if vs == (point, c.policy):
                 raise SpecError(f"{where}: vs selects the claim's own cells ({point}, {other}): its effect would be 0")
-        out.append(ClaimSides(c.name, c.says, c.metric, point, c.policy, vs))
-    return out
+        out.append(ClaimSides(c.name, c.says, c.metric, point, c.policy, vs, c.direction, c.margin, c.measure))
+    by = {s.name: s for s in out}
+    return [replace(s, minus=by[c.minus]) if c.minus else s for s, c in zip(out, spec.study.claims if spec.study else [])]

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["NAMED_AXES", "AxisValue", "ClaimSideSpec", "ClaimSpec", "StudySpec", "SweepSpec", "axis_setter"]
+__all__ = ["NAMED_AXES", "AxisValue", "ClaimSideSpec", "ClaimSpec", "StudySpec", "SweepSpec", "axis_setter",
+           "field_setter"]
 
 
 class _Spec(BaseModel):
@@ -44,7 +45,7 @@ class SweepSpec(_Spec):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     axes: dict[str, list[AxisValue]] = Field(min_length=1)
-    # Fields set for every point of this sweep (dotted paths, as axes are).
+    # Fields set for every point of this sweep (dotted paths, as axes are, or a top-level field).
     set: dict[str, Any] = Field(default_factory=dict)
     policies: list[str] | None = Field(None, min_length=1)  # default: the study's
     seeds: list[int] | None = Field(None, min_length=1)  # default: the study's
@@ -72,7 +73,16 @@ class ClaimSpec(_Spec):
     """One claim of the study, as a number per world and seed (analysis/study_claims.py):
     ``metric`` of ``policy`` at the point ``at`` selects, minus (with ``vs``) the same metric of
     ``vs.policy`` at ``at`` updated by ``vs.at``. ``at`` names axis values and, optionally, the
-    sweep (``sweep: name``); it must select exactly one point of the grid."""
+    sweep (``sweep: name``); it must select exactly one point of the grid.
+
+    How it is judged is fixed here, before any run (analysis/claims.py, docs/verdicts.md):
+    ``direction`` the effect the study claims (``increase``, ``decrease``, or ``none``: no effect),
+    ``margin`` the smallest effect that matters in the metric's units (for ``none``: the band inside
+    which "no effect" holds; for every claim: how far the worlds may differ and still agree), and
+    ``measure`` how the study states it: a ``difference``, or a ``ratio`` (``vs`` needed), e.g. "cuts
+    failures by X%", reported beside the difference the verdict judges. ``minus`` names another claim
+    whose effect is subtracted seed by seed: "the price's gain is larger with late labels" is the
+    gain with late labels minus the gain on time (a difference of differences)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     says: str = ""  # the claim in words, as the study states it
@@ -80,6 +90,18 @@ class ClaimSpec(_Spec):
     policy: str
     at: dict[str, AxisValue] = Field(default_factory=dict)
     vs: ClaimSideSpec | None = None
+    direction: Literal["increase", "decrease", "none"]
+    margin: float = Field(gt=0)
+    measure: Literal["difference", "ratio"] = "difference"
+    minus: str | None = None
+
+    @model_validator(mode="after")
+    def _ratio_needs_vs(self) -> "ClaimSpec":
+        if self.measure == "ratio" and self.vs is None:
+            raise ValueError(f"claim {self.name}: a ratio needs a baseline (vs) to divide by")
+        if self.measure == "ratio" and self.minus is not None:
+            raise ValueError(f"claim {self.name}: a difference of two claims (minus) is a difference, not a ratio")
+        return self
 
 
 class StudySpec(_Spec):
@@ -97,6 +119,21 @@ class StudySpec(_Spec):
         if len(set(names)) != len(names):
             raise ValueError(f"{info.field_name[:-1]} names must be unique, got {names}")
         return items
+
+    @field_validator("claims")
+    @classmethod
+    def _minus_names_a_plain_claim(cls, claims: list[ClaimSpec]) -> list[ClaimSpec]:
+        by = {c.name: c for c in claims}
+        for c in claims:
+            if c.minus is None:
+                continue
+            other = by.get(c.minus)
+            if other is None or other is c:
+                raise ValueError(f"claim {c.name}: minus names no other claim ({c.minus!r}; claims: {', '.join(by)})")
+            if other.minus is not None or other.metric != c.metric:
+                raise ValueError(f"claim {c.name}: minus {c.minus} must be a claim of the same metric ({c.metric}) "
+                                 "without a minus of its own")
+        return claims
 
 
 # --------------------------------------------------------------------------- axes
@@ -174,6 +211,17 @@ NAMED_AXES: dict[str, Callable[[dict[str, Any], Any], None]] = {
     "ttft_timeout_s": _path("ttft_timeout_s"),
     "deadline_s": _path("deadline_s"),
 }
+
+
+def field_setter(name: str) -> Callable[[dict[str, Any], Any], None]:
+    """What sets ``name`` of a sweep's ``set``: an axis (:func:`axis_setter`), or a top-level field of
+    the spec (``faults``: a sweep with a fault list of its own)."""
+    if name in NAMED_AXES or "." in name:
+        return axis_setter(name)
+    if re.fullmatch(r"[A-Za-z0-9_]+", name):
+        return _path(name)
+    raise ValueError(f"unknown field {name!r}: use one of {', '.join(NAMED_AXES)}, a field of the spec or a "
+                     "dotted path into it")
 
 
 def axis_setter(name: str) -> Callable[[dict[str, Any], Any], None]:

@@ -253,7 +253,7 @@ def _study_cell(throttled: ExperimentSpec, addr: str, out: Path) -> tuple[subpro
     spec = {**throttled.model_dump(mode="json", exclude={"study"}), "name": STUDY_SPEC, "policies": ["LC"],
             "study": {"seeds": [0], "sweeps": [{"name": "severe", "axes": {"severity": [0.008]}}],
                       "claims": [{"name": "lc-fails-under-the-fault", "metric": "failure_rate", "policy": "LC",
-                                  "at": {"sweep": "severe"}}]}}
+                                  "at": {"sweep": "severe"}, "direction": "increase", "margin": 0.125}]}}
     path = out / f"{STUDY_SPEC}.yaml"
     path.write_text(json.dumps(spec))
     cmd = ("study", str(path), "--world", "both", "--address", addr, "--calibration", str(out / "calibration.json"),

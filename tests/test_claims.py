@@ -1,5 +1,5 @@
-"""analysis.claims: a claim's effect per world over seeds, and whether it carries over, on hand-built
-effects whose intervals and verdicts are worked out from the inputs with numpy and scipy."""
+"""analysis.claims: a claim's verdict by the rule of analysis/verdict.py, on hand-built effects whose
+intervals and answers are worked out here from the inputs with numpy and scipy."""
 
 from __future__ import annotations
 
@@ -10,139 +10,162 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.claims import claim_table, effect_ci
+from analysis.claims import ClaimRule, claim_table, fieller
+from analysis.verdict import RULE_VERSION, Spread
 
-T = stats.t.ppf(0.975, 2)  # 3 seeds at 95 %
+T3 = stats.t.ppf(0.95, 2)  # 3 seeds, one-sided 5 %: the 90 % interval
+FR = "failure_rate"
 
 
-def effects(claim: str, sim=(), tb=(), rep=(), seeds=None) -> pd.DataFrame:
-    """Long rows of one claim; seeds 0, 1, ... unless given (one list for every world)."""
+def effects(claim: str, sim=(), tb=(), rep=(), a=None, b=None) -> pd.DataFrame:
+    """Long rows of one claim, seeds 0, 1, ...; ``a``/``b``: per world the two cells' values."""
     rows = []
     for world, values in (("sim", sim), ("testbed", tb), ("repeat", rep)):
         for i, v in enumerate(values):
-            rows.append({"claim": claim, "world": world, "seed": seeds[i] if seeds else i, "value": v})
-    return pd.DataFrame(rows, columns=["claim", "world", "seed", "value"])
+            ai = (a or {}).get(world, [math.nan] * len(values))[i]
+            bi = (b or {}).get(world, [math.nan] * len(values))[i]
+            rows.append({"claim": claim, "world": world, "seed": i, "value": v, "a": ai, "b": bi})
+    return pd.DataFrame(rows, columns=["claim", "world", "seed", "value", "a", "b"])
 
 
-def interval(x) -> tuple[float, float, float]:
+def judge(eff: pd.DataFrame, rule: ClaimRule, spread: Spread | None = None) -> pd.Series:
+    name = eff["claim"].iloc[0]
+    return claim_table(eff, {name: rule}, {rule.metric: spread} if spread else {}).set_index("claim").loc[name]
+
+
+def interval(x, floor: float = 0.0) -> tuple[float, float, float]:
     x = np.asarray(x, dtype=float)
-    half = T * x.std(ddof=1) / np.sqrt(x.size)
+    s = max(x.std(ddof=1), floor)
+    half = stats.t.ppf(0.95, x.size - 1) * s / math.sqrt(x.size)
     return x.mean(), x.mean() - half, x.mean() + half
 
 
-def row(table: pd.DataFrame, claim: str) -> pd.Series:
-    return table.set_index("claim").loc[claim]
+DECREASE = ClaimRule(FR, "decrease", 0.03)
+NONE = ClaimRule(FR, "none", 0.03)
 
 
-def test_the_three_seed_t_quantile_is_the_printed_one_and_effect_ci_uses_it():
-    assert T == pytest.approx(4.303, abs=5e-4)
-    x = [0.10, 0.13, 0.19]
-    m, lo, hi, n = effect_ci(x)
-    assert (m, lo, hi) == pytest.approx(interval(x)) and n == 3
-    assert effect_ci([0.1, math.nan, 0.2, 0.4])[3] == 3
-    m1, lo1, hi1, n1 = effect_ci([0.2])
-    assert m1 == 0.2 and math.isnan(lo1) and math.isnan(hi1) and n1 == 1
+def test_equal_effects_with_a_small_spread_carry_over():
+    sim, tb = [-0.10, -0.125, -0.10], [-0.10, -0.125, -0.10]
+    spread = Spread(0.005, 15)
+    r = judge(effects("c", sim, tb), DECREASE, spread)
+    floor = 0.005 * math.sqrt(2)
+    assert (r.sim_mean, r.sim_low, r.sim_high) == pytest.approx(interval(sim, floor))
+    assert (r.tb_mean, r.tb_low, r.tb_high) == pytest.approx(interval(tb, floor))
+    # the worlds agree seed by seed: the paired interval is the floor's (zero-width without it)
+    assert (r.paired_mean, r.paired_low, r.paired_high) == pytest.approx(interval(np.subtract(tb, sim), floor))
+    assert r.tb_high < 0 and r.sim_high < 0 and -0.03 < r.paired_low and r.paired_high < 0.03  # the case is so
+    assert (r.sim_status, r.tb_status, r.equivalence) == ("holds", "holds", "pass")
+    assert r.verdict == "carries over" and "holds in both worlds" in r.reason
+    assert r.rule == RULE_VERSION and r.n_seeds == 3
 
 
-def test_an_effect_of_the_same_sign_within_repeatability_carries_over():
-    sim, tb, rep = [0.10, 0.12, 0.14], [0.12, 0.14, 0.13], [0.10, 0.16, 0.13]
-    r = row(claim_table(effects("a", sim, tb, rep)), "a")
-    assert (r.sim_mean, r.sim_low, r.sim_high) == pytest.approx(interval(sim))
-    assert (r.tb_mean, r.tb_low, r.tb_high) == pytest.approx(interval(tb))
-    assert r.sim_n == r.tb_n == r.n_seeds == r.n_repeat == 3
-    assert r["diff"] == pytest.approx(np.mean(tb) - np.mean(sim))
-    assert (r.paired_diff, r.paired_low, r.paired_high) == pytest.approx(interval(np.subtract(tb, sim)))
-    assert r.repeatability == pytest.approx(np.mean(np.abs(np.subtract(tb, rep))))
-    assert abs(r["diff"]) <= r.repeatability  # the case is what it says
-    assert r.same_sign and r.within_repeatability and r.verdict == "carries over"
-    assert r.holds_sim and r.holds_tb  # both intervals lie above 0
+def test_zero_in_both_worlds_carries_over_only_as_a_null_claim():
+    zeros = effects("z", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+    spread = Spread.of([0.025, 0.0, 0.0, 0.0])  # one request in 40 once, in four repeated runs
+    r = judge(zeros, DECREASE, spread)
+    floor = spread.sigma * math.sqrt(2)  # a difference of two cells
+    assert r.effect_floor == pytest.approx(floor)
+    assert (r.tb_low, r.tb_high) == pytest.approx(interval([0, 0, 0], floor)[1:])  # floored, not zero-width
+    assert (r.sim_status, r.tb_status) == ("does not hold", "does not hold")
+    assert r.verdict == "does not carry over" and r.reason == "holds in neither world"
+    n = judge(zeros, NONE, spread)
+    assert (n.sim_status, n.tb_status, n.equivalence) == ("holds", "holds", "pass")
+    assert n.verdict == "carries over"
 
 
-def test_an_effect_of_the_opposite_sign_does_not_carry_over_however_noisy_the_testbed():
-    r = row(claim_table(effects("b", [0.05, 0.06, 0.07], [-0.01, -0.02, -0.03], [0.5, -0.5, 0.4])), "b")
-    assert r.within_repeatability and not r.same_sign
-    assert r.verdict == "does not carry over"
+def test_an_effect_in_one_world_only_does_not_carry_over():
+    r = judge(effects("one", [-0.10, -0.125, -0.10], [0.0, 0.0, 0.0]), DECREASE, Spread.of([0.0, 0.025]))
+    assert (r.sim_status, r.tb_status) == ("holds", "does not hold")
+    assert r.verdict == "does not carry over" and "holds in the simulator only" in r.reason
+    assert "the worlds differ by more than ±0.03" in r.reason  # the paired difference is 0.108 [..] too
+    other = judge(effects("other", [0.0, 0.0, 0.0], [-0.10, -0.125, -0.10]), DECREASE, Spread.of([0.0, 0.025]))
+    assert other.verdict == "does not carry over" and "holds on the testbed only" in other.reason
 
 
-def test_the_same_sign_beyond_repeatability_does_not_carry_over():
-    tb = [0.30, 0.32, 0.34]
-    r = row(claim_table(effects("c", [0.10, 0.12, 0.14], tb, np.add(tb, [0.01, -0.01, 0.01]))), "c")
-    assert r.repeatability == pytest.approx(0.01)
-    assert r.same_sign and not r.within_repeatability and r.verdict == "does not carry over"
+def test_opposite_directions_do_not_carry_over():
+    r = judge(effects("opp", [-0.10, -0.125, -0.10], [0.10, 0.075, 0.10]), DECREASE)
+    assert (r.sim_status, r.tb_status) == ("holds", "does not hold")
+    assert r.verdict == "does not carry over" and r.reason.startswith("holds in opposite directions")
 
 
-def test_without_a_repeat_or_with_one_seed_there_is_no_verdict():
-    t = claim_table(pd.concat([effects("no repeat", [0.1, 0.2, 0.3], [0.1, 0.2, 0.3]),
-                               effects("one seed", [0.1], [0.1, 0.2, 0.3], [0.1, 0.2, 0.3])]))
-    r = row(t, "no repeat")
-    assert math.isnan(r.repeatability) and r.n_repeat == 0 and pd.isna(r.within_repeatability)
-    assert r.verdict == "n/a"
-    one = row(t, "one seed")
-    assert one.sim_n == 1 and math.isnan(one.sim_low) and pd.isna(one.holds_sim)
-    assert one.repeatability == 0.0 and one.verdict == "n/a"
-    assert list(t["claim"]) == ["no repeat", "one seed"]
+def test_a_huge_spread_is_undecided_with_the_seeds_a_decision_needs():
+    sim, tb = [-0.10, 0.05, -0.15], [-0.125, 0.075, -0.125]
+    r = judge(effects("wide", sim, tb), DECREASE)
+    assert (r.sim_status, r.tb_status, r.equivalence) == ("open", "open", "undecided")
+    assert r.verdict == "undecided"
+    assert "the simulator's and the testbed's and the paired difference's interval too wide to tell" == r.reason
+    # the seeds it needs: the fewest n at which the same means and deviations would decide
+    need = int(r.seeds_needed)
+    assert 3 < need <= 100
+
+    def decided(n: int) -> bool:
+        """The rule by hand for a decrease: a world holds when its interval lies below 0 and does not
+        when its lower end lies above -margin; the worlds agree inside +-margin, differ outside."""
+        ivs = []
+        for x in (sim, tb, np.subtract(tb, sim)):
+            m, s = np.mean(x), np.std(x, ddof=1)
+            half = stats.t.ppf(0.95, n - 1) * s / math.sqrt(n)
+            ivs.append((m - half, m + half))
+        holds = [hi < 0 for _, hi in ivs[:2]]
+        fails = [lo > -0.03 and not ok for (lo, _), ok in zip(ivs[:2], holds)]
+        lo, hi = ivs[2]
+        return (all(holds) and -0.03 <= lo and hi <= 0.03) or any(fails) or hi < -0.03 or lo > 0.03
+
+    assert decided(need) and not decided(need - 1)
 
 
-def test_the_paired_difference_matches_seeds_by_number_whatever_the_row_order():
-    seeds = [11, 5, 8]
-    sim, tb = {11: 0.1, 5: 0.2, 8: 0.6}, {11: 0.15, 5: 0.3, 8: 0.5}
-    # each world's rows in another seed order, then all rows shuffled: row order pairs nothing
-    e = pd.concat([effects("d", [sim[s] for s in seeds], seeds=seeds),
-                   effects("d", tb=[tb[s] for s in seeds[::-1]], rep=[tb[s] for s in seeds[::-1]], seeds=seeds[::-1])])
-    r = row(claim_table(e.sample(frac=1.0, random_state=3)), "d")
-    expected = interval([tb[s] - sim[s] for s in seeds])
-    assert (r.paired_diff, r.paired_low, r.paired_high) == pytest.approx(expected)
-    assert r.repeatability == 0.0
+def test_a_ratio_claim_is_judged_on_its_difference_and_reports_the_fieller_interval():
+    a = {"sim": [0.025, 0.05, 0.025], "testbed": [0.025, 0.025, 0.05]}  # FaultAwareOTF-R
+    b = {"sim": [0.10, 0.125, 0.10], "testbed": [0.10, 0.10, 0.125]}  # FaultAwareLC
+    sim = np.subtract(a["sim"], b["sim"])
+    tb = np.subtract(a["testbed"], b["testbed"])
+    rule = ClaimRule(FR, "decrease", 0.03, "ratio")
+    r = judge(effects("ratio", sim, tb, a=a, b=b), rule)
+    assert r.verdict == "carries over"
+    assert r.ratio_sim == pytest.approx(np.mean(a["sim"]) / np.mean(b["sim"]))
+    # Fieller by hand: the R where (mean a - R mean b)^2 = t^2 var(a - R b) / n
+    x, y = np.asarray(a["testbed"]), np.asarray(b["testbed"])
+
+    def g(R: float) -> float:
+        return (x.mean() - R * y.mean()) ** 2 - T3 ** 2 * np.var(x - R * y, ddof=1) / 3
+
+    lo, hi = r.ratio_tb_low, r.ratio_tb_high
+    assert lo < r.ratio_tb < hi and g(lo) == pytest.approx(0, abs=1e-12) and g(hi) == pytest.approx(0, abs=1e-12)
+    assert g(r.ratio_tb) < 0  # inside: not distinguishable from the ratio's own value
 
 
-def test_nan_values_are_left_out_of_intervals_pairs_and_repeatability():
-    sim = [0.10, 0.12, math.nan, 0.14]
-    tb = [0.12, 0.14, 0.40, math.nan]
-    rep = [0.10, math.nan, 0.40, 0.20]
-    r = row(claim_table(effects("e", sim, tb, rep)), "e")
-    assert (r.sim_mean, r.sim_low, r.sim_high) == pytest.approx(interval([0.10, 0.12, 0.14]))
-    assert (r.tb_mean, r.tb_low, r.tb_high) == pytest.approx(interval([0.12, 0.14, 0.40]))
-    assert r.n_seeds == 2 and r.paired_diff == pytest.approx(np.mean([0.02, 0.02]))  # seeds 0 and 1
-    assert r.n_repeat == 2 and r.repeatability == pytest.approx(np.mean([0.02, 0.0]))  # seeds 0 and 2
+def test_fieller_is_undefined_where_the_baseline_never_fails_and_unbounded_where_it_may_be_zero():
+    assert all(math.isnan(v) for v in fieller(np.array([0.0, 0.0, 0.0]), np.array([0.0, 0.0, 0.0])))
+    ratio, lo, hi = fieller(np.array([0.025, 0.0, 0.025]), np.array([0.025, 0.0, 0.0]))
+    assert ratio == pytest.approx(2.0) and math.isnan(lo) and math.isnan(hi)
 
 
-def test_an_effect_within_a_rounding_error_of_zero_counts_as_zero():
-    tiny = 0.3 - 0.1 - 0.2  # not exactly 0
-    assert tiny != 0.0
-    t = claim_table(pd.concat([effects("zeros", [0.0, 0.0, 0.0], [tiny] * 3, [0.01, 0.0, 0.0]),
-                               effects("zero vs some", [0.0, 0.0, 0.0], [0.01] * 3, [0.01] * 3)]))
-    assert row(t, "zeros").same_sign and row(t, "zeros").verdict == "carries over"
-    assert not row(t, "zeros").holds_sim  # an interval [0, 0] does not exclude 0
-    assert not row(t, "zero vs some").same_sign and row(t, "zero vs some").verdict == "does not carry over"
+def test_one_seed_is_judged_by_the_spread_alone_and_without_one_is_undecided():
+    eff = effects("one", [-0.10], [-0.10])
+    none = judge(eff, DECREASE)
+    assert none.verdict == "undecided" and math.isnan(none.tb_low)
+    spread = Spread(0.01, 15)  # the per-run spread from 15 repeated runs
+    r = judge(eff, DECREASE, spread)
+    half = stats.t.ppf(0.95, 15) * 0.01 * math.sqrt(2)
+    assert (r.tb_low, r.tb_high) == pytest.approx((-0.10 - half, -0.10 + half))
+    assert r.verdict == "carries over"
 
 
-def test_an_interval_that_straddles_zero_does_not_hold():
-    sim = [-0.05, 0.02, 0.06]
-    r = row(claim_table(effects("f", sim, [0.1, 0.11, 0.12], [0.1, 0.11, 0.12])), "f")
-    assert interval(sim)[1] < 0 < interval(sim)[2]
-    assert not r.holds_sim and r.holds_tb
+def test_a_margin_below_the_instruments_spread_is_said_and_a_missing_claim_is_undecided():
+    r = judge(effects("m", [-0.10, -0.125, -0.10], [-0.10, -0.125, -0.125]), ClaimRule(FR, "decrease", 0.01),
+              Spread(0.02, 10))
+    assert r.margin_below_floor and "below one run's spread of this effect" in r.reason
+    t = claim_table(effects("other", [0.1], [0.1]), {"absent": DECREASE})
+    assert t.loc[0, "verdict"] == "undecided" and t.loc[0, "sim_n"] == 0
 
 
-@pytest.mark.parametrize("change, needle", [
-    (lambda e: e.drop(columns="seed"), "lacks column(s) seed"),
-    (lambda e: e.assign(world=e["world"].replace("repeat", "hardware")), "unknown world(s) hardware"),
-    (lambda e: pd.concat([e, e.iloc[[0]]]), "two values for world=sim seed=0"),
-])
-def test_a_malformed_table_is_a_one_line_error(change, needle):
-    e = effects("g", [0.1, 0.2], [0.1, 0.2], [0.1, 0.2])
-    with pytest.raises(ValueError) as err:
-        claim_table(change(e))
-    assert needle in str(err.value) and "\n" not in str(err.value)
-
-
-def test_equal_effects_carry_over_with_a_repeatability_of_zero_whatever_the_rounding():
-    """Measured in the carry-over study: both worlds -0.025 with a repeat equal to its first pass, and
-    the means differed by 6.9e-18 (pandas sums in another order). Equal is equal."""
-    sim, tb = [0.0, -0.025, -0.05], [-0.05, 0.0, -0.025]
-    e = effects("eq", sim, tb, [-0.05])
-    e.loc[e["world"] == "testbed", "value"] += 1e-17
-    r = row(claim_table(e), "eq")
-    assert r.repeatability == pytest.approx(1e-17, abs=1e-16) or r.repeatability == 0
-    assert r.within_repeatability and r.verdict == "carries over"
-    r2 = row(claim_table(effects("ne", sim, [-0.05, 0.0, 0.0], [-0.05])), "ne")  # one request apart
-    assert not r2.within_repeatability and r2.verdict == "does not carry over"
+def test_a_bad_effects_table_or_rule_is_a_one_line_error():
+    with pytest.raises(ValueError, match="lacks column"):
+        claim_table(pd.DataFrame({"claim": ["x"]}), {})
+    bad = effects("x", [0.1], [0.1]).assign(world="simulator")
+    with pytest.raises(ValueError, match="unknown world"):
+        claim_table(bad, {})
+    with pytest.raises(ValueError, match="unknown direction"):
+        ClaimRule(FR, "up", 0.03)
+    with pytest.raises(ValueError, match="margin must be > 0"):
+        ClaimRule(FR, "none", 0.0)

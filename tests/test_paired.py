@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
+import analysis.fidelity as fidelity_module
 from analysis.fidelity import compare
 from analysis.paired import outcome_class, paired_report
 from analysis.paired_stats import quantile_ci
-from analysis.repeatability import add_repeatability, beyond
+from analysis.repeatability import add_repeatability
 from cli.main import main
 from core.records import RequestRecord, RunWriter
 from test_analysis import link_fault
@@ -194,18 +196,12 @@ def test_p99_only_where_200_ok_requests_are_pooled(tmp_path):
 # --------------------------------------------------------------------------- repeatability
 
 
-def test_beyond_and_add_repeatability():
-    assert beyond(0.05, -0.1) == "within" and beyond(-0.1, 0.1) == "within" and beyond(0.2, 0.1) == "beyond"
-    assert beyond(NAN, 0.1) == "n/a" and beyond(0.1, NAN) == "n/a"
-    cols = ["policy", "metric", "diff", "rel_error", "tolerance_kind"]
-    sim = pd.DataFrame([["LC", "failure_rate", 0.05, NAN, "abs"], ["LC", "ttft_p50_s", 1.0, -0.5, "rel"],
-                        ["LC", "outcome_agreement", 0.1, NAN, "min"]], columns=cols)
-    rep = pd.DataFrame([["LC", "failure_rate", -0.1, NAN, "abs"], ["LC", "ttft_p50_s", 0.1, 0.2, "rel"],
-                        ["LC", "outcome_agreement", 0.1, NAN, "min"]], columns=cols)
-    out = add_repeatability(sim, rep)
-    assert out["repeatability"].tolist() == pytest.approx([-0.1, 0.2, 0.1])
-    assert out["beyond_repeatability"].tolist() == ["within", "beyond", "within"]
-    assert add_repeatability(sim, None)["beyond_repeatability"].tolist() == ["n/a"] * 3
+def test_add_repeatability_puts_the_repeats_deviation_beside_each_check():
+    cols = ["policy", "metric", "deviation"]
+    sim = pd.DataFrame([["LC", "failure_rate", 0.05], ["LC", "ttft_p50_s", -0.5]], columns=cols)
+    rep = pd.DataFrame([["LC", "failure_rate", -0.1], ["LC", "ttft_p50_s", 0.2]], columns=cols)
+    assert add_repeatability(sim, rep)["repeatability"].tolist() == pytest.approx([-0.1, 0.2])
+    assert add_repeatability(sim, None)["repeatability"].isna().all()
 
 
 def _fails(n: int, failing: set[int]) -> list[RequestRecord]:
@@ -226,21 +222,27 @@ def worlds(tmp_path) -> tuple[Path, Path, Path]:
     return tmp_path / "sim", tmp_path / "testbed", tmp_path / "repeat"
 
 
-def test_within_and_beyond_the_testbed_repeatability(worlds, tmp_path):
+def test_the_repeats_spread_floors_the_verdict(worlds, tmp_path):
     sim, tb, rep = worlds
     f = compare([sim], [tb], tmp_path / "out", console=quiet(), repeat_paths=[rep])
     t = f.table.set_index(["policy", "metric"])
-    # LC: sim 5/20 against 4/20 (diff +0.05), the repeat 6/20 (testbed - repeat = -0.1): within
-    assert t.loc[("LC", "failure_rate"), ["diff", "repeatability"]].tolist() == pytest.approx([-0.05, -0.1])
-    assert t.loc[("LC", "failure_rate"), "beyond_repeatability"] == "within"
-    # OTF-R: sim 2/20 against 4/20 (+0.1), the repeat the same requests (0): beyond
-    assert t.loc[("OTF-R", "failure_rate"), ["diff", "repeatability"]].tolist() == pytest.approx([0.1, 0.0])
-    assert t.loc[("OTF-R", "failure_rate"), "beyond_repeatability"] == "beyond"
-    # outcomes: LC's sim ends request 4 differently (1 of 20), its repeat 4 and 5 (2 of 20): within
+    # the testbed's spread of the failure rate: LC's repeat 2 requests off (0.1), OTF-R's 0: pooled
+    # sqrt((0.1^2 + 0^2) / 4) = 0.05, from 2 pairs
+    assert f.spreads["failure_rate"].pairs == 2 and f.spreads["failure_rate"].sigma == pytest.approx(0.05)
+    assert t.loc[("LC", "failure_rate"), ["deviation", "repeatability"]].tolist() == pytest.approx([-0.05, -0.1])
+    # one seed: the interval is the spread's alone, t(0.95, 2 pairs) x 0.05 about each deviation
+    half = stats.t.ppf(0.95, 2) * 0.05
+    lc = t.loc[("LC", "failure_rate")]
+    assert (lc["dev_low"], lc["dev_high"]) == pytest.approx((-0.05 - half, -0.05 + half))
+    assert lc["verdict"] == "undecided"  # the sim one request off, inside the testbed's own spread
+    # two requests off (+0.1) is no fail either: 0.1 - half is below the 0.03 tolerance, within what the
+    # testbed's own spread, from two pairs, allows
+    otf = t.loc[("OTF-R", "failure_rate")]
+    assert otf["deviation"] == pytest.approx(0.1) and otf["dev_low"] < 0.03 and otf["verdict"] == "undecided"
+    # outcomes: LC's sim ends request 4 differently (1 of 20), its repeat 4 and 5 (2 of 20)
     agree = t.loc[("LC", "outcome_agreement")]
     assert (agree["sim"], agree["diff"], agree["repeatability"]) == pytest.approx((19 / 20, 1 / 20, 2 / 20))
-    assert agree["beyond_repeatability"] == "within" and agree["verdict"] == "fail"  # 95% < 97%
-    assert t.loc[("OTF-R", "outcome_agreement"), "beyond_repeatability"] == "beyond"  # 2 of 20 against 0
+    assert agree["verdict"] == "undecided"
     r = pd.read_csv(tmp_path / "out" / "fidelity_repeatability.csv").set_index(["policy", "metric"])
     assert r.loc[("LC", "outcome_agreement"), "repeat"] == pytest.approx(18 / 20)
     assert r.loc[("LC", "failure_rate"), "deviation"] == pytest.approx(-0.1)
@@ -248,10 +250,12 @@ def test_within_and_beyond_the_testbed_repeatability(worlds, tmp_path):
     assert set(confusion["versus"]) == {"sim", "repeat"}
 
 
-def test_without_a_repeat_every_verdict_is_na(worlds, tmp_path):
+def test_without_a_repeat_or_a_shipped_spread_one_seed_is_undecided(worlds, tmp_path, monkeypatch):
     sim, tb, _ = worlds
+    monkeypatch.setattr(fidelity_module, "shipped_spreads", lambda: ({}, ""))
     f = compare([sim], [tb], tmp_path / "out", console=quiet())
-    assert set(f.table["beyond_repeatability"]) == {"n/a"} and f.repeat is None
+    assert set(f.table["verdict"]) == {"undecided"} and f.repeat is None
+    assert "one seed without a repeat cannot be judged" in f.spread_source
     assert not (tmp_path / "out" / "fidelity_repeatability.csv").exists()
     for name in ("fidelity_paired.csv", "fidelity_confusion.csv", "fidelity_stages.csv", "fidelity_mape.csv"):
         assert (tmp_path / "out" / name).exists()
@@ -284,32 +288,36 @@ def test_compare_cli_repeat(worlds, tmp_path, capsys):
     sim, tb, rep = worlds
     assert main(["compare", str(sim), str(tb), "--out", str(tmp_path / "out"), "--repeat", str(rep)]) == 0
     printed = capsys.readouterr().out
-    assert "Repeatability" in printed and "beyond" in printed
+    assert "Repeatability" in printed and "undecided" in printed and "this comparison's repeat" in printed
     assert (tmp_path / "out" / "fidelity_repeatability.csv").exists()
 
 
-def test_the_engine_table_judges_engine_down_s_against_at_least_the_spread_its_core_deaths_can_hold():
-    from analysis.engine_death import NOTICE_RANGE_S, down_floor_s, engine_table
+def test_the_engine_table_judges_each_quantity_by_the_rule_with_the_notices_spread_as_floor():
+    from analysis.engine_death import engine_table, notice_spread
     from analysis.metric_names import Metric as M
+    from core.fits import fit
 
     def runs(world: str, down: float, rate: float, share: float = 0.5) -> dict:
         return {"world": world, "policy": "LC", "seed": 0, M.ENGINE_DOWN_S: down, M.FAILURE_RATE: rate,
                 M.ENGINE_CORE_SHARE: share}
 
-    # half the deaths a core's: the notices' range can move the mean by half of it
-    assert down_floor_s(0.5) == pytest.approx(NOTICE_RANGE_S / 2) and down_floor_s(float("nan")) == 0.0
-    # the repeat agrees with the testbed to 1 ms; the simulator is off by less than the floor in the
-    # time, by the same 1 ms in the rate: the time is within, the rate is not (no floor for a rate)
-    near = down_floor_s(0.5) * 0.9
-    both = pd.DataFrame([runs("sim", 0.5 - near, 0.05 - 0.002), runs("testbed", 0.5, 0.05)])
-    rep = pd.DataFrame([runs("repeat", 0.499, 0.049)])
+    # half the deaths a core's: the fitted notices' spread, halved, with the fit's degrees of freedom
+    samples = fit("core_death_notice_s").samples
+    assert notice_spread(0.5).sigma == pytest.approx(np.std(samples, ddof=1) / 2)
+    assert notice_spread(0.5).pairs == len(samples) - 1 and not notice_spread(math.nan).known
+    both = pd.DataFrame([runs("sim", 0.45, 0.05), runs("testbed", 0.5, 0.05)])
+    rep = pd.DataFrame([runs("repeat", 0.499, 0.05)])
     t = engine_table(both, rep, ["LC"]).set_index("metric")
-    assert t.loc[M.ENGINE_DOWN_S, "repeatability"] == pytest.approx(0.001)
-    assert t.loc[M.ENGINE_DOWN_S, "beyond_repeatability"] == "within"
-    assert t.loc[M.FAILURE_RATE, "beyond_repeatability"] == "beyond"
-    # the same distance where every death was an actor's (seen at a call, no notice): beyond
-    actors = pd.DataFrame([runs("sim", 0.5 - near, 0.05, 0.0), runs("testbed", 0.5, 0.05, 0.0)])
-    assert engine_table(actors, rep, ["LC"]).set_index("metric").loc[M.ENGINE_DOWN_S, "beyond_repeatability"] == "beyond"
-    # beyond the floor and the repeat's distance, a time is beyond
-    far = pd.DataFrame([runs("sim", 0.5 - 2 * down_floor_s(0.5), 0.05), runs("testbed", 0.5, 0.05)])
-    assert engine_table(far, rep, ["LC"]).set_index("metric").loc[M.ENGINE_DOWN_S, "beyond_repeatability"] == "beyond"
+    down = t.loc[M.ENGINE_DOWN_S]
+    assert down["repeatability"] == pytest.approx(0.001) and down["spread_sigma"] == pytest.approx(notice_spread(0.5).sigma)
+    half = stats.t.ppf(0.95, len(samples) - 1) * notice_spread(0.5).sigma
+    assert (down["dev_low"], down["dev_high"]) == pytest.approx((0.05 - half, 0.05 + half))
+    assert down["margin"] == 1.0 and down["verdict"] == "pass"  # 50 ms off, against the 1 s that matters
+    # the same rate in all three: a spread of 0 from one pair, and a deviation of 0: pass
+    assert t.loc[M.FAILURE_RATE, "verdict"] == "pass"
+    # a simulator 2 s late, whatever the floor: fail
+    late = pd.DataFrame([runs("sim", 0.5 - 2.0, 0.05), runs("testbed", 0.5, 0.05)])
+    assert engine_table(late, rep, ["LC"]).set_index("metric").loc[M.ENGINE_DOWN_S, "verdict"] == "fail"
+    # one request of 20 apart in the rate, with a repeat that moved none: outside +-0.03 exactly
+    off = pd.DataFrame([runs("sim", 0.5, 0.10), runs("testbed", 0.5, 0.05)])
+    assert engine_table(off, rep, ["LC"]).set_index("metric").loc[M.FAILURE_RATE, "verdict"] == "fail"

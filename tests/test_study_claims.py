@@ -14,15 +14,20 @@ import pytest
 import yaml
 from rich.console import Console
 
-from analysis.study_claims import check_claim_metrics, claim_effects, claims_frame, claims_report, reaction_cost
+from analysis.study_claims import (check_claim_metrics, claim_effects, claim_rules, claims_frame, claims_report,
+                                  reaction_cost)
 from core.spec import SpecError, load_spec, parse_spec
 from core.study import ClaimSides, claim_sides, expand_study
 
 SHIPPED = Path(__file__).resolve().parents[1] / "experiments" / "carryover.yaml"
+JUDGED = {"direction": "decrease", "margin": 0.03}  # how a test's claim is judged
 
 
 def _shipped() -> dict:
-    return yaml.safe_load(SHIPPED.read_text())
+    """The shipped carry-over spec as a dict, its base (extends) resolved."""
+    from core.spec import resolve_extends
+
+    return resolve_extends(yaml.safe_load(SHIPPED.read_text()), str(SHIPPED), SHIPPED.parent)
 
 
 def _sides(data: dict) -> list[ClaimSides]:
@@ -46,12 +51,12 @@ def test_every_shipped_claim_reads_one_point_and_policy_of_its_grid():
 
 
 @pytest.mark.parametrize("claim, needle", [
-    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "nope"}}, "selects no point"),
-    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {}}, "selects 3 points"),
-    ({"name": "x", "metric": "failure_rate", "policy": "FaultAwareLC", "at": {"sweep": "mild"}},
+    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "nope"}, **JUDGED}, "selects no point"),
+    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {}, **JUDGED}, "selects 5 points"),
+    ({"name": "x", "metric": "failure_rate", "policy": "FaultAwareLC", "at": {"sweep": "mild"}, **JUDGED},
      "with policy FaultAwareLC selects no point"),
-    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "severe"}, "vs": {"policy": "LC"}},
-     "its effect would be 0"),
+    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "severe"}, "vs": {"policy": "LC"},
+      **JUDGED}, "its effect would be 0"),
 ])
 def test_a_claim_that_does_not_select_one_point_is_one_line_naming_it(claim, needle):
     data = _shipped()
@@ -68,14 +73,15 @@ def test_claim_names_are_unique_and_an_unknown_metric_is_refused_before_any_run(
     with pytest.raises(SpecError, match="claim names must be unique"):
         parse_spec(data, "t")
     data = _shipped()
-    data["study"]["claims"] = [{"name": "x", "metric": "failure_ratio", "policy": "LC", "at": {"sweep": "severe"}}]
+    data["study"]["claims"] = [{"name": "x", "metric": "failure_ratio", "policy": "LC", "at": {"sweep": "severe"},
+                                **JUDGED}]
     with pytest.raises(ValueError, match="claim x: unknown metric 'failure_ratio'"):
         check_claim_metrics(_sides(data))
 
 
-SIDES = [ClaimSides("cut", "", "failure_rate", "p1", "B", ("p1", "A")),
-         ClaimSides("cross", "", "failure_rate", "p2", "A", ("p1", "A")),
-         ClaimSides("plain", "", "reaction_s", "p1", "B", None)]
+SIDES = [ClaimSides("cut", "", "failure_rate", "p1", "B", ("p1", "A"), "decrease", 0.03, "ratio"),
+         ClaimSides("cross", "", "failure_rate", "p2", "A", ("p1", "A"), "none", 0.03, "difference"),
+         ClaimSides("plain", "", "reaction_s", "p1", "B", None, "increase", 5.0, "difference")]
 
 
 def _cells(values: dict[tuple[str, str, int], tuple[float, float]]) -> pd.DataFrame:
@@ -111,14 +117,49 @@ def test_the_claims_table_keeps_the_claims_order_and_says_what_each_reads():
     r = table.set_index("claim")
     assert r.loc["cut", "vs"] == "A @ p1" and r.loc["plain", "vs"] == ""
     assert r.loc["cut", "sim_mean"] == pytest.approx(-0.1) and r.loc["cut", "tb_mean"] == pytest.approx(-0.1)
-    assert r.loc["cut", "verdict"] == "carries over"  # equal worlds, repeatability 0 <= |diff| = 0
+    # the spread of failure_rate: 4 repeated cells, each 0.01 off: sqrt(4 x 0.01^2 / 8); a claim of two
+    # cells floors its interval at sqrt(2) times it
+    sigma = math.sqrt(4 * 0.01 ** 2 / 8)
+    assert r.loc["cut", "spread_sigma"] == pytest.approx(sigma) and r.loc["cut", "spread_pairs"] == 4
+    assert r.loc["cut", "effect_floor"] == pytest.approx(sigma * math.sqrt(2))
+    assert r.loc["cut", "verdict"] == "carries over"  # equal worlds, well below 0, within ±0.03
+    assert r.loc["cut", "ratio_sim"] == pytest.approx(np.mean([0.0, 0.01, 0.02]) / np.mean([0.1, 0.11, 0.12]))
     assert r.loc["cross", "sim_mean"] == pytest.approx(0.0) and r.loc["cross", "verdict"] == "carries over"
-    assert r.loc["cut", "n_repeat"] == 1
+    # the repeat moved no reaction time: a spread of 0 from 4 pairs, and equal worlds agree exactly
+    assert (r.loc["plain", "spread_sigma"], r.loc["plain", "spread_pairs"]) == (0.0, 4)
+    assert r.loc["plain", "verdict"] == "carries over"
 
 
-def test_a_claim_without_values_is_listed_as_na():
+def test_a_difference_of_two_claims_subtracts_the_other_effect_seed_by_seed():
+    base = SIDES[0]
+    gain = ClaimSides("gain", "", "failure_rate", "p2", "B", ("p2", "A"), "decrease", 0.03, "difference", base)
+    sim = _cells({(p, q, s): ((0.3 if p == "p2" else 0.1) * (q == "A") + 0.01 * s, 1.0)
+                  for p in ("p1", "p2") for q in ("A", "B") for s in range(3)})
+    eff = claim_effects({"sim": sim}, [base, gain]).set_index(["claim", "seed"])["value"]
+    # (B - A at p2) - (B - A at p1) = -0.3 - (-0.1)
+    assert eff.xs("gain", level="claim").tolist() == pytest.approx([-0.2, -0.2, -0.2])
+    assert claim_rules([base, gain])["gain"].cells == 4
+
+
+def test_a_claim_without_values_is_undecided():
     table, _ = claims_frame({"sim": _cells({}), "testbed": _cells({})}, SIDES[:1])
-    assert list(table["claim"]) == ["cut"] and table.loc[0, "verdict"] == "n/a"
+    assert list(table["claim"]) == ["cut"] and table.loc[0, "verdict"] == "undecided"
+
+
+def test_the_claims_the_runs_began_with_are_kept_and_a_later_change_is_said():
+    from analysis.study_claims import fixed_note, fixed_record
+
+    spec = load_spec(SHIPPED)
+    first = fixed_record(None, spec.study.claims, "t0")
+    assert first["rule"] and fixed_note(first) is None
+    assert fixed_record(first, spec.study.claims, "t1") == first  # the same claims again: unchanged
+    widened = [c.model_copy(update={"margin": c.margin * 2}) for c in spec.study.claims]
+    later = fixed_record(first, widened, "t1")
+    assert later["digest"] == first["digest"] and later["at"] == "t0" and later["changed_at"] == "t1"
+    note = fixed_note(later)
+    assert note and "changed at t1" in note and "not fixed before the runs" in note
+    assert fixed_record(later, spec.study.claims, "t2") == first  # changed back: as fixed
+    assert "judged now by" in fixed_note({**first, "rule": "an-older-rule"})
 
 
 def test_the_report_writes_the_table_the_effects_reaction_and_cost_and_a_figure_per_claim(tmp_path):
@@ -144,8 +185,10 @@ def test_reaction_and_cost_of_an_empty_world_is_an_empty_table():
 
 
 @pytest.mark.parametrize("claim, needle", [
-    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "nope"}}, "selects no point"),
-    ({"name": "x", "metric": "fail_rate", "policy": "LC", "at": {"sweep": "severe"}}, "claim x: unknown metric"),
+    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "nope"}, **JUDGED}, "selects no point"),
+    ({"name": "x", "metric": "fail_rate", "policy": "LC", "at": {"sweep": "severe"}, **JUDGED},
+     "claim x: unknown metric"),
+    ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "severe"}}, "direction: Field required"),
     (None, "--repeat-seeds: 7 is not a seed of the study's cells (0, 1, 2)"),
 ])
 def test_the_command_refuses_a_bad_claim_in_one_line_before_any_engine_starts(tmp_path, capsys, claim, needle):

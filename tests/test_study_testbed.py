@@ -30,7 +30,7 @@ def _spec():
         {"name": "telemetry", "set": {"severity": 0.01}, "policies": ["LC", "OTF-R"],
          "axes": {"telemetry": ["none"]}}],
         "claims": [{"name": "price-cuts-failures", "metric": "failure_rate", "policy": "OTF-R",
-                    "at": {"sweep": "severe"}, "vs": {"policy": "LC"}}]}
+                    "at": {"sweep": "severe"}, "vs": {"policy": "LC"}, "direction": "decrease", "margin": 0.03}]}
     return parse_spec(data, "t")
 
 
@@ -145,7 +145,9 @@ def test_testbed_report_on_a_study_of_both_worlds_gives_the_claims_again(tmp_pat
     shutil.copytree(tmp_path / "testbed", tmp_path / "sim")
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "again")]) == 0
     row = pd.read_csv(tmp_path / "again" / "claims.csv").set_index("claim").loc["price-cuts-failures"]
-    assert row["sim_mean"] == row["tb_mean"] and row["sim_n"] == row["tb_n"] == 2 and row["n_repeat"] == 1
+    assert row["sim_mean"] == row["tb_mean"] and row["sim_n"] == row["tb_n"] == 2
+    # seed 0's three distinct runs run twice (LC at telemetry none shares its severe run)
+    assert row["spread_pairs"] == 3
     assert (tmp_path / "again" / "claim_price-cuts-failures.png").is_file()
     (tmp_path / "testbed" / "study.json").write_text("{}")
     assert main(["report", str(tmp_path)]) == 2
@@ -177,8 +179,19 @@ def test_the_command_runs_both_worlds_and_the_claims_with_the_default_repeat_see
     assert sorted({s for j in call["jobs"] if "repeat" in str(j.out_dir) for s in j.seeds}) == [0]
     root = tmp_path / "runs" / spec.name
     row = pd.read_csv(root / "claims" / "claims.csv").set_index("claim").loc["price-cuts-failures"]
-    assert (row["sim_n"], row["tb_n"], row["n_repeat"]) == (2, 2, 1)
+    assert (row["sim_n"], row["tb_n"], row["spread_pairs"]) == (2, 2, 3) and bool(row["claims_as_fixed"])
     assert len(load_study(root / "sim")) == 8
+    fixed = json.loads((root / "testbed" / "study.json").read_text())["claims_fixed"]
     shutil.rmtree(root / "claims")
     assert main(args) == 0 and len(launch.calls) == 1  # all finished: nothing launched again
     assert (root / "claims" / "claims.csv").is_file()
+    assert json.loads((root / "testbed" / "study.json").read_text())["claims_fixed"] == fixed
+    # a margin changed after the runs: the record of what they began with stays, the verdicts say so
+    data = yaml.safe_load(path.read_text())
+    data["study"]["claims"][0]["margin"] = 0.3
+    path.write_text(yaml.safe_dump(data))
+    assert main(args) == 0 and len(launch.calls) == 1
+    row = pd.read_csv(root / "claims" / "claims.csv").set_index("claim").loc["price-cuts-failures"]
+    assert row["margin"] == 0.3 and not bool(row["claims_as_fixed"])
+    later = json.loads((root / "testbed" / "study.json").read_text())["claims_fixed"]
+    assert later["digest"] == fixed["digest"] and later["changed_to"] != fixed["digest"]

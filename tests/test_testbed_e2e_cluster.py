@@ -165,12 +165,13 @@ def test_engines_an_engine_fault_kills_fail_their_requests_and_are_never_chosen_
     assert len(around) > 0 and (around.first_token_s - around.prefill_end_s).max() < 5.0, around
 
 
-def test_engine_death_in_the_simulator_ends_the_same_requests_the_same_way_within_the_testbeds_repeatability(
+def test_engine_death_in_the_simulator_ends_the_same_requests_the_same_way_and_the_comparison_passes(
         testbed_runs, tmp_path):
     """The engine fault's spec in the calibrated simulator, compared with `testbed compare --repeat`:
-    the failure composition by stage and the time the router stopped choosing the dead engines
-    (engine_down_s) differ from the testbed's by no more than the testbed's run differs from its
-    repeat (analysis/engine_death.py)."""
+    every quantity both worlds measured (engine_down_s, the failure rate, the composition by stage)
+    passes by the rule (analysis/engine_death.py): the deviation's interval, floored by the testbed's
+    spread, inside its margin; and each dead core's notice lies in the fitted prediction interval or
+    is reported outside it."""
     import pandas as pd
     from e2e_cluster import _cli
 
@@ -186,10 +187,12 @@ def test_engine_death_in_the_simulator_ends_the_same_requests_the_same_way_withi
     # both worlds saw both deaths and failed requests for them
     assert table.loc["engine_down_s", ["sim", "testbed", "repeat"]].notna().all(), table
     assert (table.loc["failure_rate", ["sim", "testbed", "repeat"]] > 0).all(), table
-    judged = table[table[["sim", "testbed", "repeat"]].notna().all(axis=1)]
+    judged = table[table[["sim", "testbed"]].notna().all(axis=1)]
     assert {"engine_down_s", "failure_rate"} <= set(judged.index)
-    beyond = judged[judged.beyond_repeatability != "within"]
-    assert beyond.empty, f"beyond the testbed's repeatability:\n{judged.to_string()}\n{cmp.stdout[-3000:]}"
+    assert (judged.verdict == "pass").all(), f"not passed:\n{judged.to_string()}\n{cmp.stdout[-3000:]}"
+    # the core killed with a decode on it gave a notice in each testbed run, judged against the fit
+    notices = pd.read_csv(fid / "fidelity_notices.csv")
+    assert len(notices) >= 1 and set(notices.verdict) <= {"pass", "fail"} and (notices.notice_s > 0).all()
 
 
 def _new_leftovers(cli: dict) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the README's install command installs it)")
 pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
 
+from analysis.verdict import RULE_VERSION, Spread, claim_verdict, interval  # noqa: E402
 from core.records import read_meta, read_table  # noqa: E402
 from e2e_cluster import STUDY_SPEC  # noqa: E402
 
@@ -35,16 +36,21 @@ def test_a_study_cell_runs_on_the_testbed_twice_and_in_the_simulator_and_gets_it
     # the two testbed passes replayed the same requests
     a, b = (read_table(root / w / RUN_DIR, "requests").sort_values("request_id") for w in ("testbed", "repeat"))
     assert a["arrival_s"].tolist() == b["arrival_s"].tolist()
-    # keep "n/a" a verdict: pandas reads it as missing by default
-    claims = pd.read_csv(root / "claims" / "claims.csv", keep_default_na=False, na_values=[""])
+    claims = pd.read_csv(root / "claims" / "claims.csv")
     row = claims.set_index("claim").loc["lc-fails-under-the-fault"]
-    # one seed: each world's value, no interval, the repeat's distance, and no verdict from one seed
-    effects = pd.read_csv(root / "claims" / "claim_effects.csv")
-    assert sorted(effects["world"]) == ["repeat", "sim", "testbed"]
-    assert (row["sim_n"], row["tb_n"], row["n_repeat"]) == (1, 1, 1)
+    # one seed: each world's value, the repeat's distance its spread (one pair), and the verdict the rule
+    # gives those numbers (analysis/verdict.py, tested on its own): one seed's interval is the spread's
+    effects = pd.read_csv(root / "claims" / "claim_effects.csv").set_index("world")["value"]
+    assert sorted(effects.index) == ["repeat", "sim", "testbed"]
+    assert (row["sim_n"], row["tb_n"], row["spread_pairs"]) == (1, 1, 1)
     tb = read_table(root / "testbed" / RUN_DIR, "requests")
     assert row["tb_mean"] == pytest.approx((tb["outcome"] != "ok").mean())
-    assert row["verdict"] == "n/a"
+    spread = Spread.of([effects["testbed"] - effects["repeat"]])
+    assert row["spread_sigma"] == pytest.approx(spread.sigma)
+    expected = claim_verdict(interval([effects["sim"]], spread), interval([effects["testbed"]], spread),
+                             interval([effects["testbed"] - effects["sim"]], spread), "increase", 0.125)
+    assert (row["verdict"], row["reason"]) == expected and row["rule"] == RULE_VERSION
+    assert bool(row["claims_as_fixed"])
     assert (root / "claims" / "claim_lc-fails-under-the-fault.png").stat().st_size > 0
 
 

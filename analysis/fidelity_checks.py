@@ -1,0 +1,304 @@
+"""The checks of `testbed compare` on runs tables: each check's per-seed deviation, the testbed's
+spread of it, the verdict by the rule of analysis/verdict.py, and the rank of the policies judged pair
+by pair. analysis/fidelity.py's docstring says what each check compares; docs/verdicts.md the rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from scipy import stats
+
+from analysis.metric_names import Metric as M, latency
+from analysis.paired import OUTCOME_AGREEMENT
+from analysis.summary import mean_ci
+from analysis.verdict import (FAIL, NO_SPREAD, PASS, RULE_VERSION, UNDECIDED, Spread, check_seeds_needed, inside,
+                              interval)
+from core.fits import shipped_spread
+from core.metrics_spec import FidelityTolerances
+from core.stages import FAILURE_STAGES
+
+NAN = math.nan
+EPS = 1e-12  # float rounding in ties
+WORLDS = ("sim", "testbed")
+REPEAT = "repeat"  # the world label of a second set of testbed runs (repeatability)
+COMPOSITION_STAGES = (*FAILURE_STAGES, "unknown")
+
+
+def seed_mean(runs: pd.DataFrame, world: str, policy: str, metric: str) -> tuple[float, float, int]:
+    """(mean, CI half-width, n) over the seeds of ``world`` and ``policy`` in a runs table; NaN, NaN, 0
+    when the table has no such runs or no such column."""
+    if metric not in runs.columns:
+        return NAN, NAN, 0
+    sel = (runs["world"] == world) & (runs["policy"] == policy)
+    return mean_ci(runs.loc[sel, metric].to_numpy(dtype=float))
+
+
+def seed_values(runs: pd.DataFrame, world: str, policy: str, metric: str) -> pd.Series:
+    """``metric`` per seed of ``world`` and ``policy`` (NaN values left out); empty without the column."""
+    if metric not in runs.columns or runs.empty:
+        return pd.Series(dtype=float)
+    sel = runs.loc[(runs["world"] == world) & (runs["policy"] == policy)]
+    return sel.set_index("seed")[metric].astype(float).dropna()
+
+
+def _checks(tol: FidelityTolerances) -> list[tuple[str, str, float]]:
+    """(metric, "abs" | "rel" | "min", tolerance) of each per-policy check."""
+    rel = {50: tol.latency_p50_rel, 90: tol.latency_p90_rel}
+    return [(M.FAILURE_RATE, "abs", tol.failure_rate_abs),
+            *((latency(k, q), "rel", rel[q]) for k in ("ttft", "e2e") for q in (50, 90)),
+            (M.TRAFFIC_DEFLECTION_RATIO, "abs", tol.deflection_abs),
+            (OUTCOME_AGREEMENT, "min", tol.outcome_agreement_min)]
+
+
+def bounds(kind: str, tolerance: float) -> tuple[float, float]:
+    """The region a check's deviation must lie in: +-tolerance ("abs", "rel"); for "min" (an agreement
+    of at least ``tolerance``) a disagreement of at most 1 - tolerance."""
+    return (-math.inf, 1.0 - tolerance) if kind == "min" else (-tolerance, tolerance)
+
+
+def deviations(runs: pd.DataFrame, policy: str, metric: str, kind: str, other: str = "sim",
+               agreement_by_seed: pd.DataFrame | None = None) -> pd.Series:
+    """The deviation a check judges, per seed both sides hold: "abs" testbed - other, "rel" (other -
+    testbed) / testbed (left out where the testbed's value is 0), "min" 1 - the seed's outcome
+    agreement (``agreement_by_seed``: policy, seed, agreement; empty without it)."""
+    if kind == "min":
+        if agreement_by_seed is None or agreement_by_seed.empty:
+            return pd.Series(dtype=float)
+        a = agreement_by_seed[agreement_by_seed["policy"] == policy].set_index("seed")["agreement"].astype(float)
+        return (1.0 - a).dropna()
+    tb, ot = seed_values(runs, "testbed", policy, metric), seed_values(runs, other, policy, metric)
+    both = tb.index.intersection(ot.index)
+    tb, ot = tb[both], ot[both]
+    if kind == "abs":
+        return tb - ot
+    keep = tb != 0
+    return ((ot - tb) / tb)[keep]
+
+
+def repeat_spreads(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
+                   agreement_by_seed: pd.DataFrame | None) -> dict[str, Spread]:
+    """The testbed's spread of each check's deviation (analysis.verdict.Spread.of): the repeat in the
+    simulator's place, pooled over every policy and seed the repeat holds."""
+    both = pd.concat([runs[runs["world"] == "testbed"], repeat_runs], ignore_index=True)
+    out = {}
+    for metric, kind, _ in _checks(tol):
+        d = [deviations(both, p, metric, kind, REPEAT, agreement_by_seed) for p in policies]
+        out[metric] = Spread.of(pd.concat(d).to_numpy() if d else [])
+    return out
+
+
+def check_spreads(own: Mapping[str, Spread], shipped: Mapping[str, Spread]) -> dict[str, Spread]:
+    """Per metric the larger of the comparison's own spread and the shipped one (core/fits.py): the
+    floor is the least spread the testbed is known to have."""
+    out = dict(own)
+    for metric, s in shipped.items():
+        if not out.get(metric, NO_SPREAD).known or (s.known and s.sigma > out[metric].sigma):
+            out[metric] = s
+    return out
+
+
+def shipped_spreads() -> tuple[dict[str, Spread], str]:
+    """The testbed spread shipped in core/defaults/fits.yaml, as Spreads, and where it was fitted."""
+    raw, where = shipped_spread()
+    return {m: Spread(sigma, pairs) for m, (sigma, pairs) in raw.items()}, where
+
+
+def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
+                   agreement: Mapping[str, tuple[float, int]] | None = None, other: str = "sim",
+                   agreement_by_seed: pd.DataFrame | None = None,
+                   spreads: Mapping[str, Spread] | None = None) -> pd.DataFrame:
+    """One row per policy and checked metric (failure_rate, TTFT/E2E p50/p90, traffic_deflection_ratio,
+    outcome_agreement), the testbed against ``other`` (a world of ``runs``: "sim", or "repeat"): other's
+    and the testbed's mean, 95% CI half-width and n (columns <other>, <other>_ci, <other>_n, testbed,
+    ...), diff = testbed - other and rel_error = (other - testbed) / testbed of the means (NaN where the
+    testbed's is 0 or NaN), and the verdict by the rule of analysis/verdict.py: the per-seed
+    :func:`deviations`' mean (``deviation``), its interval floored by ``spreads[metric]`` (dev_low,
+    dev_high, n_seeds, spread_sigma, spread_pairs), the tolerance and its kind, the ``verdict`` (pass:
+    the interval inside :func:`bounds`; fail: wholly outside; undecided: neither) and how many seeds a
+    decision needs. ``agreement`` maps a policy to its pooled (outcome agreement, matched requests)
+    (:meth:`analysis.paired.PairedReport.agreement_of`): its row holds the agreement as <other>, the
+    matched requests as both n, and diff = 1 - agreement."""
+    rows = []
+    spreads = spreads or {}
+    for policy in policies:
+        for metric, kind, limit in _checks(tol):
+            if kind == "min":
+                a, n = (agreement or {}).get(policy, (NAN, 0))
+                om, oh, on, tm, th, tn, diff, rel = a, NAN, n, NAN, NAN, n, 1.0 - a, NAN
+            else:
+                om, oh, on = seed_mean(runs, other, policy, metric)
+                tm, th, tn = seed_mean(runs, "testbed", policy, metric)
+                diff = tm - om
+                rel = (om - tm) / tm if tm != 0 and not math.isnan(tm) else NAN
+            spread = spreads.get(metric, NO_SPREAD)
+            iv = interval(deviations(runs, policy, metric, kind, other, agreement_by_seed), spread)
+            lo, hi = bounds(kind, limit)
+            needed = check_seeds_needed(iv, lo, hi)
+            rows.append({"policy": policy, "metric": metric, other: om, f"{other}_ci": oh, f"{other}_n": on,
+                         "testbed": tm, "testbed_ci": th, "testbed_n": tn, "diff": diff, "rel_error": rel,
+                         "deviation": iv.mean, "dev_low": iv.low, "dev_high": iv.high, "n_seeds": iv.n,
+                         "spread_sigma": spread.sigma, "spread_pairs": spread.pairs,
+                         "tolerance": limit, "tolerance_kind": kind, "verdict": inside(iv, lo, hi),
+                         "seeds_needed": NAN if needed is None else needed, "rule": RULE_VERSION})
+    return pd.DataFrame(rows)
+
+
+def repeat_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
+                 agreement: Mapping[str, tuple[float, int]], agreement_by_seed: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The testbed against its repeat, check by check (:func:`fidelity_table` with the repeat as the other
+    side; the testbed's runs only of the (policy, seed) pairs the repeat holds), each row's mean
+    ``deviation``, without tolerance, verdict or interval: a description of the instrument."""
+    tb = runs[runs["world"] == "testbed"]
+    held = pd.MultiIndex.from_frame(repeat_runs[["policy", "seed"]])
+    tb = tb[pd.MultiIndex.from_frame(tb[["policy", "seed"]]).isin(held)]
+    table = fidelity_table(pd.concat([tb, repeat_runs], ignore_index=True), policies, tol, agreement, REPEAT,
+                           agreement_by_seed)
+    return table.drop(columns=["tolerance", "verdict", "dev_low", "dev_high", "spread_sigma", "spread_pairs",
+                               "seeds_needed", "rule"])
+
+
+def composition_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
+    """Per policy and stage (core.stages plus "unknown"): sim_share and testbed_share, the mean over seeds
+    of fail_share_<stage> (runs without failures left out), and diff_share = testbed - sim."""
+    rows = []
+    for policy in policies:
+        for stage in COMPOSITION_STAGES:
+            s = seed_mean(runs, "sim", policy, f"fail_share_{stage}")[0]
+            t = seed_mean(runs, "testbed", policy, f"fail_share_{stage}")[0]
+            rows.append({"policy": policy, "stage": stage, "sim_share": s, "testbed_share": t, "diff_share": t - s})
+    return pd.DataFrame(rows)
+
+
+def noise_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
+    """Per policy: means over seeds of noise_floor, clean_share, clean_failure_share and failure_rate in
+    each world (columns <name>_sim, <name>_testbed), failure_rate_diff, noise_explained =
+    clean_failure_share_testbed - clean_failure_share_sim, and noise_explained_fraction =
+    noise_explained / failure_rate_diff (NaN when the difference is 0)."""
+    rows = []
+    for policy in policies:
+        row: dict[str, Any] = {"policy": policy}
+        for name in (M.FAILURE_RATE, M.NOISE_FLOOR, M.CLEAN_SHARE, M.CLEAN_FAILURE_SHARE):
+            for world in WORLDS:
+                row[f"{name}_{world}"] = seed_mean(runs, world, policy, name)[0]
+        row["failure_rate_diff"] = row["failure_rate_testbed"] - row["failure_rate_sim"]
+        row["noise_explained"] = row["clean_failure_share_testbed"] - row["clean_failure_share_sim"]
+        d = row["failure_rate_diff"]
+        row["noise_explained_fraction"] = row["noise_explained"] / d if abs(d) > EPS else NAN
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+Order = tuple[tuple[str, ...], ...]
+
+
+def policy_order(means: Mapping[str, float]) -> Order:
+    """Policies by mean failure rate, lowest first, as groups of ties (means within 1e-12; names sorted
+    inside a group). NaN means are left out."""
+    items = sorted(((v, p) for p, v in means.items() if not math.isnan(v)))
+    groups: list[list[str]] = []
+    first = NAN
+    for v, p in items:
+        if groups and v - first <= EPS:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+            first = v
+    return tuple(tuple(sorted(g)) for g in groups)
+
+
+AGREE, DISAGREE, OPEN_PAIR = "agree", "disagree", "open"
+PAIR_COLUMNS = ("a", "b", "sim_diff", "sim_low", "sim_high", "sim_order", "testbed_diff", "testbed_low",
+                "testbed_high", "testbed_order", "agreement")
+
+
+def pair_order(iv: Any, margin: float) -> str:
+    """How one world orders a pair from its interval of the per-seed failure-rate difference a - b:
+    "=" when it lies inside +-margin (no difference that matters), "<" when below 0, ">" when above 0,
+    "?" when the seeds cannot tell."""
+    if inside(iv, -margin, margin) == PASS:
+        return "="
+    if iv.defined and iv.high < 0:
+        return "<"
+    if iv.defined and iv.low > 0:
+        return ">"
+    return "?"
+
+
+def pair_table(runs: pd.DataFrame, policies: Sequence[str], margin: float, spread: Spread = NO_SPREAD) -> pd.DataFrame:
+    """Every pair (a, b) of ``policies``: in each world the mean failure-rate difference a - b over
+    seeds, its interval floored by two runs' ``spread``, and its order (:func:`pair_order`); the pair
+    "agree"s when both worlds order it alike, "disagree"s when both decide and differ, and is "open"
+    otherwise."""
+    rows = []
+    for i, a in enumerate(policies):
+        for b in policies[i + 1:]:
+            row: dict[str, Any] = {"a": a, "b": b}
+            orders = []
+            for w in WORLDS:
+                d = (seed_values(runs, w, a, M.FAILURE_RATE) - seed_values(runs, w, b, M.FAILURE_RATE)).dropna()
+                iv = interval(d.to_numpy(), spread.times(2))
+                orders.append(pair_order(iv, margin))
+                row.update({f"{w}_diff": iv.mean, f"{w}_low": iv.low, f"{w}_high": iv.high, f"{w}_order": orders[-1]})
+            row["agreement"] = OPEN_PAIR if "?" in orders else AGREE if orders[0] == orders[1] else DISAGREE
+            rows.append(row)
+    return pd.DataFrame(rows, columns=list(PAIR_COLUMNS))
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Rank agreement of the two worlds on failure rate (see the module docstring)."""
+
+    policies: tuple[str, ...]  # the policies tau is over
+    kendall_tau: float  # tau-b of the worlds' mean failure rates: a description
+    tau_min: float
+    tau_low: float  # the share of agreeing pairs as a tau, open pairs counted against, and for
+    tau_high: float
+    tau_verdict: str
+    named: tuple[str, ...]  # the rank_policies present in both worlds
+    order_sim: Order
+    order_testbed: Order
+    order_verdict: str  # pass: every named pair agrees; fail: one disagrees; undecided otherwise
+    pairs: pd.DataFrame  # pair_table of the policies
+
+
+def rank_agreement(sim_means: Mapping[str, float], testbed_means: Mapping[str, float],
+                   tol: FidelityTolerances, pairs: pd.DataFrame | None = None) -> Rank:
+    """Kendall tau-b over the policies with a finite mean in both mappings and the order of
+    tol.rank_policies in each world, as descriptions; the verdicts from ``pairs`` (:func:`pair_table`):
+    the tau verdict on a Kendall tau over the pairs, 2 C / P - 1 with C the pairs both worlds order
+    alike (ties alike included), bounded below with the open pairs counted as unlike and above as
+    alike ("pass" when the lower bound reaches tau_min, "fail" when the upper does not, else
+    "undecided"); the order verdict "pass" when every pair of the named policies is ordered alike,
+    "fail" when one is ordered otherwise, else (or with fewer than two named) "undecided". tau is NaN
+    with fewer than two policies or one world's means all equal."""
+    common = tuple(p for p in sim_means if p in testbed_means
+                   and not math.isnan(sim_means[p]) and not math.isnan(testbed_means[p]))
+    tau = NAN
+    if len(common) >= 2:
+        # rounded like policy_order's ties, so float noise is no order in either
+        x = [round(sim_means[p], 12) for p in common]
+        y = [round(testbed_means[p], 12) for p in common]
+        if len(set(x)) > 1 and len(set(y)) > 1:  # scipy warns and returns NaN on a constant input
+            tau = float(stats.kendalltau(x, y, variant="b").statistic)
+    pairs = pairs if pairs is not None else pd.DataFrame(columns=list(PAIR_COLUMNS))
+    mine = pairs[pairs["a"].isin(common) & pairs["b"].isin(common)]
+    n = len(mine)
+    agree, open_ = int((mine["agreement"] == AGREE).sum()), int((mine["agreement"] == OPEN_PAIR).sum())
+    low = 2 * agree / n - 1 if n else NAN
+    high = 2 * (agree + open_) / n - 1 if n else NAN
+    tau_v = UNDECIDED if not n else PASS if low >= tol.kendall_tau_min - EPS else \
+        FAIL if high < tol.kendall_tau_min - EPS else UNDECIDED
+    named = tuple(p for p in tol.rank_policies if p in common)
+    o_sim = policy_order({p: sim_means[p] for p in named})
+    o_tb = policy_order({p: testbed_means[p] for p in named})
+    nm = pairs[pairs["a"].isin(named) & pairs["b"].isin(named)]["agreement"]
+    order_v = UNDECIDED if len(named) < 2 or len(nm) < len(named) * (len(named) - 1) // 2 else \
+        FAIL if (nm == DISAGREE).any() else PASS if (nm == AGREE).all() else UNDECIDED
+    return Rank(common, tau, tol.kendall_tau_min, low, high, tau_v, named, o_sim, o_tb, order_v, pairs)
+
+

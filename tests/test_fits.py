@@ -1,0 +1,120 @@
+"""Fitted parameters (core/defaults/fits.yaml, core/fits.py) and the one source of the testbed's physics:
+the shipped specs carry each fit's value and take the measured physics from core/defaults/testbed.yaml;
+a new run's dead-core notice is judged against the fit's prediction interval."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.engine_death import core_death_notices, notice_table
+from analysis.verdict import prediction_interval
+from core.fits import fit
+from core.records import EngineRecord, FaultEvent, RequestRecord, RunWriter
+from core.spec import load_spec, resolve_extends
+
+REPO = Path(__file__).resolve().parents[1]
+# The testbed's measured physics: what a shipped testbed spec must not restate (its value lives in
+# core/defaults/testbed.yaml, fitted or measured there).
+PHYSICS = ("core_death_notice_s", "kv_pull_on_abort", "kv_heal_disconnect_s")
+SHIPPED = sorted((REPO / "experiments").glob("*.yaml"))
+
+
+def test_the_shipped_twin_spec_carries_each_fits_value():
+    base = load_spec(None, default="testbed.yaml").engine
+    notice = fit("core_death_notice_s")
+    assert notice.value == statistics.median(notice.samples) == base.core_death_notice_s == 0.115
+    assert len(notice.samples) == 21 and "8fd61dc" in notice.fitted_on
+    heal = fit("kv_heal_disconnect_s")
+    assert heal.value == pytest.approx(statistics.fmean(heal.samples)) and base.kv_heal_disconnect_s == \
+        pytest.approx(round(heal.value, 2))
+    with pytest.raises(KeyError, match="known: core_death_notice_s"):
+        fit("nope")
+
+
+def _extends_testbed(path: Path) -> bool:
+    data = yaml.safe_load(path.read_text())
+    return isinstance(data, dict) and data.get("extends") == "testbed.yaml"
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_a_shipped_spec_takes_the_testbeds_physics_from_one_place(path):
+    """A spec that runs on the testbed extends the embedded twin spec and restates none of its measured
+    physics; every other shipped spec is sized for GPU engines (a KV size per token other than the
+    tiny CPU model's), a simulator study, and names none of them either."""
+    text = path.read_text()
+    restated = [k for k in PHYSICS if k in text]
+    assert not restated, f"{path.name} restates {restated}: take them from core/defaults/testbed.yaml (extends)"
+    spec = load_spec(path)
+    if _extends_testbed(path):
+        base = load_spec(None, default="testbed.yaml").engine
+        assert all(getattr(spec.engine, k) == getattr(base, k) for k in PHYSICS)
+    else:
+        tiny = load_spec(None, default="testbed.yaml").topology.kv_bytes_per_token
+        assert spec.topology.kv_bytes_per_token != tiny, f"{path.name} is sized for the testbed: extend testbed.yaml"
+
+
+def test_every_testbed_spec_of_the_project_extends_the_twin_spec():
+    testbed = {p.name for p in SHIPPED if _extends_testbed(p)}
+    assert {"carryover.yaml", "engine_restart.yaml", "testbed_link_fault.yaml"} <= testbed
+
+
+def test_extends_merges_mappings_replaces_lists_and_another_kind_and_refuses_a_circle(tmp_path):
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump({"extends": "./b.yaml", "name": "a"}))
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({"extends": "./a.yaml"}))
+    from core.spec import SpecError
+
+    with pytest.raises(SpecError, match="makes a circle"):
+        load_spec(tmp_path / "a.yaml")
+    child = {"extends": "testbed.yaml", "name": "c", "engine": {"engine_start_s": 3.0},
+             "workload": {"output": {"kind": "fixed", "value": 8}}, "policies": ["LC"]}
+    merged = resolve_extends(child, "c", tmp_path)
+    base = load_spec(None, default="testbed.yaml")
+    spec = load_spec(_write(tmp_path / "c.yaml", child))
+    assert spec.engine.engine_start_s == 3.0 and spec.engine.core_death_notice_s == base.engine.core_death_notice_s
+    assert merged["workload"]["output"] == {"kind": "fixed", "value": 8}  # another kind: replaced whole
+    assert merged["workload"]["prompt"] == yaml.safe_load((REPO / "core/defaults/testbed.yaml").read_text())[
+        "workload"]["prompt"]
+    assert [p.name for p in spec.policies] == ["LC"]
+    with pytest.raises(SpecError, match="no embedded spec 'nope.yaml'"):
+        load_spec(_write(tmp_path / "d.yaml", {"extends": "nope.yaml"}))
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _death_run(d: Path, notice: float, call_on_it: bool = True) -> Path:
+    """A testbed run: pod 2's decode core killed at 20 s, the router's down record ``notice`` later;
+    request 0 decoding on pod 2 at the kill (ending error in decode at the notice) or not there."""
+    w = RunWriter(d, {"world": "testbed", "scenario": "death", "policy": "LC", "seed": 0, "spec": {}}, flush_s=1e9)
+    if call_on_it:
+        w.write(RequestRecord(0, 18.0, 500, 16, 0, 20, 0, 2, routed_s=18.0, end_s=20.0 + notice, outcome="error",
+                              failed_stage="decode"))
+    w.write(RequestRecord(1, 30.0, 500, 16, 10, 30, 1, 3, routed_s=30.0, first_token_s=30.5, end_s=31.0))
+    w.write(FaultEvent(20.0, 0, "apply", "engine", 2, "pod2:pod2-decode/core", 0.0, 0.0))
+    w.write(EngineRecord(20.0 + notice, 20, 2, "decode", "down", "EngineDeadError"))
+    w.close()
+    return d
+
+
+def test_a_new_runs_notice_is_judged_against_the_fits_prediction_interval(tmp_path):
+    low, high, coverage = prediction_interval(fit("core_death_notice_s").samples)
+    assert (low, high) == (0.091, 0.186) and coverage == pytest.approx(20 / 22)
+    inside = _death_run(tmp_path / "in", 0.120)
+    late = _death_run(tmp_path / "late", 0.300)
+    assert core_death_notices(load_run(inside)) == [pytest.approx(0.120)]
+    assert core_death_notices(load_run(_death_run(tmp_path / "none", 0.5, call_on_it=False))) == []
+    t = notice_table([inside, late])
+    assert t["verdict"].tolist() == ["pass", "fail"] and t["notice_s"].tolist() == pytest.approx([0.12, 0.3])
+    assert notice_table([tmp_path / "none"]) is None
+
+
+def load_run(d: Path):
+    from analysis.run_data import load_run as load
+
+    return load(d)
