@@ -24,11 +24,12 @@ seeds would (analysis/fidelity_checks.py):
 * traffic deflection ratio: diff = testbed - sim, inside +-deflection_abs.
 * failure composition: per stage of core.stages plus "unknown", the mean over seeds of the stage's share
   of the failures (runs without failures, whose shares are NaN, left out); a description.
-* rank: for every pair of policies, whether the worlds separate them alike (:func:`pair_table`: the
-  per-seed deviation of the pair's failure-rate difference inside +-failure_rate_abs: "agree",
-  wholly outside: "disagree", else "open"). The Kendall tau verdict counts agreeing pairs as
-  concordant (tau-a, 2 C / P - 1) against kendall_tau_min, the open pairs counted both ways; the
-  order verdict asks every pair of the named policies (rank_policies) to agree. Kendall tau-b of the
+* rank: for every pair of policies, whether the worlds order them alike (``pair_table``: each world's
+  order of the pair from its interval of the failure-rate difference, "=" within failure_rate_abs;
+  "agree" when the worlds' per-seed deviation in that difference lies within it or both worlds decide
+  the same order, "disagree" when both decide different orders, else "open"). The Kendall tau
+  verdict counts agreeing pairs as concordant (2 C / P - 1) against kendall_tau_min, the open pairs
+  counted both ways; the order verdict asks every pair of the named policies (rank_policies) to agree. Kendall tau-b of the
   worlds' mean failure rates and each world's order of the named policies (ties within 1e-12 written
   "=") are printed as descriptions.
 * noise floor: per run, among routed requests that touched no degraded pod (neither prefill_pod nor

@@ -213,7 +213,7 @@ def policy_order(means: Mapping[str, float]) -> Order:
 
 AGREE, DISAGREE, OPEN_PAIR = "agree", "disagree", "open"
 PAIR_COLUMNS = ("a", "b", "sim_diff", "sim_low", "sim_high", "sim_order", "testbed_diff", "testbed_low",
-                "testbed_high", "testbed_order", "agreement")
+                "testbed_high", "testbed_order", "deviation", "dev_low", "dev_high", "agreement")
 
 
 def pair_order(iv: Any, margin: float) -> str:
@@ -231,20 +231,28 @@ def pair_order(iv: Any, margin: float) -> str:
 
 def pair_table(runs: pd.DataFrame, policies: Sequence[str], margin: float, spread: Spread = NO_SPREAD) -> pd.DataFrame:
     """Every pair (a, b) of ``policies``: in each world the mean failure-rate difference a - b over
-    seeds, its interval floored by two runs' ``spread``, and its order (:func:`pair_order`); the pair
-    "agree"s when both worlds order it alike, "disagree"s when both decide and differ, and is "open"
+    seeds, its interval floored by two runs' ``spread``, and its order (:func:`pair_order`); and the
+    per-seed deviation of that difference across the worlds (testbed - sim, floored likewise). The
+    pair "agree"s when the deviation lies inside +-margin (the worlds separate the pair alike) or both
+    worlds decide the same order, "disagree"s when both decide different orders, and is "open"
     otherwise."""
     rows = []
     for i, a in enumerate(policies):
         for b in policies[i + 1:]:
             row: dict[str, Any] = {"a": a, "b": b}
-            orders = []
+            orders, diffs = [], {}
             for w in WORLDS:
-                d = (seed_values(runs, w, a, M.FAILURE_RATE) - seed_values(runs, w, b, M.FAILURE_RATE)).dropna()
-                iv = interval(d.to_numpy(), spread.times(2))
+                diffs[w] = (seed_values(runs, w, a, M.FAILURE_RATE) - seed_values(runs, w, b, M.FAILURE_RATE)).dropna()
+                iv = interval(diffs[w].to_numpy(), spread.times(2))
                 orders.append(pair_order(iv, margin))
                 row.update({f"{w}_diff": iv.mean, f"{w}_low": iv.low, f"{w}_high": iv.high, f"{w}_order": orders[-1]})
-            row["agreement"] = OPEN_PAIR if "?" in orders else AGREE if orders[0] == orders[1] else DISAGREE
+            seeds = diffs["testbed"].index.intersection(diffs["sim"].index)
+            dev = interval((diffs["testbed"][seeds] - diffs["sim"][seeds]).to_numpy(), spread.times(2))
+            row.update({"deviation": dev.mean, "dev_low": dev.low, "dev_high": dev.high})
+            alike = inside(dev, -margin, margin) == PASS
+            decided = "?" not in orders
+            row["agreement"] = AGREE if alike or (decided and orders[0] == orders[1]) else \
+                DISAGREE if decided else OPEN_PAIR
             rows.append(row)
     return pd.DataFrame(rows, columns=list(PAIR_COLUMNS))
 

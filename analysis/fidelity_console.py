@@ -97,8 +97,9 @@ def _agreement(r: pd.Series | None) -> str:
 
 def _rank_pairs(fid: Fidelity) -> Table:
     t = Table(title="Policy pairs: failure rate a - b (pp, mean [90% CI]) and its order in each world (=: within "
-                    "the failure-rate tolerance); agree when both worlds order the pair alike")
-    for h in ("a", "b", "sim a - b", "testbed a - b", ""):
+                    "the failure-rate tolerance), the worlds' deviation in it; agree when the deviation is within the "
+                    "tolerance or both worlds order the pair alike")
+    for h in ("a", "b", "sim a - b", "testbed a - b", "tb - sim", ""):
         t.add_column(h, justify="left" if h in ("a", "b", "") else "right")
     colour = {"agree": "green", "disagree": "red", "open": "yellow"}
 
@@ -108,8 +109,9 @@ def _rank_pairs(fid: Fidelity) -> Table:
         return f"{_num(100 * getattr(r, f'{w}_diff'), '+.1f')}{ci} {getattr(r, f'{w}_order')}"
 
     for r in fid.rank.pairs.itertuples():
+        dev = "" if _nan(r.dev_low) else f" [{100 * r.dev_low:+.1f}, {100 * r.dev_high:+.1f}]"
         t.add_row(escape(r.a), escape(r.b), cell(r, "sim"), cell(r, "testbed"),
-                  f"[{colour[r.agreement]}]{r.agreement}[/]")
+                  _num(100 * r.deviation, "+.1f") + dev, f"[{colour[r.agreement]}]{r.agreement}[/]")
     return t
 
 

@@ -426,10 +426,13 @@ def test_compare_cli_on_identical_worlds(sim_pair, tmp_path, capsys):
     fr = csv[csv.metric == "failure_rate"]
     assert (fr["diff"] == 0).all() and (fr["verdict"] == "pass").all()
     assert (csv["verdict"] != "fail").all()
-    # identical worlds order every pair alike, where either can order it at all
+    # identical worlds separate every pair alike (a deviation of 0), whether or not a world alone can
+    # order it: the rank passes
     pairs = pd.read_csv(out / "fidelity_pairs.csv")
-    assert (pairs["sim_order"] == pairs["testbed_order"]).all() and (pairs["agreement"] != "disagree").all()
-    assert pd.read_csv(out / "fidelity_rank.csv")["order_verdict"].item() != "fail"
+    assert (pairs["sim_order"] == pairs["testbed_order"]).all() and (pairs["agreement"] == "agree").all()
+    assert (pairs["deviation"] == 0).all()
+    assert pd.read_csv(out / "fidelity_rank.csv")[["order_verdict", "kendall_tau_verdict"]].values.tolist() == \
+        [["pass", "pass"]]
     for png in ("fidelity_success_ratio_smoke.png", "fidelity_risk_price_smoke.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
