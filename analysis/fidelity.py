@@ -265,6 +265,7 @@ class Fidelity:
     repeatability: pd.DataFrame | None = None  # repeat_table: fidelity_repeatability.csv
     spreads: dict[str, Spread] | None = None  # the floor of each check's interval (module docstring)
     spread_source: str = ""  # where the floor came from, in words
+    own_spreads: dict[str, Spread] | None = None  # the repeat's alone: fidelity_spread.csv
     engines: pd.DataFrame | None = None  # analysis.engine_death.engine_table: fidelity_engines.csv
     notices: pd.DataFrame | None = None  # analysis.engine_death.notice_table: fidelity_notices.csv
     # analysis.calibration_check: each fit against the quiet requests; calibration_check.csv
@@ -394,6 +395,7 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
         repeatability=rep_table,
         spreads=spreads,
         spread_source=spread_source(own, shipped, fitted_on),
+        own_spreads=own,
         engines=engines,
         notices=notice_table([*dirs["testbed"], *dirs.get(REPEAT, [])]) if engines is not None else None,
     )

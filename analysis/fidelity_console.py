@@ -74,17 +74,20 @@ def _policy_table(fid: Fidelity) -> Table:
                            "CI; colour: the verdict)"))
     t.add_column("policy", no_wrap=True)  # the other columns give way first
     for h in ("seeds sim/tb", "fail. rate sim", "fail. rate testbed", "diff (pp) [CI]", "outcome agreement",
-              "TTFT p50 (s) sim / tb (rel. err)", "E2E p50 (s) sim / tb (rel. err)", "deflection sim / tb (diff)"):
+              "TTFT p50 (s) sim / tb (rel. err)", "E2E p50 (s) sim / tb (rel. err)", "deflection sim / tb (diff)",
+              "pass/fail/undec."):
         t.add_column(h, justify="right", no_wrap=h.startswith("fail."))  # keep "mean ± CI" on one line
     c = _checks(fid)
     for p in fid.policies:
         fr = c[(p, M.FAILURE_RATE)]
+        mine = [v for q, _, v in fid.verdicts() if q == p]  # the policy's checks, its engine checks included
         ci = "" if _nan(fr["dev_low"]) else f" [{100 * fr['dev_low']:+.1f}, {100 * fr['dev_high']:+.1f}]"
         t.add_row(escape(p), f"{fr['sim_n']}/{fr['testbed_n']}", _pct(fr["sim"], fr["sim_ci"]),
                   _pct(fr["testbed"], fr["testbed_ci"]), _mark(_num(100 * fr["deviation"], "+.1f") + ci, fr["verdict"]),
                   _agreement(c.get((p, OUTCOME_AGREEMENT))),
                   _pair(c[(p, latency("ttft", 50))], ".3g", "rel"),
-                  _pair(c[(p, latency("e2e", 50))], ".3g", "rel"), _pair(c[(p, M.TRAFFIC_DEFLECTION_RATIO)], ".2f", "abs"))
+                  _pair(c[(p, latency("e2e", 50))], ".3g", "rel"), _pair(c[(p, M.TRAFFIC_DEFLECTION_RATIO)], ".2f", "abs"),
+                  "/".join(str(mine.count(v)) for v in ("pass", "fail", "undecided")))
     return t
 
 
@@ -386,7 +389,8 @@ def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
     fidelity_rank.csv (one row), fidelity_pairs.csv (the policy pairs), the paired report's fidelity_paired.csv (per-request latency errors),
     fidelity_confusion.csv (the confusion matrix beside each policy's agreement), fidelity_stages.csv
     and fidelity_mape.csv (each with a column versus: "sim", or "repeat"), and with a repeat
-    fidelity_repeatability.csv, into ``out_dir``; returns the paths."""
+    fidelity_repeatability.csv and fidelity_spread.csv (the testbed's spread per check from the repeat,
+    and the floor used), into ``out_dir``; returns the paths."""
     rk = fid.rank
     rank = pd.DataFrame([{
         "n_policies": len(rk.policies), "policies": ",".join(rk.policies), "kendall_tau": rk.kendall_tau,
@@ -400,6 +404,10 @@ def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
               **_paired_frames(fid)}
     if fid.repeatability is not None:
         frames["fidelity_repeatability.csv"] = fid.repeatability
+    if fid.own_spreads:  # the testbed's spread from this comparison's repeat: what core/defaults/fits.yaml ships
+        frames["fidelity_spread.csv"] = pd.DataFrame(
+            [{"metric": m, "sigma": v.sigma, "pairs": v.pairs, "floor_sigma": (fid.spreads or {})[m].sigma}
+             for m, v in fid.own_spreads.items()])
     paths = []
     for name, df in frames.items():
         path = out_dir / name

@@ -35,6 +35,16 @@ def test_the_shipped_twin_spec_carries_each_fits_value():
         fit("nope")
 
 
+def test_the_shipped_spread_covers_every_check_of_the_twin():
+    from analysis.fidelity_checks import _checks
+    from core.fits import shipped_spread
+    from core.metrics_spec import FidelityTolerances
+
+    spread, fitted_on = shipped_spread()
+    assert {m for m, _, _ in _checks(FidelityTolerances())} == set(spread) and "fresh clone at commit" in fitted_on
+    assert all(sigma >= 0 and pairs >= 3 for sigma, pairs in spread.values())
+
+
 def _extends_testbed(path: Path) -> bool:
     data = yaml.safe_load(path.read_text())
     return isinstance(data, dict) and data.get("extends") == "testbed.yaml"
