@@ -20,7 +20,8 @@ Per claim (:func:`claim_row`):
 * the paired difference testbed - simulator over the seeds both have, its interval with the same
   floor, and whether it lies inside +-margin: an equivalence test (two one-sided tests);
 * the verdict, its reason and the seeds a decision needs (:func:`analysis.verdict.claim_verdict`,
-  :func:`analysis.verdict.claim_seeds_needed`), the means and spreads staying as measured;
+  :func:`analysis.verdict.claim_seeds_needed`), the means and spreads staying as measured: for a
+  decided claim the fewest that would have decided it;
 * for a ratio claim, mean(a) / mean(b) per world with its Fieller interval (:func:`fieller`): NaN
   where mean(b) is 0 (the baseline never fails), unbounded (NaN bounds) where b's interval holds 0.
   The verdict judges the difference, which is defined either way.
@@ -131,11 +132,15 @@ def claim_row(g: pd.DataFrame, rule: ClaimRule, spread: Spread = NO_SPREAD) -> d
     both = tb.index.intersection(sim.index)
     p = interval(tb.loc[both, "value"] - sim.loc[both, "value"], floor)
     verdict, reason = claim_verdict(s, t, p, rule.direction, rule.margin)
+    if not (s.n and t.n):
+        reason = "no value " + ("in either world" if not (s.n or t.n) else "in the simulator" if not s.n else
+                                "on the testbed")
     below = bool(floor.known and rule.margin < floor.sigma)
     if below:
         reason += f" (the margin {rule.margin:g} is below one run's spread of this effect, {floor.sigma:.3g})"
-    needed = claim_seeds_needed(s, t, p, rule.direction, rule.margin) if verdict == UNDECIDED_CLAIM else \
-        max(s.n, t.n)
+    needed = claim_seeds_needed(s, t, p, rule.direction, rule.margin)
+    if needed is None and verdict != UNDECIDED_CLAIM:  # decided on the spread's degrees of freedom
+        needed = max(s.n, t.n)
     ratios: dict[str, float] = {}
     for key, w in (("sim", sim), ("tb", tb)):
         r = fieller(w["a"].to_numpy(), w["b"].to_numpy(), spread) if rule.measure == "ratio" else (math.nan,) * 3

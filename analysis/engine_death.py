@@ -193,7 +193,8 @@ def print_engine_table(table: pd.DataFrame, console: Console, notices: pd.DataFr
         t.add_column(col)
     colour = {"pass": "green", "fail": "red", "undecided": "yellow"}
     for r in table.itertuples():
-        seeds = "" if r.verdict != "undecided" or math.isnan(r.seeds_needed) else f" ({r.seeds_needed:.0f} seeds)"
+        seeds = "" if r.verdict != "undecided" else " (over 100 seeds)" if math.isnan(r.seeds_needed) \
+            else f" ({r.seeds_needed:.0f} seeds)"
         t.add_row(r.policy, r.metric, *(_fmt(v) for v in (r.sim, r.testbed, r.repeat)),
                   f"{_fmt(r.deviation)} [{_fmt(r.dev_low)}, {_fmt(r.dev_high)}]", f"±{_fmt(r.margin)}",
                   f"[{colour[r.verdict]}]{r.verdict}[/]{seeds}")

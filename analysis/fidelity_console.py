@@ -357,8 +357,12 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
     failed = [f"{p} {m}" + (f" (host noise could explain {100 * explained[p]:.0f}%)"
                             if m == M.FAILURE_RATE and not _nan(explained.get(p, math.nan)) else "")
               for p, m, v in fid.verdicts() if v == "fail"]
-    open_ = [f"{p} {m}" + ("" if _nan(needed.get((p, m), math.nan)) else f" ({needed[(p, m)]:.0f} seeds)")
-             for p, m, v in fid.verdicts() if v == "undecided"]
+    def seeds(p: str, m: str) -> str:
+        if (p, m) not in needed:  # the rank and the engine rows say their own
+            return ""
+        return " (over 100 seeds)" if _nan(needed[(p, m)]) else f" ({needed[(p, m)]:.0f} seeds)"
+
+    open_ = [f"{p} {m}{seeds(p, m)}" for p, m, v in fid.verdicts() if v == "undecided"]
     tail = "the simulation carries over" if not failed and not open_ and n["pass"] else (
         "; ".join(x for x in ("mismatch: " + ", ".join(failed) if failed else "",
                               "undecided: " + ", ".join(open_) if open_ else "") if x)

@@ -167,7 +167,7 @@ def claims_console_table(table: pd.DataFrame) -> Table:
         t.add_column(c, justify="left" if c in ("claim", "verdict") else "right")
     for r in table.itertuples():
         style = VERDICT_STYLE.get(r.verdict, "yellow")
-        seeds = "–" if math.isnan(r.seeds_needed) else f"{r.seeds_needed:.0f}"
+        seeds = "–" if not (r.sim_n and r.tb_n) else "> 100" if math.isnan(r.seeds_needed) else f"{r.seeds_needed:.0f}"
         ratio = ""
         if r.measure == "ratio":
             ratio = f"\nratio sim {_span(r.ratio_sim, r.ratio_sim_low, r.ratio_sim_high)}, " \
