@@ -180,15 +180,14 @@ def claims_console_table(table: pd.DataFrame) -> Table:
     return t
 
 
-def claim_figure(row: pd.Series, effects: pd.DataFrame, spread: Spread, path: Path) -> Path:
+def claim_figure(row: pd.Series, effects: pd.DataFrame, floor: Spread, path: Path) -> Path:
     """One claim, the two worlds and their paired difference side by side: each seed's value (the
     testbed's repeat hollow), the mean and its floored interval, the claimed side of 0 shaded (for a
     null claim the band +-margin), the +-margin band around the paired difference; verdict and reason
-    in the title."""
+    in the title. ``floor``: the testbed's spread of the claim's effect (analysis/claims.py)."""
     fig = Figure(figsize=(5.6, 3.8))
     ax = fig.add_subplot(1, 1, 1)
     mine = effects.loc[effects["claim"] == row["claim"]]
-    floor = spread.times(1 if not row["vs"] else 2) if spread.known else NO_SPREAD
     m = float(row["margin"])
     per_world = {}
     for x, world in enumerate(("sim", "testbed")):
@@ -253,8 +252,13 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
                  columns=["metric", "sigma", "pairs"]).to_csv(out / "claim_spreads.csv", index=False)
     rc = reaction_cost(frames, axes)
     rc.to_csv(out / "reaction_cost.csv", index=False)
-    figures = [claim_figure(r, effects, spreads.get(r["metric"], NO_SPREAD), out / f"claim_{_slug(r['claim'])}.png")
-               for _, r in table.iterrows()]
+    rules = claim_rules(sides)
+
+    def floor(r: pd.Series) -> Spread:
+        s = spreads.get(r["metric"], NO_SPREAD)
+        return s.times(rules[r["claim"]].cells) if s.known else NO_SPREAD
+
+    figures = [claim_figure(r, effects, floor(r), out / f"claim_{_slug(r['claim'])}.png") for _, r in table.iterrows()]
     console.print(claims_console_table(table))
     counts = table["verdict"].value_counts().to_dict()
     console.print(f"{len(table)} claim(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())

@@ -58,7 +58,9 @@ DIRECTIONS = ("increase", "decrease", "none")
 
 @dataclass(frozen=True)
 class Spread:
-    """The testbed's run-to-run spread of one quantity: ``sigma`` per run, from ``pairs`` repeated runs."""
+    """The testbed's run-to-run spread of one quantity: ``sigma`` per run, and ``pairs``, the repeated
+    runs it was pooled from, which are its degrees of freedom (a spread from n samples' standard
+    deviation has n - 1)."""
 
     sigma: float
     pairs: int
