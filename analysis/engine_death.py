@@ -130,8 +130,9 @@ def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies:
 def core_death_notices(run: RunData) -> list[float]:
     """The notices of one run: for each engine core a fault killed (a ``faults`` apply row of kind
     engine whose target ends in ``/core``) while a call was on it (a request routed before the kill
-    that ended ``error`` after it, in the stage of :data:`CALL_STAGE` for the engine's role, on its
-    pod), the time from the kill to the router's first down record of that pod and role after it."""
+    that ended ``error`` in the stage of :data:`CALL_STAGE` for the engine's role, on its pod, and had
+    not ended before the kill: a failed request keeps no ``end_s``, docs/records.md), the time from the
+    kill to the router's first down record of that pod and role after it."""
     faults, engines, req = run.faults, run.engines, run.requests
     if faults.empty or engines.empty or req.empty:
         return []
@@ -143,7 +144,7 @@ def core_death_notices(run: RunData) -> list[float]:
             if f"-{role}/" not in str(k.target):
                 continue
             pod_col = "prefill_pod" if role == "prefill" else "decode_pod"
-            on_it = req[(req[pod_col] == k.pod) & (req["routed_s"] < k.time_s) & (req["end_s"] >= k.time_s)
+            on_it = req[(req[pod_col] == k.pod) & (req["routed_s"] < k.time_s) & (~(req["end_s"] < k.time_s))
                         & (req["outcome"] == "error") & (req["failed_stage"] == stage)]
             down = engines[(engines["pod"] == k.pod) & (engines["role"] == role) & (engines["state"] == "down")
                            & (engines["time_s"] >= k.time_s)]

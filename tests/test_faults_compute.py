@@ -150,6 +150,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: neither reaped (its /proc entry can go between any two reads) nor a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def _share(reader: RateReader, pid: int, seconds: float) -> tuple[float, float]:
     """(loop rate, CPU share in cores) of ``pid`` over the next ``seconds``."""
     c0, t0 = _cpu_s(pid), time.monotonic()
@@ -415,9 +423,9 @@ def test_the_agent_kills_an_engines_process_and_refuses_any_other():
         assert other.poll() is None  # not signalled
         agent.kill_engine(core)  # the engine core: the actor's child
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{core}").exists() and (Path(f"/proc/{core}/stat").read_text().split()[2] != "Z") \
-                and time.monotonic() < deadline:
+        while _alive(core) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert not _alive(core), f"the engine core {core} outlived its SIGKILL by 10 s"
         assert actor.poll() is None  # the actor lives on, as a dead core's does
         agent.kill_engine(actor.pid)
         assert actor.wait(timeout=10) == -signal.SIGKILL

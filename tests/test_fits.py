@@ -100,11 +100,14 @@ def _write(path: Path, data: dict) -> Path:
 
 def _death_run(d: Path, notice: float, call_on_it: bool = True) -> Path:
     """A testbed run: pod 2's decode core killed at 20 s, the router's down record ``notice`` later;
-    request 0 decoding on pod 2 at the kill (ending error in decode at the notice) or not there."""
+    request 0 decoding on pod 2 at the kill (ending error in decode, without an ``end_s`` as a failed
+    request's record has none, docs/records.md) or not there; request 2 failed on pod 2 before it."""
     w = RunWriter(d, {"world": "testbed", "scenario": "death", "policy": "LC", "seed": 0, "spec": {}}, flush_s=1e9)
     if call_on_it:
-        w.write(RequestRecord(0, 18.0, 500, 16, 0, 20, 0, 2, routed_s=18.0, end_s=20.0 + notice, outcome="error",
+        w.write(RequestRecord(0, 18.0, 500, 16, 0, 20, 0, 2, routed_s=18.0, outcome="error",
                               failed_stage="decode"))
+    w.write(RequestRecord(2, 10.0, 500, 16, 0, 20, 0, 2, routed_s=10.0, end_s=12.0, outcome="error",
+                          failed_stage="decode"))  # ended before the kill: no call on it then
     w.write(RequestRecord(1, 30.0, 500, 16, 10, 30, 1, 3, routed_s=30.0, first_token_s=30.5, end_s=31.0))
     w.write(FaultEvent(20.0, 0, "apply", "engine", 2, "pod2:pod2-decode/core", 0.0, 0.0))
     w.write(EngineRecord(20.0 + notice, 20, 2, "decode", "down", "EngineDeadError"))

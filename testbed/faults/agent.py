@@ -107,9 +107,10 @@ class FaultAgent:
                 self.clear(key)
             done: list[Side] = []
 
-            def undo() -> None:
-                for side in done:
-                    shaping.unshape(ifname, _DIRECTION[side])
+            def undo() -> dict[str, int]:
+                # what the heal dropped: a queue removed with packets in it costs their resend
+                dropped = [shaping.remove(ifname, _DIRECTION[side]) for side in done]
+                return {"dropped_bytes": sum(x or 0 for x in dropped)}
 
             try:
                 for side in sides:
@@ -229,7 +230,8 @@ class FaultAgent:
 
     # --- lifecycle --------------------------------------------------------
     def clear(self, key: str) -> Any:
-        """Undo one fault; returns what its undo returns (compute: the measured factor). Idempotent.
+        """Undo one fault; returns what its undo returns (compute: the measured factor; link: the
+        bytes its queues still held when removed, ``{"dropped_bytes": n}``). Idempotent.
         A fault whose undo fails stays registered, so the TTL timer tries it again."""
         with self._lock:
             a = self._active.get(key)

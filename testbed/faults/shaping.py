@@ -269,12 +269,14 @@ def shape(s: Shaping) -> None:
             raise
 
 
-def _remove_ingress(ipr: IPRoute, ifname: str) -> bool:
-    removed = False
+def _remove_ingress(ipr: IPRoute, ifname: str) -> int | None:
+    """Remove the project's ingress shaping of ``ifname``: None if there was none, else the bytes
+    its queue still held when removed (dropped; 0: delivered whole)."""
+    removed, left = False, 0
     dev = ipr.link_lookup(ifname=ifname)
     ifb = ipr.link_lookup(ifname=ifb_name(ifname))
     if ifb:
-        _drain(ipr, ifb[0])  # before the redirect goes: what the ifb holds is delivered
+        left = _drain(ipr, ifb[0])  # before the redirect goes: what the ifb holds is delivered
     if dev and ifb and _has_ingress(ipr, dev[0]):
         # Only an ingress qdisc whose redirect the project made (its ifb exists) is removed.
         ipr.tc("del", "ingress", dev[0], INGRESS)
@@ -282,19 +284,27 @@ def _remove_ingress(ipr: IPRoute, ifname: str) -> bool:
     if ifb:
         ipr.link("del", index=ifb[0])
         removed = True
-    return removed
+    return left if removed else None
 
 
-def unshape(ifname: str, direction: Direction) -> bool:
-    """Remove the project's shaping from one direction of ``ifname``; idempotent. True if something was removed."""
+def remove(ifname: str, direction: Direction) -> int | None:
+    """Heal and remove the project's shaping of one direction of ``ifname``; idempotent. None if
+    there was none, else the bytes its queue still held when removed, which the removal dropped
+    (0: what it held was delivered, see _drain): the counter that tells a heal that cost its
+    connections a resend from one that did not."""
     with _iproute() as ipr:
         if direction == "egress":
             dev = ipr.link_lookup(ifname=ifname)
             if not dev:
-                return False
-            _drain(ipr, dev[0])
-            return _del_root(ipr, dev[0])
+                return None
+            left = _drain(ipr, dev[0])
+            return left if _del_root(ipr, dev[0]) else None
         return _remove_ingress(ipr, ifname)
+
+
+def unshape(ifname: str, direction: Direction) -> bool:
+    """Remove the project's shaping from one direction of ``ifname``; idempotent. True if something was removed."""
+    return remove(ifname, direction) is not None
 
 
 def installed(ifname: str) -> dict[str, float]:
@@ -328,7 +338,7 @@ def clear_all(allowlist: frozenset[str] | None = None) -> list[str]:
             _drain(ipr, link["index"])
             if _del_root(ipr, link["index"]):
                 removed.append(f"{name}/egress")
-            if _remove_ingress(ipr, name):
+            if _remove_ingress(ipr, name) is not None:
                 removed.append(f"{name}/ingress")
         # An ifb whose parent interface went away (or was renamed) is still the project's.
         for link in ipr.get_links():

@@ -24,6 +24,13 @@ def retransmits(sock: socket.socket) -> int:
     return struct.unpack_from("8B24I", info)[-1]  # struct tcp_info: 8 u8, then u32s up to total_retrans
 
 
+def rto_s(sock: socket.socket) -> float:
+    """A TCP sender's retransmission timeout now (tcp_info's rto, in µs): how long a segment it
+    sent waits for its acknowledgement before it is sent again."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    return struct.unpack_from("8BI", info)[-1] / 1e6
+
+
 class TcpStream:
     """A TCP stream from one namespace to another; the receiver time-stamps what it reads."""
 
