@@ -123,11 +123,17 @@ def _world(g: pd.DataFrame, world: str) -> pd.DataFrame:
     return g.loc[g["world"] == world].set_index("seed")[["value", "a", "b"]].astype(float).dropna(subset=["value"])
 
 
+def effect_floor(spread: Spread, rule: ClaimRule) -> Spread:
+    """The floor of a claim's intervals: the testbed's spread of one run of its metric, times
+    sqrt(the cells its effect is made of); none where the spread is unknown."""
+    return spread.times(rule.cells) if spread.known else NO_SPREAD
+
+
 def claim_row(g: pd.DataFrame, rule: ClaimRule, spread: Spread = NO_SPREAD) -> dict[str, object]:
     """The verdict of one claim from its (checked) rows, ``spread`` being the testbed's spread of one run
     of its metric: see the module docstring."""
     sim, tb = _world(g, "sim"), _world(g, "testbed")
-    floor = spread.times(rule.cells) if spread.known else NO_SPREAD
+    floor = effect_floor(spread, rule)
     s, t = interval(sim["value"], floor), interval(tb["value"], floor)
     both = tb.index.intersection(sim.index)
     p = interval(tb.loc[both, "value"] - sim.loc[both, "value"], floor)

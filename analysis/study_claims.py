@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.claims import COLUMNS, WORLDS, ClaimRule, claim_table
+from analysis.claims import COLUMNS, WORLDS, ClaimRule, claim_table, effect_floor
 from analysis.metric_names import Metric as M, check_metric
 from analysis.plots import _save, _slug
 from analysis.study import STUDY_FILE, StudyError, load_study
@@ -253,12 +253,8 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
     rc = reaction_cost(frames, axes)
     rc.to_csv(out / "reaction_cost.csv", index=False)
     rules = claim_rules(sides)
-
-    def floor(r: pd.Series) -> Spread:
-        s = spreads.get(r["metric"], NO_SPREAD)
-        return s.times(rules[r["claim"]].cells) if s.known else NO_SPREAD
-
-    figures = [claim_figure(r, effects, floor(r), out / f"claim_{_slug(r['claim'])}.png") for _, r in table.iterrows()]
+    figures = [claim_figure(r, effects, effect_floor(spreads.get(r["metric"], NO_SPREAD), rules[r["claim"]]),
+                            out / f"claim_{_slug(r['claim'])}.png") for _, r in table.iterrows()]
     console.print(claims_console_table(table))
     counts = table["verdict"].value_counts().to_dict()
     console.print(f"{len(table)} claim(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
