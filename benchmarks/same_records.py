@@ -7,7 +7,7 @@ Runs the simulator on each spec (every policy, the given seeds) twice: in a scra
 then compares every table of every run directory (requests, decisions, faults, health, prices and
 the rest) with pandas. Decision latency (``latency_s``) is the router's measured wall-clock time and
 is left out; everything else must be equal to the bit. Exit status 1 when any table differs.
-Used for the restructuring of issue 26 (docs/performance.md says what it gave).
+Used for the restructuring that became commit 17dba36 (docs/performance.md says what it gave).
 """
 
 from __future__ import annotations
