@@ -11,7 +11,7 @@ pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the READM
 pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
 
 from core.records import read_meta, read_table  # noqa: E402
-from core.spec import load_spec, parse_spec  # noqa: E402
+from core.spec import parse_spec  # noqa: E402
 from e2e_cluster import BREAKER, BREAKER_FAULT_S, RETRY_TTFT_S  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -143,10 +143,19 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     # to), so a shaped link is the shaper's rate, not UCX's. Measured 0.9 to 3.6 Gbit/s on 2 cores,
     # with the host's load (CI, 2026-11-25: 0.90), against 0.25.
     assert cal.network.unshaped_gbps > throttled.topology.link_baseline_gbps
-    # within 4x of the speeds the shipped twin spec carries (its calibration on the CI machine)
-    shipped = load_spec(None, default="testbed.yaml").engine
-    assert shipped.decode_step_base_s / 4 < cal.engine.decode_step_base_s < 4 * shipped.decode_step_base_s
-    assert shipped.prefill_tokens_per_s / 4 < cal.engine.prefill_tokens_per_s < 4 * shipped.prefill_tokens_per_s
+    # The fits describe these engines: on the healthy runs' quiet requests, measured in this same
+    # session, each stage's median residual lies within a factor of 2 (per run, -39% to +29% in two
+    # suites on 2026-11-27: docs/twin.md "Calibration checked against the run"). Not the shipped spec's speeds:
+    # this machine's engines calibrate 3-4.5x faster than them (decode step base 2.0-3.6 ms against
+    # 9.1, prefill 11,100-14,900 tokens/s against 4,100, six calibrations on 2026-11-27), and a
+    # suite at 830c35c failed a 4x bound on them with 2.24 ms.
+    from analysis.calibration_check import quiet_residuals
+    from analysis.run_data import load_run
+
+    res = pd.concat([quiet_residuals(load_run(d), cal) for d in sorted((out / "e2e_policies").glob("*/seed-*"))])
+    medians = res.groupby("stage")["rel_residual"].median()
+    assert set(medians.index) == {"prefill", "decode_step", "kv_pull"}, medians
+    assert medians.between(-0.5, 1.0).all(), medians
     assert cal.noise["n_steps"] > 100 and len(cal.handshake_s) == 4  # every (prefill, decode) pair warmed
     # every run on these engines records it: its host-stall marks hold prefills against these speeds
     recorded = read_meta(out / "e2e_link_fault" / "Random" / "seed-0")["calibration"]
