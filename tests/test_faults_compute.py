@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -275,7 +274,7 @@ def test_atexit_clears_a_throttle_left_active(procs) -> None:
 
 
 @needs_root
-def test_an_agent_started_through_the_node_shim_throttles_and_clears(procs) -> None:
+def test_an_agent_started_through_the_node_shim_throttles_and_clears(procs, tmp_path: Path) -> None:
     """The emulated cluster's nodes (and `ray up`'s) run through the namespace shim, which remounts
     /sys for the namespace's own /sys/class/net; the agent there must still find the cgroups and
     slow a process by the factor asked for (it failed with "no usable cgroup cpu controller")."""
@@ -287,13 +286,17 @@ def test_an_agent_started_through_the_node_shim_throttles_and_clears(procs) -> N
     original = _cgroups(sleeper.pid)
     key = f"pytest-shim-{os.getpid()}"
     ns = run_prefix(uuid.uuid4().hex[:10]) + "pod0"
+    # The shim's own temporary directory, so that no other process's can be taken for one it left.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
     try:
         create_namespace(ns)
         listing = subprocess.run(netns_exec_argv(ns, [sys.executable, "-c", "import os; print(os.listdir('/sys/class/net'))"]),
-                                 capture_output=True, text=True, timeout=30)
+                                 capture_output=True, text=True, timeout=30, env=env)
         assert listing.stdout.strip() == "['lo']", listing.stderr  # still the namespace's own devices
         agent = subprocess.run(netns_exec_argv(ns, [sys.executable, "-c", AGENT, key, str(sleeper.pid), "return"]),
-                               capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+                               capture_output=True, text=True, timeout=60, env={**env, "PYTHONPATH": str(REPO)})
         assert agent.returncode == 0, agent.stderr[-2000:]
         assert abs(float(agent.stdout) - 2.0) <= 0.25 * 2.0
         assert _cgroups(sleeper.pid) == original  # cleared at its exit, on the host's own hierarchies
@@ -302,7 +305,7 @@ def test_an_agent_started_through_the_node_shim_throttles_and_clears(procs) -> N
         kill_processes_in([ns])
         remove_namespace(ns)
         clear_project_cgroups()
-    assert not list(Path(tempfile.gettempdir()).glob("testbed-netns-cgroup-*"))  # the shim's mount point is gone
+    assert not list(scratch.iterdir())  # the shim left no mount point behind
 
 
 @needs_root

@@ -489,7 +489,7 @@ def link_counters(netns: str, ifname: str) -> LinkCounters:
 # lists the namespace's own devices (UCX looks for eth0 there). Unlike it, the
 # cgroup mounts under /sys/fs/cgroup stay: a fresh sysfs has none, and the node's
 # compute-fault agent finds the cpu controller there (testbed/faults/cgroups.py;
-# docs/testbed.md "Compute slow-down"). They are bind-mounted aside first and back
+# docs/testbed.md "Compute slow-down"). They are held aside first and mounted back
 # onto the new sysfs after, the same hierarchies, so a process's cgroup is the host's.
 _EXEC_SHIM = r"""
 import ctypes, os, sys
@@ -513,16 +513,26 @@ MS_BIND, MS_REC, MNT_DETACH = 0x1000, 0x4000, 2
 cg = "/sys/fs/cgroup"
 with open("/proc/self/mountinfo") as f:
     has_cg = any(l.split()[4] == cg or l.split()[4].startswith(cg + "/") for l in f)
-aside = None
+tree = aside = None
 if has_cg:
-    import tempfile
-    aside = tempfile.mkdtemp(prefix="testbed-netns-cgroup-")
-    if libc.mount(cg.encode(), aside.encode(), None, MS_BIND | MS_REC, None):
-        die("bind " + cg)
+    # open_tree(OPEN_TREE_CLONE | AT_RECURSIVE) holds the hierarchies as a detached
+    # mount with no path, so a shim killed half-way leaves nothing behind (Linux 5.2+;
+    # syscall numbers 428/429 are the same on every architecture).
+    tree = libc.syscall(428, -100, cg.encode(), 0x1 | 0o2000000 | 0x8000)
+    if tree < 0:
+        tree = None
+        import tempfile
+        aside = tempfile.mkdtemp(prefix="testbed-netns-cgroup-")
+        if libc.mount(cg.encode(), aside.encode(), None, MS_BIND | MS_REC, None):
+            die("bind " + cg)
 libc.umount2(b"/sys", MNT_DETACH)
 if libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None):
     die("mount /sys")
-if aside is not None:
+if tree is not None:
+    if libc.syscall(429, tree, b"", -100, cg.encode(), 0x4):  # move_mount, MOVE_MOUNT_F_EMPTY_PATH
+        die("move_mount " + cg)
+    os.close(tree)
+elif aside is not None:
     if libc.mount(aside.encode(), cg.encode(), None, MS_BIND | MS_REC, None):
         die("bind back " + cg)
     libc.umount2(aside.encode(), MNT_DETACH)
