@@ -69,6 +69,10 @@ from core.topology import GBPS
 # requests by more than 15% is flagged.
 CALIBRATION_MISS = 0.15
 STAGES = ("prefill", "decode_step", "kv_pull")
+# The control path's legs (core/spec.py EngineSpec prefill_call_s, decode_call_s, decode_join_s),
+# checked like the stages: what the engine models leave out of a request's life.
+LEGS = ("prefill_call", "decode_call", "first_token")
+CHECKED = (*STAGES, *LEGS)
 CSV_NAME = "calibration_check.csv"
 POOLED = "all"  # the policy column of the rows pooled over every run
 COLUMNS = ("policy", "seed", "stage", "n_ok", "n_quiet", "measured_p50_s", "predicted_p50_s",
@@ -150,18 +154,20 @@ def decode_windows(requests: pd.DataFrame, spec: Mapping[str, Any]) -> tuple[np.
     return a, b
 
 
-def predicted_tpot_s(requests: pd.DataFrame, engine: EngineCalibration, spec: Mapping[str, Any],
-                     which: np.ndarray) -> np.ndarray:
-    """The step model's mean step over each ``which`` request's ``[first_token_s, end_s]``, with the
-    batch and its KV rebuilt piecewise-constant from every request's time in that decode worker's
-    batch (module docstring). NaN for requests not in ``which`` or without a window."""
-    out = np.full(len(requests), np.nan)
+def decode_pieces(requests: pd.DataFrame, spec: Mapping[str, Any], which: np.ndarray) -> pd.DataFrame:
+    """The pieces of each ``which`` request's ``[first_token_s, end_s]`` over which its decode
+    worker's batch and KV were constant, rebuilt from every request's time in that batch (module
+    docstring): one row per piece, ``row`` (the request's position in ``requests``), ``d`` (its
+    seconds), ``n`` (sequences in the batch) and ``kv`` (their KV tokens). Requests without a
+    window have none. The pieces depend on the records alone, so a fit can price them at any step
+    model (analysis/calibration_fit.py) and the check at the calibration's."""
     a, b = decode_windows(requests, spec)
     first = requests["first_token_s"].to_numpy(float)
     valid = np.isfinite(a) & np.isfinite(b) & (b > a)
     which = np.asarray(which, bool) & valid & np.isfinite(first) & (b > first)
     kv = requests["prompt_tokens"].to_numpy(float) + requests["output_tokens"].to_numpy(float) / 2
     workers = requests["decode_worker"].to_numpy()
+    parts: list[pd.DataFrame] = []
     for w in np.unique(workers[which]):
         on = valid & (workers == w)
         mine = np.flatnonzero(which & (workers == w))
@@ -172,12 +178,33 @@ def predicted_tpot_s(requests: pd.DataFrame, engine: EngineCalibration, spec: Ma
         dn = np.bincount(opened, minlength=len(edges)) - np.bincount(closed, minlength=len(edges))
         dkv = (np.bincount(opened, weights=kv[on], minlength=len(edges))
                - np.bincount(closed, weights=kv[on], minlength=len(edges)))
-        n, k = np.cumsum(dn)[:-1], np.cumsum(dkv)[:-1]
-        step = engine.decode_step_base_s + engine.decode_step_per_seq_s * n + engine.decode_step_per_kv_token_s * k
-        tokens = np.r_[0.0, np.cumsum(np.diff(edges) / step)]  # steps made from the first edge on
+        n, k, d = np.cumsum(dn)[:-1], np.cumsum(dkv)[:-1], np.diff(edges)
         i, j = np.searchsorted(edges, first[mine]), np.searchsorted(edges, b[mine])
-        out[mine] = (b[mine] - first[mine]) / (tokens[j] - tokens[i])
-    return out
+        for row, lo, hi in zip(mine, i, j):
+            parts.append(pd.DataFrame({"row": row, "d": d[lo:hi], "n": n[lo:hi], "kv": k[lo:hi]}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({c: [] for c in ("row", "d", "n", "kv")})
+
+
+def tpot_of_pieces(pieces: pd.DataFrame, size: int, base_s: float, per_seq_s: float, per_kv_token_s: float) -> np.ndarray:
+    """Each request's mean step over its pieces at the step model ``base + per_seq x n + per_kv x
+    kv``: ``sum(d_i) / sum(d_i / step_i)`` (time spent at a step of ``step_i`` makes ``d_i /
+    step_i`` tokens); NaN for the rows (of ``size``) without pieces."""
+    rows = pieces["row"].to_numpy(int)
+    d = pieces["d"].to_numpy(float)
+    step = base_s + per_seq_s * pieces["n"].to_numpy(float) + per_kv_token_s * pieces["kv"].to_numpy(float)
+    time = np.bincount(rows, weights=d, minlength=size)
+    tokens = np.bincount(rows, weights=d / step, minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(tokens > 0, time / tokens, np.nan)
+
+
+def predicted_tpot_s(requests: pd.DataFrame, engine: EngineCalibration, spec: Mapping[str, Any],
+                     which: np.ndarray) -> np.ndarray:
+    """The step model's mean step over each ``which`` request's ``[first_token_s, end_s]``, with the
+    batch and its KV rebuilt piecewise-constant from every request's time in that decode worker's
+    batch (module docstring). NaN for requests not in ``which`` or without a window."""
+    return tpot_of_pieces(decode_pieces(requests, spec, which), len(requests), engine.decode_step_base_s,
+                          engine.decode_step_per_seq_s, engine.decode_step_per_kv_token_s)
 
 
 def lone_pulls(requests: pd.DataFrame, dead_pulls: pd.DataFrame, spec: Mapping[str, Any]) -> np.ndarray:
@@ -211,37 +238,122 @@ def predicted_pull_s(kv_bytes: np.ndarray, engine: EngineCalibration, network: N
 # --------------------------------------------------------------------------- per run, then the table
 
 
-def quiet_residuals(run: RunData, calibration: Mapping[str, Any] | BaseModel) -> pd.DataFrame:
-    """Per quiet request and stage of one run: ``request_id``, ``stage``, ``measured_s``,
-    ``predicted_s``, ``rel_residual`` ((predicted - measured) / measured); plus, per stage, how
-    many ok requests measured it (``attrs["n_ok"]``)."""
-    engine, network = _models(calibration)
+def quiet_samples(run: RunData, step_tol_s: float) -> dict[str, pd.DataFrame]:
+    """Per stage and leg, what one run's quiet requests measured and what a model needs to predict
+    it (module docstring): ``request_id``, ``measured_s`` and, for ``prefill``, ``batch_tokens``; for
+    ``decode_step``, ``row`` (the request's position, whose pieces ``attrs["pieces"]`` holds); for
+    ``kv_pull`` (lone pulls only), ``kv_bytes``; for ``prefill_call`` (requests that found their
+    prefill worker idle), ``idle``; for ``first_token``, the ``batch`` and ``kv_tokens`` it joined. ``step_tol_s``: how close two prefills' times are
+    to be one batch (one engine step). ``attrs["n_ok"]``: per stage, the ok requests that measured it."""
     req = run.requests.reset_index(drop=True)
     marks = run.host_marks.reset_index(drop=True) if len(run.host_marks.columns) else None
     quiet = quiet_mask(req, run.faults, marks)
     ok = ok_mask(req)
     out_tokens = req["output_tokens"].to_numpy(float)
+    spec = run.meta.get("spec") or {}
     measured = {
         "prefill": (req["prefill_end_s"] - req["prefill_start_s"]).to_numpy(float),
         "decode_step": np.where(out_tokens > 1, (req["end_s"] - req["first_token_s"]).to_numpy(float)
                                 / np.maximum(out_tokens - 1, 1), np.nan),
         "kv_pull": (req["kv_end_s"] - req["kv_start_s"]).to_numpy(float),
+        "prefill_call": (req["prefill_start_s"] - req["arrival_s"]).to_numpy(float),
+        "decode_call": (req["kv_start_s"] - req["prefill_end_s"]).to_numpy(float),
+        "first_token": (req["first_token_s"] - req["kv_end_s"]).to_numpy(float),
     }
-    spec = run.meta.get("spec") or {}
-    predicted = {
-        "prefill": predicted_prefill_s(prefill_batch_tokens(req, engine.decode_step_base_s), engine),
-        "decode_step": predicted_tpot_s(req, engine, spec, quiet & (out_tokens > 1)),
-        "kv_pull": np.where(lone_pulls(req, run.dead_pulls, spec),
-                            predicted_pull_s(req["kv_bytes"].to_numpy(float), engine, network), np.nan),
+    pieces = decode_pieces(req, spec, quiet & (out_tokens > 1))
+    has_pieces = np.zeros(len(req), bool)
+    has_pieces[pieces["row"].to_numpy(int)] = True
+    n_at, kv_at = batch_at_join(req, spec)
+    # what each model is given; a NaN (or a negative) leaves the request out of that stage
+    features = {
+        "prefill": {"batch_tokens": prefill_batch_tokens(req, step_tol_s)},
+        "decode_step": {"row": np.where(has_pieces, np.arange(len(req)), -1)},
+        "kv_pull": {"kv_bytes": np.where(lone_pulls(req, run.dead_pulls, spec), req["kv_bytes"].to_numpy(float), np.nan)},
+        "prefill_call": {"idle": np.where(found_idle(req), 0.0, np.nan)},
+        "decode_call": {"none": np.zeros(len(req))},
+        "first_token": {"batch": n_at, "kv_tokens": kv_at},
     }
+    out: dict[str, pd.DataFrame] = {}
+    for stage in CHECKED:
+        m = measured[stage]
+        cols = features[stage]
+        x = np.column_stack(list(cols.values()))
+        sel = quiet & np.isfinite(m) & (m > 0) & np.isfinite(x).all(axis=1) & (x >= 0).all(axis=1)
+        frame = pd.DataFrame({"request_id": req["request_id"].to_numpy()[sel], "measured_s": m[sel],
+                              **{k: v[sel] for k, v in cols.items()}})
+        frame.attrs["n_ok"] = int((ok & np.isfinite(m)).sum())
+        if stage == "decode_step":
+            frame.attrs["pieces"], frame.attrs["size"] = pieces, len(req)
+        out[stage] = frame
+    return out
+
+
+def found_idle(requests: pd.DataFrame) -> np.ndarray:
+    """Requests whose prefill worker had no other request in hand when they arrived (none arrived
+    before them whose prefill had not ended): their ``prefill_start_s - arrival_s`` is the call's
+    path alone, no queue."""
+    a = requests["arrival_s"].to_numpy(float)
+    end = requests["prefill_end_s"].to_numpy(float)
+    end = np.where(np.isnan(end), np.inf, end)  # never ended: busy from its arrival on
+    workers = requests["prefill_worker"].to_numpy()
+    idle = np.zeros(len(requests), bool)
+    for w in pd.unique(workers):
+        idx = np.flatnonzero(workers == w)
+        idx = idx[np.argsort(a[idx], kind="stable")]
+        busy_until = np.r_[-np.inf, np.maximum.accumulate(end[idx])[:-1]]  # latest end among earlier arrivals
+        idle[idx] = busy_until <= a[idx]
+    return idle
+
+
+def batch_at_join(requests: pd.DataFrame, spec: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Per request, the sequences and KV tokens in its decode worker's batch as its pull ended
+    (``kv_end_s``), itself included: the batch whose step makes its first token (NaN without a
+    pull end)."""
+    a, b = decode_windows(requests, spec)
+    t = requests["kv_end_s"].to_numpy(float)
+    kv = requests["prompt_tokens"].to_numpy(float) + requests["output_tokens"].to_numpy(float) / 2
+    workers = requests["decode_worker"].to_numpy()
+    n_at, kv_at = np.full(len(requests), np.nan), np.full(len(requests), np.nan)
+    valid = np.isfinite(a) & np.isfinite(b)
+    for w in pd.unique(workers[np.isfinite(t)]):
+        on = np.flatnonzero(valid & (workers == w))
+        mine = np.flatnonzero(np.isfinite(t) & (workers == w))
+        inside = (a[on][None, :] <= t[mine][:, None]) & (t[mine][:, None] < b[on][None, :])
+        n_at[mine] = inside.sum(axis=1)
+        kv_at[mine] = inside @ kv[on]
+    return n_at, kv_at
+
+
+def predict(stage: str, samples: pd.DataFrame, engine: EngineCalibration, network: NetworkCalibration) -> np.ndarray:
+    """The calibration's prediction for each of a stage's :func:`quiet_samples`."""
+    if stage == "prefill":
+        return predicted_prefill_s(samples["batch_tokens"].to_numpy(float), engine)
+    if stage == "kv_pull":
+        return predicted_pull_s(samples["kv_bytes"].to_numpy(float), engine, network)
+    if stage == "prefill_call":
+        return np.full(len(samples), engine.prefill_call_s)
+    if stage == "decode_call":
+        return np.full(len(samples), engine.decode_call_s)
+    if stage == "first_token":
+        return engine.decode_join_s + engine.decode_step_base_s + (
+            engine.decode_step_per_seq_s * samples["batch"].to_numpy(float)
+            + engine.decode_step_per_kv_token_s * samples["kv_tokens"].to_numpy(float))
+    tpot = tpot_of_pieces(samples.attrs["pieces"], samples.attrs["size"], engine.decode_step_base_s,
+                          engine.decode_step_per_seq_s, engine.decode_step_per_kv_token_s)
+    return tpot[samples["row"].to_numpy(int)]
+
+
+def quiet_residuals(run: RunData, calibration: Mapping[str, Any] | BaseModel) -> pd.DataFrame:
+    """Per quiet request and stage of one run: ``request_id``, ``stage``, ``measured_s``,
+    ``predicted_s``, ``rel_residual`` ((predicted - measured) / measured); plus, per stage, how
+    many ok requests measured it (``attrs["n_ok"]``)."""
+    engine, network = _models(calibration)
     frames, n_ok = [], {}
-    for stage in STAGES:
-        m, p = measured[stage], predicted[stage]
-        n_ok[stage] = int((ok & np.isfinite(m)).sum())
-        sel = quiet & np.isfinite(m) & (m > 0) & np.isfinite(p)
-        frames.append(pd.DataFrame({"request_id": req["request_id"].to_numpy()[sel], "stage": stage,
-                                    "measured_s": m[sel], "predicted_s": p[sel],
-                                    "rel_residual": (p[sel] - m[sel]) / m[sel]}))
+    for stage, smp in quiet_samples(run, engine.decode_step_base_s).items():
+        n_ok[stage] = smp.attrs["n_ok"]
+        m, p = smp["measured_s"].to_numpy(float), predict(stage, smp, engine, network)
+        frames.append(pd.DataFrame({"request_id": smp["request_id"].to_numpy(), "stage": stage,
+                                    "measured_s": m, "predicted_s": p, "rel_residual": (p - m) / m}))
     out = pd.concat(frames, ignore_index=True)
     out.attrs["n_ok"] = n_ok
     return out
@@ -265,18 +377,18 @@ def calibration_check(testbed_dirs: Sequence[Path | str], calibration: Mapping[s
     _models(calibration)  # a bad calibration fails before any run is read
     rows: list[dict[str, Any]] = []
     pooled: list[pd.DataFrame] = []
-    pooled_ok = dict.fromkeys(STAGES, 0)
+    pooled_ok = dict.fromkeys(CHECKED, 0)
     for d in discover_runs(testbed_dirs):
         run = load_run(d)
         res = quiet_residuals(run, calibration)
         pooled.append(res)
-        for stage in STAGES:
+        for stage in CHECKED:
             n_ok = res.attrs["n_ok"][stage]
             pooled_ok[stage] += n_ok
             rows.append({"policy": run.policy, "seed": run.seed, "stage": stage,
                          **_summary(res[res["stage"] == stage], n_ok)})
     every = pd.concat(pooled, ignore_index=True) if pooled else pd.DataFrame(columns=["stage", "rel_residual"])
-    for stage in STAGES:
+    for stage in CHECKED:
         rows.append({"policy": POOLED, "seed": pd.NA, "stage": stage,
                      **_summary(every[every["stage"] == stage], pooled_ok[stage])})
     table = pd.DataFrame(rows, columns=list(COLUMNS))

@@ -64,7 +64,7 @@ from analysis.engine_death import engine_table, notice_table, print_engine_table
 from analysis.calibration_check import calibration_check, print_calibration_check, write_calibration_check
 from analysis.host_demand import host_demand_check, print_host_demand, write_host_demand
 from analysis.fidelity_console import print_fidelity, write_fidelity
-from analysis.fidelity_plots import plot_price_overlay, plot_success_overlay
+from analysis.fidelity_plots import plot_latency_overlay, plot_price_overlay, plot_success_overlay
 from analysis.metrics import fault_window, latency_percentiles
 from analysis.fidelity_checks import (REPEAT, WORLDS, Rank, check_spreads, composition_table, fidelity_table,
                                       noise_table, pair_table, rank_agreement, repeat_spreads, repeat_table,
@@ -404,7 +404,8 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
     files = write_fidelity(fid, out)
     if fid.engines is not None:
         files = [*files, *write_engine_table(fid.engines, scenario, out, fid.notices)]
-    plots = [plot_success_overlay(curves, policies, scenario, out), plot_price_overlay(curves, policies, scenario, out)]
+    plots = [plot_success_overlay(curves, policies, scenario, out), plot_price_overlay(curves, policies, scenario, out),
+             plot_latency_overlay({w: concat_frames(fs) for w, fs in frames.items() if fs}, policies, scenario, out)]
     check = demand = None
     if calibration is not None:  # each fit against the run's own quiet requests (issue 27), the host's too
         check = calibration_check(dirs["testbed"], calibration)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis.plots import RunCurves, _mean_over_seeds, _save, _shade, _slug
@@ -83,3 +85,41 @@ def plot_price_overlay(curves: Sequence[RunCurves], policies: Sequence[str], sce
         ax.legend(fontsize="small")
     axes[-1].set_xlabel("time since run start (s), bin centres")
     return _save(fig, out_dir / f"fidelity_risk_price_{_slug(scenario)}.png")
+
+
+# The latency plot's worlds, in drawing order: the repeat dotted, beside the testbed it repeats.
+LATENCY_STYLE = {"sim": "-", "testbed": "--", "repeat": ":"}
+
+
+def plot_latency_overlay(frames: dict[str, pd.DataFrame], policies: Sequence[str], scenario: str,
+                         out_dir: Path) -> Path | None:
+    """fidelity_latency_<scenario>.png: per policy (a row), the empirical distribution of TTFT and of
+    E2E (a column each) over the ok requests of every seed, the sim (solid), the testbed (dashed)
+    and, where given, its repeat (dotted) on one log-scaled axis, so a shift between the worlds
+    shows beside the testbed's own. ``frames``: world -> :func:`analysis.paired.request_frame` rows.
+    None without policies."""
+    if not policies:
+        return None
+    fig = Figure(figsize=(10, 2.6 * len(policies)))
+    axes = fig.subplots(len(policies), 2, squeeze=False)
+    fig.suptitle(f"Latency of ok requests, sim (solid), testbed (dashed), repeat (dotted): {scenario}")
+    for row, policy in zip(axes, policies):
+        for ax, metric in zip(row, ("ttft", "e2e")):
+            for world, style in LATENCY_STYLE.items():
+                f = frames.get(world)
+                if f is None or f.empty:
+                    continue
+                x = np.sort(f.loc[f["policy"] == policy, f"{metric}_s"].dropna().to_numpy(float))
+                if x.size:
+                    ax.step(x, np.arange(1, x.size + 1) / x.size, style, where="post",
+                            label=f"{world} (n={x.size}, p50 {np.median(x):.3g} s)")
+            ax.set_xscale("log")
+            ax.set_ylim(0, 1.02)
+            ax.set_title(f"{policy}: {metric.upper()}", fontsize="medium")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="x-small", loc="lower right")
+        row[0].set_ylabel("share of ok requests")
+    for ax in axes[-1]:
+        ax.set_xlabel("seconds (log scale)")
+    fig.tight_layout()
+    return _save(fig, out_dir / f"fidelity_latency_{_slug(scenario)}.png")

@@ -1,8 +1,9 @@
 """The ``testbed`` command line.
 
-    testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE] [--[no-]repeat]
+    testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE] [--isolated-calibration]
+                 [--[no-]repeat]
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
-    testbed calibrate [SPEC] [--out FILE]
+    testbed calibrate [SPEC] [--out FILE] [--isolated] [--times N] [--fit-runs DIR --calibration FILE]
     testbed study SPEC [--world sim|testbed|both] [--out DIR] [--sweeps A,B] [--repeat-seeds 0] [--rerun]
     testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
     testbed cluster up|down|status
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     tw = experiment_parser(sub, "twin", "one spec in both worlds: calibrate the testbed, run it, run the calibrated "
                             "simulator, compare", "the embedded testbed scenario", cmd_twin, out="runs/twin")
     tw.add_argument("--calibration", help="use this calibration instead of measuring one first")
+    tw.add_argument("--isolated-calibration", action="store_true",
+                    help="calibrate on the engines alone, without the calibration load that fits each stage's "
+                         "level and the control path under the run's conditions (docs/twin.md)")
     tw.add_argument("--repeat", action=argparse.BooleanOptionalAction, default=None,
                     help="run every seed on the testbed a second time, on the same engines and workloads, and "
                          "judge each sim-to-testbed difference against the testbed's own run-to-run difference "
@@ -62,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("spec", nargs="?", help="experiment YAML whose topology and engines to measure "
                                             "(default: the embedded testbed scenario)")
     ca.add_argument("--out", help="the calibration file (default: runs/<scenario>/calibration.json)")
+    ca.add_argument("--isolated", action="store_true",
+                    help="the engines alone, without the calibration load (docs/twin.md \"A calibration under "
+                         "the run's conditions\")")
+    ca.add_argument("--fit-runs", metavar="DIR",
+                    help="start no engines: fit the levels and the control path on the quiet requests of the "
+                         "testbed runs in DIR, from the isolated calibration --calibration")
+    ca.add_argument("--calibration", metavar="FILE", help="--fit-runs: the isolated calibration to start from")
+    ca.add_argument("--times", type=int, default=1,
+                    help="calibrate this many times, each on engines started anew, into FILE-1.json ... and "
+                         "print each parameter's spread (FILE-spread.csv)")
     ca.set_defaults(fn=cmd_calibrate)
     c = sub.add_parser("cluster", help="bring an emulated cluster up or down, show a cluster, check a cluster file")
     c.add_argument("action", choices=["up", "down", "status", "check"])

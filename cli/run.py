@@ -9,6 +9,9 @@ from pathlib import Path
 from cli.common import check_sizes, console, out_console, selection
 from cli.sim import simulate
 
+ISOLATED = "calibration-isolated.json"  # the engines measured alone, beside the calibration fitted under the run
+LOAD_DIR = "calibration-load"  # the calibration load's runs
+
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.runs.launch import run_testbed
@@ -25,14 +28,54 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def fit_under_run(isolated: Path, load_dir: Path, out: Path) -> Path:
+    """The calibration under the run's conditions (analysis/calibration_fit.py): ``isolated``'s fits
+    with each stage's level and the control path's legs fitted on the runs in ``load_dir``, written
+    to ``out`` and shown."""
+    from analysis.calibration_fit import fit_run_conditions, print_levels
+    from core.calibration import load_calibration, save_calibration
+
+    cal = fit_run_conditions([load_dir], load_calibration(isolated))
+    save_calibration(cal, out)
+    print_levels(cal, out_console())
+    return out
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from testbed.runs.launch import run_testbed
     from core.spec import load_spec
 
     spec = load_spec(args.spec, default="testbed.yaml")
     out = Path(args.out) if args.out else Path("runs") / spec.name / "calibration.json"
-    run_testbed(spec, out.parent, [], [], calibrate_to=out)
-    console.print(f"calibration: {out}  (use: testbed sim SPEC --calibration {out})")
+    if args.fit_runs:  # no engines: the levels fitted on runs made before
+        if not args.calibration:
+            raise ValueError("--fit-runs: name the isolated calibration to start from (--calibration FILE)")
+        fit_under_run(Path(args.calibration), Path(args.fit_runs), out)
+        console.print(f"calibration: {out}  (use: testbed sim SPEC --calibration {out})")
+        return 0
+    if args.times < 1:
+        raise ValueError(f"--times: at least 1 (got {args.times})")
+    # Each time on engines started anew (an emulated cluster up and down per calibration), so the
+    # spread includes what an engine's start-up varies, as a twin's calibration does.
+    paths = [out] if args.times == 1 else [out.with_name(f"{out.stem}-{i}{out.suffix}")
+                                            for i in range(1, args.times + 1)]
+    for path in paths:
+        if args.isolated:
+            run_testbed(spec, path.parent, [], [], calibrate_to=path)
+        else:
+            isolated = path.with_name(path.name.replace(".json", "") + "-isolated.json")
+            load_dir = path.parent / f"{LOAD_DIR}{path.stem.removeprefix(out.stem)}"
+            run_testbed(spec, path.parent, [], [], calibrate_to=isolated, load_to=load_dir)
+            fit_under_run(isolated, load_dir, path)
+        console.print(f"calibration: {path}  (use: testbed sim SPEC --calibration {path})")
+    if len(paths) > 1:
+        from analysis.calibration_fit import calibration_spread, print_spread
+        from core.calibration import load_calibration
+
+        table = calibration_spread([load_calibration(p) for p in paths])
+        print_spread(table, out_console())
+        table.to_csv(out.with_name(f"{out.stem}-spread.csv"), index=False)
+        console.print(f"spread: {out.with_name(f'{out.stem}-spread.csv')}")
     return 0
 
 
@@ -57,8 +100,16 @@ def cmd_twin(args: argparse.Namespace) -> int:
     repeat_to = out / "testbed-repeat" if repeat else None
     check_sizes(spec, "testbed", len(policies) * len(seeds) * (2 if repeat else 1), args)
     check_sizes(spec, "sim", len(policies) * len(seeds), args)
-    run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else cal_path,
-                repeat_to=repeat_to, calibration=cal_path if args.calibration else None)
+    # Measured here: the engines alone first (the file the runs record), then the calibration load,
+    # whose quiet requests the levels and legs are fitted on (docs/twin.md "A calibration under
+    # the run's conditions"); --isolated-calibration keeps the engines-alone fits.
+    under_run = not args.calibration and not args.isolated_calibration
+    measured = out / ISOLATED if under_run else cal_path
+    run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else measured,
+                repeat_to=repeat_to, calibration=cal_path if args.calibration else None,
+                load_to=out / LOAD_DIR if under_run else None)
+    if under_run:
+        fit_under_run(measured, out / LOAD_DIR, cal_path)
     cal = load_calibration(cal_path)
     simulate(spec, policies, seeds, out / "sim", Path(args.spec).resolve().parent if args.spec else None, cal)
     shown = out_console()

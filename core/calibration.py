@@ -26,6 +26,11 @@ with scipy's ``least_squares`` and the ``soft_l1`` loss, until the set is stable
 pulls and steps that stall for seconds) do not drag the line; they are counted
 as outliers and reported with the fit, as are R^2 (on the inliers), residual
 percentiles and sample counts.
+
+A calibration **under the run's conditions** keeps those fits' slopes and fits each stage's level
+and the control path's legs on the quiet requests of runs (analysis/calibration_fit.py): the
+**calibration load**, the scenario's own workload with its faults removed (:func:`calibration_load`),
+run through the real router on the same engines right after the isolated phases.
 """
 
 from __future__ import annotations
@@ -47,6 +52,22 @@ from .topology import GBPS
 # robust scales (1.4826 x MAD) above the fit, and at least OUTLIER_FLOOR_S.
 OUTLIER_SCALES = 3.0
 OUTLIER_FLOOR_S = 0.1
+
+# The calibration load's seeds: far from any seed a twin or a study names (0, 1, 2, ...), so the
+# runs a calibration is fitted on are never the runs it is judged on.
+LOAD_SEEDS = (1000, 1001)
+# With no fault the policies route by load (the price adds utilisation, which load already orders):
+# LC, the baseline, where the spec has it.
+LOAD_POLICY = "LC"
+
+
+def calibration_load(spec: ExperimentSpec) -> tuple[ExperimentSpec, list[str], list[int]]:
+    """The calibration load of ``spec`` as a testbed job (spec, policies, seeds): its workload,
+    engines, router and topology as they are, its faults removed (a fault window leaves no request
+    quiet), run with :data:`LOAD_POLICY` (else the spec's first policy) on :data:`LOAD_SEEDS`."""
+    names = [p.name for p in spec.policies]
+    policy = LOAD_POLICY if LOAD_POLICY in names else names[0]
+    return ExperimentSpec.model_validate({**spec.model_dump(), "faults": []}), [policy], list(LOAD_SEEDS)
 
 
 class CalibrationError(ValueError):
@@ -191,6 +212,11 @@ class EngineCalibration(_Model):
     decode_kv_tokens: int = Field(ge=1)
     kv_block_tokens: int = Field(ge=1)
     kv_transfer_latency_s: float = Field(ge=0)
+    # The control path (core/spec.py EngineSpec): fitted under the run's conditions only
+    # (analysis/calibration_fit.py); an isolated calibration leaves them 0.
+    prefill_call_s: float = Field(0.0, ge=0)
+    decode_call_s: float = Field(0.0, ge=0)
+    decode_join_s: float = Field(0.0, ge=0)
 
 
 class NetworkCalibration(_Model):

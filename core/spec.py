@@ -83,6 +83,16 @@ class EngineSpec(_Spec):
     # Fixed cost of one KV pull beside its bytes (descriptor set-up, the completion notice):
     # not modelled for GPUs (0); `testbed calibrate` measures it on the testbed's engines.
     kv_transfer_latency_s: float = Field(0.0, ge=0)
+    # The serving stack's control path, which the engine models above leave out: how long a
+    # routed request takes to reach its prefill engine's scheduler (the router's decision, the
+    # call, the engine loop's next step), how long after its prefill the decode engine's scheduler
+    # has it (the decode call), and how long a request whose KV is in waits for the decode
+    # scheduler to take it into the running batch. Not modelled for GPUs (0: a scenario models the
+    # engines); `testbed calibrate` measures them on the testbed under a load shaped like the run's
+    # (analysis/calibration_fit.py; docs/twin.md "A calibration under the run's conditions").
+    prefill_call_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    decode_call_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    decode_join_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     # What the abort of a request in kv_transfer (its deadline) does to its KV pull, in the
     # simulator (the testbed's engines do what vLLM does):
     # * cancel: the pull stops there, its link share and decode blocks are free at once (an engine

@@ -66,6 +66,7 @@ from faults.schedule import FaultStep, ScheduledEvent
 from faults.telemetry import link_measure_s
 from workloads.generate import Workload
 
+from .control_path import ControlPath
 from .engine_deaths import EngineDeaths
 from .events import Call, Chain, call_after, run_until
 from .network import FlowNetwork
@@ -103,7 +104,7 @@ class _Decode:
         self.dead = False
 
 
-class ClusterSim(EngineDeaths):
+class ClusterSim(ControlPath, EngineDeaths):
     def __init__(
         self,
         env: simpy.Environment,
@@ -157,6 +158,10 @@ class ClusterSim(EngineDeaths):
             e.decode_step_base_s, e.decode_step_per_seq_s, e.decode_step_per_kv_token_s)
         self._max_batch, self._kv_tokens = e.decode_max_batch, e.decode_kv_tokens
         self._block_tokens, self._pull_latency = e.kv_block_tokens, e.kv_transfer_latency_s
+        # The serving stack's control path (engine.prefill_call_s, decode_call_s, decode_join_s):
+        # a call on its way to an engine, or a pulled request waiting for the decode scheduler.
+        self._prefill_call, self._decode_call, self._join_delay = e.prefill_call_s, e.decode_call_s, e.decode_join_s
+        self._joining: set[Ticket] = set()  # KV in, not yet in the running batch
         self.decode = [_Decode(worker_pod[w]) for w in topo.decode_ids.tolist()]
         for d in self.decode:
             d.step_s = self._step_s(d)  # an empty batch's
@@ -347,6 +352,13 @@ class ClusterSim(EngineDeaths):
 
     # --- request path ---------------------------------------------------------
     def _dispatch(self, req: Ticket, now: float) -> None:
+        """The prefill call: the request reaches its prefill engine's queue ``prefill_call_s`` later."""
+        if self._prefill_call > 0:
+            call_after(self.env, self._prefill_call, self._prefill_called, req)
+        else:
+            self._enqueue_prefill(req, now)
+
+    def _enqueue_prefill(self, req: Ticket, now: float) -> None:
         w = self.prefill[req.p_idx]
         if w.dead:  # routed before the router knew: the call raises at once
             self._fail(req, now)
@@ -392,23 +404,29 @@ class ClusterSim(EngineDeaths):
             return
         self.prefill[idx].batch = []
         now = self.env._now
-        decode = self.decode
         for req in batch:
             if req.done:
                 continue
             req.enter(DECODE_QUEUE, now)  # waiting for decode admission; the prefill worker is free of it
-            d = decode[req.d_idx]
-            if d.dead:  # the decode call raises at once
-                self._orphaned(req)
-                self._fail(req, now)
-                self._call_failed(int(self.topo.decode_ids[req.d_idx]), now)
-                continue
-            d.waiting.append(req)
-            self._admit(d, now)
+            if self._decode_call > 0:
+                call_after(self.env, self._decode_call, self._decode_called, req)
+            else:
+                self._enqueue_decode(req, now)
         if self.prefill[idx].queue:
             self._start_prefill(idx, now)
         else:
             self.prefill[idx].busy = False
+
+    def _enqueue_decode(self, req: Ticket, now: float) -> None:
+        """The decode call reaches its engine: the request waits for admission there."""
+        d = self.decode[req.d_idx]
+        if d.dead:  # the decode call raises at once
+            self._orphaned(req)
+            self._fail(req, now)
+            self._call_failed(int(self.topo.decode_ids[req.d_idx]), now)
+            return
+        d.waiting.append(req)
+        self._admit(d, now)
 
     def _admit(self, d: _Decode, now: float) -> None:
         waiting = d.waiting
@@ -457,7 +475,11 @@ class ClusterSim(EngineDeaths):
             return
         now = self.env._now
         req.enter(DECODE, now)
-        self._decode_join(req, now)
+        if self._join_delay > 0:  # the decode scheduler takes it in at a later step
+            self._joining.add(req)
+            call_after(self.env, self._join_delay, self._joined, req)
+        else:
+            self._decode_join(req, now)
 
     # --- decode (fluid continuous batching) ----------------------------------
     def _step_s(self, d: _Decode) -> float:
@@ -539,6 +561,8 @@ class ClusterSim(EngineDeaths):
                 self.net.abort(self._flows.pop(req))
             self.ctx.dead_pull(req, now, now, "cancelled" if flow is not None else "done", 0.0)
             self._release(self.decode[req.d_idx], req, now)
+        elif stage == "decode" and req in self._joining:  # KV in, never in the batch
+            self._unjoin(req, now)
         elif stage == "decode":
             d = self.decode[req.d_idx]
             self._advance(d, now)

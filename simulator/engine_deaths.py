@@ -134,6 +134,9 @@ class EngineDeaths:
         doomed = [r for r in d.waiting if not r.done]
         doomed += [r for r in self._flows if self.decode[r.d_idx] is d and not r.done]
         doomed += [r for _, _, r in d.heap if not r.done]
+        joining = [r for r in self._joining if self.decode[r.d_idx] is d]
+        self._joining.difference_update(joining)
+        doomed += [r for r in joining if not r.done]
         for req in doomed:
             flow = self._flows.pop(req, None)
             if flow is not None:

@@ -269,8 +269,8 @@ def test_files_are_written(fid):
     assert csv.loc[(csv.policy == "OTF-R") & (csv.metric == "failure_rate"), "verdict"].item() == "fail"
     assert len(pd.read_csv(out / "fidelity_composition.csv")) == 3 * 7
     assert pd.read_csv(out / "fidelity_rank.csv")["kendall_tau"].item() == pytest.approx(1.0)
-    png = out / "fidelity_success_ratio_link.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for png in ("fidelity_success_ratio_link.png", "fidelity_latency_link.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (out / "fidelity_risk_price_link.png").exists()  # no run recorded prices
 
 
@@ -433,7 +433,7 @@ def test_compare_cli_on_identical_worlds(sim_pair, tmp_path, capsys):
     assert (pairs["deviation"] == 0).all()
     assert pd.read_csv(out / "fidelity_rank.csv")[["order_verdict", "kendall_tau_verdict"]].values.tolist() == \
         [["pass", "pass"]]
-    for png in ("fidelity_success_ratio_smoke.png", "fidelity_risk_price_smoke.png"):
+    for png in ("fidelity_success_ratio_smoke.png", "fidelity_risk_price_smoke.png", "fidelity_latency_smoke.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "stall_rate_per_step = 0.0123" in printed and "verdict:" in printed and "0 fail" in printed

@@ -91,3 +91,7 @@ def test_a_run_without_host_samples_measures_nothing(tmp_path):
     assert demand_ratios(load_run(d)).empty
     table = host_demand_check([d], {"hold": 2.0})
     assert (table["n"] == 0).all() and not table["flag"].any()
+    # and the console says so, rather than printing zeros alone
+    buf = io.StringIO()
+    print_host_demand(table, Console(file=buf, width=400))
+    assert "not checked: no interval of the run measures hold, pull, decode, background" in buf.getvalue()

@@ -374,3 +374,32 @@ def test_a_dead_pull_holds_its_decode_slot_until_it_ends(tmp_path, on_abort, sec
     assert dead.request_id.tolist() == ([0, 1] if on_abort == "cancel" else [0])
     if on_abort == "finish":
         assert dead.ending.tolist() == ["done"] and dead.end_s.item() == pytest.approx(1.0 + 1008 * KV / (0.01 * 8.0 * GBPS))
+
+
+def test_the_control_path_adds_its_legs_where_the_testbed_has_them(tmp_path):
+    """engine.prefill_call_s, decode_call_s and decode_join_s: the call to the prefill engine, the
+    call to the decode engine, and the wait for the decode scheduler after the pull, each where the
+    testbed's router records it (docs/twin.md "A calibration under the run's conditions")."""
+    legs = {"prefill_call_s": 0.3, "decode_call_s": 0.2, "decode_join_s": 0.05}
+    _, plain = _run(tmp_path / "plain", _spec())
+    _, r = _run(tmp_path / "legs", _spec(engine=legs))
+    (p,), (row,) = plain.itertuples(), r.itertuples()
+    assert row.outcome == "ok" and row.routed_s == row.arrival_s
+    assert row.prefill_start_s - row.arrival_s == pytest.approx(0.3)
+    assert row.prefill_end_s - row.prefill_start_s == pytest.approx(1.0)
+    assert row.kv_start_s - row.prefill_end_s == pytest.approx(0.2)
+    assert row.kv_end_s - row.kv_start_s == pytest.approx(p.kv_end_s - p.kv_start_s)
+    assert row.first_token_s - row.kv_end_s == pytest.approx(0.05 + 0.01)  # the join, then one step
+    assert row.end_s - row.arrival_s == pytest.approx(p.end_s - p.arrival_s + 0.55)
+
+
+def test_a_request_given_up_before_its_decode_join_frees_its_place(tmp_path):
+    """A deadline between the pull's end and the join: the request times out in decode without
+    ever being in the batch, and its reserved slot goes to the next (one slot per decoder)."""
+    spec = _spec(deadline_s=3.0, engine={"decode_join_s": 5.0, "decode_max_batch": 1},
+                 workload={"arrival": {"kind": "poisson", "rate_rps": 1000.0}, "max_requests": 2},
+                 topology={"pods": 1, "workers_per_pod": 2})
+    _, r = _run(tmp_path, spec)
+    assert r.outcome.tolist() == ["timeout", "timeout"] and r.failed_stage.tolist() == ["decode", "kv_transfer"]
+    # the second was admitted (its pull started) only once the first gave its slot back, at 3 s
+    assert r.kv_start_s[1] == pytest.approx(r.arrival_s[0] + 3.0)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -22,6 +23,7 @@ from rich.console import Console
 
 from testbed.faults.shaping import netem_missing
 
+from core.calibration import calibration_load
 from core.spec import ExperimentSpec
 from core.sizes import available_memory_bytes
 from testbed.hosts.netns import missing_privileges
@@ -123,7 +125,8 @@ def emulated_cluster_at(address: str) -> Any:
 
 def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
                 more: Sequence[Job] = (), calibrate_to: Path | None = None, address: str | None = None,
-                serve: bool = False, repeat_to: Path | None = None, calibration: Path | None = None) -> int:
+                serve: bool = False, repeat_to: Path | None = None, calibration: Path | None = None,
+                load_to: Path | None = None) -> int:
     """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines);
     with ``calibrate_to``, measure the engines and links first and write the calibration there;
     with ``calibration`` instead, a calibration of these engines measured before; either is
@@ -132,7 +135,10 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     with the same workloads, into that folder (the testbed's repeatability).
     ``address``: on that Ray cluster (pods from its nodes' resources) instead of an emulated
     cluster brought up and down for the run. ``serve``: one policy and seed serve outside
-    clients through the ingress instead of the workload, until Ctrl-C (a normal end)."""
+    clients through the ingress instead of the workload, until Ctrl-C (a normal end). ``load_to``:
+    first of all (after the calibration), the calibration load (core/calibration.py
+    ``calibration_load``) into that folder, which a calibration under the run's conditions is
+    fitted on (analysis/calibration_fit.py)."""
     jobs = [(spec, policies, seeds), *more]
     # Each workload generated once, here, and refused before minutes go into starting engines
     # that cannot serve it; the driver runs these very workloads (testbed/runs/jobs.py).
@@ -141,6 +147,11 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         if serve:
             raise ValueError("--serve: a served run has no workload to repeat")
         run_jobs.append(repeat_of(run_jobs[0], repeat_to))
+    if load_to is not None:
+        if serve:
+            raise ValueError("--serve: a served run has no calibration load")
+        load, = prepare_jobs([calibration_load(spec)])
+        run_jobs.insert(0, replace(load, out_dir=Path(load_to).resolve()))
     return launch_jobs(run_jobs, out, calibrate_to=calibrate_to, address=address, serve=serve,
                        calibration=calibration)
 
