@@ -30,6 +30,10 @@ fits are written beside the isolated ones (``run_<stage>`` in the file's ``fits`
 value before and after and the residual on the load; the runs fitted on are named in
 ``source["conditions"]``, so the twin's own runs (other seeds, other policies, faults) are the
 check it was not fitted on.
+
+The file says ``conditions: run``, and the simulator then does not share the host's cores among
+the engines (core/calibration.py ``apply_calibration``): the levels were measured on engines that
+already shared them, and the host model would count that share twice.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -131,13 +134,8 @@ def fit_run_conditions(run_dirs: Sequence[Path | str], isolated: Calibration) ->
         "levels": levels, "note": "analysis/calibration_fit.py: slopes isolated, levels fitted on these runs"}}
     return isolated.model_copy(update={"engine": EngineCalibration.model_validate(engine.model_dump()),
                                        "network": NetworkCalibration.model_validate(network.model_dump()),
-                                       "fits": {**isolated.fits, **fits}, "source": source})
-
-
-def conditions_of(cal: Calibration) -> dict[str, Any]:
-    """What a calibration says of the conditions it was measured under: ``kind`` "isolated" (each
-    engine alone, testbed/calibration/calibrate.py) or "run" (levels fitted on named runs)."""
-    return dict(cal.source.get("conditions") or {"kind": "isolated"})
+                                       "fits": {**isolated.fits, **fits}, "source": source,
+                                       "conditions": "run"})
 
 
 def print_levels(cal: Calibration, console: Console) -> None:

@@ -282,6 +282,10 @@ class Calibration(_Model):
     samples: dict[str, list[list[float]]] = Field(default_factory=dict)
     # None: a file from before the host was measured; the spec's own engine.host_cores then stands.
     host: HostCalibration | None = None
+    # "isolated": each engine measured alone (testbed/calibration/calibrate.py); "run": its levels
+    # and legs fitted under the run's conditions (analysis/calibration_fit.py), the host's share
+    # of the cores in them.
+    conditions: Literal["isolated", "run"] = "isolated"
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -316,7 +320,9 @@ def apply_calibration(spec: ExperimentSpec, cal: Calibration) -> ExperimentSpec:
     measured speeds and KV geometry; each worker's NIC and the pods' core links at the unshaped
     rate measured (one engine pair per link on the emulated cluster), with the headers on the wire;
     the host's cores where the engines share them (``engine.host_cores``; None where they do not:
-    one accelerator per engine), with the demand by state measured there (``engine.host_*_cores``). The topology's structure, the link baseline (what a fault's r is
+    one accelerator per engine, or where a calibration under the run's conditions holds the host's
+    share in its levels already), with the demand by state measured there
+    (``engine.host_*_cores``). The topology's structure, the link baseline (what a fault's r is
     relative to), the workload, faults and everything else stay the spec's."""
     n = cal.network
     wire_gbps = n.unshaped_gbps * n.kv_wire_overhead  # the fit is of KV bytes; links carry headers too
@@ -324,7 +330,13 @@ def apply_calibration(spec: ExperimentSpec, cal: Calibration) -> ExperimentSpec:
         "nic_gbps": wire_gbps, "uplink_gbps": wire_gbps * spec.topology.workers_per_pod,
         "kv_bytes_per_token": n.kv_bytes_per_token, "kv_wire_overhead": n.kv_wire_overhead})
     update = cal.engine.model_dump()
-    if cal.host is not None:
+    if cal.conditions == "run":
+        # The levels were fitted on a run's own requests, whose engines already shared the host's
+        # cores with each other, the router and the driver: the host model would share them a
+        # second time (docs/twin.md "A calibration under the run's conditions": E2E p50 16-26%
+        # slow with it, 8% fast to 3% slow without, in the twin at 5760e6a).
+        update["host_cores"] = None
+    elif cal.host is not None:
         update["host_cores"] = cal.host.cores if cal.host.shared else None
         if cal.host.shared:
             update |= {f"host_{k}_cores": v for k, v in cal.host.demand.items()}

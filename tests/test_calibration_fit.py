@@ -73,6 +73,7 @@ def test_the_levels_and_legs_are_found_where_the_run_put_them(load):
         assert f.n >= MIN_SAMPLES and abs(f.params["rel_residual_p50"]) < 1e-6, stage
         assert f.params[f"isolated_{name}"] == calibration(ISOLATED).engine.model_dump()[name]
         assert f.params["rel_residual_p50_before"] < 0, stage  # the isolated calibration was fast on each
+    assert cal.conditions == "run" and calibration(ISOLATED).conditions == "isolated"
     cond = cal.source["conditions"]
     assert cond["kind"] == "run" and len(cond["runs"]) == len(LOAD_SEEDS) and cal.source["host"] == "test"
     # and the file round-trips
@@ -139,3 +140,17 @@ def test_the_spread_of_calibrations_is_per_parameter():
     assert t.loc["engine.prefill_tokens_per_s", "sd"] == 0.0
     with pytest.raises(ValueError, match="at least 2"):
         calibration_spread(cals[:1])
+
+
+def test_a_calibration_under_the_run_does_not_share_the_host_twice():
+    """Its levels were measured on engines that shared the host already: the simulator's host model
+    stays off for it, and on for the engines-alone calibration of the same host."""
+    from core.calibration import HostCalibration
+
+    host = HostCalibration(cores=2.0, engines=4, hosts=1, gpus_per_engine=0, shared=True,
+                           demand={"hold": 0.5, "pull": 0.5, "decode": 2.0, "background": 0.3})
+    isolated = calibration(ISOLATED).model_copy(update={"host": host})
+    under_run = isolated.model_copy(update={"conditions": "run"})
+    assert apply_calibration(spec(), isolated).engine.host_cores == 2.0
+    assert apply_calibration(spec(), isolated).engine.host_decode_cores == 2.0
+    assert apply_calibration(spec(), under_run).engine.host_cores is None
