@@ -1,4 +1,4 @@
-"""Calibration checked against the run (issue 27): each calibrated fit against the run's quiet requests.
+"""Calibration checked against the run: each calibrated fit against the run's quiet requests.
 
 `testbed calibrate` fits the simulator's engine and link models on the testbed's engines one at a
 time (core/calibration.py). This module asks whether those fits describe what the same engines did
@@ -38,6 +38,14 @@ in a run, on the requests nothing else explains:
   the network model's business (simulator/network.py), not this fit's. A pull without a recorded
   end (given up in ``kv_transfer``) lasts to its end in ``dead_pulls``, else to when the router
   gave it up.
+
+* **the control path's legs** (core/spec.py EngineSpec; fitted under the run's conditions by
+  analysis/calibration_fit.py, 0 in an engines-alone calibration): ``prefill_call`` measured
+  ``prefill_start_s - arrival_s`` of requests that found their prefill worker idle (none that
+  arrived before them still in prefill) against ``prefill_call_s``; ``decode_call`` measured
+  ``kv_start_s - prefill_end_s`` against ``decode_call_s``; ``first_token`` measured
+  ``first_token_s - kv_end_s`` against ``decode_join_s`` plus one step at the batch the request
+  joined (every request on its decode worker in the batch at its ``kv_end_s``, itself included).
 
 Residuals are relative to the measured value, ``(predicted - measured) / measured``, as the paired
 report's errors are (relative to the testbed's). Per run (policy, seed) and pooled over runs, per

@@ -73,7 +73,7 @@ def _median_residual(predicted: np.ndarray, measured: np.ndarray) -> float:
 def fit_level(residual_at: Callable[[float], float], low: float, high: float) -> float:
     """The level in [``low``, ``high``...] at which ``residual_at`` (the median relative residual,
     non-decreasing in the level) crosses 0: ``low`` where it is already >= 0 there; ``high`` is
-    doubled until the residual is >= 0 (a cost a thousand times the start is a broken run)."""
+    doubled, up to 40 times, until the residual is >= 0 (ValueError beyond: no cost explains it)."""
     if residual_at(low) >= 0:
         return low
     for _ in range(40):
@@ -96,7 +96,8 @@ def stage_samples(run_dirs: Sequence[Path | str], step_tol_s: float) -> dict[str
 def fit_run_conditions(run_dirs: Sequence[Path | str], isolated: Calibration) -> Calibration:
     """The calibration with each stage's level fitted on the quiet requests of the runs in or below
     ``run_dirs`` (module docstring); slopes, KV geometry, host and every other field stay
-    ``isolated``'s. Raises ValueError when no run is found."""
+    ``isolated``'s, and the file says ``conditions: run`` once a level was fitted (none fitted:
+    ``isolated``'s conditions). Raises ValueError when no run is found."""
     runs = discover_runs(run_dirs)
     if not runs:
         raise ValueError(f"calibration fit: no runs under {', '.join(map(str, run_dirs))}")
@@ -135,7 +136,7 @@ def fit_run_conditions(run_dirs: Sequence[Path | str], isolated: Calibration) ->
     return isolated.model_copy(update={"engine": EngineCalibration.model_validate(engine.model_dump()),
                                        "network": NetworkCalibration.model_validate(network.model_dump()),
                                        "fits": {**isolated.fits, **fits}, "source": source,
-                                       "conditions": "run"})
+                                       "conditions": "run" if fits else isolated.conditions})
 
 
 def print_levels(cal: Calibration, console: Console) -> None:

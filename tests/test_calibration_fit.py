@@ -96,6 +96,7 @@ def test_a_stage_with_too_few_samples_keeps_its_isolated_level(tmp_path):
     run_sim(apply_calibration(short, calibration(TRUTH)), "LC", 0, tmp_path)
     cal = fit_run_conditions([tmp_path], calibration(ISOLATED))
     assert cal.engine == calibration(ISOLATED).engine and not any(k.startswith("run_") for k in cal.fits)
+    assert cal.conditions == "isolated"  # nothing fitted on the run: the host model stays on
     assert all(v["kept"] for v in cal.source["conditions"]["levels"].values())
     with pytest.raises(ValueError, match="nothing: no such file or directory"):
         fit_run_conditions([tmp_path / "nothing"], calibration(ISOLATED))
