@@ -98,9 +98,7 @@ def fit_run_conditions(run_dirs: Sequence[Path | str], isolated: Calibration) ->
     ``run_dirs`` (module docstring); slopes, KV geometry, host and every other field stay
     ``isolated``'s, and the file says ``conditions: run`` once a level was fitted (none fitted:
     ``isolated``'s conditions). Raises ValueError when no run is found."""
-    runs = discover_runs(run_dirs)
-    if not runs:
-        raise ValueError(f"calibration fit: no runs under {', '.join(map(str, run_dirs))}")
+    runs = discover_runs(run_dirs)  # a path without runs raises its own one-line error
     engine, network = isolated.engine, isolated.network
     samples = stage_samples(runs, engine.decode_step_base_s)
     fits: dict[str, FitReport] = {}
@@ -121,8 +119,8 @@ def fit_run_conditions(run_dirs: Sequence[Path | str], isolated: Calibration) ->
         # Start the search at the measured median: no fixed cost exceeds what the stage took.
         level = fit_level(lambda c: _median_residual(predicted(c), measured), 0.0, float(np.median(measured)))
         engine = _engine_with(engine, stage, level)
-        rel = (predicted(level) - measured) / measured
-        a = np.abs(predicted(level) - measured)
+        miss = predicted(level) - measured
+        rel, a = miss / measured, np.abs(miss)
         fits[f"run_{stage}"] = FitReport(
             params={LEVELS[stage]: level, f"isolated_{LEVELS[stage]}": before,
                     "rel_residual_p50_before": _median_residual(predicted(before), measured),
@@ -159,11 +157,8 @@ def print_levels(cal: Calibration, console: Console) -> None:
 
 
 # What the spread of several calibrations is taken over: every engine speed and leg the simulator
-# is given, and the link rate it is given.
-SPREAD_PARAMS = (*(f"engine.{k}" for k in ("prefill_tokens_per_s", "prefill_overhead_s", "decode_step_base_s",
-                                           "decode_step_per_seq_s", "decode_step_per_kv_token_s",
-                                           "kv_transfer_latency_s", "prefill_call_s", "decode_call_s",
-                                           "decode_join_s")),
+# is given (the calibration's float engine fields; block sizes are not measured), and the link rate.
+SPREAD_PARAMS = (*(f"engine.{k}" for k, f in EngineCalibration.model_fields.items() if f.annotation is float),
                  "network.unshaped_gbps", "network.kv_wire_overhead")
 
 

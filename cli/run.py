@@ -9,7 +9,6 @@ from pathlib import Path
 from cli.common import check_sizes, console, out_console, selection
 from cli.sim import simulate
 
-ISOLATED = "calibration-isolated.json"  # the engines measured alone, beside the calibration fitted under the run
 LOAD_DIR = "calibration-load"  # the calibration load's runs
 
 
@@ -26,6 +25,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_testbed(spec, Path(args.out), policies, seeds, address=args.address, serve=args.serve)
     console.print(f"report: testbed report {Path(args.out) / spec.name}")
     return 0
+
+
+def isolated_of(path: Path) -> Path:
+    """Where the engines-alone calibration goes beside the calibration fitted under the run at ``path``."""
+    return path.with_name(f"{path.stem}-isolated{path.suffix}")
 
 
 def fit_under_run(isolated: Path, load_dir: Path, out: Path) -> Path:
@@ -63,7 +67,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.isolated:
             run_testbed(spec, path.parent, [], [], calibrate_to=path)
         else:
-            isolated = path.with_name(path.name.replace(".json", "") + "-isolated.json")
+            isolated = isolated_of(path)
             load_dir = path.parent / f"{LOAD_DIR}{path.stem.removeprefix(out.stem)}"
             run_testbed(spec, path.parent, [], [], calibrate_to=isolated, load_to=load_dir)
             fit_under_run(isolated, load_dir, path)
@@ -104,7 +108,7 @@ def cmd_twin(args: argparse.Namespace) -> int:
     # whose quiet requests the levels and legs are fitted on (docs/twin.md "A calibration under
     # the run's conditions"); --isolated-calibration keeps the engines-alone fits.
     under_run = not args.calibration and not args.isolated_calibration
-    measured = out / ISOLATED if under_run else cal_path
+    measured = isolated_of(cal_path) if under_run else cal_path
     run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else measured,
                 repeat_to=repeat_to, calibration=cal_path if args.calibration else None,
                 load_to=out / LOAD_DIR if under_run else None)
