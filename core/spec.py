@@ -303,7 +303,7 @@ class TestbedSpec(_Spec):
     # (testbed/engines/shm_wakeups.py).
     # None: vLLM's own, 5000 ms (shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS). Kept by default:
     # every run records its engines' missed wake-ups, and the twin scenario's runs at vLLM's
-    # interval had none (docs/reliability.md "A lead, tested and ruled out here: lost wake-ups"), so
+    # interval had none (docs/history/reliability-2026-11-27.md "A lead, tested and ruled out here: lost wake-ups"), so
     # nothing calls for changing the engine. 10 ms would be about one decode step of the CPU engines
     # (engine.decode_step_base_s, 9.1 ms calibrated), at 3 ms of CPU a second per idle reader
     # (measured on vLLM's queue here: 0 at 5000 ms, 15 ms at 1 ms).
