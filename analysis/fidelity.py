@@ -66,7 +66,8 @@ from analysis.host_demand import host_demand_check, print_host_demand, write_hos
 from analysis.fidelity_console import print_fidelity, write_fidelity
 from analysis.fidelity_plots import plot_latency_overlay, plot_price_overlay, plot_success_overlay
 from analysis.metrics import fault_window, latency_percentiles
-from analysis.fidelity_checks import (REPEAT, WORLDS, Rank, check_spreads, composition_table, fidelity_table,
+from analysis.fidelity_checks import (REPEAT, WORLDS, Rank, calibration_spreads, check_spreads, composition_table,
+                                      fidelity_table,
                                       noise_table, pair_table, rank_agreement, repeat_spreads, repeat_table,
                                       seed_mean, shipped_spreads)
 from analysis.paired import PairedReport, concat_frames, paired_from_frames, request_frame
@@ -265,6 +266,8 @@ class Fidelity:
     repeatability: pd.DataFrame | None = None  # repeat_table: fidelity_repeatability.csv
     spreads: dict[str, Spread] | None = None  # the floor of each check's interval (module docstring)
     spread_source: str = ""  # where the floor came from, in words
+    calibrations: int = 0  # the calibrations the simulator ran under, its own among them (0: one, no spread)
+    calibration_spreads: dict[str, Spread] | None = None  # the simulator's spread over them, per check
     own_spreads: dict[str, Spread] | None = None  # the repeat's alone: fidelity_spread.csv
     engines: pd.DataFrame | None = None  # analysis.engine_death.engine_table: fidelity_engines.csv
     notices: pd.DataFrame | None = None  # analysis.engine_death.notice_table: fidelity_notices.csv
@@ -316,7 +319,8 @@ def _policy_names(spec: Mapping[str, Any]) -> list[str]:
 
 def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str], out_dir: Path | str | None = None,
             calibration: Mapping[str, Any] | None = None, console: Console | None = None,
-            repeat_paths: Iterable[Path | str] | None = None) -> Fidelity:
+            repeat_paths: Iterable[Path | str] | None = None,
+            calibration_sims: Sequence[Iterable[Path | str]] = ()) -> Fidelity:
     """Compare the sim runs in or below ``sim_paths`` with the testbed runs in or below ``testbed_paths``
     (same scenario; refused otherwise, see :func:`check_same_scenario`), and, given ``repeat_paths``, the
     testbed runs with a second set of testbed runs of the same scenario, policies and seeds (refused
@@ -325,7 +329,9 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
     CSVs (fidelity_paired.csv, fidelity_confusion.csv, fidelity_stages.csv, fidelity_mape.csv),
     fidelity_repeatability.csv with a repeat, and the overlay PNGs into ``out_dir`` (default: a
     ``fidelity`` folder next to the first testbed path, as `testbed report` puts its ``report`` folder
-    next to its first path)."""
+    next to its first path). ``calibration_sims`` holds, per further calibration, the sim runs of the
+    same policies and seeds under it: with them every check's interval carries the simulator's
+    spread over calibrations (``sim_paths``' among them; :func:`analysis.fidelity_checks.calibration_spreads`)."""
     sim_paths, testbed_paths = list(sim_paths), list(testbed_paths)
     repeat_paths = list(repeat_paths) if repeat_paths is not None else []
     dirs = {"sim": discover_runs(sim_paths), "testbed": discover_runs(testbed_paths)}
@@ -374,8 +380,11 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
                                  repeat.agreement_seeds)
     shipped, fitted_on = shipped_spreads()
     spreads = check_spreads(own, shipped)
+    calibrated, common = _calibrated(runs, tb_frame, calibration_sims, metas["testbed"], policies, tol,
+                                     paired.agreement_seeds)
     table = fidelity_table(runs, policies, tol, {p: paired.agreement_of(p) for p in policies},
-                           agreement_by_seed=paired.agreement_seeds, spreads=spreads)
+                           agreement_by_seed=paired.agreement_seeds, spreads=spreads, common=common,
+                           calibrated=calibrated)
     pairs = pair_table(runs, policies, tol.failure_rate_abs, spreads.get(M.FAILURE_RATE, Spread.of([])))
     engines = engine_table(runs, repeat_runs, policies, tol, shipped)
     fid = Fidelity(
@@ -395,6 +404,8 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
         repeatability=rep_table,
         spreads=spreads,
         spread_source=spread_source(own, shipped, fitted_on),
+        calibrations=len(calibrated),
+        calibration_spreads=common,
         own_spreads=own,
         engines=engines,
         notices=notice_table([*dirs["testbed"], *dirs.get(REPEAT, [])]) if engines is not None else None,
@@ -420,6 +431,32 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
         print_calibration_check(check, console or Console())
         print_host_demand(demand, console or Console())
     return fid
+
+
+def _calibrated(runs: pd.DataFrame, tb_frame: pd.DataFrame, calibration_sims: Sequence[Iterable[Path | str]],
+                testbed_metas: Sequence[tuple[Path, Mapping[str, Any]]], policies: Sequence[str],
+                tol: FidelityTolerances, agreement: pd.DataFrame) -> tuple[list[pd.DataFrame], dict[str, Spread]]:
+    """The sim's runs frame under each calibration (``runs``' own first, then one per set of
+    ``calibration_sims``, each refused unless it is sim runs of the testbed's scenario holding the
+    same policies and seeds) and the simulator's spread over them per check; ([], {}) without any."""
+    if not calibration_sims:
+        return [], {}
+    own = runs[runs["world"] == "sim"]
+    held = set(zip(own["policy"], own["seed"]))
+    frames, agreements = [own], [agreement]
+    for paths in calibration_sims:
+        paths = list(paths)
+        metas = [(d, read_meta(d)) for d in discover_runs(paths)]
+        check_same_scenario(metas, testbed_metas)
+        loaded = [load_run(d) for d, _ in metas]
+        theirs = runs_frame([run_row(r) for r in loaded])
+        if set(zip(theirs["policy"], theirs["seed"])) != held:
+            raise ValueError(f"compare: the sim runs in {', '.join(map(str, paths))} are not the same policies and "
+                             "seeds as the simulator's first set; each calibration runs them all")
+        frames.append(theirs)
+        agreements.append(paired_from_frames(tb_frame, concat_frames([request_frame(r) for r in loaded]), "sim",
+                                             policies).agreement_seeds)
+    return frames, calibration_spreads(runs, frames, policies, tol, agreements)
 
 
 def _calibrated_demand(calibration: Mapping[str, Any]) -> dict[str, float]:

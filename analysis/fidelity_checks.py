@@ -102,6 +102,39 @@ def check_spreads(own: Mapping[str, Spread], shipped: Mapping[str, Spread]) -> d
     return out
 
 
+def calibration_spreads(testbed_runs: pd.DataFrame, calibrated: Sequence[pd.DataFrame], policies: Sequence[str],
+                        tol: FidelityTolerances,
+                        agreement_by_seed: Sequence[pd.DataFrame | None]) -> dict[str, Spread]:
+    """The simulator's spread over calibrations of each check's deviation, a spread every seed shares
+    (analysis/verdict.py, "Common spread"). ``calibrated`` holds one runs frame of sim runs (world
+    "sim") per calibration, the same policies and seeds each, and ``agreement_by_seed`` each one's
+    agreement with the testbed per seed. Per policy the deviation's mean over seeds under each
+    calibration, its variance over the k calibrations (ddof 1), pooled as the mean over policies;
+    df k - 1 (the policies share the calibrations, so they add no degrees of freedom). Empty with
+    fewer than two calibrations."""
+    if len(calibrated) < 2:
+        return {}
+    tb = testbed_runs[testbed_runs["world"] == "testbed"]
+    out = {}
+    for metric, kind, _ in _checks(tol):
+        variances = []
+        for policy in policies:
+            means = [deviations(pd.concat([tb, runs], ignore_index=True), policy, metric, kind, "sim", agree).mean()
+                     for runs, agree in zip(calibrated, agreement_by_seed)]
+            means = [m for m in means if not math.isnan(m)]
+            if len(means) >= 2:
+                variances.append(float(pd.Series(means).var(ddof=1)))
+        out[metric] = Spread(math.sqrt(sum(variances) / len(variances)), len(calibrated) - 1) if variances else NO_SPREAD
+    return out
+
+
+def calibration_range(calibrated: Sequence[pd.DataFrame], policy: str, metric: str) -> tuple[float, float]:
+    """The least and the greatest of the simulator's mean over seeds of ``metric`` over the calibrations."""
+    means = [seed_mean(runs, "sim", policy, metric)[0] for runs in calibrated]
+    means = [m for m in means if not math.isnan(m)]
+    return (min(means), max(means)) if means else (NAN, NAN)
+
+
 def shipped_spreads() -> tuple[dict[str, Spread], str]:
     """The testbed spread shipped in core/defaults/fits.yaml, as Spreads, and where it was fitted."""
     raw, where = shipped_spread()
@@ -111,7 +144,9 @@ def shipped_spreads() -> tuple[dict[str, Spread], str]:
 def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
                    agreement: Mapping[str, tuple[float, int]] | None = None, other: str = "sim",
                    agreement_by_seed: pd.DataFrame | None = None,
-                   spreads: Mapping[str, Spread] | None = None) -> pd.DataFrame:
+                   spreads: Mapping[str, Spread] | None = None,
+                   common: Mapping[str, Spread] | None = None,
+                   calibrated: Sequence[pd.DataFrame] = ()) -> pd.DataFrame:
     """One row per policy and checked metric (failure_rate, TTFT/E2E p50/p90, traffic_deflection_ratio,
     outcome_agreement), the testbed against ``other`` (a world of ``runs``: "sim", or "repeat"): other's
     and the testbed's mean, 95% CI half-width and n (columns <other>, <other>_ci, <other>_n, testbed,
@@ -122,9 +157,13 @@ def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTol
     the interval inside :func:`bounds`; fail: wholly outside; undecided: neither) and how many seeds a
     decision needs. ``agreement`` maps a policy to its pooled (outcome agreement, matched requests)
     (:meth:`analysis.paired.PairedReport.agreement_of`): its row holds the agreement as <other>, the
-    matched requests as both n, and diff = 1 - agreement."""
+    matched requests as both n, and diff = 1 - agreement. ``common`` (the simulator's spread over
+    calibrations, :func:`calibration_spreads`) widens each interval by a spread every seed shares
+    (cal_sigma, cal_df); ``calibrated``, the sim's runs under each calibration, gives the sim's range
+    of means over them (sim_cal_low, sim_cal_high; NaN without)."""
     rows = []
     spreads = spreads or {}
+    common = common or {}
     for policy in policies:
         for metric, kind, limit in _checks(tol):
             if kind == "min":
@@ -135,14 +174,16 @@ def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTol
                 tm, th, tn = seed_mean(runs, "testbed", policy, metric)
                 diff = tm - om
                 rel = (om - tm) / tm if tm != 0 and not math.isnan(tm) else NAN
-            spread = spreads.get(metric, NO_SPREAD)
-            iv = interval(deviations(runs, policy, metric, kind, other, agreement_by_seed), spread)
+            spread, shared = spreads.get(metric, NO_SPREAD), common.get(metric, NO_SPREAD)
+            iv = interval(deviations(runs, policy, metric, kind, other, agreement_by_seed), spread, shared)
+            low, high = calibration_range(calibrated, policy, metric) if calibrated and kind != "min" else (NAN, NAN)
             lo, hi = bounds(kind, limit)
             needed = check_seeds_needed(iv, lo, hi)
             rows.append({"policy": policy, "metric": metric, other: om, f"{other}_ci": oh, f"{other}_n": on,
                          "testbed": tm, "testbed_ci": th, "testbed_n": tn, "diff": diff, "rel_error": rel,
                          "deviation": iv.mean, "dev_low": iv.low, "dev_high": iv.high, "n_seeds": iv.n,
                          "spread_sigma": spread.sigma, "spread_pairs": spread.pairs,
+                         "cal_sigma": shared.sigma, "cal_df": shared.pairs, "sim_cal_low": low, "sim_cal_high": high,
                          "tolerance": limit, "tolerance_kind": kind, "verdict": inside(iv, lo, hi),
                          "seeds_needed": NAN if needed is None else needed, "rule": RULE_VERSION})
     return pd.DataFrame(rows)
@@ -159,7 +200,7 @@ def repeat_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequen
     table = fidelity_table(pd.concat([tb, repeat_runs], ignore_index=True), policies, tol, agreement, REPEAT,
                            agreement_by_seed)
     return table.drop(columns=["tolerance", "verdict", "dev_low", "dev_high", "spread_sigma", "spread_pairs",
-                               "seeds_needed", "rule"])
+                               "cal_sigma", "cal_df", "sim_cal_low", "sim_cal_high", "seeds_needed", "rule"])
 
 
 def composition_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:

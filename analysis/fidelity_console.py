@@ -309,6 +309,31 @@ def _repeat_table(fid: Fidelity) -> Table:
     return t
 
 
+def _calibrations_table(fid: Fidelity) -> Table:
+    """The simulator's figures over its calibrations: under its own, and the range over all."""
+    t = Table(title=f"The simulator over {fid.calibrations} calibrations (mean over seeds under the twin's own "
+                    "calibration [least, greatest over all]); its spread over them, sigma of each deviation, widens "
+                    "every check's interval")
+    t.add_column("policy", no_wrap=True)
+    metrics = [(M.FAILURE_RATE, "fail. rate", 100, ".1f"),
+               *((latency(k, q), f"{LABEL[k]} p{q} (s)", 1, ".3g") for k in ("ttft", "e2e") for q in (50, 90))]
+    for _, head, _, _ in metrics:
+        t.add_column(head, justify="right")
+    c = _checks(fid)
+    for p in fid.policies:
+        cells = []
+        for m, _, scale, fmt in metrics:
+            r = c[(p, m)]
+            cells.append(f"{_num(scale * r['sim'], fmt)} [{_num(scale * r['sim_cal_low'], fmt)}, "
+                         f"{_num(scale * r['sim_cal_high'], fmt)}]")
+        t.add_row(escape(p), *cells)
+    sig = fid.calibration_spreads or {}
+    t.add_row("sigma", *(("–" if m not in sig or not sig[m].known else
+                          f"{100 * sig[m].sigma:.1f}" + ("pp" if m == M.FAILURE_RATE else "%"))
+                         for m, _, _, _ in metrics), style="dim")
+    return t
+
+
 def print_fidelity(fid: Fidelity, console: Console) -> None:
     """The comparison's tables, rank, noise floor and overall verdict."""
     console.print(_policy_table(fid))
@@ -318,6 +343,8 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
         print_paired(fid.paired, console, _checks(fid))
     if fid.repeat is not None:
         console.print(_repeat_table(fid))
+    if fid.calibrations > 1:
+        console.print(_calibrations_table(fid))
     rk = fid.rank
     if len(rk.pairs):
         console.print(_rank_pairs(fid))
@@ -368,6 +395,9 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
                               "undecided: " + ", ".join(open_) if open_ else "") if x)
         or "nothing could be checked")
     console.print(f"spread (the floor of every interval): {escape(fid.spread_source)}")
+    if fid.calibrations > 1:
+        console.print(f"the simulator's spread over {fid.calibrations} calibrations widens every interval "
+                      "(analysis/verdict.py, common spread; cal_sigma in fidelity.csv)")
     console.print(f"[bold]verdict:[/] {n['pass']} pass, {n['fail']} fail, {n['undecided']} undecided "
                   f"(rule {RULE_VERSION}): {escape(tail)}")
     if fid.out_dir is not None:

@@ -18,6 +18,13 @@ compare` / `testbed twin` (analysis/fidelity.py) and the engine-death comparison
   the testbed's own run-to-run spread is the least it can be. df = n - 1; with one seed the interval
   is the spread's alone, with the spread's degrees of freedom (its pairs); with one seed and no
   spread there is no interval.
+* **Common spread.** A spread shared by every seed, not drawn anew per seed: the simulator's
+  calibration, one measurement that every simulated seed uses, so its error does not average out
+  over seeds. Measured by simulating the same seeds under k calibrations made on engines started
+  anew (sigma_c: the standard deviation over the calibrations of the seeds' mean deviation, df
+  k - 1), it adds to the mean's variance whole: half-width t(1 - ALPHA, df) * sqrt(s^2 / n +
+  sigma_c^2), df by Welch-Satterthwaite ((a + b)^2 / (a^2 / df_s + b^2 / df_c), a = s^2 / n,
+  b = sigma_c^2). Without it the interval is the one above.
 * **Spread** of the testbed in one metric, from duplicate runs: k pairs of a first and a repeated
   testbed run of the same cell (scenario, policy, seed), d their difference; sigma = sqrt(sum d^2 / 2k)
   (the error of a single measurement from duplicates, Dahlberg 1940), pooled over every repeated
@@ -44,7 +51,7 @@ from scipy import stats
 
 # Recorded with every verdict table (claims.csv, fidelity.csv, fidelity_engines.csv): a change to the
 # rule or to ALPHA changes it, and verdicts judged by another rule are not comparable.
-RULE_VERSION = "tost-floor-1"
+RULE_VERSION = "tost-floor-1"  # a common spread (below) widens the same rule; none given, it is the same
 ALPHA = 0.05  # one-sided, every test; intervals are shown at 1 - 2 ALPHA
 CONFIDENCE = 1.0 - 2.0 * ALPHA
 EPS = 1e-12  # float rounding at a bound
@@ -99,6 +106,7 @@ class Interval:
     sd: float
     df: float
     floored: bool
+    common: Spread = NO_SPREAD  # shared by every seed (module docstring)
 
     @property
     def defined(self) -> bool:
@@ -107,30 +115,37 @@ class Interval:
     def at(self, n: int) -> Interval:
         """The interval the same mean and standard deviation would have over ``n`` seeds (df n - 1):
         how many seeds a decision needs."""
-        return _make(self.mean, self.sd, n, n - 1, self.floored)
+        return _make(self.mean, self.sd, n, n - 1, self.floored, self.common)
 
 
-def _make(mean: float, sd: float, n: int, df: float, floored: bool) -> Interval:
+def _make(mean: float, sd: float, n: int, df: float, floored: bool, common: Spread = NO_SPREAD) -> Interval:
     if n < 1 or math.isnan(sd) or df < 1:
-        return Interval(mean, math.nan, math.nan, n, sd, df, floored)
-    half = float(stats.t.ppf(1.0 - ALPHA, df)) * sd / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n, sd, df, floored)
+        return Interval(mean, math.nan, math.nan, n, sd, df, floored, common)
+    a = sd * sd / n
+    b = common.sigma ** 2 if common.known else 0.0
+    dfe = df
+    if b > 0:  # Welch-Satterthwaite; a = 0 (seeds that never varied, no floor) leaves the common df
+        dfe = (a + b) ** 2 / ((a * a / df if a > 0 else 0.0) + b * b / common.pairs)
+    half = float(stats.t.ppf(1.0 - ALPHA, dfe)) * math.sqrt(a + b)
+    return Interval(mean, mean - half, mean + half, n, sd, df, floored, common)
 
 
-def interval(values: Iterable[float], spread: Spread = NO_SPREAD) -> Interval:
-    """The interval of the non-NaN ``values`` (one per seed) with ``spread`` as its floor (module
-    docstring). No values: everything NaN; one value and no known spread: NaN bounds."""
+def interval(values: Iterable[float], spread: Spread = NO_SPREAD, common: Spread = NO_SPREAD) -> Interval:
+    """The interval of the non-NaN ``values`` (one per seed) with ``spread`` as its floor and
+    ``common``, a spread shared by every seed, added whole (module docstring). No values: everything
+    NaN; one value and no known spread: NaN bounds."""
     x = np.asarray(list(values), dtype=float)
     x = x[~np.isnan(x)]
     n = int(x.size)
     if n == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, math.nan, 0, False)
+        return Interval(math.nan, math.nan, math.nan, 0, math.nan, 0, False, common)
     mean = float(x.mean())
     floor = spread.sigma if spread.known else 0.0
     if n == 1:
-        return _make(mean, floor, 1, spread.pairs, True) if spread.known else _make(mean, math.nan, 1, 0, False)
+        return (_make(mean, floor, 1, spread.pairs, True, common) if spread.known
+                else _make(mean, math.nan, 1, 0, False, common))
     s = float(x.std(ddof=1))
-    return _make(mean, max(s, floor), n, n - 1, floor > s)
+    return _make(mean, max(s, floor), n, n - 1, floor > s, common)
 
 
 def inside(iv: Interval, lo: float, hi: float) -> str:

@@ -1,7 +1,7 @@
 """The ``testbed`` command line.
 
     testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE] [--isolated-calibration]
-                 [--[no-]repeat]
+                 [--[no-]repeat] [--calibrations A,B,...]
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
     testbed calibrate [SPEC] [--out FILE] [--isolated] [--times N] [--fit-runs DIR --calibration FILE]
     testbed study SPEC [--world sim|testbed|both] [--out DIR] [--sweeps A,B] [--repeat-seeds 0] [--rerun]
@@ -12,6 +12,7 @@
     testbed doctor [SPEC] [--address ADDR]
     testbed report PATH... [--out DIR]
     testbed compare SIM_PATH TESTBED_PATH [--out DIR] [--calibration FILE] [--repeat TESTBED_PATH2]
+                    [--calibration-sims SIM_PATH2...]
     testbed policies
 
 Errors are one line on stderr and exit status 2; rows recorded before an
@@ -52,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run every seed on the testbed a second time, on the same engines and workloads, and "
                          "judge each sim-to-testbed difference against the testbed's own run-to-run difference "
                          "(default: with several seeds; docs/twin.md \"Repeatability\")")
+    tw.add_argument("--calibrations", metavar="A,B,...",
+                    help="further calibrations of these engines (testbed calibrate --times N wrote them): the "
+                         "simulator runs under each too, and its spread over them widens every check's interval "
+                         "(docs/twin.md \"The simulator over several calibrations\")")
     ru = experiment_parser(sub, "run", "run an experiment spec on the real testbed (Ray + vLLM engines)",
                             "the embedded testbed scenario", cmd_run)
     ru.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
@@ -143,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a second set of testbed runs of the same scenario, policies and seeds: each verdict then "
                          "says whether the sim's difference is within the testbed's own run-to-run difference "
                          "(docs/twin.md \"Repeatability\")")
+    cp.add_argument("--calibration-sims", metavar="SIM_PATH2", nargs="+", default=(),
+                    help="the same policies and seeds simulated under other calibrations, one folder each: the "
+                         "simulator's spread over them widens every check's interval")
     cp.set_defaults(fn=cmd_compare)
     p = sub.add_parser("policies", help="list the known policies")
     p.set_defaults(fn=cmd_policies)

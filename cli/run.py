@@ -85,7 +85,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_twin(args: argparse.Namespace) -> int:
     """One spec in both worlds: the testbed (calibrated on its own engines first, unless a
-    calibration is given), then the simulator with that calibration, then the comparison."""
+    calibration is given), then the simulator with that calibration and under each of
+    ``--calibrations``, then the comparison, judged with the simulator's spread over them."""
     from analysis.fidelity import compare
     from analysis.report import report
     from core.calibration import load_calibration
@@ -98,6 +99,8 @@ def cmd_twin(args: argparse.Namespace) -> int:
     cal_path = Path(args.calibration) if args.calibration else out / "calibration.json"
     if args.calibration:
         load_calibration(cal_path)  # a bad file is refused before minutes of engine start-up
+    spread_cals = [Path(p) for p in (args.calibrations or "").split(",") if p.strip()]
+    others = [load_calibration(p) for p in spread_cals]  # refused before the engines start, too
     # The testbed's repeatability is measured where confidence is asked for (several seeds), not in
     # the one-seed main job, which would take twice as long (issue 27).
     repeat = len(seeds) > 1 if args.repeat is None else args.repeat
@@ -115,9 +118,15 @@ def cmd_twin(args: argparse.Namespace) -> int:
     if under_run:
         fit_under_run(measured, out / LOAD_DIR, cal_path)
     cal = load_calibration(cal_path)
-    simulate(spec, policies, seeds, out / "sim", Path(args.spec).resolve().parent if args.spec else None, cal)
+    base_dir = Path(args.spec).resolve().parent if args.spec else None
+    simulate(spec, policies, seeds, out / "sim", base_dir, cal)
+    # The simulator under each further calibration: the spread a calibration's own measurement brings
+    # (docs/twin.md "The simulator over several calibrations").
+    for i, other in enumerate(others, 1):
+        simulate(spec, policies, seeds, out / f"sim-calibration-{i}", base_dir, other)
     shown = out_console()
     report([out / "testbed" / spec.name, out / "sim" / spec.name], out / "report", shown)
     compare([out / "sim" / spec.name], [out / "testbed" / spec.name], out / "fidelity", cal.model_dump(), shown,
-            repeat_paths=[repeat_to / spec.name] if repeat_to else None)
+            repeat_paths=[repeat_to / spec.name] if repeat_to else None,
+            calibration_sims=[[out / f"sim-calibration-{i}" / spec.name] for i in range(1, len(others) + 1)])
     return 0

@@ -244,3 +244,11 @@ def test_jobs_sharing_engines_must_agree_on_what_the_engines_are_started_with(tm
     with pytest.raises(ValueError, match="other: .*kv_lease_s"):
         run_testbed(parse(base), tmp_path / "runs", ["LC"], [0], more=[(longer, ["LC"], [0]), (other, ["LC"], [0])])
     assert not (tmp_path / "runs").exists()
+
+
+def test_twin_refuses_a_missing_spread_calibration_before_starting_anything(tmp_path):
+    res = _run("twin", "--calibrations", tmp_path / "missing.json", "--out", tmp_path / "runs")
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "calibration file not found" in lines[0] and "missing.json" in lines[0], lines
+    assert not (tmp_path / "runs").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 
@@ -476,3 +477,57 @@ def test_the_shipped_spread_floors_a_comparison_without_a_repeat(tmp_path, monke
     assert row["deviation"] == pytest.approx((0.5 - 0.55) / 0.55) and row["spread_sigma"] == 0.2
     assert row["verdict"] == by_rule([row["deviation"]] * 3, -0.15, 0.15, sigma=0.2) == "undecided"
     assert "the twin's repeats at some commit" in f.spread_source
+
+
+def _calibrated_worlds(root: Path, sims: dict[str, float], testbed_ttft: float = 1.0) -> dict[str, Path]:
+    """LC, seeds 0-2, no failures: the testbed's TTFT ``testbed_ttft`` in every seed, and one sim set per
+    entry of ``sims`` (folder: TTFT), as if simulated under that many calibrations."""
+    out = {}
+    for world, folder, ttft in [("testbed", "testbed", testbed_ttft), *(("sim", f, t) for f, t in sims.items())]:
+        for seed in range(3):
+            write_world_run(root / folder / "link" / "LC" / f"seed-{seed}", world, "LC", seed,
+                            hand_requests(0, 0, 0, 0, ttft))
+        out[folder] = root / folder / "link"
+    return out
+
+
+def test_the_simulators_spread_over_calibrations_widens_every_interval(tmp_path):
+    w = _calibrated_worlds(tmp_path, {"sim": 0.9, "cal-2": 1.1, "cal-3": 1.0})
+    alone = compare([w["sim"]], [w["testbed"]], tmp_path / "o1", console=quiet())
+    f = compare([w["sim"]], [w["testbed"]], tmp_path / "o2", console=quiet(),
+                calibration_sims=[[w["cal-2"]], [w["cal-3"]]])
+    key = ("LC", "ttft_p50_s")
+    one, row = alone.table.set_index(["policy", "metric"]).loc[key], f.table.set_index(["policy", "metric"]).loc[key]
+    # under its own calibration the sim is 10% fast in every seed: an interval of no width, a pass
+    assert one["deviation"] == pytest.approx(-0.1) and one["verdict"] == "pass"
+    # the seeds' mean deviation under the three calibrations: -0.1, +0.1, 0, so sigma 0.1 on 2 df,
+    # added whole (the seeds never varied): -0.1 -+ t(0.95, 2) x 0.1 straddles -0.15
+    assert (row["cal_sigma"], row["cal_df"]) == pytest.approx((0.1, 2))
+    half = stats.t.ppf(0.95, 2) * 0.1
+    assert (row["dev_low"], row["dev_high"]) == pytest.approx((-0.1 - half, -0.1 + half))
+    assert row["verdict"] == "undecided" and row["deviation"] == pytest.approx(-0.1)
+    assert (row["sim_cal_low"], row["sim_cal_high"]) == pytest.approx((0.9, 1.1))
+    assert f.calibrations == 3 and f.calibration_spreads["ttft_p50_s"].sigma == pytest.approx(0.1)
+    # no failures under any calibration: a failure rate that does not move has no spread to add
+    fr = f.table.set_index(["policy", "metric"]).loc[("LC", "failure_rate")]
+    assert fr["cal_sigma"] == 0 and fr["verdict"] == alone.table.set_index(["policy", "metric"]).loc[
+        ("LC", "failure_rate"), "verdict"]
+    assert "cal_sigma" in pd.read_csv(tmp_path / "o2" / "fidelity.csv").columns
+
+
+def test_a_calibration_set_missing_a_seed_is_refused_in_one_line(tmp_path):
+    w = _calibrated_worlds(tmp_path, {"sim": 0.9, "cal-2": 1.1})
+    shutil.rmtree(w["cal-2"] / "LC" / "seed-2")
+    with pytest.raises(ValueError) as e:
+        compare([w["sim"]], [w["testbed"]], tmp_path / "o", console=quiet(), calibration_sims=[[w["cal-2"]]])
+    assert "not the same policies and seeds" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_compare_cli_with_the_same_sims_as_a_second_calibration(sim_pair, tmp_path, capsys):
+    sim, tb = sim_pair
+    out = tmp_path / "out"
+    assert main(["compare", str(sim), str(tb), "--out", str(out), "--calibration-sims", str(sim)]) == 0
+    csv = pd.read_csv(out / "fidelity.csv")
+    lat = csv[csv.metric.str.endswith("_s")]
+    assert (lat["cal_sigma"] == 0).all() and (lat["cal_df"] == 1).all()  # identical sims: nothing spreads
+    assert "The simulator over 2 calibrations" in capsys.readouterr().out

@@ -36,6 +36,23 @@ def test_the_interval_is_the_90_percent_t_interval_with_the_spread_as_its_floor(
     assert not interval([0.1]).defined and interval([]).n == 0
 
 
+def test_a_common_spread_adds_whole_to_the_means_variance_with_welch_satterthwaites_df():
+    x = [0.1, 0.15, 0.2]
+    a, b = np.var(x, ddof=1) / 3, 0.05 ** 2  # the seeds' share shrinks with n, the common one does not
+    df = (a + b) ** 2 / (a * a / 2 + b * b / 4)
+    iv = interval(x, common=Spread(0.05, 4))
+    half = stats.t.ppf(0.95, df) * math.sqrt(a + b)
+    assert (iv.low, iv.high) == pytest.approx((0.15 - half, 0.15 + half))
+    assert iv.high - iv.low > interval(x).high - interval(x).low
+    # seeds that never varied: the common spread alone, with its own degrees of freedom
+    flat = interval([0.1, 0.1, 0.1], common=Spread(0.05, 2))
+    assert (flat.low, flat.high) == pytest.approx((0.1 - stats.t.ppf(0.95, 2) * 0.05, 0.1 + stats.t.ppf(0.95, 2) * 0.05))
+    assert inside(interval([0.1, 0.1, 0.1]), -0.15, 0.15) == "pass" and inside(flat, -0.15, 0.15) == "undecided"
+    # more seeds do not make a shared error go away
+    assert flat.at(100).high - flat.at(100).low == pytest.approx(flat.high - flat.low)
+    assert interval(x, common=NO_SPREAD) == interval(x)
+
+
 def test_inside_outside_and_straddling():
     iv = interval([0.01, 0.02, 0.03])  # about [0.003, 0.037]
     assert inside(iv, -0.05, 0.05) == "pass"
