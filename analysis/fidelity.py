@@ -67,8 +67,7 @@ from analysis.fidelity_console import print_fidelity, write_fidelity
 from analysis.fidelity_plots import plot_latency_overlay, plot_price_overlay, plot_success_overlay
 from analysis.metrics import fault_window, latency_percentiles
 from analysis.fidelity_checks import (REPEAT, WORLDS, Rank, calibration_spreads, check_spreads, composition_table,
-                                      fidelity_table,
-                                      noise_table, pair_table, rank_agreement, repeat_spreads, repeat_table,
+                                      fidelity_table, noise_table, pair_table, rank_agreement, repeat_spreads, repeat_table,
                                       seed_mean, shipped_spreads)
 from analysis.paired import PairedReport, concat_frames, paired_from_frames, request_frame
 from analysis.repeatability import add_repeatability

@@ -101,6 +101,14 @@ def cmd_twin(args: argparse.Namespace) -> int:
         load_calibration(cal_path)  # a bad file is refused before minutes of engine start-up
     spread_cals = [Path(p) for p in (args.calibrations or "").split(",") if p.strip()]
     others = [load_calibration(p) for p in spread_cals]  # refused before the engines start, too
+    # A spread over calibrations of one kind: engines alone and under the run differ by what the
+    # run adds (docs/twin.md "A calibration under the run's conditions"), not by a calibration's noise.
+    conditions = (load_calibration(cal_path).conditions if args.calibration
+                  else "isolated" if args.isolated_calibration else "run")
+    for path, other in zip(spread_cals, others):
+        if other.conditions != conditions:
+            raise ValueError(f"--calibrations: {path} was measured with conditions {other.conditions!r}, the twin's "
+                             f"calibration with {conditions!r}; give calibrations of one kind")
     # The testbed's repeatability is measured where confidence is asked for (several seeds), not in
     # the one-seed main job, which would take twice as long (issue 27).
     repeat = len(seeds) > 1 if args.repeat is None else args.repeat

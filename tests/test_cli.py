@@ -246,9 +246,17 @@ def test_jobs_sharing_engines_must_agree_on_what_the_engines_are_started_with(tm
     assert not (tmp_path / "runs").exists()
 
 
-def test_twin_refuses_a_missing_spread_calibration_before_starting_anything(tmp_path):
+def test_twin_refuses_a_missing_or_unlike_spread_calibration_before_starting_anything(tmp_path):
+    from core.calibration import save_calibration
+    from test_calibration import _calibration
+
     res = _run("twin", "--calibrations", tmp_path / "missing.json", "--out", tmp_path / "runs")
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "calibration file not found" in lines[0] and "missing.json" in lines[0], lines
+    # engines alone beside the twin's calibration under the run: two kinds, not one's noise
+    alone = save_calibration(_calibration(), tmp_path / "alone.json")
+    res = _run("twin", "--calibrations", alone, "--out", tmp_path / "runs")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "conditions 'isolated'" in lines[0], lines
     assert not (tmp_path / "runs").exists()
