@@ -5,6 +5,7 @@
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
     testbed calibrate [SPEC] [--out FILE] [--isolated] [--times N] [--fit-runs DIR --calibration FILE]
     testbed study SPEC [--world sim|testbed|both] [--out DIR] [--sweeps A,B] [--repeat-seeds 0] [--rerun]
+                       [--calibration FILE]
     testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
     testbed cluster up|down|status
     testbed faults clear
@@ -122,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--address", help="sim: a Ray cluster to run the cells on; testbed/both: the Ray cluster whose "
                                       "pods run the engines (default: a local Ray; an emulated cluster)")
     st.add_argument("--calibration", help="testbed/both: a calibration of these engines measured before, instead "
-                                          "of measuring one first (STUDY/calibration.json)")
+                                          "of measuring one first (STUDY/calibration.json); sim: the simulator's "
+                                          "side of a carry-over study again under this calibration, its claims "
+                                          "judged again on the testbed runs in STUDY/testbed (no engine starts)")
     st.add_argument("--repeat-seeds", help="testbed/both: seeds whose runs the testbed runs twice, for its "
                                            "repeatability (default: the first seed; '' for none)")
     st.add_argument("--workers", type=int, help="local Ray: cells at once (default: every CPU)")

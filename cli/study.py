@@ -16,9 +16,32 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     sweeps = csv(args.sweeps) if args.sweeps else None
+    if args.world == "sim" and args.calibration:
+        return _resimulate(spec, args, sweeps)
     if args.world == "sim":
         return _sim(spec, args, sweeps, Path(args.out), study_dir=None, calibration=None)
     return _both(spec, args, sweeps)
+
+
+def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
+    """The simulator's side of a carry-over study again, under another calibration of the same engines
+    (a calibration fitted on the study's own runs, say), into STUDY/sim; where STUDY/testbed holds the
+    testbed's runs, the claims are judged again on them (docs/study.md "Another calibration, the same
+    testbed runs"). No engine starts."""
+    from analysis.study_claims import CLAIMS, SIM, TESTBED, carryover_report
+    from analysis.study import STUDY_FILE
+    from core.calibration import load_calibration
+
+    root = Path(args.out) / spec.name
+    cal = load_calibration(args.calibration)  # a bad file: one line, before anything is written
+    rc = _sim(spec, args, sweeps, Path(args.out), root / SIM, cal)
+    if rc != 0:
+        return rc
+    if (root / TESTBED / STUDY_FILE).is_file():
+        carryover_report(root, root / CLAIMS, out_console())
+    else:
+        console.print(f"no testbed runs in {root / TESTBED}: the simulator's side alone, calibrated")
+    return 0
 
 
 def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, study_dir: Path | None,

@@ -195,3 +195,43 @@ def test_the_command_runs_both_worlds_and_the_claims_with_the_default_repeat_see
     assert row["margin"] == 0.3 and not bool(row["claims_as_fixed"])
     later = json.loads((root / "testbed" / "study.json").read_text())["claims_fixed"]
     assert later["digest"] == fixed["digest"] and later["changed_to"] != fixed["digest"]
+
+
+def test_the_simulators_side_again_under_another_calibration_judges_the_same_testbed_runs(tmp_path, monkeypatch):
+    """`testbed study SPEC --world sim --calibration FILE` on a carry-over study's directory: the
+    simulator's cells again under that calibration, the claims judged again on the recorded testbed
+    runs, no engine started."""
+    import json
+
+    import pandas as pd
+    import yaml
+
+    from cli.main import main
+    from core.calibration import save_calibration
+    from core.records import read_meta
+    from test_calibration import _calibration
+
+    spec = _spec()
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(json.loads(spec.model_dump_json())))
+    first = _calibration()
+    launch = FakeLaunch()
+    monkeypatch.setattr("testbed.runs.launch.launch_jobs", launch)
+    out = tmp_path / "runs"
+    assert main(["study", str(path), "--world", "both", "--out", str(out),
+                 "--calibration", str(save_calibration(first, tmp_path / "cal.json"))]) == 0
+    root = out / spec.name
+    (root / "claims" / "claims.csv").unlink()
+    slower = first.model_copy(update={"engine": first.engine.model_copy(
+        update={"decode_step_base_s": 3 * first.engine.decode_step_base_s, "decode_call_s": 0.004})})
+    again = save_calibration(slower, tmp_path / "again.json")
+    assert main(["study", str(path), "--world", "sim", "--out", str(out), "--calibration", str(again)]) == 0
+    assert len(launch.calls) == 1  # no engine started the second time
+    sim = [read_meta(d) for d in (root / "sim").rglob("seed-*") if (d / "run.json").is_file()]
+    assert len(sim) == 6 and all(m["spec"]["engine"]["decode_call_s"] == 0.004 for m in sim)  # 8 cells, 6 runs
+    row = pd.read_csv(root / "claims" / "claims.csv").set_index("claim").loc["price-cuts-failures"]
+    assert (row["sim_n"], row["tb_n"]) == (2, 2)
+    # without the testbed's runs, the simulator's side alone
+    bare = tmp_path / "bare"
+    assert main(["study", str(path), "--world", "sim", "--out", str(bare), "--calibration", str(again)]) == 0
+    assert not (bare / spec.name / "claims").exists() and len(load_study(bare / spec.name / "sim")) == 8
