@@ -63,6 +63,7 @@ from analysis.metric_names import Metric as M
 from analysis.engine_death import engine_table, notice_table, print_engine_table, write_engine_table
 from analysis.calibration_check import calibration_check, print_calibration_check, write_calibration_check
 from analysis.host_demand import host_demand_check, print_host_demand, write_host_demand
+from analysis.host_window import host_window_table, print_host_window, write_host_window
 from analysis.fidelity_console import print_fidelity, write_fidelity
 from analysis.fidelity_plots import plot_latency_overlay, plot_price_overlay, plot_success_overlay
 from analysis.metrics import fault_window, latency_percentiles
@@ -274,6 +275,8 @@ class Fidelity:
     calibration_check: pd.DataFrame | None = None
     # analysis.host_demand: the host's demand by state in the runs against the calibration's; host_demand.csv
     host_demand: pd.DataFrame | None = None
+    # analysis.host_window: the testbed's host inside and outside the fault window; host_window.csv
+    host_window: pd.DataFrame | None = None
     out_dir: Path | None = None
     files: tuple[Path, ...] = ()
 
@@ -421,14 +424,18 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
         check = calibration_check(dirs["testbed"], calibration)
         demand = host_demand_check(dirs["testbed"], _calibrated_demand(calibration))
         files = (*files, write_calibration_check(check, out), write_host_demand(demand, out))
+    busy = host_window_table(dirs["testbed"])  # the fault window's share of the host (no calibration needed)
+    if not busy.empty:
+        files = (*files, write_host_window(busy, out))
     fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)), calibration_check=check,
-                  host_demand=demand)
+                  host_demand=demand, host_window=busy)
     print_fidelity(fid, console or Console())
     if fid.engines is not None:
         print_engine_table(fid.engines, console or Console(), fid.notices)
     if check is not None:
         print_calibration_check(check, console or Console())
         print_host_demand(demand, console or Console())
+    print_host_window(busy, policies, console or Console())
     return fid
 
 

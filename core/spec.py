@@ -274,8 +274,10 @@ class TestbedSpec(_Spec):
     #   bypasses the kernel's qdiscs and /proc/net/dev, so tc-based link faults would act on
     #   nothing: a spec with a link fault is refused in this mode.
     transport: Literal["tcp", "rdma"] = "tcp"
-    # GPUs per vLLM engine (Ray's num_gpus on the engine actor); 0: vLLM's CPU build.
-    gpus_per_engine: int = Field(0, ge=0, le=8)
+    # GPUs per vLLM engine (Ray's num_gpus on the engine actor); 0: vLLM's CPU build. At most 1:
+    # an engine here runs on one device (the uni executor, no tensor parallelism: vLLM's
+    # config/parallel.py takes world size 1), so a second GPU would sit idle without a word.
+    gpus_per_engine: int = Field(0, ge=0, le=1)
     # Prometheus metrics of the run while it runs (testbed/router/exporter.py), served by the
     # router actor on the head node at http://metrics_host:metrics_port/metrics; 0: none. 9464 is
     # the port OpenTelemetry's Prometheus exporter uses by default; localhost unless opened up.

@@ -57,10 +57,10 @@ def _doctor(*args: object) -> tuple[int, dict[str, tuple[str, str]], str]:
 def test_doctor_passes_on_this_machine(tmp_path):
     rc, checks, out = _doctor(_spec(tmp_path))
     assert rc == 0, out
-    assert set(checks) >= {"ray", "vllm", "nixl", "ucx tcp", "gpus", "cgroups", "privileges", "interfaces",
+    assert set(checks) >= {"ray", "vllm", "nixl", "ucx tcp", "kv ports", "gpus", "cgroups", "privileges", "interfaces",
                            "metrics port", "ingress port", "ray up tools"}, out
     assert {s for s, _ in checks.values()} <= {"ok", "n/a"}, out
-    assert checks["vllm"][0] == checks["nixl"][0] == checks["ucx tcp"][0] == "ok", out
+    assert checks["vllm"][0] == checks["nixl"][0] == checks["ucx tcp"][0] == checks["kv ports"][0] == "ok", out
     assert "tcp/lo" in checks["ucx tcp"][1], out  # UCX said which transport moved the bytes
     assert re.search(r"^\d+ ok, \d+ n/a, 0 FAIL", out, re.M), out
 
@@ -298,3 +298,14 @@ def test_the_checks_run_on_each_node_of_a_ray_cluster():
     assert checks["vllm"].status == checks["nixl"].status == checks["ucx tcp"].status == "ok", node.checks
     assert checks["privileges"].detail.startswith("CAP_NET_ADMIN") and "ray up tools" not in checks
     assert checks["metrics port"].status == "ok"
+
+
+def test_kv_ports_fail_with_the_fix_where_ucx_took_none_of_the_range():
+    from testbed.engines.kv_ports import KV_PORT_BASE
+
+    inside = pf.check_kv_ports(pf.Probe({"state": "DONE", "tcp_ports": [22, KV_PORT_BASE + 3]}, None, 1.0))
+    assert inside.status == "ok" and str(KV_PORT_BASE + 3) in inside.detail
+    outside = pf.check_kv_ports(pf.Probe({"state": "DONE", "tcp_ports": [41000, 41002]}, None, 1.0))
+    assert outside.failed and "41000, 41002" in outside.detail and "would throttle no KV" in outside.detail
+    assert "UCX_TCP_PORT_RANGE" in outside.fix
+    assert pf.check_kv_ports(pf.Probe(None, "no answer within 1 s", 1.0)).failed

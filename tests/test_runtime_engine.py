@@ -30,6 +30,7 @@ needs_hf = pytest.mark.skipif(not HAVE_HF, reason="torch/transformers/tokenizers
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM CPU build or NIXL not installed "
                                 "(see docs/verified.md)")
 
+from testbed.engines.kv_ports import KV_PORT_BASE
 from testbed.engines.engine import EngineConfig  # noqa: E402  (no vLLM import at module level)
 
 BLOCK = 128  # vLLM's CPU KV block size (tokens)
@@ -118,6 +119,8 @@ def test_engine_config_derives_lease_and_environment(tmp_path):
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == env["VLLM_HOST_IP"] == "10.0.0.2"
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
     assert env["UCX_TLS"] == "tcp" and env["UCX_NET_DEVICES"] == "eth0"
+    # the port range a kv_only fault matches is the engine's own, not left to the node's environment
+    assert env["UCX_TCP_PORT_RANGE"] == f"{KV_PORT_BASE}-{KV_PORT_BASE + 0xFF}"
     assert env["TMPDIR"].startswith(str(tmp_path / "run" / "p0"))
     assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path / "run" / "p0"))
     # the uni executor by default: vLLM's CPU platform keeps it only with this set to 0

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.engines import shm_wakeups
+from testbed.engines.kv_ports import KV_PORT_RANGE
 from testbed.engines.stagelog import PULL_ENDS, STAGE_LOG_ENV, StageLog
 from testbed.engines.stats import EngineStats
 
@@ -215,6 +216,9 @@ class EngineConfig:
             env["UCX_TLS"] = "tcp"
             if self.net_device:
                 env["UCX_NET_DEVICES"] = self.net_device
+            # In the engine's own environment, not the node's: on a real node, where nothing else
+            # sets it, UCX would take an ephemeral port and a kv_only link fault would match nothing.
+            env["UCX_TCP_PORT_RANGE"] = KV_PORT_RANGE
         if self.executor == "uni":
             # vLLM's CPU platform turns "uni" into "mp" unless this is 0 (platforms/cpu.py
             # check_and_update_config); AsyncLLM keeps its engine core in a process of its own

@@ -15,9 +15,9 @@ Layout on an interface ``dev``, every handle in the project's own major
   ``ingress`` qdisc on ``dev`` redirects every packet (u32 + mirred) to an
   ``ifb`` device ``tb-ifb-<dev>``, which carries the same ``htb``;
 * which traffic is limited: everything (default class ``:1``), or with
-  ``kv_only`` only TCP/UDP with a port in :data:`KV_PORT_RANGE`, the range UCX
-  is told to listen on (``UCX_TCP_PORT_RANGE``); Ray's control traffic then
-  stays at line rate;
+  ``kv_only`` only TCP/UDP with a port in the range every engine tells UCX to
+  listen on (``UCX_TCP_PORT_RANGE``, testbed/engines/kv_ports.py); Ray's control
+  traffic then stays at line rate;
 * delay and loss: a ``netem`` child under ``7e57:1``. Kernels without netem
   (this machine) get a :class:`ShapingError` saying so;
 * a link down (rate 0): htb cannot go below its rate's floor, and this kernel has
@@ -46,6 +46,10 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
+# UCX listens for its TCP connections in this range (UCX_TCP_PORT_RANGE), so every KV connection
+# has one end in it.
+from testbed.engines.kv_ports import KV_PORT_BASE, KV_PORT_MASK
+
 MAJOR = 0x7E57  # "test": every qdisc/class of the project has this major
 ROOT = MAJOR << 16
 SHAPED = ROOT | 0x1
@@ -54,10 +58,6 @@ NETEM = 0x7E580000
 DROP = 0x7E590000
 INGRESS = 0xFFFF0000
 IFB_PREFIX = "tb-ifb-"
-# UCX listens for its TCP connections in this range (UCX_TCP_PORT_RANGE), so
-# every KV connection has one end in it. 0x5000-0x50ff: one u32 mask matches it.
-KV_PORT_BASE, KV_PORT_MASK = 0x5000, 0xFF00
-KV_PORT_RANGE = f"{KV_PORT_BASE}-{KV_PORT_BASE + 0xFF}"
 _UNLIMITED_BPS = 100e9  # the line-rate class: above anything a NIC here carries
 # The most one clear waits for a healed queue to empty before removing it (see _drain):
 # twice a 64 KB packet's time at 250 kbit/s, r = 0.001 of the shipped baseline.

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.engines.kv_ports import KV_PORT_BASE, KV_PORT_RANGE
 from testbed.hosts.netns import NODE_IFNAME, has_net_admin, missing_privileges
 
 OK, FAIL, NA = "ok", "FAIL", "n/a"
@@ -203,6 +204,13 @@ try:
         state = a.check_xfer_state(h)
         b.get_new_notifs()
     out.update(state=state, xfer_s=time.monotonic() - t0, intact=bytes(dst) == bytes(src))
+    try:  # the ports UCX's connections took: a kv_only fault matches KV by them
+        import psutil
+        proc = psutil.Process()
+        conns = (getattr(proc, "net_connections", None) or proc.connections)(kind="tcp")
+        out["tcp_ports"] = sorted({{c.laddr.port for c in conns if c.laddr}} | {{c.raddr.port for c in conns if c.raddr}})
+    except Exception as e:
+        out["ports_error"] = f"{{type(e).__name__}}: {{e}}"
 except Exception as e:
     out["ucx_error"] = f"{{type(e).__name__}}: {{e}}"
 answer()
@@ -213,7 +221,8 @@ def probe_nixl(device: str | None = None, timeout_s: float = 60.0) -> Probe:
     """Import NIXL and move 4 KiB between two of its agents over UCX's tcp transport only, on
     ``device`` (``UCX_NET_DEVICES``; None: wherever UCX likes), as the engines do
     (testbed/engines/engine.py). UCX prints the transport each protocol chose (UCX_PROTO_INFO)."""
-    env = {**os.environ, "UCX_TLS": "tcp", "UCX_PROTO_INFO": "y"}  # other UCX_* pass, as to the engines
+    # other UCX_* pass, as to the engines; the port range is the engines' own (testbed/engines/kv_ports.py)
+    env = {**os.environ, "UCX_TLS": "tcp", "UCX_PROTO_INFO": "y", "UCX_TCP_PORT_RANGE": KV_PORT_RANGE}
     env.pop("UCX_NET_DEVICES", None)
     if device:
         env["UCX_NET_DEVICES"] = device
@@ -226,6 +235,24 @@ def check_nixl(p: Probe) -> Check:
         return fail("nixl", f"not importable: {_line(why)}", "pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1 "
                                                             "(as ./install.sh does; docs/verified.md)")
     return ok("nixl", f"NIXL {p.data.get('version', '(version unknown)')} ({p.data['module']})")
+
+
+def check_kv_ports(p: Probe) -> Check:
+    """A kv_only link fault shapes only the TCP ports KV crosses, the range the engines give UCX
+    (testbed/engines/kv_ports.py): fail where UCX's connections in the probe took none of them, since
+    such a fault would then throttle nothing of the KV and say nothing."""
+    if p.data is None or "tcp_ports" not in p.data:
+        why = "the probe moved no KV" if p.data is None or "ports_error" not in p.data else p.data["ports_error"]
+        return fail("kv ports", f"not known: {_line(why)}", "fix the ucx tcp line first")
+    ports = p.data["tcp_ports"]
+    inside = [x for x in ports if KV_PORT_BASE <= x <= KV_PORT_BASE + 0xFF]
+    if not inside:
+        return fail("kv ports", f"UCX's TCP connections took ports {', '.join(map(str, ports)) or 'none'}, none in "
+                                f"{KV_PORT_RANGE}: a kv_only link fault would throttle no KV",
+                    "a UCX that honours UCX_TCP_PORT_RANGE (nixl-cu12's, as ./install.sh installs), and no "
+                    "UCX_TCP_PORT_RANGE of another range in the engines' environment")
+    return ok("kv ports", f"UCX listened on {', '.join(map(str, inside))}, inside {KV_PORT_RANGE}: kv_only faults "
+                          "match the KV")
 
 
 def check_ucx_tcp(p: Probe, device: str | None) -> Check:
@@ -462,10 +489,10 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
         nixl = pool.submit(probe_nixl, device) if role.engines else None
         checks = [check_ray()]
         if vllm is None or nixl is None:
-            checks += [na("vllm", no_pod), na("nixl", no_pod), na("ucx tcp", no_pod)]
+            checks += [na("vllm", no_pod), na("nixl", no_pod), na("ucx tcp", no_pod), na("kv ports", no_pod)]
         else:
             p = nixl.result()
-            checks += [check_vllm(vllm.result()), check_nixl(p), check_ucx_tcp(p, device)]
+            checks += [check_vllm(vllm.result()), check_nixl(p), check_ucx_tcp(p, device), check_kv_ports(p)]
     checks.append(check_gpus(params.gpus_per_engine if role.engines else 0))
     if not role.engines:
         checks += [na("cgroups", no_pod), na("privileges", no_pod), na("interfaces", no_pod)]

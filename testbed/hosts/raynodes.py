@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.faults.shaping import KV_PORT_RANGE
 from testbed.hosts import netns as nn
 from testbed.hosts import rayup
 from testbed.hosts.netns import HEAD, Fabric, NodeLink
@@ -41,9 +40,10 @@ NODE_ENV = {
 }
 
 # In namespaces only: UCX (NIXL's KV transport) must use TCP over eth0, or it sees
-# one host and copies across processes (CMA), bypassing the veth and its shaping.
-# Its listening ports go in the range a kv_only link fault classifies as KV.
-NETNS_NODE_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0", "UCX_TCP_PORT_RANGE": KV_PORT_RANGE}
+# one host and copies across processes (CMA), bypassing the veth and its shaping. Its
+# listening ports are the engines' own business (testbed/engines/kv_ports.py), as on a real
+# node, so the emulation does not supply what a real node lacks.
+NETNS_NODE_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
 
 # Runs in the head's namespace: waits until the expected nodes are alive with
 # their resources, then prints them as one JSON line.
