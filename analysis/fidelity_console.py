@@ -311,9 +311,9 @@ def _repeat_table(fid: Fidelity) -> Table:
 
 def _calibrations_table(fid: Fidelity) -> Table:
     """The simulator's figures over its calibrations: under its own, and the range over all."""
-    t = Table(title=f"The simulator over {fid.calibrations} calibrations (mean over seeds under the twin's own "
-                    "calibration [least, greatest over all]); its spread over them, sigma of each deviation, widens "
-                    "every check's interval")
+    t = Table(title=escape(f"The simulator over {fid.calibrations} calibrations (mean over seeds under the twin's "
+                           "own calibration [least, greatest over all]); its spread over them, sigma of each "
+                           "deviation, widens every check's interval"))
     t.add_column("policy", no_wrap=True)
     metrics = [(M.FAILURE_RATE, "fail. rate", 100, ".1f"),
                *((latency(k, q), f"{LABEL[k]} p{q} (s)", 1, ".3g") for k in ("ttft", "e2e") for q in (50, 90))]

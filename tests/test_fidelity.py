@@ -530,4 +530,5 @@ def test_compare_cli_with_the_same_sims_as_a_second_calibration(sim_pair, tmp_pa
     csv = pd.read_csv(out / "fidelity.csv")
     lat = csv[csv.metric.str.endswith("_s")]
     assert (lat["cal_sigma"] == 0).all() and (lat["cal_df"] == 1).all()  # identical sims: nothing spreads
-    assert "The simulator over 2 calibrations" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "The simulator over 2 calibrations" in printed and "[least, greatest over all]" in printed
