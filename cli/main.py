@@ -1,9 +1,9 @@
 """The ``testbed`` command line.
 
     testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE] [--isolated-calibration]
-                 [--[no-]repeat] [--calibrations A,B,...]
+                 [--[no-]repeat] [--calibrations A,B,...] [--address ADDR]
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
-    testbed calibrate [SPEC] [--out FILE] [--isolated] [--times N] [--fit-runs DIR --calibration FILE]
+    testbed calibrate [SPEC] [--out FILE] [--isolated] [--times N] [--fit-runs DIR --calibration FILE] [--address ADDR]
     testbed study SPEC [--world sim|testbed|both] [--out DIR] [--sweeps A,B] [--repeat-seeds 0] [--rerun]
                        [--calibration FILE]
     testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run every seed on the testbed a second time, on the same engines and workloads, and "
                          "judge each sim-to-testbed difference against the testbed's own run-to-run difference "
                          "(default: with several seeds; docs/twin.md \"Repeatability\")")
+    tw.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                    help="a running Ray cluster (ray up cluster.yaml, or testbed cluster up) whose pods run the "
+                         "testbed's side (default: $RAY_ADDRESS; without either, an emulated cluster is brought "
+                         "up and down); the records are written where the router runs, its head")
     tw.add_argument("--calibrations", metavar="A,B,...",
                     help="further calibrations of these engines (testbed calibrate --times N wrote them): the "
                          "simulator runs under each too, and its spread over them widens every check's interval "
@@ -79,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start no engines: fit the levels and the control path on the quiet requests of the "
                          "testbed runs in DIR, from the isolated calibration --calibration")
     ca.add_argument("--calibration", metavar="FILE", help="--fit-runs: the isolated calibration to start from")
+    ca.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                    help="a running Ray cluster whose engines to measure (default: $RAY_ADDRESS; without either, "
+                         "an emulated cluster per calibration)")
     ca.add_argument("--times", type=int, default=1,
                     help="calibrate this many times, each on engines started anew, into FILE-1.json ... and "
                          "print each parameter's spread (FILE-spread.csv)")

@@ -65,11 +65,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                             for i in range(1, args.times + 1)]
     for path in paths:
         if args.isolated:
-            run_testbed(spec, path.parent, [], [], calibrate_to=path)
+            run_testbed(spec, path.parent, [], [], calibrate_to=path, address=args.address)
         else:
             isolated = isolated_of(path)
             load_dir = path.parent / f"{LOAD_DIR}{path.stem.removeprefix(out.stem)}"
-            run_testbed(spec, path.parent, [], [], calibrate_to=isolated, load_to=load_dir)
+            run_testbed(spec, path.parent, [], [], calibrate_to=isolated, load_to=load_dir, address=args.address)
             fit_under_run(isolated, load_dir, path)
         console.print(f"calibration: {path}  (use: testbed sim SPEC --calibration {path})")
     if len(paths) > 1:
@@ -122,7 +122,7 @@ def cmd_twin(args: argparse.Namespace) -> int:
     measured = isolated_of(cal_path) if under_run else cal_path
     run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else measured,
                 repeat_to=repeat_to, calibration=cal_path if args.calibration else None,
-                load_to=out / LOAD_DIR if under_run else None)
+                load_to=out / LOAD_DIR if under_run else None, address=args.address)
     if under_run:
         fit_under_run(measured, out / LOAD_DIR, cal_path)
     cal = load_calibration(cal_path)

@@ -260,3 +260,29 @@ def test_twin_refuses_a_missing_or_unlike_spread_calibration_before_starting_any
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "conditions 'isolated'" in lines[0], lines
     assert not (tmp_path / "runs").exists()
+
+
+def test_twin_and_calibrate_run_on_the_ray_cluster_given(tmp_path, monkeypatch):
+    """--address (or $RAY_ADDRESS) reaches the launcher, which runs the testbed's side on that
+    cluster's pods rather than bringing up an emulated one (testbed/runs/launch.py)."""
+    from cli.main import main
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_testbed(*args, **kwargs):
+        seen.append(kwargs.get("address"))
+        raise Stop
+
+    monkeypatch.setattr("testbed.runs.launch.run_testbed", fake_run_testbed)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for argv in (["twin", "--address", "10.0.0.1:6379", "--out", str(tmp_path / "t")],
+                 ["calibrate", "--address", "10.0.0.1:6379", "--out", str(tmp_path / "c.json")]):
+        with pytest.raises(Stop):
+            main(argv)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.9:6379")
+    with pytest.raises(Stop):
+        main(["twin", "--out", str(tmp_path / "t2")])
+    assert seen == ["10.0.0.1:6379", "10.0.0.1:6379", "10.0.0.9:6379"]
