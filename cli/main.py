@@ -41,6 +41,14 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_address(p: argparse.ArgumentParser, what: str) -> None:
+    """--address of the commands that run the testbed's side: a Ray cluster, else $RAY_ADDRESS, else an
+    emulated cluster brought up and down around the command."""
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                   help=f"a running Ray cluster (ray up cluster.yaml, or testbed cluster up): {what} (default: "
+                        "$RAY_ADDRESS; without either, an emulated cluster is brought up and down)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed", description="Reliability-aware routing for PD-disaggregated LLM serving")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -54,20 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run every seed on the testbed a second time, on the same engines and workloads, and "
                          "judge each sim-to-testbed difference against the testbed's own run-to-run difference "
                          "(default: with several seeds; docs/twin.md \"Repeatability\")")
-    tw.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
-                    help="a running Ray cluster (ray up cluster.yaml, or testbed cluster up) whose pods run the "
-                         "testbed's side (default: $RAY_ADDRESS; without either, an emulated cluster is brought "
-                         "up and down); the records are written where the router runs, its head")
+    _add_address(tw, "whose pods run the testbed's side; the records are written where the router runs, its head")
     tw.add_argument("--calibrations", metavar="A,B,...",
                     help="further calibrations of these engines (testbed calibrate --times N wrote them): the "
                          "simulator runs under each too, and its spread over them widens every check's interval "
                          "(docs/twin.md \"The simulator over several calibrations\")")
     ru = experiment_parser(sub, "run", "run an experiment spec on the real testbed (Ray + vLLM engines)",
                             "the embedded testbed scenario", cmd_run)
-    ru.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
-                    help="a running Ray cluster (ray up cluster.yaml, or testbed cluster up): its pods are the "
-                         "nodes with a pod<i> resource (default: $RAY_ADDRESS; without either, an emulated "
-                         "cluster is brought up for the run and down after)")
+    _add_address(ru, "its pods are the nodes with a pod<i> resource")
     ru.add_argument("--serve", action="store_true",
                     help="instead of the spec's workload, serve outside clients through an OpenAI-compatible API "
                          "(testbed.ingress_host:ingress_port, default 127.0.0.1:8000) until Ctrl-C, the spec's "
@@ -83,9 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start no engines: fit the levels and the control path on the quiet requests of the "
                          "testbed runs in DIR, from the isolated calibration --calibration")
     ca.add_argument("--calibration", metavar="FILE", help="--fit-runs: the isolated calibration to start from")
-    ca.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
-                    help="a running Ray cluster whose engines to measure (default: $RAY_ADDRESS; without either, "
-                         "an emulated cluster per calibration)")
+    _add_address(ca, "whose engines to measure, each time")
     ca.add_argument("--times", type=int, default=1,
                     help="calibrate this many times, each on engines started anew, into FILE-1.json ... and "
                          "print each parameter's spread (FILE-spread.csv)")
