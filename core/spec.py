@@ -274,10 +274,24 @@ class TestbedSpec(_Spec):
     #   bypasses the kernel's qdiscs and /proc/net/dev, so tc-based link faults would act on
     #   nothing: a spec with a link fault is refused in this mode.
     transport: Literal["tcp", "rdma"] = "tcp"
-    # GPUs per vLLM engine (Ray's num_gpus on the engine actor); 0: vLLM's CPU build. At most 1:
-    # an engine here runs on one device (the uni executor, no tensor parallelism: vLLM's
-    # config/parallel.py takes world size 1), so a second GPU would sit idle without a word.
-    gpus_per_engine: int = Field(0, ge=0, le=1)
+    # GPUs per vLLM engine (Ray's num_gpus on the engine actor); 0: vLLM's CPU build. At most 1
+    # (_one_device): an engine here runs on one device (the uni executor, no tensor parallelism:
+    # vLLM's config/parallel.py takes world size 1), so a second GPU would sit idle without a word.
+    gpus_per_engine: int = Field(0, ge=0)
+    # Whether vLLM runs the model eagerly: no torch.compile, no CUDA graphs. None: by the device
+    # (testbed/engines/engine.py EngineConfig.eager):
+    # * GPU engines (gpus_per_engine 1): False, vLLM 0.32's own default (vllm/config/model.py
+    #   ModelConfig.enforce_eager = False: "CUDA graph and eager execution in hybrid for maximal
+    #   performance"), torch.compile and CUDA graphs, as a GPU deployment serves. The price: every
+    #   engine start compiles and captures the graphs, so an engine.engine_start_s (restarts) must
+    #   be measured with the same setting.
+    # * CPU engines (0): True. vLLM's CPU platform has no CUDA graphs (vllm/platforms/cpu.py
+    #   check_and_update_config empties cudagraph_capture_sizes) and does not read enforce_eager;
+    #   without it vLLM compiles the model with inductor (DYNAMO_TRACE_ONCE), and an engine started
+    #   in 40-90 s against 25-30 s eager (docs/verified.md "Engine settings"), the setting every
+    #   measurement of the CPU testbed was made with.
+    # A bool sets it for either (e.g. to measure what the graphs change).
+    enforce_eager: bool | None = None
     # Prometheus metrics of the run while it runs (testbed/router/exporter.py), served by the
     # router actor on the head node at http://metrics_host:metrics_port/metrics; 0: none. 9464 is
     # the port OpenTelemetry's Prometheus exporter uses by default; localhost unless opened up.
@@ -324,6 +338,16 @@ class TestbedSpec(_Spec):
     # endpoint, and every later read to that peer fails until the engines restart (docs/testbed.md
     # "The outage after the outage"). False: vLLM 0.32's behaviour, for measuring it.
     nixl_rehandshake: bool = True
+
+    @field_validator("gpus_per_engine")
+    @classmethod
+    def _one_device(cls, v: int) -> int:
+        # le=1 would say only "less than or equal to 1"; the user needs the reason
+        if v > 1:
+            raise ValueError(f"at most 1 GPU per engine, got {v}: an engine runs on one device (vLLM's uni "
+                             "executor, no tensor parallelism), so the other GPUs would sit idle; use 1 and more "
+                             "engines (topology.workers_per_pod)")
+        return v
 
 
 class PolicyEntry(_Spec):

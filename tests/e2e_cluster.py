@@ -175,8 +175,13 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
     scrapes: list[str] = []
     stop = threading.Event()
     try:
-        cluster.up()
+        os.environ[PLANNER_ONLY_ENV] = "1"  # the process that plans the nodes has it; a real node would not
+        try:
+            cluster.up()
+        finally:
+            del os.environ[PLANNER_ONLY_ENV]
         addr = cluster.address
+        cli["node_env"] = _raylet_envs(cluster.run_id)
         cli["status"] = _cli("cluster", "status", "--address", addr)
         cli["doctor"] = _cli("doctor", "--address", addr)
         cli["too_big"] = _cli("run", str(big), "--address", addr, "--out", str(out))
@@ -202,9 +207,12 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
             poller.join(30)
             if prom is not None:
                 prom.stop()
+        cli["kv_isolation"] = _kv_isolation(cluster)
         cli["clear"] = _cli("faults", "clear", "--address", addr)
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
         cli["study"], cli["study_again"] = _study_cell(throttled, addr, out)
+        cli["twin"] = _twin(throttled, addr, out)
+        cli["rsync_down"] = _rsync_down(cluster, out / TWIN_DIR, out / f"{TWIN_DIR}-back")
         cli["serve"] = _serve_and_query(base, addr, out)
         cli["killed"] = _kill_mid_run(base, addr, out)
     finally:
@@ -259,6 +267,61 @@ def _study_cell(throttled: ExperimentSpec, addr: str, out: Path) -> tuple[subpro
     cmd = ("study", str(path), "--world", "both", "--address", addr, "--calibration", str(out / "calibration.json"),
            "--out", str(out / "study"))
     return _cli(*cmd, timeout=600), _cli(*cmd, timeout=120)
+
+
+PLANNER_ONLY_ENV = "TESTBED_E2E_PLANNER_ONLY"
+
+
+def _raylet_envs(run_id: str) -> dict[int, dict[str, str]]:
+    """The environment of each of the run's raylets (found by the run's marker), by PID."""
+    from testbed.hosts.runprocs import RUN_MARKER_ENV
+
+    envs = {}
+    for pid in map(int, subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout.split()):
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+        if env.get(RUN_MARKER_ENV) == run_id:
+            envs[pid] = env
+    return envs
+
+
+def _kv_isolation(cluster: EmulatedCluster) -> dict:
+    """tests/kv_isolation_probe.py in the head's namespace: pod 0's KV stream and Ray's object fetch
+    from pod 0, with no fault, a kv_only fault and a whole-link fault on its uplink."""
+    res = cluster.run_in_head([sys.executable, str(REPO / "tests" / "kv_isolation_probe.py"), cluster.address],
+                              capture_output=True, text=True, timeout=300)
+    lines = res.stdout.strip().splitlines()
+    return {"rc": res.returncode, "stderr": res.stderr[-3000:], "result": json.loads(lines[-1]) if lines else None}
+
+
+TWIN_DIR = "twin"
+TWIN_SPEC = "e2e_twin"
+
+
+def _twin(throttled: ExperimentSpec, addr: str, out: Path) -> subprocess.CompletedProcess:
+    """`testbed twin --address` on the cluster, as docs/cluster.md tells a user to run it: the
+    throttled job's scenario under LC, seed 0, run twice on engines of its own (--repeat: the
+    testbed's spread), in the simulator with the shared engines' calibration, and compared."""
+    spec = {**throttled.model_dump(mode="json", exclude={"study"}), "name": TWIN_SPEC, "policies": ["LC"]}
+    path = out / f"{TWIN_SPEC}.yaml"
+    path.write_text(json.dumps(spec))
+    return _cli("twin", str(path), "--address", addr, "--seeds", "0", "--repeat",
+                "--calibration", str(out / "calibration.json"), "--out", str(out / TWIN_DIR), timeout=900)
+
+
+def _rsync_down(cluster: EmulatedCluster, src: Path, dst: Path) -> subprocess.CompletedProcess:
+    """`ray rsync-down` on the cluster's own cluster file, as docs/cluster.md brings the results from
+    the head back to the machine `ray up` ran on (here the head's namespace: one filesystem, so the
+    copy lands beside the original)."""
+    from testbed.hosts import rayup
+
+    argv = [sys.executable, "-m", "ray.scripts.scripts", "rsync-down", str(cluster.temp_root / rayup.CLUSTER_FILE),
+            f"{src}/", f"{dst}/"]
+    return cluster.run_in_head(argv, env={**rayup.RAY_UP_ENV, "TMPDIR": str(cluster.temp_root)}, capture_output=True,
+                               text=True, timeout=300, cwd=cluster.temp_root)
 
 
 def _free_port() -> int:

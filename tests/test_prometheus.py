@@ -1,4 +1,4 @@
-"""The shipped Prometheus configuration (deploy/prometheus/) is valid and its rules behave as
+"""The shipped Prometheus configuration (testbed/router/prometheus/, shipped in the package) is valid and its rules behave as
 written (promtool), and a real Prometheus server scrapes a real exporter (testbed/router/exporter.py)
 and answers for it: raw series, a recording rule and the risk-price alert, through its HTTP API
 (testbed/router/prometheus_server.py). Needs Debian's prometheus package (./install.sh as root

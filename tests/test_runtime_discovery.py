@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from builders import parse, shipped_spec_dict
-from testbed.runs.driver import discover_pods
+from testbed.runs.pods import discover_pods
 
 
 def _node(ip: str, *, alive: bool = True, gpus: float = 0, **res: float) -> dict:
@@ -36,8 +36,27 @@ def test_a_spec_bigger_than_the_cluster_is_refused_saying_what_was_found():
 
 def test_engines_asking_for_more_gpus_than_a_pod_has_are_refused():
     nodes = [_node("10.0.0.2", pod0=1, gpus=2), _node("10.0.0.3", pod1=1, gpus=1)]
-    with pytest.raises(ValueError, match=r"pod1 runs 2 engines x 1 GPUs = 2, but its node has 1"):
+    with pytest.raises(ValueError, match=r"pod1's node holds 1 pod\(s\) of 2 engines x 1 GPUs = 2, but has 1"):
         discover_pods(_spec(gpus=1), nodes)
+
+
+def test_pods_may_share_a_node_whose_gpus_they_share_but_not_a_link_fault():
+    """cluster.yaml's provider.pods: the head holding pod 0, pods 1 and 2 on one node of 4 GPUs."""
+    nodes = [_node("10.0.0.1", head=1, pod0=1, gpus=2), _node("10.0.0.2", pod1=1, pod2=1, gpus=4)]
+    pods = discover_pods(_spec(pods=3, gpus=1), nodes)
+    assert [pods[i]["ip"] for i in range(3)] == ["10.0.0.1", "10.0.0.2", "10.0.0.2"]
+    with pytest.raises(ValueError, match=r"pod1's node holds 2 pod\(s\) of 2 engines x 1 GPUs = 4, but has 3"):
+        discover_pods(_spec(pods=3, gpus=1), [nodes[0], _node("10.0.0.2", pod1=1, pod2=1, gpus=3)])
+    link = {"kind": "link", "residual_bw": 0.1, "start_s": 1.0, "duration_s": 2.0, "kv_only": True}
+    spec = parse(shipped_spec_dict("testbed.yaml", faults=[{**link, "pods": [0]}, {**link, "pods": [2]}],
+                                   topology={"pods": 3, "workers_per_pod": 2, "placement": "within_pod"}))
+    with pytest.raises(ValueError) as e:
+        discover_pods(spec, nodes)
+    assert str(e.value).startswith("faults[1]: a link fault on pod2 shapes the NIC of its node 10.0.0.2, which pods "
+                                   "1, 2 share") and "\n" not in str(e.value)
+    assert discover_pods(parse(shipped_spec_dict("testbed.yaml", faults=[{**link, "pods": [0]}],
+                                                 topology={"pods": 3, "workers_per_pod": 2, "placement": "within_pod"})),
+                         nodes)  # pod 0 alone on the head: its NIC is its own
 
 
 def test_rdma_refuses_a_link_fault_in_one_line():

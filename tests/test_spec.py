@@ -75,3 +75,16 @@ def test_bad_files(tmp_path):
     bad.write_text("- just\n- a list\n")
     with pytest.raises(SpecError, match="must be a YAML mapping"):
         load_spec(bad)
+
+
+def test_two_gpus_per_engine_are_refused_in_one_line_saying_why():
+    msg = _err({**MINIMAL, "testbed": {"gpus_per_engine": 2}})
+    assert "at testbed.gpus_per_engine:" in msg and "got 2" in msg and "one device" in msg
+    assert "greater than or equal to 0" in _err({**MINIMAL, "testbed": {"gpus_per_engine": -1}})
+    assert parse_spec({**MINIMAL, "testbed": {"gpus_per_engine": 1}}).testbed.gpus_per_engine == 1
+
+
+def test_enforce_eager_is_left_to_the_device_or_a_bool():
+    assert parse_spec(MINIMAL).testbed.enforce_eager is None
+    assert parse_spec({**MINIMAL, "testbed": {"enforce_eager": False}}).testbed.enforce_eager is False
+    assert "at testbed.enforce_eager:" in _err({**MINIMAL, "testbed": {"enforce_eager": "perhaps"}})

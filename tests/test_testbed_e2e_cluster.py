@@ -35,6 +35,65 @@ def test_the_cluster_is_reached_by_its_address_like_a_real_one(testbed_runs):
     assert meta["mode"] == "cluster" and meta["kv_path"]["crossed"], meta.get("kv_path")
 
 
+def test_the_nodes_ray_up_started_run_with_a_real_nodes_environment_only(testbed_runs):
+    """Every node's raylet has what cluster.yaml's start commands give a real node and the ssh
+    session's environment, nothing of the process that planned the cluster and no UCX setting:
+    the engines that served every job here set their KV transport themselves, as on a real node."""
+    from e2e_cluster import PLANNER_ONLY_ENV
+    from testbed.hosts.raynodes import NODE_ENV
+
+    envs = testbed_runs[4]["node_env"]
+    assert len(envs) == 5, envs.keys()  # head + 4 pods
+    for env in envs.values():
+        assert PLANNER_ONLY_ENV not in env
+        assert not [k for k in env if k.startswith(("UCX_", "VLLM_", "NIXL_"))], sorted(env)
+        assert NODE_ENV.items() <= env.items()
+        assert "SSH_CONNECTION" in env  # started by the ssh session `ray up` opened, as on a real node
+
+
+def test_a_kv_only_fault_throttles_the_kv_path_and_leaves_rays_own_traffic_at_its_rate(testbed_runs):
+    """On pod 0's uplink (tests/kv_isolation_probe.py): a kv_only fault brings a stream on a KV port
+    down to the fault's rate while Ray's fetch of an object from pod 0 keeps its time; the same fault
+    on the whole link slows that fetch to the fault's rate (the control: the measurement sees it)."""
+    iso = testbed_runs[4]["kv_isolation"]
+    assert iso["rc"] == 0 and iso["result"], iso["stderr"]
+    r = iso["result"]
+    fault, bits = r["fault_bps"], r["blob_bytes"] * 8
+    assert r["none"]["kv_bps"] > 10 * fault, r  # unfaulted, the KV port runs far above the fault's rate
+    assert r["kv_only"]["kv_bps"] < 1.5 * fault, r  # the KV path is throttled to it
+    assert r["whole"]["kv_bps"] < 1.5 * fault, r
+    # Ray's fetch under kv_only: far above the fault's rate, within a few times its own unfaulted time
+    assert r["kv_only"]["ray_bps"] > 10 * fault, r
+    assert min(r["kv_only"]["ray_fetch_s"]) < 4 * max(r["none"]["ray_fetch_s"]) + 0.05, r
+    # and the control: the whole link at the fault's rate holds the fetch to about that rate
+    assert r["whole"]["ray_fetch_s"][0] > 0.5 * bits / fault, r
+
+
+def test_the_twin_runs_on_the_cluster_by_its_address_and_its_records_come_back(testbed_runs):
+    """`testbed twin SPEC --address` on the cluster `ray up` started: the testbed's side (and its
+    repeat) on the cluster's pods, the simulator's, the comparison; then `ray rsync-down` on the
+    cluster file brings the run directories from the head as docs/cluster.md says."""
+    import pandas as pd
+
+    from e2e_cluster import TWIN_DIR, TWIN_SPEC
+
+    out, *_, cli = testbed_runs
+    twin = cli["twin"]
+    assert twin.returncode == 0, twin.stdout[-3000:] + twin.stderr[-3000:]
+    root = out / TWIN_DIR
+    tb = root / "testbed" / TWIN_SPEC / "LC" / "seed-0"
+    for d in (tb, root / "testbed-repeat" / TWIN_SPEC / "LC" / "seed-0", root / "sim" / TWIN_SPEC / "LC" / "seed-0"):
+        assert read_meta(d)["status"] == "finished", d
+        assert len(read_table(d, "requests")) == 8, d
+    assert json.loads((root / "testbed" / TWIN_SPEC / "testbed.json").read_text())["mode"] == "cluster"
+    checks = pd.read_csv(root / "fidelity" / "fidelity.csv")
+    assert len(checks) and set(checks.verdict) <= {"pass", "fail", "undecided"}, checks
+    back = cli["rsync_down"]
+    assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
+    copied = out / f"{TWIN_DIR}-back" / "testbed" / TWIN_SPEC / "LC" / "seed-0"
+    assert (copied / "requests.parquet").read_bytes() == (tb / "requests.parquet").read_bytes()
+
+
 def test_a_link_down_on_the_testbed_stalls_every_pull_across_it(testbed_runs):
     """residual_bw 0 (kv_only) on pod 0: not one request whose KV leaves pod 0 gets a first
     token, while pulls from the other prefill pod go on. How they fail differs from the

@@ -323,3 +323,10 @@ def test_a_compute_fault_slows_a_pods_engine_on_nodes_ray_up_started(testbed_run
     # this test; 1.5x leaves room for the 2 cores' own scatter)
     took = (req.prefill_end_s - req.prefill_start_s).groupby(req.prefill_pod).median()
     assert took.get(1, 0) > 1.5 * took.get(0, float("inf")), took
+    # the same, per prompt token, as `testbed report` shows it beside the agent's factor
+    from analysis.compute_effect import run_compute_effect
+    from analysis.run_data import load_run
+
+    effect = run_compute_effect(load_run(d))
+    assert list(effect.pod) == [1] and effect.baseline.iloc[0] == "others", effect  # pod 1 slow the whole run
+    assert effect.engine_slowdown.iloc[0] > 1.5 and effect.measured.iloc[0] == applied, effect

@@ -34,7 +34,7 @@ def test_metrics_are_served_while_a_run_goes_on(testbed_runs):
 
 
 def test_a_real_prometheus_on_the_host_keeps_a_policys_decisions_and_the_pods_prices(testbed_runs):
-    """Debian's Prometheus with the shipped configuration (deploy/prometheus/) scraped the router's
+    """Debian's Prometheus with the shipped configuration (testbed/router/prometheus/) scraped the router's
     exporter on the host, where `testbed run` forwards it from the head's namespace, while the jobs
     ran; read back through Prometheus' own query API and held against the run directories."""
     out, cli = testbed_runs[0], testbed_runs[4]

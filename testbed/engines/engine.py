@@ -47,6 +47,7 @@ from typing import Any
 
 from testbed.engines import shm_wakeups
 from testbed.engines.kv_ports import KV_PORT_RANGE
+from testbed.engines.results import DecodeResult, EngineError, PrefillResult  # noqa: F401 (re-exported)
 from testbed.engines.stagelog import PULL_ENDS, STAGE_LOG_ENV, StageLog
 from testbed.engines.stats import EngineStats
 
@@ -65,17 +66,6 @@ ENDED_KEPT = 512
 # Receives each output's new token ids and its finish reason (None until the last).
 TokenSink = Callable[[list[int], "str | None"], None]
 MiB = 1 << 20
-
-
-class EngineError(RuntimeError):
-    """What an engine call raised, as its type's name and message only. vLLM's own exceptions
-    (EngineDeadError, ...) must not cross to the router: unpickling one there imports vLLM, and
-    with it torch, in the router's process, which held its event loop (and every request's
-    deadline) for 7-10 s on this host, measured with py-spy after an engine core was killed."""
-
-    @classmethod
-    def of(cls, e: BaseException) -> "EngineError":
-        return cls(f"{type(e).__name__}: {e}")
 
 
 # --------------------------------------------------------------------------- config
@@ -144,6 +134,8 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     seed: int = 0
     gpu: bool = False
+    # core.spec.TestbedSpec.enforce_eager: None follows the device (`eager`), a bool wins
+    enforce_eager: bool | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -165,6 +157,12 @@ class EngineConfig:
             raise ValueError(f"nixl_progress_delay_us={self.nixl_progress_delay_us} must be >= 0")
         if not self.name or "/" in self.name:
             raise ValueError(f"name={self.name!r} must be a non-empty path component")
+
+    @property
+    def eager(self) -> bool:
+        """vLLM's enforce_eager for this engine: eager on vLLM's CPU build, CUDA graphs (vLLM's own
+        default) on a GPU, unless `enforce_eager` says otherwise (why: core.spec.TestbedSpec.enforce_eager)."""
+        return (not self.gpu) if self.enforce_eager is None else self.enforce_eager
 
     @property
     def kv_lease_s(self) -> int:
@@ -230,52 +228,6 @@ class EngineConfig:
         return env
 
 
-# --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True)
-class PrefillResult:
-    """What the prefill engine hands the router: pass `kv_transfer_params` to `decode`."""
-
-    request_id: str
-    kv_transfer_params: dict[str, Any] | None
-    num_prompt_tokens: int
-    submitted_s: float
-    finished_s: float
-    finish_reason: str | None
-    # Seconds the request waited in the engine's scheduler before its prefill was
-    # scheduled (vLLM's queued_ts -> scheduled_ts); None when vLLM gave no stats.
-    queued_s: float | None = None
-    # The scheduler's events for the request, seconds after `submitted_s` (StageLog).
-    stages: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class DecodeResult:
-    """Output of one decode; times are `time.monotonic()` in the engine's process."""
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    submitted_s: float
-    first_token_s: float | None
-    finished_s: float
-    finish_reason: str | None
-    top_logprobs: tuple[tuple[float, ...], ...] = ()
-    # The scheduler's events for the request, seconds after `submitted_s` (StageLog):
-    # "alloc_remote" (KV blocks allocated, the pull starts), "recv_done" (the pull ended).
-    stages: Mapping[str, float] = field(default_factory=dict)
-    # When each step's new tokens reached the front end (one entry per output vLLM yields,
-    # normally one token per engine step): step times and host stalls are read from these.
-    token_times: tuple[float, ...] = ()
-    # With `logprobs`: per step, the tokens of `top_logprobs` in the same order (core/canary.py
-    # excuses a divergence only where the output took the reference's second choice).
-    top_tokens: tuple[tuple[int, ...], ...] = ()
-
-    @property
-    def aborted(self) -> bool:
-        return self.finish_reason == "abort"
-
-
 # --------------------------------------------------------------------------- engine
 
 
@@ -322,7 +274,7 @@ class Engine:
             model=str(cfg.model),
             dtype=cfg.dtype,
             max_model_len=cfg.max_model_len,
-            enforce_eager=True,
+            enforce_eager=cfg.eager,
             kv_cache_memory_bytes=cfg.kv_cache_bytes,
             kv_transfer_config=kv,
             seed=cfg.seed,

@@ -26,7 +26,10 @@ retrying ssh to a host named like a placeholder for 15 minutes. ``load`` (and th
 **Pods.** ``provider.worker_ips[i]`` is pod ``i``: its Ray node carries the custom
 resource ``{"pod<i>": 1}``, by which the runtime places pod i's engines and fault agent,
 as on the emulated cluster (``testbed/hosts/emulated.py``); the head carries
-``{"head": 1}``. All workers share one ``worker_start_ray_commands``, so each finds
+``{"head": 1}``. ``provider.pods`` (optional) places the pods otherwise: pod i on the node
+listed i-th, the head or a worker, a node once per pod it holds (a node with several GPUs,
+several pods; pods sharing a node share its NIC, so a link fault on one is refused:
+testbed/runs/driver.py discover_pods). All workers share one ``worker_start_ray_commands``, so each finds
 itself in the file: by the address it routes to the head from (the address Ray itself
 would pick), else by any address of its interfaces, else by ``$TESTBED_NODE_IP``; entries
 may be host names, resolved as Ray's local provider resolves them (``gethostbyname``).
@@ -64,6 +67,9 @@ NODE_IP_ENV = "TESTBED_NODE_IP"  # a node's own address, where finding it by rou
 MARKER_ENV = "TESTBED_RAY_NODE"  # set by cluster.yaml's start commands on `ray start`: the cluster file's path
 RAY_PORT = 6379  # the head's GCS port in cluster.yaml; only the route towards it is looked up, nothing is sent
 DEFAULT_FILE = "cluster.yaml"
+# provider.pods (optional; Ray's schema lets a provider section hold keys of its own and the local
+# provider reads only its own): pod i's node, the head or a worker, listed once per pod it holds
+PODS_KEY = "pods"
 
 
 def pod_name(pod: int) -> str:
@@ -83,14 +89,15 @@ class Placeholder:
 
 @dataclass(frozen=True)
 class Node:
-    name: str  # "head", "pod0", "pod1", ...
+    name: str  # "head", "pod0", "pod1", ... ("node<k>" for a worker holding no pod or several)
     entry: str  # as the file lists it (address or host name)
     address: str  # resolved IPv4 address
-    pod: int | None  # None for the head
+    pods: tuple[int, ...]  # the pods it holds (provider.pods; by default worker k holds pod k)
+    head: bool = False
 
     @property
     def resources(self) -> dict[str, int]:
-        return {self.name: 1}
+        return {**({HEAD: 1} if self.head else {}), **{pod_name(i): 1 for i in self.pods}}
 
 
 # -- reading and checking
@@ -136,16 +143,29 @@ def check(config: dict[str, Any], placeholders: Sequence[Placeholder] = (), sour
     workers = provider.get("worker_ips")
     if not isinstance(head, str) or not head:
         raise ClusterFileError(f"{source}: provider.head_ip: expected the head node's address, got {head!r}")
-    if not isinstance(workers, list) or not workers or not all(isinstance(w, str) and w for w in workers):
+    # no workers: only where provider.pods puts every pod on the head (one machine of several GPUs)
+    if (not isinstance(workers, list) or not all(isinstance(w, str) and w for w in workers)
+            or not (workers or provider.get(PODS_KEY))):
         raise ClusterFileError(f"{source}: provider.worker_ips: expected a list of worker addresses (one per pod), "
                                f"got {workers!r}")
     seen: set[str] = set()
     for i, w in enumerate(workers):
         if w == head:
-            raise ClusterFileError(f"{source}: provider.worker_ips[{i}] is the head ({w}): the head is not a pod")
+            raise ClusterFileError(f"{source}: provider.worker_ips[{i}] is the head ({w}): list the head in "
+                                   "provider.pods to give it a pod")
         if w in seen:
             raise ClusterFileError(f"{source}: provider.worker_ips[{i}] ({w}) is listed twice")
         seen.add(w)
+    pods = provider.get(PODS_KEY)
+    if pods is None:
+        return
+    if not isinstance(pods, list) or not pods or not all(isinstance(p, str) and p for p in pods):
+        raise ClusterFileError(f"{source}: provider.{PODS_KEY}: expected a list of node addresses (pod i on the "
+                               f"i-th), got {pods!r}")
+    for i, p in enumerate(pods):
+        if p != head and p not in seen:
+            raise ClusterFileError(f"{source}: provider.{PODS_KEY}[{i}] ({p}) is neither provider.head_ip nor in "
+                                   "provider.worker_ips")
 
 
 def load(path: str | os.PathLike[str] = DEFAULT_FILE) -> dict[str, Any]:
@@ -173,12 +193,25 @@ def _resolve(host: str, field: str) -> str:
         raise ClusterFileError(f"{field}: cannot resolve {host!r} ({e})") from None
 
 
-def nodes(config: dict[str, Any]) -> list[Node]:
-    """The head, then pod 0, 1, ... in the order of ``provider.worker_ips``, addresses resolved."""
+def pod_entries(config: dict[str, Any]) -> list[str]:
+    """Pod i's node as the file lists it: ``provider.pods[i]`` where given (a node may hold several
+    pods, the head too), else ``provider.worker_ips[i]``."""
     provider = config["provider"]
-    out = [Node(HEAD, provider["head_ip"], _resolve(provider["head_ip"], "provider.head_ip"), None)]
-    for i, w in enumerate(provider["worker_ips"]):
-        out.append(Node(pod_name(i), w, _resolve(w, f"provider.worker_ips[{i}]"), i))
+    return list(provider.get(PODS_KEY) or provider["worker_ips"])
+
+
+def nodes(config: dict[str, Any]) -> list[Node]:
+    """The head, then every worker in the order of ``provider.worker_ips``, addresses resolved,
+    each with its pods."""
+    provider = config["provider"]
+    entries = pod_entries(config)
+    mine = lambda entry: tuple(i for i, e in enumerate(entries) if e == entry)  # noqa: E731
+    out = [Node(HEAD, provider["head_ip"], _resolve(provider["head_ip"], "provider.head_ip"),
+                mine(provider["head_ip"]), head=True)]
+    for k, w in enumerate(provider["worker_ips"]):
+        pods = mine(w)
+        out.append(Node(pod_name(pods[0]) if len(pods) == 1 else f"node{k}", w,
+                        _resolve(w, f"provider.worker_ips[{k}]"), pods))
     return out
 
 
@@ -306,8 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("check", "exit 0 if the cluster file is filled in and usable"),
                         ("node-ip", "print this node's address as the cluster file lists it"),
-                        ("node-resources", "print this node's Ray resources as JSON: {\"pod<i>\": 1} for "
-                                           "provider.worker_ips[i], {\"head\": 1} for the head"),
+                        ("node-resources", "print this node's Ray resources as JSON: {\"head\": 1} for the head, "
+                                           "{\"pod<i>\": 1} for each pod i it holds (provider.pods[i], by "
+                                           "default provider.worker_ips[i])"),
                         ("stop-ray", "stop the Ray processes this cluster file's start commands started here")):
         c = sub.add_parser(name, help=help_)
         c.add_argument("file", nargs="?", default=DEFAULT_FILE, help="the cluster file (default: cluster.yaml)")

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,33 +34,12 @@ from typing import Any
 from testbed.engines.kv_ports import KV_PORT_BASE, KV_PORT_RANGE
 from testbed.hosts.netns import NODE_IFNAME, has_net_admin, missing_privileges
 
-OK, FAIL, NA = "ok", "FAIL", "n/a"
+from testbed.hosts.checks import FAIL, NA, OK, Check, fail, na, ok  # noqa: F401 (doctor's vocabulary, re-exported)
+from testbed.hosts.preflight_links import (  # noqa: F401 (re-exported: the checks are preflight's)
+    _picked, _ray_ip, check_emulated_interfaces, check_interfaces, check_link_faults, interface_addresses)
+
 _MARK = "DOCTOR-PROBE "  # the line a probe subprocess answers with
 _INSTALL = "./install.sh (vLLM's CPU build, NIXL, Ray; GPU nodes: ./install.sh --gpu)"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # OK, FAIL or NA
-    detail: str
-    fix: str | None = None  # what to do, for a FAIL
-
-    @property
-    def failed(self) -> bool:
-        return self.status == FAIL
-
-
-def ok(name: str, detail: str) -> Check:
-    return Check(name, OK, detail)
-
-
-def fail(name: str, detail: str, fix: str) -> Check:
-    return Check(name, FAIL, detail, fix)
-
-
-def na(name: str, detail: str) -> Check:
-    return Check(name, NA, detail)
 
 
 @dataclass(frozen=True)
@@ -73,13 +52,16 @@ class Params:
     ingress: tuple[str, int] = ("127.0.0.1", 8000)
     gpus_per_engine: int = 0
     pods: int = 1
+    # the spec's link faults as (index in faults, kv_only)
+    link_faults: tuple[tuple[int, bool], ...] = ()
 
     @classmethod
     def from_spec(cls, spec: Any) -> Params:
         t = spec.testbed
         return cls(mode=t.mode, fault_interfaces=tuple(t.fault_interfaces), metrics=(t.metrics_host, t.metrics_port),
                    ingress=(t.ingress_host, t.ingress_port), gpus_per_engine=t.gpus_per_engine,
-                   pods=spec.topology.pods)
+                   pods=spec.topology.pods,
+                   link_faults=tuple((i, bool(f.kv_only)) for i, f in enumerate(spec.faults) if f.kind == "link"))
 
 
 @dataclass(frozen=True)
@@ -377,33 +359,6 @@ def check_privileges(namespaces: bool, status_text: str | None = None) -> Check:
     return ok("privileges", f"CAP_NET_ADMIN (uid {os.geteuid()}): link shaping")
 
 
-def check_emulated_interfaces(allowlist: Sequence[str]) -> Check:
-    """This machine alone, netns mode: the project makes each node's namespace with one interface,
-    NODE_IFNAME (testbed/hosts/netns.py); the host's own interfaces do not matter. The spec's
-    allowlist must hold it, or every node's fault agent refuses every link fault."""
-    names = ", ".join(allowlist)
-    if NODE_IFNAME not in allowlist:
-        return fail("interfaces", f"each node's namespace has {NODE_IFNAME}, which is not on "
-                                  f"testbed.fault_interfaces ({names}): every link fault would be refused",
-                    f"add {NODE_IFNAME} to testbed.fault_interfaces in the spec")
-    return ok("interfaces", f"{NODE_IFNAME} (in each node's namespace) is on testbed.fault_interfaces; "
-                            "the host's NICs do not matter")
-
-
-def check_interfaces(allowlist: Sequence[str], present: Sequence[str]) -> Check:
-    """A pod's node: its faults shape, and its KV crosses, the first allowlisted interface it has
-    (testbed/faults/agent.py pick_interface)."""
-    names = ", ".join(allowlist)
-    have = [i for i in allowlist if i in present]
-    if not have:
-        others = ", ".join(i for i in present if i != "lo") or "none but lo"
-        return fail("interfaces", f"none of testbed.fault_interfaces ({names}) is here; this node has {others}",
-                    "add this node's NIC to testbed.fault_interfaces in the spec")
-    missing = [i for i in allowlist if i not in present]
-    return ok("interfaces", f"{have[0]} (first of testbed.fault_interfaces here"
-                            + (f"; absent: {', '.join(missing)})" if missing else ")"))
-
-
 def port_holder(port: int, proc: Path = Path("/proc")) -> str | None:
     """Which process holds a TCP socket on ``port`` in this network namespace ("pid 12 (python)"),
     from /proc/net/tcp's inode and the processes' fds; None when it cannot be told."""
@@ -467,16 +422,6 @@ def check_rayup_tools() -> Check:
 # --------------------------------------------------------------------------- what applies where
 
 
-def _picked(allowlist: Sequence[str], present: Sequence[str]) -> str | None:
-    """The interface the node's engines use (the agent's own choice), None where there is none."""
-    from testbed.faults.agent import pick_interface
-
-    try:
-        return pick_interface(allowlist, present)
-    except ValueError:
-        return None
-
-
 def node_checks(params: Params, role: Role = Role()) -> list[Check]:
     """Every check, in order, for a node in ``role`` (default: this machine alone)."""
     present = [name for _, name in socket.if_nameindex()]  # this process's network namespace
@@ -500,8 +445,15 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
         checks += [na(c, no_faults) for c in ("cgroups", "privileges", "interfaces")]
     elif not role.cluster:
         checks += [check_cgroups(), check_privileges(True), check_emulated_interfaces(params.fault_interfaces)]
+        # each node's namespace: its one interface carries its Ray address (testbed/hosts/netns.py)
+        checks.append(check_link_faults(params.link_faults, NODE_IFNAME, True))
     else:
         checks += [check_cgroups(), check_privileges(False), check_interfaces(params.fault_interfaces, present)]
+        ip = _ray_ip()
+        checks.append(check_link_faults(params.link_faults, device, bool(device and ip in interface_addresses(device)),
+                                        ip))
+    if local or not role.engines:
+        checks.append(na("link faults", no_faults if local else no_pod))
     if role.head:
         checks += [check_port("metrics", *params.metrics), check_port("ingress", *params.ingress, " (run --serve)")]
     else:

@@ -39,11 +39,24 @@ NODE_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 
-# In namespaces only: UCX (NIXL's KV transport) must use TCP over eth0, or it sees
-# one host and copies across processes (CMA), bypassing the veth and its shaping. Its
-# listening ports are the engines' own business (testbed/engines/kv_ports.py), as on a real
-# node, so the emulation does not supply what a real node lacks.
+# The direct launcher's namespaces only: UCX (NIXL's KV transport) must use TCP over eth0, or it
+# sees one host and copies across processes (CMA), bypassing the veth and its shaping. The engines
+# set the same in their own environment (testbed/engines/engine.py), as they must on a real node;
+# the ray_up launcher gives its nodes none of it (HEAD_ONLY_ENV and its comment).
 NETNS_NODE_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
+
+# The ray_up launcher gives a node only what cluster.yaml's start commands give a real node's
+# `ray start`: NODE_ENV (cluster.yaml exports the same, tests/test_cluster_file.py holds them
+# equal), autoscaler v1 on the head, and the ssh session's own environment (start_node). Nothing
+# of the process that planned the cluster: whatever the emulation supplied beyond a real node's
+# environment would hide what a real node lacks (the KV port range once did). Beside it only the
+# emulation's housekeeping, which changes nothing an engine or agent does: PYTHONPATH (the checkout
+# the nodes run, as cluster.yaml's `cd ~/pd-reliability-testbed`), PATH (the interpreter's folder
+# first, as a node's login shell with its venv active), TMPDIR (the run's own, removed with it),
+# the run's marker (as TESTBED_RAY_NODE on a real node) and its Ray auth token.
+HEAD_ONLY_ENV = {"RAY_enable_autoscaler_v2": "0"}
+LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # sshd's default PATH (Debian)
+HOUSEKEEPING_ENV = ("PYTHONPATH", "PATH", "TMPDIR", RUN_MARKER_ENV, "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 
 # Runs in the head's namespace: waits until the expected nodes are alive with
 # their resources, then prints them as one JSON line.
@@ -136,13 +149,18 @@ class RayNodes:
     auth_env: dict[str, str]
 
     def _node_env(self, name: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        env.update(NODE_ENV)
-        if self.mode == "netns":
-            env.update(NETNS_NODE_ENV)
-        # The nodes' workers must import the project's code.
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        """The environment of the node's ``ray start``. ray_up: a real node's (HEAD_ONLY_ENV's
+        comment), on top of the ssh session's; direct: this process's, with NETNS_NODE_ENV."""
+        root = str(Path(__file__).resolve().parents[2])  # the nodes' workers import the project's code
+        if self.launcher == "ray_up":
+            env = {**NODE_ENV, **(HEAD_ONLY_ENV if name == HEAD else {}), "PYTHONPATH": root,
+                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{LOGIN_PATH}"}
+        else:
+            env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+            env.update(NODE_ENV)
+            if self.mode == "netns":
+                env.update(NETNS_NODE_ENV)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         tmp = self.temp_root / name / "tmp"  # run-owned TMPDIR: engines' socket files go with the run
         tmp.mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmp)

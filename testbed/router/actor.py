@@ -258,6 +258,20 @@ class RouterActor:
             await asyncio.sleep(HOST_FETCH_S)
             await self._record_host()
 
+    def node_id(self) -> str:
+        """The Ray node this router runs on, where it writes the run directory."""
+        return ray.get_runtime_context().get_node_id()
+
+    def run_dir(self) -> str:
+        """Where this run's records are written, on this router's node."""
+        return str(self.ctx.run_dir)
+
+    def run_archive(self) -> bytes:
+        """The run directory as a gzip'd tar (testbed/runs/collect.py), for a driver on another node."""
+        from testbed.runs.collect import pack_dir
+
+        return pack_dir(self.ctx.run_dir)
+
     async def close(self, status: str = "finished", **extra: Any) -> dict[str, Any]:
         for t in [*self._tasks, *self.flow.watches]:
             t.cancel()

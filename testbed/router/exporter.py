@@ -93,7 +93,7 @@ class RunMetrics:
         r.register(_InFlight(topo, loads))
         # Every outcome and stage present from the start at 0, as the health gauges: a counter born at
         # its first increment has no earlier sample, so Prometheus' rate() and increase() never see
-        # that first failure (deploy/prometheus/rules.yml's failure ratio and alert read them).
+        # that first failure (testbed/router/prometheus/rules.yml's failure ratio and alert read them).
         for outcome in OUTCOMES:
             self._requests.labels(outcome)
         for stage in FAILURE_STAGES:

@@ -1,5 +1,5 @@
-"""A real Prometheus server over the shipped configuration (deploy/prometheus/: prometheus.yml and
-its rules), scraping the targets it is given: for the tests, and for users who want the run's
+"""A real Prometheus server over the shipped configuration (prometheus/ beside this module:
+prometheus.yml and its rules), scraping the targets it is given: for the tests, and for users who want the run's
 metrics kept and queried while it runs (the router actor serves them: exporter.py).
 
     with PrometheusServer(["127.0.0.1:9464"]) as prom:
@@ -31,7 +31,9 @@ import yaml
 
 __all__ = ["SHIPPED_DIR", "PrometheusMissing", "PrometheusServer", "Sample", "scrape_config"]
 
-SHIPPED_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+# Package data beside this module (pyproject.toml [tool.setuptools.package-data]), not a folder of the
+# repository: a wheel install has no repository around it. A plain path, as prometheus reads files.
+SHIPPED_DIR = Path(__file__).resolve().parent / "prometheus"
 JOB = "testbed"
 
 

@@ -6,7 +6,7 @@
 The jobs are the launcher's (testbed/runs/jobs.py): each spec as the command line validated it,
 its policies and seeds, and each seed's workload as the launcher generated it; none is parsed
 or generated again here, and each router actor gets the spec object itself. Connected to Ray (``RAY_ADDRESS``), it finds the pods among the nodes' resources
-(:func:`discover_pods`; a spec bigger than the cluster is refused, saying what was
+(:func:`testbed.runs.pods.discover_pods`; a spec bigger than the cluster is refused, saying what was
 found), starts every engine in parallel (one actor per topology worker, prefill or
 decode as the topology places it), checks once that KV pulled across pods
 decodes like a single engine (the probe, recorded in ``testbed.json``), makes
@@ -47,7 +47,9 @@ from testbed.calibration.calibrate import calibrate, check_pairs, warm_pairs
 from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
 from testbed.router.flow import prompt_ids
+from testbed.runs.collect import fetch_run_dir
 from testbed.runs.jobs import RunJob, read_jobs
+from testbed.runs.pods import discover_pods
 
 log = logging.getLogger(__name__)
 
@@ -59,34 +61,6 @@ SIDE_CHANNEL_BASE_PORT = 5600
 # a few seconds more (docs/verified.md "The handshake"); a broken path fails at once or never.
 KV_PATH_TIMEOUT_S = 10.0
 console = Console(stderr=True)
-
-
-def discover_pods(spec: ExperimentSpec, nodes: list[dict[str, Any]] | None = None) -> dict[int, dict[str, Any]]:
-    """The cluster's pods, from its alive nodes' resources (``pod<i>``: cluster.yaml's start
-    commands and the emulated cluster give them), checked against what ``spec`` needs: pods
-    0 .. topology.pods - 1, each on one node, with the GPUs its engines ask for. Returns pod
-    index -> {ip, node_id, CPU, GPU}; anything missing is one ValueError saying what was found."""
-    nodes = ray.nodes() if nodes is None else nodes
-    pods: dict[int, dict[str, Any]] = {}
-    for n in nodes:
-        if not n.get("Alive"):
-            continue
-        for r in n["Resources"]:
-            if r.startswith("pod") and r[3:].isdigit():
-                pods[int(r[3:])] = {"ip": n["NodeManagerAddress"], "node_id": n["NodeID"],
-                                    "CPU": n["Resources"].get("CPU", 0.0), "GPU": n["Resources"].get("GPU", 0.0)}
-    topo, t = spec.topology, spec.testbed
-    found = ", ".join(f"pod{i}@{p['ip']} ({p['GPU']:g} GPU)" for i, p in sorted(pods.items())) or "no pod resource"
-    missing = [i for i in range(topo.pods) if i not in pods]
-    if missing:
-        raise ValueError(f"topology: {topo.pods} pods, but the cluster's alive nodes have {found} "
-                         f"(missing pod{missing[0]}; a pod is a node with the custom resource pod<i>)")
-    need = topo.workers_per_pod * t.gpus_per_engine
-    short = [i for i in range(topo.pods) if pods[i]["GPU"] < need]
-    if short:
-        raise ValueError(f"testbed.gpus_per_engine: pod{short[0]} runs {topo.workers_per_pod} engines x "
-                         f"{t.gpus_per_engine} GPUs = {need}, but its node has {pods[short[0]]['GPU']:g} ({found})")
-    return {i: pods[i] for i in range(topo.pods)}
 
 
 class Engines:
@@ -141,7 +115,7 @@ class Engines:
                            max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
                            transport=t.transport, gpu=self.gpu, shm_recheck_ms=t.shm_recheck_ms,
                            nixl_rehandshake=t.nixl_rehandshake,
-                           executor=t.executor)
+                           executor=t.executor, enforce_eager=t.enforce_eager)
                 # the longest KV can stay held after its run (quiesce): the lease, every engine's
                 self.lease_s = max(self.lease_s, EngineConfig(**cfg).kv_lease_s)
                 # Ray sets CUDA_VISIBLE_DEVICES for an actor only when it asks for GPUs.
@@ -356,6 +330,7 @@ def close_router(router: Any, status: str, engines: Engines, before: list[dict[s
               for name, a, b in zip(names, after, before)}
     try:
         ray.get(router.close.remote(status, engines=deltas, engines_after=dict(zip(names, engines.loads()))))
+        fetch_run_dir(router)
     finally:
         ray.kill(router)
         if agents is not None:

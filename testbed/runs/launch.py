@@ -221,7 +221,7 @@ def _host_ports(spec: ExperimentSpec, cluster: Any, serve: bool) -> Iterator[Non
             started.append(NetnsForwarder((host, port), cluster.fabric.head.netns, (inner, port), what).start())
             if what == "metrics":
                 console.print(f"metrics: http://{host}:{port}/metrics while a run goes on "
-                              "(Prometheus: deploy/prometheus/prometheus.yml)")
+                              "(Prometheus: testbed/router/prometheus/prometheus.yml, shipped in the package)")
         yield
     finally:
         for fwd in started:

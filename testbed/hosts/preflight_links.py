@@ -1,0 +1,90 @@
+"""The preflight checks of the link faults' path (`testbed doctor`; testbed/hosts/preflight.py):
+which interface a pod's faults shape and its KV crosses, and whether a fault on it would reach
+only the KV or Ray's control traffic with it."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable, Sequence
+
+from testbed.hosts.checks import Check, fail, na, ok
+from testbed.hosts.netns import NODE_IFNAME
+
+
+def check_emulated_interfaces(allowlist: Sequence[str]) -> Check:
+    """This machine alone, netns mode: the project makes each node's namespace with one interface,
+    NODE_IFNAME (testbed/hosts/netns.py); the host's own interfaces do not matter. The spec's
+    allowlist must hold it, or every node's fault agent refuses every link fault."""
+    names = ", ".join(allowlist)
+    if NODE_IFNAME not in allowlist:
+        return fail("interfaces", f"each node's namespace has {NODE_IFNAME}, which is not on "
+                                  f"testbed.fault_interfaces ({names}): every link fault would be refused",
+                    f"add {NODE_IFNAME} to testbed.fault_interfaces in the spec")
+    return ok("interfaces", f"{NODE_IFNAME} (in each node's namespace) is on testbed.fault_interfaces; "
+                            "the host's NICs do not matter")
+
+
+def check_interfaces(allowlist: Sequence[str], present: Sequence[str]) -> Check:
+    """A pod's node: its faults shape, and its KV crosses, the first allowlisted interface it has
+    (testbed/faults/agent.py pick_interface)."""
+    names = ", ".join(allowlist)
+    have = [i for i in allowlist if i in present]
+    if not have:
+        others = ", ".join(i for i in present if i != "lo") or "none but lo"
+        return fail("interfaces", f"none of testbed.fault_interfaces ({names}) is here; this node has {others}",
+                    "add this node's NIC to testbed.fault_interfaces in the spec")
+    missing = [i for i in allowlist if i not in present]
+    return ok("interfaces", f"{have[0]} (first of testbed.fault_interfaces here"
+                            + (f"; absent: {', '.join(missing)})" if missing else ")"))
+
+
+def interface_addresses(ifname: str) -> list[str]:
+    """The IPv4 addresses on ``ifname`` in this process's network namespace."""
+    import psutil
+
+    return [a.address for a in psutil.net_if_addrs().get(ifname, []) if a.family == socket.AF_INET]
+
+
+def check_link_faults(link_faults: Sequence[tuple[int, bool]], ifname: str | None, carries_ray: bool,
+                      ray_ip: str | None = None) -> Check:
+    """A link fault shapes the whole interface unless ``kv_only``: where that interface carries
+    the node's Ray address (``carries_ray``), it throttles Ray's control traffic (the router's
+    calls, heartbeats, object transfers) and ssh with the KV, and a deep one gets the node
+    declared dead. kv_only faults reach the KV by its ports (the `kv ports` line)."""
+    if not link_faults:
+        return na("link faults", "the spec has no link fault")
+    whole = [i for i, kv_only in link_faults if not kv_only]
+    if not whole:
+        return ok("link faults", f"kv_only: {_faults(i for i, _ in link_faults)} shape only the KV ports; Ray's "
+                                 "control traffic keeps the line rate")
+    where = f"this node's Ray address {ray_ip}" if ray_ip else "the node's Ray address"
+    if carries_ray:
+        return fail("link faults", f"{_faults(whole)} shape all of {ifname}, which carries {where}: Ray's control "
+                                   "traffic and ssh would be throttled with the KV",
+                    f"set kv_only: true on {_faults(whole)} (the KV alone is throttled), or give the KV a NIC "
+                    "of its own and list it first in testbed.fault_interfaces")
+    return ok("link faults", f"{_faults(whole)} shape all of {ifname}, which does not carry {where}")
+
+
+def _faults(indexes: Iterable[int]) -> str:
+    return "faults[" + ", ".join(str(i) for i in indexes) + "]"
+
+
+def _picked(allowlist: Sequence[str], present: Sequence[str]) -> str | None:
+    """The interface the node's engines use (the agent's own choice), None where there is none."""
+    from testbed.faults.agent import pick_interface
+
+    try:
+        return pick_interface(allowlist, present)
+    except ValueError:
+        return None
+
+
+def _ray_ip() -> str | None:
+    """This node's Ray address (what its Ray traffic is sent to), None outside a Ray worker."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return None
