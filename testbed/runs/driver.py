@@ -47,7 +47,6 @@ from testbed.calibration.calibrate import calibrate, check_pairs, warm_pairs
 from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
 from testbed.router.flow import prompt_ids
-from testbed.runs.collect import fetch_run_dir
 from testbed.runs.jobs import RunJob, read_jobs
 from testbed.runs.pods import discover_pods
 
@@ -335,6 +334,19 @@ def close_router(router: Any, status: str, engines: Engines, before: list[dict[s
         ray.kill(router)
         if agents is not None:
             agents.clear_all()
+
+
+def fetch_run_dir(router: Any) -> Path | None:
+    """The closed run directory, from the router's node to this driver's where they differ (the
+    records land where the command runs: testbed/runs/collect.py). Returns where it was unpacked."""
+    if ray.get(router.node_id.remote()) == ray.get_runtime_context().get_node_id():
+        return None
+    from testbed.runs.collect import unpack_dir
+
+    run_dir = Path(ray.get(router.run_dir.remote()))
+    names = unpack_dir(ray.get(router.run_archive.remote()), run_dir.parent)
+    console.print(f"  records fetched from the router's node: {len(names)} entries -> {run_dir}")
+    return run_dir
 
 
 def run_one(spec: ExperimentSpec, policy: str, seed: int, wl: Workload, out: Path, engines: Engines,
