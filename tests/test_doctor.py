@@ -322,11 +322,12 @@ def test_a_whole_link_fault_on_the_nic_ray_uses_fails_with_kv_only_as_the_fix(mo
         {**link, "kv_only": True}, {"kind": "compute", "pods": [1], "start_s": 1.0, "duration_s": 2.0, "slowdown": 2.0},
         {**link, "kv_only": False}]})
     params = pf.Params.from_spec(spec)
-    assert params.link_faults == ((0, True), (2, False))
-    c = pf.check_link_faults(params.link_faults, "ens5", True, "10.0.0.7")
+    assert params.link_faults == ((0, True, (0,)), (2, False, (0,)))
+    pairs = [(i, kv) for i, kv, _ in params.link_faults]
+    c = pf.check_link_faults(pairs, "ens5", True, "10.0.0.7")
     assert c.failed and "faults[2] shape all of ens5, which carries this node's Ray address 10.0.0.7" in c.detail
     assert "set kv_only: true on faults[2]" in c.fix
-    assert pf.check_link_faults(params.link_faults, "ens6", False, "10.0.0.7").status == "ok"  # a NIC of its own
+    assert pf.check_link_faults(pairs, "ens6", False, "10.0.0.7").status == "ok"  # a NIC of its own
     assert pf.check_link_faults(((0, True),), "ens5", True, "10.0.0.7").status == "ok"
     assert pf.check_link_faults((), "ens5", True).status == "n/a"
 
@@ -338,8 +339,10 @@ def test_a_whole_link_fault_on_the_nic_ray_uses_fails_with_kv_only_as_the_fix(mo
     monkeypatch.setattr(pf, "probe_vllm", fast)
     monkeypatch.setattr(pf, "probe_nixl", fast)
     monkeypatch.setattr(pf, "_ray_ip", lambda: "127.0.0.1")
-    pod = {c.name: c for c in pf.node_checks(pf.Params(fault_interfaces=("lo",), link_faults=((0, False),)),
-                                            pf.Role(cluster=True, head=False, pods=("pod0",)))}
+    whole_on_pod0 = pf.Params(fault_interfaces=("lo",), link_faults=((0, False, (0,)),))
+    pod = {c.name: c for c in pf.node_checks(whole_on_pod0, pf.Role(cluster=True, head=False, pods=("pod0",)))}
     assert pod["link faults"].failed and "lo, which carries this node's Ray address 127.0.0.1" in pod["link faults"].detail
-    head = {c.name: c for c in pf.node_checks(pf.Params(link_faults=((0, False),)), pf.Role(cluster=True, head=True))}
+    other = {c.name: c for c in pf.node_checks(whole_on_pod0, pf.Role(cluster=True, head=False, pods=("pod1",)))}
+    assert other["link faults"].status == "n/a"  # the fault shapes pod 0's node only
+    head = {c.name: c for c in pf.node_checks(pf.Params(link_faults=((0, False, (0,)),)), pf.Role(cluster=True, head=True))}
     assert head["link faults"].status == "n/a"

@@ -52,8 +52,8 @@ class Params:
     ingress: tuple[str, int] = ("127.0.0.1", 8000)
     gpus_per_engine: int = 0
     pods: int = 1
-    # the spec's link faults as (index in faults, kv_only)
-    link_faults: tuple[tuple[int, bool], ...] = ()
+    # the spec's link faults as (index in faults, kv_only, the pods it shapes)
+    link_faults: tuple[tuple[int, bool, tuple[int, ...]], ...] = ()
 
     @classmethod
     def from_spec(cls, spec: Any) -> Params:
@@ -61,7 +61,8 @@ class Params:
         return cls(mode=t.mode, fault_interfaces=tuple(t.fault_interfaces), metrics=(t.metrics_host, t.metrics_port),
                    ingress=(t.ingress_host, t.ingress_port), gpus_per_engine=t.gpus_per_engine,
                    pods=spec.topology.pods,
-                   link_faults=tuple((i, bool(f.kv_only)) for i, f in enumerate(spec.faults) if f.kind == "link"))
+                   link_faults=tuple((i, bool(f.kv_only), tuple(f.pods)) for i, f in enumerate(spec.faults)
+                                     if f.kind == "link"))
 
 
 @dataclass(frozen=True)
@@ -465,12 +466,12 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
     elif not role.cluster:
         checks += [check_cgroups(), check_privileges(True), check_emulated_interfaces(params.fault_interfaces)]
         # each node's namespace: its one interface carries its Ray address (testbed/hosts/netns.py)
-        checks.append(check_link_faults(params.link_faults, NODE_IFNAME, True))
+        checks.append(check_link_faults([(i, kv) for i, kv, _ in params.link_faults], NODE_IFNAME, True))
     else:
         checks += [check_cgroups(), check_privileges(False), check_interfaces(params.fault_interfaces, present)]
         ip = _ray_ip()
-        checks.append(check_link_faults(params.link_faults, device, bool(device and ip in interface_addresses(device)),
-                                        ip))
+        here = [(i, kv) for i, kv, pods in params.link_faults if any(f"pod{p}" in role.pods for p in pods)]
+        checks.append(check_link_faults(here, device, bool(device and ip in interface_addresses(device)), ip))
     if local or not role.engines:
         checks.append(na("link faults", no_faults if local else no_pod))
     if role.head:

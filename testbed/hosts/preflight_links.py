@@ -52,7 +52,7 @@ def check_link_faults(link_faults: Sequence[tuple[int, bool]], ifname: str | Non
     calls, heartbeats, object transfers) and ssh with the KV, and a deep one gets the node
     declared dead. kv_only faults reach the KV by its ports (the `kv ports` line)."""
     if not link_faults:
-        return na("link faults", "the spec has no link fault")
+        return na("link faults", "no link fault of the spec shapes this node")
     whole = [i for i, kv_only in link_faults if not kv_only]
     if not whole:
         return ok("link faults", f"kv_only: {_faults(i for i, _ in link_faults)} shape only the KV ports; Ray's "
