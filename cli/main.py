@@ -42,21 +42,12 @@ DIST = "pd-reliability-testbed"
 # come from install.sh alone (--no-deps: its meta package would pull CUDA 13 wheels on a CPU).
 _TESTBED = f"pip install '{DIST}[testbed]' (./install.sh; on GPU nodes [gpu], ./install.sh --gpu)"
 _NIXL = "./install.sh (NIXL with its cu12 wheel, pinned in constraints/cpu.txt; on GPU nodes ./install.sh --gpu)"
+_GPU = f"pip install '{DIST}[gpu]' (./install.sh --gpu)"
 EXTRA_MODULES: dict[str, tuple[str, str]] = {
-    "ray": ("Ray", _TESTBED),
-    "vllm": ("vLLM", _TESTBED),
-    "pyroute2": ("pyroute2", _TESTBED),
-    "torch": ("torch", _TESTBED),
-    "transformers": ("transformers", _TESTBED),
-    "tokenizers": ("tokenizers", _TESTBED),
-    "fastapi": ("fastapi", _TESTBED),
-    "starlette": ("starlette", _TESTBED),
-    "uvicorn": ("uvicorn", _TESTBED),
-    "prometheus_client": ("prometheus-client", _TESTBED),
-    "psutil": ("psutil", _TESTBED),
-    "nixl": ("NIXL", _NIXL),
-    "nixl_cu12": ("NIXL", _NIXL),
-    "pynvml": ("nvidia-ml-py", f"pip install '{DIST}[gpu]' (./install.sh --gpu)"),
+    **{m: (m, _TESTBED) for m in ("pyroute2", "torch", "transformers", "tokenizers", "fastapi", "starlette",
+                                  "uvicorn", "psutil")},
+    "ray": ("Ray", _TESTBED), "vllm": ("vLLM", _TESTBED), "prometheus_client": ("prometheus-client", _TESTBED),
+    "nixl": ("NIXL", _NIXL), "nixl_cu12": ("NIXL", _NIXL), "pynvml": ("nvidia-ml-py", _GPU),
 }
 
 
@@ -96,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run every seed on the testbed a second time, on the same engines and workloads, and "
                          "judge each sim-to-testbed difference against the testbed's own run-to-run difference "
                          "(default: with several seeds; docs/twin.md \"Repeatability\")")
-    _add_address(tw, "whose pods run the testbed's side; the records are written where the router runs, its head")
+    _add_address(tw, "whose pods run the testbed's side; the records land where this command runs")
     tw.add_argument("--calibrations", metavar="A,B,...",
                     help="further calibrations of these engines (testbed calibrate --times N wrote them): the "
                          "simulator runs under each too, and its spread over them widens every check's interval "

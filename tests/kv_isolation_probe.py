@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from testbed.engines.kv_ports import KV_PORT_BASE
 from testbed.faults.agent_actor import AGENT_NAMESPACE, FaultAgentActor
+from testbed.hosts.traffic import receive_stamped
 
 FAULT_BPS = 4e6  # the fault's rate: a 2 MB object then needs 4 s, against ~0.1 s at the fabric's rate
 BLOB_BYTES = 2_000_000
@@ -66,17 +67,8 @@ def _kv_stream_bps(pin: NodeAffinitySchedulingStrategy, host: str) -> float:
 
     def rx() -> None:
         conn, _ = srv.accept()
-        conn.settimeout(0.5)
         until = time.monotonic() + STREAM_S + 5
-        while time.monotonic() < until:
-            try:
-                data = conn.recv(1 << 20)
-            except socket.timeout:
-                continue
-            if not data:
-                break
-            got.append((time.monotonic(), len(data)))
-        conn.close()
+        receive_stamped(conn, got, lambda: time.monotonic() < until)
 
     t = threading.Thread(target=rx, daemon=True)
     t.start()

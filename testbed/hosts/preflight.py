@@ -488,14 +488,7 @@ def _where(role: Role) -> str:
 
 
 def _label(role: Role) -> str:
-    where = _where(role)
-    try:
-        import ray
-
-        ip = ray.util.get_node_ip_address()
-    except Exception:
-        ip = "?"
-    return f"node {ip} ({socket.gethostname()}; {where})"
+    return f"node {_ray_ip() or '?'} ({socket.gethostname()}; {_where(role)})"
 
 
 def _on_node(params: Params, roles: dict[str, Role]) -> NodeChecks:

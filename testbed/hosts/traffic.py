@@ -11,7 +11,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from testbed.hosts.netns import Fabric, in_netns
@@ -31,6 +31,21 @@ def rto_s(sock: socket.socket) -> float:
     return struct.unpack_from("8BI", info)[-1] / 1e6
 
 
+def receive_stamped(conn: socket.socket, got: list[tuple[float, int]], going: Callable[[], bool]) -> None:
+    """Read ``conn`` while ``going()`` and the sender sends, appending (monotonic time, bytes) per
+    read to ``got``; then close it. The goodput over any window is read from ``got`` afterwards."""
+    conn.settimeout(0.5)
+    while going():
+        try:
+            data = conn.recv(1 << 20)
+        except socket.timeout:
+            continue
+        if not data:
+            break
+        got.append((time.monotonic(), len(data)))
+    conn.close()
+
+
 class TcpStream:
     """A TCP stream from one namespace to another; the receiver time-stamps what it reads."""
 
@@ -47,16 +62,7 @@ class TcpStream:
 
     def _rx(self) -> None:
         conn, _ = self.srv.accept()
-        conn.settimeout(0.5)
-        while not self.stop.is_set():
-            try:
-                data = conn.recv(1 << 20)
-            except socket.timeout:
-                continue
-            if not data:
-                break
-            self.got.append((time.monotonic(), len(data)))
-        conn.close()
+        receive_stamped(conn, self.got, lambda: not self.stop.is_set())
 
     def _tx(self) -> None:
         buf = bytes(1 << 16)
