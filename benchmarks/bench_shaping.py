@@ -24,7 +24,7 @@ from rich.table import Table
 
 from testbed.faults.agent import FaultAgent
 from testbed.faults.shaping import KV_PORT_BASE
-from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns
+from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns
 from faults.telemetry import probe_window_s
 from testbed.hosts.traffic import TcpStream
 

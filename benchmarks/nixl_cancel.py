@@ -5,7 +5,7 @@ its blocks only once the read ends: delay_free_blocks), so on a degraded link th
 loading it. The stack's own cancel would be NIXL's release of the transfer handle while the read
 is in progress (``nixl_agent.release_xfer_handle``; UCX backend: its requests cancelled). This
 measures what it does to the traffic: two NIXL agents with the UCX backend over TCP (as the
-engines: testbed/engines/engine.py) in namespaces of the project's fabric (testbed/hosts/netns.py),
+engines: testbed/engines/engine.py) in namespaces of the project's fabric (testbed/machine/netns.py),
 the source's link (pod0, both directions) shaped to ``--mbit`` with the testbed's own shaping
 (testbed/faults/shaping.py), one read of ``--mb`` MB given up ``--deadline-s`` after it started
 (its handle released, or, with ``--keep``, left alone as vLLM does), and pod0's sent bytes sampled
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ucx_outage import start_source  # noqa: E402
 from testbed.faults import shaping  # noqa: E402
-from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns, netns_exec_argv  # noqa: E402
+from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns, netns_exec_argv  # noqa: E402
 
 # The reader: one read of the source's buffer, given up argv[3] s after it started (released unless
 # argv[4] == "keep"), its state watched to its end or argv[5] s; then a second read, watched to its

@@ -2,7 +2,7 @@
 and do reads work again once the link is back? (issue 30: dead work, the outage after the outage.)
 
 Two NIXL agents with the UCX backend (UCX_TLS=tcp, as the engines: testbed/engines/engine.py), each
-in a network namespace of its own on the project's fabric (testbed/hosts/netns.py): the source in
+in a network namespace of its own on the project's fabric (testbed/machine/netns.py): the source in
 pod0 registers a buffer, as a prefill engine holds KV; the reader on the head reads it again and
 again (a NIXL READ, as a decode engine pulls). At DOWN_AT_S pod0's interface drops everything it
 sends and receives (the link fault of `residual_bw: 0`, testbed/faults/shaping.py; --direction)
@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.faults import shaping  # noqa: E402
-from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns, netns_exec_argv  # noqa: E402
+from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns, netns_exec_argv  # noqa: E402
 
 DOWN_AT_S = 5.0  # the reads have settled into their line-rate rhythm by then
 READ_BYTES = 32 << 20  # one read: about a prompt's KV for a 1.6k-token prompt of an 8B model at fp16

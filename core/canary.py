@@ -5,7 +5,7 @@ engine's blocks hold (a pull that outlived its KV lease reads blocks already fre
 reused) and returns success. On the testbed the only proof is the tokens: a canary is
 a request whose greedy output is compared with the same prompt decoded on one engine
 alone (no transfer), computed before the run. The tiny model's logits are peaked
-(testbed/engines/model.py), so equal KV gives equal tokens except at a numerical
+(testbed/engines/tiny_model.py), so equal KV gives equal tokens except at a numerical
 near-tie, where bf16 rounding may pick the other of the top two; a divergence anywhere
 else, or to any other token, means the KV was not the prompt's: outcome ``corrupt``
 (core/records.py).
@@ -24,7 +24,7 @@ import numpy as np
 
 # A divergence is a near-tie where the reference's top-2 logprob gap is below this. One bf16
 # step at a logit of 60 is 0.25 nats and about 5 % of the tiny model's steps keep a margin
-# below 0.15 nats (testbed/engines/model.py); 1 nat leaves four bf16 steps of room while a
+# below 0.15 nats (testbed/engines/tiny_model.py); 1 nat leaves four bf16 steps of room while a
 # wrong context flips tokens whose margin is the median 3.6 nats.
 NEAR_TIE_NATS = 1.0
 

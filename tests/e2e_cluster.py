@@ -274,7 +274,7 @@ PLANNER_ONLY_ENV = "TESTBED_E2E_PLANNER_ONLY"
 
 def _raylet_envs(run_id: str) -> dict[int, dict[str, str]]:
     """The environment of each of the run's raylets (found by the run's marker), by PID."""
-    from testbed.hosts.runprocs import RUN_MARKER_ENV
+    from testbed.machine.procs import RUN_MARKER_ENV
 
     envs = {}
     for pid in map(int, subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout.split()):

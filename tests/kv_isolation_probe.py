@@ -5,7 +5,7 @@ Pod 0's uplink (what leaves its node: KV pulled from its prefill engine, and Ray
 measured with no fault, under a kv_only fault, then under the same fault on the whole link:
 
 * the KV path: a TCP stream from pod 0 to the head on a port in the range the engines give UCX
-  (testbed/engines/kv_ports.py), the traffic a kv_only fault is meant to throttle;
+  (testbed/machine/kv_ports.py), the traffic a kv_only fault is meant to throttle;
 * Ray's own traffic: an object made by a task on pod 0 and fetched by this driver on the head,
   through Ray's object manager on Ray's ports, which a kv_only fault must leave at line rate.
 
@@ -27,7 +27,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from testbed.engines.kv_ports import KV_PORT_BASE
+from testbed.machine.kv_ports import KV_PORT_BASE
 from testbed.faults.agent_actor import AGENT_NAMESPACE, FaultAgentActor
 from testbed.hosts.traffic import receive_stamped
 

@@ -115,6 +115,21 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return parts
 
 
+def room_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
+    """The module graph with each sub-package folded into one node, its room (testbed.hosts,
+    testbed.machine, core.policies, ...); a package's own top-level modules stay nodes of their own.
+    A circle here is two rooms that each import the other, however far apart their modules are."""
+    def room(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 and (root / parts[0] / parts[1] / "__init__.py").is_file() \
+            else module
+
+    g: dict[str, set[str]] = {}
+    for m, deps in module_graph(root, packages).items():
+        g.setdefault(room(m), set()).update(room(d) for d in deps)
+    return {r: deps - {r} for r, deps in g.items()}
+
+
 def too_long(root: Path, dirs=PACKAGES + ("tests", "benchmarks")) -> list[str]:
     return [f"{p.relative_to(root)}: {n} lines" for d in dirs for p in sorted((root / d).rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES]
@@ -155,6 +170,12 @@ def test_each_package_imports_only_what_lies_below_it():
 
 def test_no_module_imports_one_that_imports_it():
     assert cycles(module_graph(ROOT)) == []
+
+
+def test_no_sub_package_imports_one_that_imports_it():
+    g = room_graph(ROOT)
+    assert "testbed.machine" in g["testbed.faults"] and "testbed.faults" in g["testbed.hosts"]  # the walk saw them
+    assert cycles(g) == []
 
 
 def test_no_module_is_over_600_lines():
@@ -209,6 +230,16 @@ def test_an_import_circle_between_modules_is_caught_even_through_a_lazy_import(t
                             "core/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from core.b import B\n",
                             "core/b.py": "from core import a\n"})
     assert cycles(module_graph(root)) == [["analysis.host", "analysis.metrics"]]  # the TYPE_CHECKING pair is none
+
+
+def test_a_circle_between_sub_packages_is_caught_though_no_module_circle_exists(tmp_path):
+    # hosts.nodes -> faults.agent -> hosts.netns: no module imports one that imports it, yet the rooms circle
+    root = _tree(tmp_path, {"testbed/hosts/__init__.py": "", "testbed/faults/__init__.py": "",
+                            "testbed/hosts/nodes.py": "from testbed.faults.agent import FaultAgent\n",
+                            "testbed/faults/agent.py": "from testbed.hosts.netns import in_netns\n",
+                            "testbed/hosts/netns.py": ""})
+    assert cycles(module_graph(root)) == []
+    assert cycles(room_graph(root)) == [["testbed.faults", "testbed.hosts"]]
 
 
 def test_a_module_over_600_lines_is_caught(tmp_path):

@@ -435,7 +435,7 @@ def test_node_resources_per_address(filled):
 
 
 def test_resource_names_are_the_runtimes():
-    netns = pytest.importorskip("testbed.hosts.netns", reason="needs pyroute2 (./install.sh)")
+    netns = pytest.importorskip("testbed.machine.netns", reason="needs pyroute2 (./install.sh)")
     assert cf.HEAD == netns.HEAD
     assert [cf.pod_name(i) for i in range(4)] == [netns.pod_name(i) for i in range(4)]
 
@@ -500,7 +500,7 @@ def test_stop_ray_stops_only_this_files_ray(tmp_path):
 
 def test_the_emulated_clusters_generated_file_passes_rays_bootstrap(sandbox):
     from testbed.hosts import rayup
-    from testbed.hosts.netns import Fabric
+    from testbed.machine.netns import Fabric
 
     tmp_path, _ = sandbox
     fabric = Fabric.plan("ab12cd34", 3)
@@ -539,7 +539,7 @@ def test_a_node_runs_the_start_command_recorded_for_its_own_address(tmp_path):
 
 def test_down_removes_only_this_runs_bootstrap_files(tmp_path):
     from testbed.hosts import rayup
-    from testbed.hosts.netns import Fabric
+    from testbed.machine.netns import Fabric
 
     fabric, home = Fabric.plan("ab12cd34", 1), tmp_path / "home"
     home.mkdir()

@@ -1,4 +1,4 @@
-"""A run directory packed by the router and unpacked where the driver runs (testbed/runs/collect.py)."""
+"""A run directory packed by the router and unpacked where the driver runs (testbed/router/run_archive.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from testbed.runs.collect import pack_dir, unpack_dir
+from testbed.router.run_archive import pack_dir, unpack_dir
 
 
 def test_a_run_directory_comes_back_whole(tmp_path):

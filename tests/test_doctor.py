@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from testbed.hosts import preflight as pf
-from testbed.hosts.netns import missing_privileges
+from testbed.machine.netns import missing_privileges
 from testbed.hosts.raynodes import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,7 +237,7 @@ def test_gpus_are_listed_or_na_without_nvml_and_fail_when_the_spec_needs_them(tm
 
 
 def test_cgroups_fail_with_the_layouts_reason_or_a_read_only_root():
-    from testbed.faults.throttle import ComputeFaultError
+    from testbed.faults.compute_common import ComputeFaultError
 
     def none():
         raise ComputeFaultError("no usable cgroup cpu controller: no cgroup v1 mount with the cpu controller")
@@ -301,7 +301,7 @@ def test_the_checks_run_on_each_node_of_a_ray_cluster():
 
 
 def test_kv_ports_fail_with_the_fix_where_ucx_took_none_of_the_range():
-    from testbed.engines.kv_ports import KV_PORT_BASE
+    from testbed.machine.kv_ports import KV_PORT_BASE
 
     inside = pf.check_kv_ports(pf.Probe({"state": "DONE", "tcp_ports": [22, KV_PORT_BASE + 3]}, None, 1.0))
     assert inside.status == "ok" and str(KV_PORT_BASE + 3) in inside.detail

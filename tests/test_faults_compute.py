@@ -23,9 +23,10 @@ import pytest
 from testbed.faults.cgroups import PARENT
 from testbed.faults.compute import make_throttle
 from testbed.faults.cpu import CpuQuotaThrottle, clear_project_cgroups
-from testbed.faults.gpu import GpuClockThrottle, gpu_available
-from testbed.faults.procs import descendants
-from testbed.faults.throttle import ComputeFaultError, ComputeThrottle
+from testbed.faults.gpu import GpuClockThrottle
+from testbed.machine.gpu import gpu_available
+from testbed.machine.procs import descendants
+from testbed.faults.compute_common import ComputeFaultError, ComputeThrottle
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -280,7 +281,7 @@ def test_an_agent_started_through_the_node_shim_throttles_and_clears(procs, tmp_
     slow a process by the factor asked for (it failed with "no usable cgroup cpu controller")."""
     import uuid
 
-    from testbed.hosts.netns import create_namespace, kill_processes_in, netns_exec_argv, remove_namespace, run_prefix
+    from testbed.machine.netns import create_namespace, kill_processes_in, netns_exec_argv, remove_namespace, run_prefix
 
     sleeper = procs("import time; time.sleep(60)")
     original = _cgroups(sleeper.pid)

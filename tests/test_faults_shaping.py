@@ -18,7 +18,7 @@ from pyroute2 import IPRoute
 from testbed.faults import shaping
 from testbed.faults.agent import FaultAgent, FaultRefused
 from testbed.faults.shaping import KV_PORT_BASE, Shaping
-from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
+from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
 from testbed.hosts.traffic import TcpStream as Stream
 from testbed.hosts.traffic import retransmits, rto_s
 from testbed.hosts.traffic import tcp_stream as stream

@@ -17,7 +17,7 @@ import pytest
 
 from builders import shipped_spec_dict
 from core.spec import parse_spec
-from testbed.hosts.netns import create_namespace, kill_processes_in, missing_privileges, netns_exec_argv, \
+from testbed.machine.netns import create_namespace, kill_processes_in, missing_privileges, netns_exec_argv, \
     remove_namespace, run_prefix
 from testbed.hosts.raynodes import free_ports
 from testbed.runs.launch import _host_ports
@@ -45,7 +45,7 @@ def head():
     """A namespace standing for the emulated cluster's head, with its loopback up and an exporter on it."""
     from pyroute2 import IPRoute
 
-    from testbed.hosts.netns import in_netns
+    from testbed.machine.netns import in_netns
 
     ns = run_prefix(uuid.uuid4().hex[:10]) + "head"
     port = _free_port()

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 
 from testbed.faults import gpu
-from testbed.faults import throttle
+from testbed.faults import compute_common
 from testbed.faults.agent import FaultAgent
 from testbed.faults.compute import make_throttle
-from testbed.faults.gpu import (GpuClockThrottle, gpu_available, locked_uuids, nvml_uuid,
-                                           reset_project_gpu_locks, visible_gpu_uuid)
-from testbed.faults.throttle import ComputeFaultError, registered
+from testbed.faults.gpu import GpuClockThrottle, locked_uuids, reset_project_gpu_locks
+from testbed.machine.gpu import GpuLookupError, gpu_available, nvml_uuid, visible_gpu_uuid
+from testbed.faults.compute_common import ComputeFaultError, registered
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"  # physical index 0
@@ -202,7 +202,7 @@ def nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     yield Stub(module, tmp_path)
     for t in registered():  # a failing test must not leave the exit hook a stub-bound throttle
         if isinstance(t, GpuClockThrottle):
-            throttle.unregister(t)
+            compute_common.unregister(t)
 
 
 def _gpu_throttles() -> list[GpuClockThrottle]:
@@ -236,7 +236,7 @@ def test_uuids_are_spelled_as_nvml_spells_them() -> None:
     assert nvml_uuid(GPU_B.upper().replace("GPU-", "gpu-")) == GPU_B
     assert nvml_uuid(bytes.fromhex(GPU_A[4:].replace("-", ""))) == GPU_A
     for bad in (0, "0", "", "MIG-bbbbbbbb-5555-6666-7777-888888888888", GPU_B[:-2], b"\x01" * 15, None):
-        with pytest.raises(ComputeFaultError, match="not a GPU UUID") as err:
+        with pytest.raises(GpuLookupError, match="not a GPU UUID") as err:
             nvml_uuid(bad)
         _one_line(err)
 
@@ -270,11 +270,11 @@ def test_the_engine_resolves_its_own_gpu_in_its_process(tmp_path: Path, monkeypa
     assert asked == [0]  # ...and did not ask CUDA
 
     _fake_cuda(monkeypatch, [])
-    with pytest.raises(ComputeFaultError, match="no CUDA device 0 visible .*CUDA_VISIBLE_DEVICES=1") as err:
+    with pytest.raises(GpuLookupError, match="no CUDA device 0 visible .*CUDA_VISIBLE_DEVICES=1") as err:
         Engine(EngineConfig(**cfg, gpu=True)).gpu_uuid()
     _one_line(err)
     _fake_cuda(monkeypatch, [GPU_A])
-    with pytest.raises(ComputeFaultError, match="no CUDA device 1"):
+    with pytest.raises(GpuLookupError, match="no CUDA device 1"):
         visible_gpu_uuid(1)
 
 
@@ -353,7 +353,7 @@ def test_the_agent_resets_on_clear_clear_all_and_a_change_of_gpus(nvml: Stub) ->
 def test_the_exit_hook_resets_what_was_never_cleared(nvml: Stub) -> None:
     t = GpuClockThrottle("pytest-gpu", [GPU_A, GPU_B])
     t.apply([], 2.0)
-    throttle._clear_all_at_exit()  # what atexit runs
+    compute_common._clear_all_at_exit()  # what atexit runs
     assert nvml.locked() == {} and nvml.unreset() == set() and not t.active and _gpu_throttles() == []
 
 
@@ -457,7 +457,7 @@ def test_an_agent_that_exits_resets_its_gpus(nvml: Stub, mode: str) -> None:
 
 def test_testbed_faults_clear_resets_the_gpus_of_a_killed_agent(nvml: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
     from testbed.faults import agent_actor as fault_agents
-    from testbed.hosts import netns
+    from testbed.machine import netns
     from testbed.faults import cpu
     from testbed.faults import shaping
 
@@ -497,7 +497,7 @@ def test_a_real_gpu_is_locked_measured_and_reset() -> None:
         pytest.skip("locking GPU clocks needs root")
     try:
         uuid = visible_gpu_uuid(0)
-    except ComputeFaultError as exc:
+    except GpuLookupError as exc:
         pytest.skip(f"torch cannot see this process's GPU: {exc}")
     pynvml.nvmlInit()
     try:

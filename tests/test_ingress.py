@@ -28,7 +28,7 @@ def tokenizer(tmp_path_factory):
     pytest.importorskip("transformers")
     from transformers import AutoTokenizer
 
-    from testbed.engines.model import build_tiny_model
+    from testbed.engines.tiny_model import build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.mktemp("tok") / "tiny", layers=1, hidden=64, head_dim=16, kv_heads=2,
                             vocab=512)

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from testbed.hosts.netns import Fabric, create_fabric, destroy_fabric, in_netns, missing_privileges
+from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns, missing_privileges
 
 pytestmark = pytest.mark.skipif(missing_privileges() is not None,
                                 reason=f"needs root for network namespaces: {missing_privileges()}")
@@ -42,7 +42,7 @@ def test_namespaces_qdiscs_and_links_are_listed_while_they_exist_and_not_after()
 
 
 def test_a_process_of_an_emulated_cluster_is_listed_by_its_marker():
-    from testbed.hosts.runprocs import RUN_MARKER_ENV
+    from testbed.machine.procs import RUN_MARKER_ENV
     from testbed.hosts.leftovers import find_leftovers
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],

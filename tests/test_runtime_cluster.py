@@ -24,7 +24,7 @@ import pytest
 from pyroute2 import IPRoute
 from pyroute2 import netns as pr_netns
 
-from testbed.hosts.netns import (
+from testbed.machine.netns import (
     Fabric,
     NetnsError,
     create_fabric,
@@ -134,7 +134,7 @@ assert libc.capset(ctypes.byref(Hdr(0x20080522, 0)), (Data * 2)()) == 0
 def test_without_capabilities_namespaces_fail_with_one_line_and_auto_mode_goes_local(tmp_path):
     script = _DROP_CAPS + textwrap.dedent(f"""
         import logging
-        from testbed.hosts.netns import Fabric, NetnsPermissionError, create_fabric
+        from testbed.machine.netns import Fabric, NetnsPermissionError, create_fabric
         from testbed.hosts.emulated import EmulatedCluster
         logging.basicConfig(format="%(message)s")
         try:
@@ -292,7 +292,7 @@ def test_a_crashed_creator_is_cleaned_from_its_state_file(tmp_path):
     state = state_file(tmp_path, run_id)
     script = textwrap.dedent(f"""
         import subprocess, sys, time
-        from testbed.hosts.netns import Fabric, create_fabric, netns_exec_argv, processes_in_namespaces
+        from testbed.machine.netns import Fabric, create_fabric, netns_exec_argv, processes_in_namespaces
         fab = Fabric.plan({run_id!r}, 2)
         create_fabric(fab, {str(state)!r})
         sleeper = subprocess.Popen(netns_exec_argv(fab.node("pod0").netns, ["sleep", "300"]), start_new_session=True)

@@ -70,7 +70,7 @@ def test_rdma_refuses_a_link_fault_in_one_line():
 
 
 def test_each_node_shapes_the_first_allowlisted_interface_it_has():
-    from testbed.faults.agent import pick_interface
+    from testbed.machine.interfaces import pick_interface
 
     allow = ["eth0", "ens1f0"]
     assert pick_interface(allow, ["lo", "ens1f0"]) == "ens1f0"

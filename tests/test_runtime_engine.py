@@ -30,7 +30,7 @@ needs_hf = pytest.mark.skipif(not HAVE_HF, reason="torch/transformers/tokenizers
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM CPU build or NIXL not installed "
                                 "(see docs/verified.md)")
 
-from testbed.engines.kv_ports import KV_PORT_BASE
+from testbed.machine.kv_ports import KV_PORT_BASE
 from testbed.engines.engine import EngineConfig  # noqa: E402  (no vLLM import at module level)
 
 BLOCK = 128  # vLLM's CPU KV block size (tokens)
@@ -43,14 +43,14 @@ BLOCK = 128  # vLLM's CPU KV block size (tokens)
 def tiny_model(tmp_path_factory):
     if not HAVE_HF:
         pytest.skip("torch/transformers/tokenizers not installed")
-    from testbed.engines.model import build_tiny_model
+    from testbed.engines.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 @needs_hf
 def test_tiny_model_is_cached_and_rebuilt_on_new_parameters(tiny_model, tmp_path):
-    from testbed.engines.model import MARKER, build_tiny_model
+    from testbed.engines.tiny_model import MARKER, build_tiny_model
 
     stamp = (tiny_model / MARKER).stat().st_mtime_ns
     t0 = time.monotonic()
@@ -66,7 +66,7 @@ def test_tiny_model_is_cached_and_rebuilt_on_new_parameters(tiny_model, tmp_path
 
 @needs_hf
 def test_kv_bytes_per_token_follows_the_config(tiny_model, tmp_path):
-    from testbed.engines.model import build_tiny_model, kv_bytes_per_token
+    from testbed.engines.tiny_model import build_tiny_model, kv_bytes_per_token
 
     assert kv_bytes_per_token(tiny_model) == 8 * 8 * 32 * 2 * 2  # 8 KiB per token: docs/verified.md "A tiny model built locally"
     small = build_tiny_model(tmp_path / "f32", layers=2, hidden=64, head_dim=16, kv_heads=2,
@@ -76,7 +76,7 @@ def test_kv_bytes_per_token_follows_the_config(tiny_model, tmp_path):
 
 @needs_hf
 def test_tiny_model_rejects_bad_shapes(tmp_path):
-    from testbed.engines.model import build_tiny_model
+    from testbed.engines.tiny_model import build_tiny_model
 
     with pytest.raises(ValueError, match="head_dim"):
         build_tiny_model(tmp_path / "x", hidden=100, head_dim=32)
@@ -99,7 +99,7 @@ def test_tiny_model_tokenizer_round_trips_text(tiny_model):
 
 @needs_hf
 def test_tiny_model_logits_are_peaked(tiny_model):
-    from testbed.engines.model import greedy_margins
+    from testbed.engines.tiny_model import greedy_margins
 
     rng = np.random.default_rng(3)
     margins = np.array(greedy_margins(tiny_model, [rng.integers(4, 2048, 150).tolist()
@@ -260,7 +260,7 @@ def _free_port() -> int:
 def engines(tmp_path_factory):
     if not HAVE_VLLM:
         pytest.skip("vLLM CPU build or NIXL not installed (see docs/verified.md)")
-    from testbed.engines.model import build_tiny_model
+    from testbed.engines.tiny_model import build_tiny_model
 
     root = tmp_path_factory.mktemp("engines")
     model = build_tiny_model(root / "model")
@@ -383,7 +383,7 @@ def test_restore_affinity_gives_every_narrowed_thread_its_cpus_back():
 @needs_vllm
 def test_kv_moves_over_nixl_and_decode_matches_single_engine(engines):
     from core.canary import reference, verdict
-    from testbed.engines.model import kv_bytes_per_token
+    from testbed.engines.tiny_model import kv_bytes_per_token
 
     p, d = engines["prefill"], engines["decode"]
     per_token = kv_bytes_per_token(engines["model"])
@@ -495,7 +495,7 @@ def test_abort_mid_decode_frees_the_request(engines):
 @needs_vllm
 def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(engines):
     from testbed.faults.cpu import CpuQuotaThrottle
-    from testbed.faults.procs import descendants
+    from testbed.machine.procs import descendants
 
     p = engines["prefill"]
     n = 1500

@@ -22,7 +22,7 @@ import uuid
 import pytest
 
 from testbed.faults import shaping
-from testbed.hosts.netns import in_netns, list_namespaces, missing_privileges, run_prefix
+from testbed.machine.netns import in_netns, list_namespaces, missing_privileges, run_prefix
 
 pytestmark = [
     pytest.mark.slow,

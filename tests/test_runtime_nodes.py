@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
 
-from testbed.hosts.netns import missing_privileges  # noqa: E402
+from testbed.machine.netns import missing_privileges  # noqa: E402
 
 needs_root = pytest.mark.skipif(missing_privileges() is not None,
                                 reason=f"needs root for network namespaces: {missing_privileges()}")
@@ -45,7 +45,7 @@ def shaped_netns() -> Iterator[str]:
     from pyroute2 import IPRoute
 
     from testbed.faults import shaping
-    from testbed.hosts.netns import create_namespace, in_netns, kill_processes_in, remove_namespace, run_prefix
+    from testbed.machine.netns import create_namespace, in_netns, kill_processes_in, remove_namespace, run_prefix
 
     ns = run_prefix(uuid.uuid4().hex[:10]) + "pod0"
     try:
@@ -118,7 +118,7 @@ def test_render_marks_allowlisted_interfaces_and_shows_the_pods(ray_local):
 @needs_root
 def test_node_report_sees_the_project_shaping_without_touching_it(shaped_netns):
     from testbed.faults import shaping
-    from testbed.hosts.netns import in_netns
+    from testbed.machine.netns import in_netns
     from testbed.hosts.nodes import node_report
 
     with in_netns(shaped_netns):
@@ -271,7 +271,7 @@ def test_run_on_every_node_needs_a_connection(monkeypatch):
 @needs_root
 def test_clear_cluster_faults_removes_a_left_shaping_and_is_idempotent(ray_local, shaped_netns):
     from testbed.faults import shaping
-    from testbed.hosts.netns import in_netns
+    from testbed.machine.netns import in_netns
     from testbed.hosts.nodes import clear_cluster_faults
 
     first = _this_node(clear_cluster_faults(timeout_s=60), ray_local)
@@ -316,7 +316,7 @@ def test_a_node_clear_waits_for_the_host_lock(ray_local, shaped_netns):
     does not run (reported as no answer, the shaping still there); once released it does."""
     from testbed.faults import agent_actor as fault_agents
     from testbed.faults import shaping
-    from testbed.hosts.netns import in_netns
+    from testbed.machine.netns import in_netns
     from testbed.hosts.nodes import clear_cluster_faults
 
     with fault_agents._host_lock():
@@ -358,7 +358,7 @@ def test_on_an_emulated_cluster_every_node_reports_its_namespace_and_clears(tmp_
 
     from testbed.hosts.emulated import EmulatedCluster
     from testbed.faults import shaping
-    from testbed.hosts.netns import in_netns
+    from testbed.machine.netns import in_netns
 
     cluster = EmulatedCluster(2, tmp_path / "state", tmp_path / "run", run_id=uuid.uuid4().hex[:10],
                               mode="netns", launcher="direct")
@@ -401,7 +401,7 @@ def test_clear_host_faults_sweeps_again_when_something_vanishes_under_it(monkeyp
     from pyroute2.netlink.exceptions import NetlinkError
 
     from testbed.faults import agent_actor as fault_agents
-    from testbed.hosts import netns
+    from testbed.machine import netns
     from testbed.faults import cpu
     from testbed.faults import gpu
     from testbed.faults import shaping

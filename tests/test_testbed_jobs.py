@@ -47,7 +47,7 @@ class _FakeRay:
     @staticmethod
     def get_runtime_context():
         # the driver's node; the fake router's is another, so every run's records are fetched
-        # from it (testbed/runs/collect.py), as where the driver runs off the head
+        # from it (testbed/router/run_archive.py), as where the driver runs off the head
         return type("Context", (), {"get_node_id": staticmethod(lambda: "driver-node")})()
 
 

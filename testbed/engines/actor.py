@@ -16,8 +16,8 @@ from typing import Any
 import ray
 
 from testbed.engines.engine import Engine, EngineConfig, EngineError
-from testbed.engines.model import ensure_tiny_model
-from testbed.faults.procs import descendants as descendants_of
+from testbed.engines.tiny_model import ensure_tiny_model
+from testbed.machine.procs import descendants as descendants_of
 
 
 def _plain_errors(method: Any) -> Any:
@@ -57,7 +57,7 @@ class EngineActor:
             ensure_tiny_model(config["model"])
 
         if isinstance(net_device, list):  # an allowlist: the first interface this node has
-            from testbed.faults.agent import pick_interface
+            from testbed.machine.interfaces import pick_interface
 
             net_device = pick_interface(net_device, where=f"engine {config['name']}'s node")
         # The pod's own address: NIXL's side channel and UCX must use the pod's link.
@@ -66,7 +66,7 @@ class EngineActor:
     async def start(self) -> dict[str, Any]:
         seconds = await self.engine.start()
         from testbed.engines.hoststats import HostSampler
-        from testbed.faults.procs import descendants
+        from testbed.machine.procs import descendants
         from testbed.engines.shm_wakeups import LostSeconds
 
         # the engine's CPU and run-queue wait, and its node's CPU pressure (hoststats.py): the
@@ -134,7 +134,7 @@ class EngineActor:
     async def compute_pids(self) -> list[int]:
         """The engine's worker processes (vLLM's engine core and its children): what a
         compute fault slows. The actor's own process (the API front end) is left alone."""
-        from testbed.faults.procs import descendants
+        from testbed.machine.procs import descendants
 
         return descendants(os.getpid())
 
@@ -143,7 +143,7 @@ class EngineActor:
         own process (vLLM's front end); ``core``, vLLM's engine core, the child the front end spawned
         (found by its parent, not its title: twice a serving core kept multiprocessing's
         ``spawn_main`` command line; multiprocessing's resource tracker is the other child)."""
-        from testbed.faults.procs import cmdline, ppid
+        from testbed.machine.procs import cmdline, ppid
 
         me = os.getpid()
         if which == "actor":

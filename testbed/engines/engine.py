@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.engines import shm_wakeups
-from testbed.engines.kv_ports import KV_PORT_RANGE
+from testbed.machine.kv_ports import KV_PORT_RANGE
 from testbed.engines.results import DecodeResult, EngineError, PrefillResult  # noqa: F401 (re-exported)
 from testbed.engines.stagelog import PULL_ENDS, STAGE_LOG_ENV, StageLog
 from testbed.engines.stats import EngineStats
@@ -331,7 +331,7 @@ class Engine:
         a child, inherits the same CUDA_VISIBLE_DEVICES. It initialises CUDA in this process."""
         if not self.config.gpu:
             return None
-        from testbed.faults.gpu import visible_gpu_uuid
+        from testbed.machine.gpu import visible_gpu_uuid
 
         return visible_gpu_uuid(0)
 

@@ -29,7 +29,7 @@ from testbed.faults import shaping
 from testbed.faults.shaping import Shaping, ShapingError
 
 if TYPE_CHECKING:
-    from testbed.faults.throttle import Backend
+    from testbed.faults.compute_common import Backend
 
 Side = Literal["uplink", "downlink"]
 _DIRECTION: dict[str, shaping.Direction] = {"uplink": "egress", "downlink": "ingress"}
@@ -48,21 +48,6 @@ class _Active:
     expires_at: float
     undo: Callable[[], Any]
     detail: dict[str, Any] = field(default_factory=dict)
-
-
-def pick_interface(allowlist: Sequence[str], present: Sequence[str] | None = None, where: str = "this node") -> str:
-    """The interface a node's faults shape and its KV crosses: the first of the allowlist
-    (``testbed.fault_interfaces``) that exists on the node, so nodes whose NICs have other names
-    (eth0 here, ens1f0 there) can share one spec. None present: one line naming what the node has."""
-    if present is None:
-        import socket
-
-        present = [name for _, name in socket.if_nameindex()]  # this process's network namespace
-    for name in allowlist:
-        if name in present:
-            return name
-    raise ValueError(f"{where} has none of testbed.fault_interfaces ({', '.join(allowlist)}); "
-                     f"it has {', '.join(sorted(present)) or 'no interface'}")
 
 
 class FaultAgent:
@@ -220,7 +205,7 @@ class FaultAgent:
         process is refused, nothing signalled. Nothing to undo and no TTL: a dead engine stays dead
         unless its fault restarts it (the injector asks the engine's actor, not the agent); the driver
         starts a new set before the next run. Returns when it was sent (the agent's clock)."""
-        from testbed.faults.procs import cmdline, ppid
+        from testbed.machine.procs import cmdline, ppid
 
         if not (cmdline(pid).startswith(ENGINE_TITLE) or cmdline(ppid(pid)).startswith(ENGINE_TITLE)):
             raise FaultRefused(f"pid {pid} is not an engine's process (neither {ENGINE_TITLE} nor its child): "

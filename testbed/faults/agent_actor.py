@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import ray
 
 if TYPE_CHECKING:
-    from testbed.faults.throttle import Backend
+    from testbed.faults.compute_common import Backend
 
 AGENT_NAMESPACE = "testbed-faults"  # Ray namespace of the named, detached agents
 TTL_TICK_S = 0.2
@@ -136,7 +136,7 @@ class FaultAgents:
         self.pod_ips = [i["ip"] for i in infos[:pods]]
         self.head_ip = infos[-1]["ip"]
         # Per pod, the interface its faults shape: the first allowlisted one its node has.
-        from testbed.faults.agent import pick_interface
+        from testbed.machine.interfaces import pick_interface
 
         self.pod_ifnames = [pick_interface(allowlist, i["interfaces"], f"pod{k}'s node ({i['ip']})")
                             for k, i in enumerate(infos[:pods])]
@@ -159,7 +159,7 @@ class FaultAgents:
 
 def clear_lock_path() -> Path:
     """The host-wide lock file of :func:`clear_host_faults` (/run/testbed as root, else the temp dir)."""
-    from testbed.hosts.netns import DEFAULT_STATE_DIR
+    from testbed.machine.netns import DEFAULT_STATE_DIR
 
     if os.geteuid() == 0 and DEFAULT_STATE_DIR.parent.is_dir():
         return DEFAULT_STATE_DIR / "clear-faults.lock"
@@ -209,7 +209,7 @@ def clear_host_faults() -> list[str]:
     from testbed.faults.cpu import clear_project_cgroups
     from testbed.faults.gpu import reset_project_gpu_locks
 
-    from testbed.hosts import netns as nn
+    from testbed.machine import netns as nn
 
     with _host_lock():
         removed = [f"host:{r}" for r in _sweep(shaping.clear_all)]

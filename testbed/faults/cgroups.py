@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.faults.procs import ppid
-from testbed.faults.throttle import ComputeFaultError
+from testbed.machine.procs import ppid
+from testbed.faults.compute_common import ComputeFaultError
 
 PARENT = "testbed-faults"  # every cgroup of the project lives under <controller root>/PARENT
 _RMDIR_TRIES = 50  # rmdir can report EBUSY for a moment after the last task left

@@ -1,6 +1,6 @@
 """The compute slow-down for the engines' device: :func:`make_throttle` picks the backend.
 
-The backends (``cpu``, ``gpu``) import :mod:`testbed.faults.throttle` for what they share (the
+The backends (``cpu``, ``gpu``) import :mod:`testbed.faults.compute_common` for what they share (the
 protocol, the error, the exit registry); the choice between them lives here, above both, so that
 no module imports one that imports it.
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from testbed.faults.cpu import CpuQuotaThrottle
-from testbed.faults.gpu import GpuClockThrottle, gpu_available
-from testbed.faults.throttle import BACKENDS, Backend, ComputeFaultError, ComputeThrottle
+from testbed.faults.gpu import GpuClockThrottle
+from testbed.machine.gpu import gpu_available
+from testbed.faults.compute_common import BACKENDS, Backend, ComputeFaultError, ComputeThrottle
 
 __all__ = ["make_throttle"]
 

@@ -36,7 +36,7 @@ from testbed.faults.cgroups import (
     state_dir,
     write,
 )
-from testbed.faults.throttle import ComputeFaultError, register, registered, sanitize_key, unregister
+from testbed.faults.compute_common import ComputeFaultError, register, registered, sanitize_key, unregister
 
 _MIN_QUOTA_US = 1000  # the kernel refuses a CFS quota below 1 ms
 

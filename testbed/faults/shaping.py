@@ -2,7 +2,7 @@
 
 Everything here acts on the calling thread's network namespace (the fault
 agent runs inside its node's namespace; tests wrap calls in
-``testbed.hosts.netns.in_netns``) and opens, uses and closes its own
+``testbed.machine.netns.in_netns``) and opens, uses and closes its own
 ``IPRoute`` handle: a pyroute2 0.9 handle belongs to the thread that opened it.
 
 Layout on an interface ``dev``, every handle in the project's own major
@@ -16,7 +16,7 @@ Layout on an interface ``dev``, every handle in the project's own major
   ``ifb`` device ``tb-ifb-<dev>``, which carries the same ``htb``;
 * which traffic is limited: everything (default class ``:1``), or with
   ``kv_only`` only TCP/UDP with a port in the range every engine tells UCX to
-  listen on (``UCX_TCP_PORT_RANGE``, testbed/engines/kv_ports.py); Ray's control
+  listen on (``UCX_TCP_PORT_RANGE``, testbed/machine/kv_ports.py); Ray's control
   traffic then stays at line rate;
 * delay and loss: a ``netem`` child under ``7e57:1``. Kernels without netem
   (this machine) get a :class:`ShapingError` saying so;
@@ -48,7 +48,7 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 
 # UCX listens for its TCP connections in this range (UCX_TCP_PORT_RANGE), so every KV connection
 # has one end in it.
-from testbed.engines.kv_ports import KV_PORT_BASE, KV_PORT_MASK
+from testbed.machine.kv_ports import KV_PORT_BASE, KV_PORT_MASK
 
 MAJOR = 0x7E57  # "test": every qdisc/class of the project has this major
 ROOT = MAJOR << 16

@@ -62,7 +62,7 @@ import yaml
 
 PLACEHOLDER = re.compile(r"@FILL_IN_[A-Za-z0-9_]+@")
 _UNQUOTED = re.compile(r"(?<![\"'])" + PLACEHOLDER.pattern + r"(?![\"'])")
-HEAD = "head"  # the head's resource, as on the emulated cluster (testbed.hosts.netns.HEAD)
+HEAD = "head"  # the head's resource, as on the emulated cluster (testbed.machine.netns.HEAD)
 NODE_IP_ENV = "TESTBED_NODE_IP"  # a node's own address, where finding it by route and interfaces is not enough
 MARKER_ENV = "TESTBED_RAY_NODE"  # set by cluster.yaml's start commands on `ray start`: the cluster file's path
 RAY_PORT = 6379  # the head's GCS port in cluster.yaml; only the route towards it is looked up, nothing is sent
@@ -73,7 +73,7 @@ PODS_KEY = "pods"
 
 
 def pod_name(pod: int) -> str:
-    """Pod ``pod``'s Ray resource, as on the emulated cluster (testbed.hosts.netns.pod_name)."""
+    """Pod ``pod``'s Ray resource, as on the emulated cluster (testbed.machine.netns.pod_name)."""
     return f"pod{pod}"
 
 

@@ -19,7 +19,7 @@ session. Nodes are stopped by process group and by namespace, never with
 (``<state_dir>/<run_id>.json``) as they start, so ``down`` works for a
 crashed run too (``EmulatedCluster.attach`` or ``down_all``). How the nodes are
 started and waited for is in testbed/hosts/raynodes.py; the run's processes as /proc
-shows them, in testbed/hosts/runprocs.py.
+shows them, in testbed/machine/procs.py.
 
 Drivers must run inside the head's namespace: use ``popen_in_head`` /
 ``run_in_head`` (or ``head_argv`` to build the command), which also set
@@ -43,12 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from testbed.faults.procs import all_pids
-from testbed.hosts import netns as nn
-from testbed.hosts import rayup, runprocs
-from testbed.hosts.netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric
+from testbed.machine.procs import all_pids
+from testbed.machine import netns as nn
+from testbed.hosts import rayup
+from testbed.machine import procs
+from testbed.machine.netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric
 from testbed.hosts.raynodes import RAY_PORT, ClusterError, ClusterInfo, RayNodes, free_ports
-from testbed.hosts.runprocs import RUN_MARKER_ENV
+from testbed.machine.procs import RUN_MARKER_ENV
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class EmulatedCluster(RayNodes):
             raise ClusterError("emulated cluster: Ray is not installed (pip install 'ray[default]')")
         started = time.monotonic()
         nn.update_state(self.state_path, run_id=self.run_id, mode=self.mode, n_pods=self.n_pods,
-                        temp_root=str(self.temp_root), creator_start_ticks=runprocs.self_start_ticks(), processes=[],
+                        temp_root=str(self.temp_root), creator_start_ticks=procs.self_start_ticks(), processes=[],
                         launcher=self.launcher)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -270,7 +271,7 @@ class EmulatedCluster(RayNodes):
         marker = f"{RUN_MARKER_ENV}={self.run_id}".encode()
         found = set()
         for pid in all_pids():
-            st = runprocs.proc_stat(pid)
+            st = procs.proc_stat(pid)
             if st is None or st[0] == "Z":
                 continue
             if st[1] in sids and st[2] >= min_ticks:
@@ -283,7 +284,7 @@ class EmulatedCluster(RayNodes):
                 pass
         if self.mode == "netns":
             found |= set(nn.processes_in_namespaces(self.fabric.namespaces))
-        return found - runprocs.protected_pids()
+        return found - procs.protected_pids()
 
     def down(self, keep_logs: bool = False) -> None:
         """Stop every process of the run (SIGTERM to the node sessions, SIGKILL after
@@ -295,7 +296,7 @@ class EmulatedCluster(RayNodes):
         if self.launcher == "ray_up":
             self._ray_down()
         for p in state.get("processes", []):
-            if runprocs.alive(p["pid"], p["start_ticks"]):
+            if procs.alive(p["pid"], p["start_ticks"]):
                 try:
                     os.killpg(p["pid"], signal.SIGTERM)  # the node's session: ray start, gcs, raylet, workers
                 except ProcessLookupError:
@@ -347,11 +348,11 @@ class EmulatedCluster(RayNodes):
             p = recorded.get(n.name)
             ns = n.netns if self.mode == "netns" else None
             nodes.append(NodeStatus(name=n.name, pid=p["pid"] if p else None,
-                                    alive=bool(p) and runprocs.alive(p["pid"], p["start_ticks"]),
+                                    alive=bool(p) and procs.alive(p["pid"], p["start_ticks"]),
                                     netns=ns, netns_exists=ns is not None and ns in namespaces))
         pids = tuple(sorted(self._run_pids(state)))
         return ClusterStatus(run_id=self.run_id, mode=self.mode, nodes=tuple(nodes), namespaces=namespaces,
-                             pids=pids, pss_bytes=runprocs.pss_bytes(pids))
+                             pids=pids, pss_bytes=procs.pss_bytes(pids))
 
     @classmethod
     def attach(cls, state_dir: str | Path | None, run_id: str) -> EmulatedCluster:

@@ -14,7 +14,7 @@ import asyncio
 import socket
 import threading
 
-from testbed.hosts.netns import in_netns
+from testbed.machine.netns import in_netns
 
 _CHUNK = 1 << 16
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.hosts.emulated import default_state_dir
-from testbed.hosts.runprocs import RUN_MARKER_ENV, protected_pids
+from testbed.machine.procs import RUN_MARKER_ENV, protected_pids
 from testbed.faults.agent_actor import clear_lock_path
-from testbed.faults.procs import all_pids
-from testbed.hosts.netns import PREFIX, NetnsError, in_netns, list_namespaces, processes_in_namespaces
+from testbed.machine.procs import all_pids
+from testbed.machine.netns import PREFIX, NetnsError, in_netns, list_namespaces, processes_in_namespaces
 from testbed.hosts.rayup import BOOTSTRAP_FILES
 
 # What removes each kind (printed beside it)

@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 
-from testbed.hosts.netns import HEAD, has_net_admin, missing_privileges
+from testbed.machine.netns import HEAD, has_net_admin, missing_privileges
 
 RAY_HEAD_RESOURCE = "node:__internal_head__"  # Ray's own mark of its head node
 _POD_RE = re.compile(r"^pod(\d+)$")
@@ -281,7 +281,8 @@ def _interfaces() -> tuple[Interface, ...]:
 
 
 def _gpus() -> tuple[tuple[Gpu, ...], str | None, list[str]]:
-    from testbed.faults.gpu import gpu_available, locked_uuids, nvml_uuid
+    from testbed.faults.gpu import locked_uuids
+    from testbed.machine.gpu import gpu_available, nvml_uuid
 
     why = gpu_available()
     if why is not None:

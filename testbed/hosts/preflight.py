@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.engines.kv_ports import KV_PORT_BASE, KV_PORT_RANGE
-from testbed.hosts.netns import NODE_IFNAME, has_net_admin, missing_privileges
+from testbed.machine.kv_ports import KV_PORT_BASE, KV_PORT_RANGE
+from testbed.machine.netns import NODE_IFNAME, has_net_admin, missing_privileges
 
 from testbed.hosts.checks import FAIL, NA, OK, Check, fail, na, ok  # noqa: F401 (doctor's vocabulary, re-exported)
+from testbed.machine.interfaces import interface_addresses
 from testbed.hosts.preflight_links import (  # noqa: F401 (re-exported: the checks are preflight's)
-    _picked, _ray_ip, check_emulated_interfaces, check_interfaces, check_link_faults, interface_addresses)
+    _picked, _ray_ip, check_emulated_interfaces, check_interfaces, check_link_faults)
 
 _MARK = "DOCTOR-PROBE "  # the line a probe subprocess answers with
 _INSTALL = "./install.sh (vLLM's CPU build, NIXL, Ray; GPU nodes: ./install.sh --gpu)"
@@ -223,7 +224,7 @@ def probe_nixl(device: str | None = None, timeout_s: float = 60.0) -> Probe:
     """Import NIXL and move 4 KiB between two of its agents over UCX's tcp transport only, on
     ``device`` (``UCX_NET_DEVICES``; None: wherever UCX likes), as the engines do
     (testbed/engines/engine.py). UCX prints the transport each protocol chose (UCX_PROTO_INFO)."""
-    # other UCX_* pass, as to the engines; the port range is the engines' own (testbed/engines/kv_ports.py)
+    # other UCX_* pass, as to the engines; the port range is the engines' own (testbed/machine/kv_ports.py)
     env = {**os.environ, "UCX_TLS": "tcp", "UCX_PROTO_INFO": "y", "UCX_TCP_PORT_RANGE": KV_PORT_RANGE}
     env.pop("UCX_NET_DEVICES", None)
     if device:
@@ -241,7 +242,7 @@ def check_nixl(p: Probe) -> Check:
 
 def check_kv_ports(p: Probe) -> Check:
     """A kv_only link fault shapes only the TCP ports KV crosses, the range the engines give UCX
-    (testbed/engines/kv_ports.py): fail where UCX's connections in the probe took none of them, since
+    (testbed/machine/kv_ports.py): fail where UCX's connections in the probe took none of them, since
     such a fault would then throttle nothing of the KV and say nothing."""
     if p.data is None or "tcp_ports" not in p.data:
         why = "the probe moved no KV" if p.data is None or "ports_error" not in p.data else p.data["ports_error"]
@@ -335,7 +336,7 @@ def check_cgroups(layout: Callable[[], Any] | None = None, access: Callable[[Any
     """The cpu controller the compute fault uses (testbed/faults/cgroups.py), and that the project
     may create its cgroup there; nothing is created."""
     from testbed.faults.cgroups import PARENT, cpu_layout
-    from testbed.faults.throttle import ComputeFaultError
+    from testbed.faults.compute_common import ComputeFaultError
 
     try:
         lay = (layout or cpu_layout)()
@@ -366,7 +367,7 @@ def check_cgroups(layout: Callable[[], Any] | None = None, access: Callable[[Any
 
 def check_privileges(namespaces: bool, status_text: str | None = None) -> Check:
     """``namespaces``: this machine builds the emulated cluster (CAP_SYS_ADMIN and CAP_NET_ADMIN,
-    testbed/hosts/netns.py); else a cluster node whose fault agent shapes links (CAP_NET_ADMIN)."""
+    testbed/machine/netns.py); else a cluster node whose fault agent shapes links (CAP_NET_ADMIN)."""
     if namespaces:
         why = missing_privileges(status_text)
         if why is not None:
@@ -465,7 +466,7 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
         checks += [na(c, no_faults) for c in ("cgroups", "privileges", "interfaces")]
     elif not role.cluster:
         checks += [check_cgroups(), check_privileges(True), check_emulated_interfaces(params.fault_interfaces)]
-        # each node's namespace: its one interface carries its Ray address (testbed/hosts/netns.py)
+        # each node's namespace: its one interface carries its Ray address (testbed/machine/netns.py)
         checks.append(check_link_faults([(i, kv) for i, kv, _ in params.link_faults], NODE_IFNAME, True))
     else:
         checks += [check_cgroups(), check_privileges(False), check_interfaces(params.fault_interfaces, present)]

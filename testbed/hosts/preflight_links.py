@@ -4,16 +4,16 @@ only the KV or Ray's control traffic with it."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterable, Sequence
 
 from testbed.hosts.checks import Check, fail, na, ok
-from testbed.hosts.netns import NODE_IFNAME
+from testbed.machine.interfaces import pick_interface
+from testbed.machine.netns import NODE_IFNAME
 
 
 def check_emulated_interfaces(allowlist: Sequence[str]) -> Check:
     """This machine alone, netns mode: the project makes each node's namespace with one interface,
-    NODE_IFNAME (testbed/hosts/netns.py); the host's own interfaces do not matter. The spec's
+    NODE_IFNAME (testbed/machine/netns.py); the host's own interfaces do not matter. The spec's
     allowlist must hold it, or every node's fault agent refuses every link fault."""
     names = ", ".join(allowlist)
     if NODE_IFNAME not in allowlist:
@@ -26,7 +26,7 @@ def check_emulated_interfaces(allowlist: Sequence[str]) -> Check:
 
 def check_interfaces(allowlist: Sequence[str], present: Sequence[str]) -> Check:
     """A pod's node: its faults shape, and its KV crosses, the first allowlisted interface it has
-    (testbed/faults/agent.py pick_interface)."""
+    (testbed/machine/interfaces.py pick_interface)."""
     names = ", ".join(allowlist)
     have = [i for i in allowlist if i in present]
     if not have:
@@ -36,13 +36,6 @@ def check_interfaces(allowlist: Sequence[str], present: Sequence[str]) -> Check:
     missing = [i for i in allowlist if i not in present]
     return ok("interfaces", f"{have[0]} (first of testbed.fault_interfaces here"
                             + (f"; absent: {', '.join(missing)})" if missing else ")"))
-
-
-def interface_addresses(ifname: str) -> list[str]:
-    """The IPv4 addresses on ``ifname`` in this process's network namespace."""
-    import psutil
-
-    return [a.address for a in psutil.net_if_addrs().get(ifname, []) if a.family == socket.AF_INET]
 
 
 def check_link_faults(link_faults: Sequence[tuple[int, bool]], ifname: str | None, carries_ray: bool,
@@ -72,8 +65,6 @@ def _faults(indexes: Iterable[int]) -> str:
 
 def _picked(allowlist: Sequence[str], present: Sequence[str]) -> str | None:
     """The interface the node's engines use (the agent's own choice), None where there is none."""
-    from testbed.faults.agent import pick_interface
-
     try:
         return pick_interface(allowlist, present)
     except ValueError:

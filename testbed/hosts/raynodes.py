@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.hosts import netns as nn
+from testbed.machine import netns as nn
 from testbed.hosts import rayup
-from testbed.hosts.netns import HEAD, Fabric, NodeLink
-from testbed.hosts.runprocs import RUN_MARKER_ENV, proc_stat
+from testbed.machine.netns import HEAD, Fabric, NodeLink
+from testbed.machine.procs import RUN_MARKER_ENV, proc_stat
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from testbed.hosts.netns import Fabric, NodeLink
+from testbed.machine.netns import Fabric, NodeLink
 
 SSHD = "/usr/sbin/sshd"
 TOOLS = {"sshd": SSHD, "rsync": "rsync", "ssh": "ssh", "ssh-keygen": "ssh-keygen"}

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from testbed.hosts.netns import Fabric, in_netns
+from testbed.machine.netns import Fabric, in_netns
 
 
 def retransmits(sock: socket.socket) -> int:

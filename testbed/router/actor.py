@@ -157,7 +157,7 @@ class RouterActor:
         self._serving = asyncio.get_running_loop().create_future()
         try:
             if build_model:  # the tokenizer too is the tiny model's: a node without the driver's disk builds it
-                from testbed.engines.model import ensure_tiny_model
+                from testbed.engines.tiny_model import ensure_tiny_model
 
                 await asyncio.to_thread(ensure_tiny_model, model)
             tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model)
@@ -267,8 +267,8 @@ class RouterActor:
         return str(self.ctx.run_dir)
 
     def run_archive(self) -> bytes:
-        """The run directory as a gzip'd tar (testbed/runs/collect.py), for a driver on another node."""
-        from testbed.runs.collect import pack_dir
+        """The run directory as a gzip'd tar (testbed/router/run_archive.py), for a driver on another node."""
+        from testbed.router.run_archive import pack_dir
 
         return pack_dir(self.ctx.run_dir)
 

@@ -338,10 +338,10 @@ def close_router(router: Any, status: str, engines: Engines, before: list[dict[s
 
 def fetch_run_dir(router: Any) -> Path | None:
     """The closed run directory, from the router's node to this driver's where they differ (the
-    records land where the command runs: testbed/runs/collect.py). Returns where it was unpacked."""
+    records land where the command runs: testbed/router/run_archive.py). Returns where it was unpacked."""
     if ray.get(router.node_id.remote()) == ray.get_runtime_context().get_node_id():
         return None
-    from testbed.runs.collect import unpack_dir
+    from testbed.router.run_archive import unpack_dir
 
     run_dir = Path(ray.get(router.run_dir.remote()))
     names = unpack_dir(ray.get(router.run_archive.remote()), run_dir.parent)

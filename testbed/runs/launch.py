@@ -26,7 +26,7 @@ from testbed.faults.shaping import netem_missing
 from core.calibration import calibration_load
 from core.spec import ExperimentSpec
 from core.sizes import available_memory_bytes
-from testbed.hosts.netns import missing_privileges
+from testbed.machine.netns import missing_privileges
 from testbed.router.flow import ABORT_GRACE_S
 from testbed.runs.jobs import Job, RunJob, prepare_jobs, repeat_of, write_jobs
 
@@ -40,7 +40,7 @@ def model_cache_dir() -> Path:
 
 def prepare_model(spec: ExperimentSpec) -> tuple[Path, dict[str, int]]:
     """The model directory (the tiny model is built once and cached) and what the router needs of it."""
-    from testbed.engines.model import build_tiny_model, kv_bytes_per_token
+    from testbed.engines.tiny_model import build_tiny_model, kv_bytes_per_token
 
     if spec.testbed.model is None:
         path = build_tiny_model(model_cache_dir())
