@@ -71,6 +71,7 @@ from analysis.metrics import ok_mask
 from analysis.run_data import RunData, load_run
 from analysis.summary import discover_runs
 from core.calibration import EngineCalibration, NetworkCalibration
+from core.engine_timing import decode_step_s, lone_pull_s, prefill_s
 from core.topology import GBPS
 
 # Issue 27 ("Calibration checked against the run"): a fit whose median misses the run's quiet
@@ -149,7 +150,7 @@ def prefill_batch_tokens(requests: pd.DataFrame, tol_s: float) -> np.ndarray:
 
 
 def predicted_prefill_s(batch_tokens: np.ndarray, engine: EngineCalibration) -> np.ndarray:
-    return engine.prefill_overhead_s + np.asarray(batch_tokens, float) / engine.prefill_tokens_per_s
+    return prefill_s(engine.prefill_overhead_s, engine.prefill_tokens_per_s, np.asarray(batch_tokens, float))
 
 
 def decode_windows(requests: pd.DataFrame, spec: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -199,7 +200,7 @@ def tpot_of_pieces(pieces: pd.DataFrame, size: int, base_s: float, per_seq_s: fl
     step_i`` tokens); NaN for the rows (of ``size``) without pieces."""
     rows = pieces["row"].to_numpy(int)
     d = pieces["d"].to_numpy(float)
-    step = base_s + per_seq_s * pieces["n"].to_numpy(float) + per_kv_token_s * pieces["kv"].to_numpy(float)
+    step = decode_step_s(base_s, per_seq_s, per_kv_token_s, pieces["n"].to_numpy(float), pieces["kv"].to_numpy(float))
     time = np.bincount(rows, weights=d, minlength=size)
     tokens = np.bincount(rows, weights=d / step, minlength=size)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -240,7 +241,7 @@ def lone_pulls(requests: pd.DataFrame, dead_pulls: pd.DataFrame, spec: Mapping[s
 
 
 def predicted_pull_s(kv_bytes: np.ndarray, engine: EngineCalibration, network: NetworkCalibration) -> np.ndarray:
-    return engine.kv_transfer_latency_s + np.asarray(kv_bytes, float) / (network.unshaped_gbps * GBPS)
+    return lone_pull_s(engine.kv_transfer_latency_s, np.asarray(kv_bytes, float), network.unshaped_gbps * GBPS)
 
 
 # --------------------------------------------------------------------------- per run, then the table
@@ -343,9 +344,9 @@ def predict(stage: str, samples: pd.DataFrame, engine: EngineCalibration, networ
     if stage == "decode_call":
         return np.full(len(samples), engine.decode_call_s)
     if stage == "first_token":
-        return engine.decode_join_s + engine.decode_step_base_s + (
-            engine.decode_step_per_seq_s * samples["batch"].to_numpy(float)
-            + engine.decode_step_per_kv_token_s * samples["kv_tokens"].to_numpy(float))
+        return engine.decode_join_s + decode_step_s(engine.decode_step_base_s, engine.decode_step_per_seq_s,
+                                                    engine.decode_step_per_kv_token_s, samples["batch"].to_numpy(float),
+                                                    samples["kv_tokens"].to_numpy(float))
     tpot = tpot_of_pieces(samples.attrs["pieces"], samples.attrs["size"], engine.decode_step_base_s,
                           engine.decode_step_per_seq_s, engine.decode_step_per_kv_token_s)
     return tpot[samples["row"].to_numpy(int)]

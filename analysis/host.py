@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.engine_timing import prefill_s
 from core.records import Outcome
 from core.limits import give_up_s, spec_first_token_limit
 
@@ -131,9 +132,9 @@ def run_host_marks(requests: pd.DataFrame, host: pd.DataFrame, meta: dict[str, A
     engine = (meta.get("calibration") or {}).get("engine") or spec.get("engine") or {}
     deadline = float(spec.get("deadline_s", np.nan))
     rate, overhead = engine.get("prefill_tokens_per_s"), engine.get("prefill_overhead_s", 0.0)
-    prefill_s = (overhead + requests["prompt_tokens"].to_numpy(float) / rate) if rate else None
+    prefill = prefill_s(overhead, rate, requests["prompt_tokens"].to_numpy(float)) if rate else None
     faulted = _compute_faulted(requests, faults) if faults is not None else None
-    return request_host_stall(requests, host, deadline, prefill_s, faulted, factor,
+    return request_host_stall(requests, host, deadline, prefill, faulted, factor,
                               gave_up_s=timed_out_at(requests, spec))
 
 

@@ -41,6 +41,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "simulator.maxmin",  # FlowNetwork's base class: the allocation half of network
     "simulator.cluster",
     "core.routing",
+    "core.engine_timing",  # the prefill and decode-step rule, called per batch and per step
     "core.ticket",
     "core.records",
     "core.risk",

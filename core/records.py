@@ -170,7 +170,7 @@ class BreakerRecord(NamedTuple):
 
 
 class EngineRecord(NamedTuple):
-    """An engine went down (its actor died, or its engine core: testbed/router/flow.py Liveness):
+    """An engine went down (its actor died, or its engine core: the rule of core/liveness.py):
     the router stops choosing its worker from then on; or, restarted, up again: chosen again."""
 
     time_s: float

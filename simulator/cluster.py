@@ -55,7 +55,9 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from core.engine_timing import decode_step_s, prefill_s
 from core.limits import first_token_limit
+from core.liveness import EngineLiveness
 from core.records import CORRUPT, DEAD_PULL_WATCH_S, NAN, OK, TIMEOUT
 from core.run import RunContext
 from core.stages import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL
@@ -172,9 +174,10 @@ class ClusterSim(ControlPath, EngineDeaths):
         if self.first_token_limit < deadline_s:
             self._chains.append(Chain(env, self._first_token_limits))
         env.process(self._faults())
-        # Engines that die: dead, not yet seen by the router (worker -> why). The testbed's router asks
-        # every engine whether it is down every testbed.engine_check_s from run start, and at once
-        # when a call to one raised (testbed/router/flow.py Liveness): the same rule here.
+        # Engines that die: dead, not yet seen by the router (worker -> why). The router asks every
+        # engine whether it is down every testbed.engine_check_s from run start, and at once when a
+        # call to one raised; what an answer changes is the rule both worlds share (core/liveness.py).
+        self.liveness = EngineLiveness(ctx)
         self._unseen: dict[int, str] = {}
         self._restarted: set[int] = set()  # serving again, not yet seen up by the router
         if any(f.kind == "engine" for f in ctx.spec.faults):
@@ -395,7 +398,7 @@ class ClusterSim(ControlPath, EngineDeaths):
 
     def _run_prefill(self, idx: int, batch: list[Ticket], tokens: int) -> None:
         """Time the batch just started on prefill worker idx (simulator.host makes it fluid)."""
-        dur = self.slowdown[self.prefill[idx].pod] * (self._prefill_overhead + tokens / self._prefill_tps)
+        dur = self.slowdown[self.prefill[idx].pod] * prefill_s(self._prefill_overhead, self._prefill_tps, tokens)
         call_after(self.env, dur, self._end_prefill, (idx, batch))
 
     def _end_prefill(self, ev: Call) -> None:
@@ -484,7 +487,7 @@ class ClusterSim(ControlPath, EngineDeaths):
     # --- decode (fluid continuous batching) ----------------------------------
     def _step_s(self, d: _Decode) -> float:
         """The step time of d's batch now (d.step_s keeps it: call when the batch or speed changes)."""
-        return self.slowdown[d.pod] * (self._step_base + self._step_per_seq * d.n + self._step_per_kv * d.kv_in_batch)
+        return self.slowdown[d.pod] * decode_step_s(self._step_base, self._step_per_seq, self._step_per_kv, d.n, d.kv_in_batch)
 
     def _advance(self, d: _Decode, now: float) -> None:
         if d.n:

@@ -4,8 +4,8 @@ asks whether an engine is dead (``dead`` of its worker) when a request reaches i
 
 What a dead engine held ends as ``error`` in its stage at once, as the calls on it raise on the
 testbed; a pull of KV a dead prefill engine held fails in ``kv_transfer`` (vLLM's default
-``kv_load_failure_policy: fail``). The router stops choosing it by the testbed's liveness rule
-(testbed/router/flow.py Liveness): when a call on it failed (a dead core's calls
+``kv_load_failure_policy: fail``). The router stops choosing it by the liveness rule both worlds
+share (core/liveness.py): when a call on it failed (a dead core's calls
 ``engine.core_death_notice_s`` after the kill), else at the next periodic check or the first call
 routed to it (docs/reliability.md "Engine death in both worlds").
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from core.liveness import ALIVE, DEAD, EngineLiveness
 from core.records import ERROR, NAN
 from core.stages import KV_TRANSFER
 from core.ticket import Ticket
@@ -30,6 +31,7 @@ class EngineDeaths:
 
     env: Any
     ctx: Any
+    liveness: EngineLiveness
 
     def _kill(self, ev: ScheduledEvent, now: float) -> None:
         """The engine fault's engines on ``ev.pod`` die now. What each held ends as ``error`` in its
@@ -51,12 +53,13 @@ class EngineDeaths:
         self._call_failed(ev.data, self.env._now)
 
     def _liveness(self, now: float) -> None:
-        """The router's periodic question to every engine: the dead ones not yet seen are down, the
-        restarted ones serving again are up."""
+        """The router's periodic question to every engine, answered as each would (core/liveness.py
+        decides what an answer changes; only the answers that change something are given: a dead
+        engine not yet seen, a restarted one the router still takes for down)."""
         for worker, why in list(self._unseen.items()):
             self._call_failed(worker, now, why)
         for worker in sorted(self._restarted):
-            self.ctx.engine_up(now, worker, "restarted (engine fault)")
+            self.liveness.answered(now, worker, ALIVE, "restarted (engine fault)")
         self._restarted.clear()
 
     def _restart(self, ev: ScheduledEvent, now: float) -> None:
@@ -81,9 +84,10 @@ class EngineDeaths:
             self._restarted.add(worker)
 
     def _call_failed(self, worker: int, now: float, why: str | None = None) -> None:
+        """The router asked a dead engine (a call on it failed, or a check): it answers with an error."""
         why = self._unseen.pop(worker, why)
         if why is not None:
-            self.ctx.engine_down(now, worker, why)
+            self.liveness.answered(now, worker, DEAD, why)
 
     def _fail(self, req: Ticket, now: float) -> None:
         """The attempt ends as ``error`` in the stage it is in (its engine died), the request with it

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.engine_timing import prefill_s
 from core.host_model import host_speed
 from core.stages import DECODE_QUEUE, KV_TRANSFER
 from core.spec import EngineSpec
@@ -174,7 +175,7 @@ class HostedClusterSim(ClusterSim):
     # --- prefill: a fluid batch ------------------------------------------------------
     def _run_prefill(self, idx: int, batch: list[Ticket], tokens: int) -> None:
         self._set_state(idx, self._per_engine)  # first: a new demand reschedules the others, this one starts at its speed
-        self._work[idx] = self._prefill_overhead + tokens / self._prefill_tps
+        self._work[idx] = prefill_s(self._prefill_overhead, self._prefill_tps, tokens)
         self._since[idx] = self.env._now
         self._batch[idx] = (idx, batch)
         self._schedule_prefill(idx)

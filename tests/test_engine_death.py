@@ -261,3 +261,24 @@ def test_a_restarted_engine_is_found_up_by_the_periodic_check_and_chosen_again(t
     assert not ((dec.time_s > down.time_s) & (dec.time_s < up.time_s) & (dec.decode_worker == 2)).any()
     assert ((dec.time_s > up.time_s) & (dec.decode_worker == 2)).any()
     assert (req[req.routed_s > up.time_s].outcome == "ok").all()
+
+
+def test_the_liveness_rule_changes_state_only_on_an_error_or_an_answer_from_a_down_engine(tmp_path):
+    """core/liveness.py, the rule both worlds feed: a dead answer puts a live engine down, an alive one
+    puts a down engine up, no answer (a busy engine) changes nothing; each change recorded once."""
+    from core.liveness import ALIVE, DEAD, NO_ANSWER, EngineLiveness, next_state
+
+    assert [next_state(False, a) for a in (ALIVE, DEAD, NO_ANSWER)] == [False, True, False]
+    assert [next_state(True, a) for a in (ALIVE, DEAD, NO_ANSWER)] == [False, True, True]
+    with pytest.raises(ValueError, match="unknown liveness answer 'late'"):
+        next_state(False, "late")  # type: ignore[arg-type]
+    spec = _spec()
+    with RunContext(spec, "testbed", "LC", 0, tmp_path, build_topology(spec), {"requests": 0}) as ctx:
+        live = EngineLiveness(ctx)
+        seen = [live.answered(1.0, 2, NO_ANSWER, ""), live.answered(2.0, 2, DEAD, "EngineDeadError"),
+                live.answered(3.0, 2, DEAD, "again"), live.answered(4.0, 2, NO_ANSWER, ""),
+                live.answered(5.0, 2, ALIVE, "restarted"), live.answered(6.0, 2, ALIVE, "still")]
+        assert seen == [None, True, None, None, False, None] and not live.is_down(2)
+    eng = read_table(ctx.run_dir, "engines")
+    assert list(zip(eng.time_s, eng.worker, eng.state, eng.reason)) == [(2.0, 2, "down", "EngineDeadError"),
+                                                                   (5.0, 2, "up", "restarted")]

@@ -51,6 +51,7 @@ import numpy as np
 
 from core.canary import Reference, Verdict, verdict
 from core.limits import first_token_limit
+from core.liveness import ALIVE, DEAD, NO_ANSWER, EngineLiveness
 from core.records import CORRUPT, DEAD_PULL_WATCH_S, ERROR, NAN, OK, REJECTED, TIMEOUT
 from core.run import RunContext
 from core.stages import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL, PREFILL_QUEUE
@@ -463,15 +464,16 @@ class RequestFlow:
 
 class Liveness:
     """Which engines are down, from their own state: vLLM's health check through each engine's
-    actor (its engine core alive), asked at the health probe's period and at once when a call to
-    the engine raised. An answer that is an error (the actor dead, the core dead) puts the engine
-    down (RunContext.engine_down: the router stops choosing it) until a periodic check finds it
-    answering again, restarted by an engine fault's restart_s (RunContext.engine_up); no answer
-    within ``timeout_s`` is a busy engine, not a dead one."""
+    actor (its engine core alive), asked every ``testbed.engine_check_s`` and at once when a call to
+    the engine raised. What an answer changes is core/liveness.py's rule, the simulator's too: an
+    error (the actor dead, the core dead) puts the engine down until a check finds it answering
+    again (restarted by an engine fault's restart_s); no answer within ``timeout_s`` is a busy
+    engine, not a dead one."""
 
     def __init__(self, ctx: RunContext, flow: RequestFlow, clock: Callable[[], float], timeout_s: float,
                  names: Sequence[str]) -> None:
         self.ctx, self.flow, self.clock, self.timeout_s, self.names = ctx, flow, clock, timeout_s, list(names)
+        self.rule = EngineLiveness(ctx)  # core/liveness.py: what an answer changes
         self._checking: set[tuple[str, int]] = set()
         self.checks: set[asyncio.Task] = set()
 
@@ -501,18 +503,15 @@ class Liveness:
     async def _ask(self, role: str, idx: int) -> None:
         engine = (self.flow.prefill if role == "prefill" else self.flow.decode)[idx]
         worker = self.worker(role, idx)
-        down = self.ctx.router.view.pods.down
-        was_down = down is not None and bool(down[worker])
         name = self.names[idx if role == "prefill" else len(self.flow.prefill) + idx]
         try:
             await asyncio.wait_for(engine.health(), self.timeout_s)
         except asyncio.TimeoutError:
-            return
+            answer, why = NO_ANSWER, ""
         except Exception as e:
-            if not was_down:
-                log.warning("engine %s is down: %s", name, e)
-                self.ctx.engine_down(self.clock(), worker, f"{type(e).__name__}: {e}"[:300])
-            return
-        if was_down:  # restarted: it answers vLLM's health check again
-            log.warning("engine %s is up again", name)
-            self.ctx.engine_up(self.clock(), worker, "health check answered (restarted)")
+            answer, why = DEAD, f"{type(e).__name__}: {e}"[:300]
+        else:
+            answer, why = ALIVE, "health check answered (restarted)"
+        changed = self.rule.answered(self.clock(), worker, answer, why)
+        if changed is not None:
+            log.warning("engine %s is %s: %s", name, "down" if changed else "up again", why)
