@@ -16,6 +16,7 @@
                     [--calibration-sims SIM_PATH2...]
     testbed policies
 
+Every command takes -v (what each step did; -vv debugging detail) and -q (errors only).
 Errors are one line on stderr and exit status 2, a package of the testbed that is not installed
 too (it names the extra that brings it); rows recorded before an error or Ctrl-C stay in their run
 directories (marked ``interrupted``).
@@ -34,6 +35,7 @@ from cli.report import cmd_compare, cmd_report
 from cli.run import cmd_calibrate, cmd_run, cmd_twin
 from cli.sim import cmd_sim
 from cli.study import cmd_study
+from core.logs import configure_logging, level_for
 from core.policies import POLICY_NAMES
 
 DIST = "pd-reliability-testbed"
@@ -189,11 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(fn=cmd_compare)
     p = sub.add_parser("policies", help="list the known policies")
     p.set_defaults(fn=cmd_policies)
+    for p in (ap, *sub.choices.values()):  # before the command or after it: testbed -v sim, testbed sim -v
+        default = 0 if p is ap else argparse.SUPPRESS
+        p.add_argument("-v", "--verbose", action="count", default=default,
+                       help="say more: -v what each step did, -vv debugging detail")
+        p.add_argument("-q", "--quiet", action="count", default=default, help="errors only")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging(level_for(args.verbose, args.quiet))
     try:
         return args.fn(args)
     except KeyboardInterrupt:

@@ -22,6 +22,7 @@ it acts on links and CPUs, and what it measured.
 
 from __future__ import annotations
 
+import logging
 import resource
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,6 +39,8 @@ from .spec import ExperimentSpec
 from .ticket import Ticket
 from .topology import Topology
 from .view import Capacity
+
+log = logging.getLogger(__name__)
 
 # One fault row as a world recorded it: (target, time acted, measured on the severity's scale, measured bit/s).
 FaultRow = tuple[str, float, float, float]
@@ -153,6 +156,7 @@ class RunContext:
     def close(self, status: str = "finished", **extra: Any) -> dict[str, Any]:
         self._final_meta()
         self.writer.close(status, **extra)
+        self._log_end()
         return self.writer.meta
 
     def __enter__(self) -> RunContext:
@@ -161,3 +165,12 @@ class RunContext:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._final_meta()
         self.writer.__exit__(exc_type, exc, tb)
+        self._log_end()
+
+    def _log_end(self) -> None:
+        if getattr(self, "_logged_end", False):  # closed, then the with block left: said once
+            return
+        self._logged_end = True
+        meta = self.writer.meta
+        log.info("%s run %s (%s requests): %s", self.world, meta.get("status"),
+                 (meta.get("rows") or {}).get("requests", 0), self.run_dir)

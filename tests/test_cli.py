@@ -335,3 +335,24 @@ def test_only_the_testbed_packages_are_turned_into_one_line():
     assert missing_extra("sim", ModuleNotFoundError("No module named 'no_such_module_here'",
                                                     name="no_such_module_here")) is None
     assert missing_extra("sim", ModuleNotFoundError("No module named 'raylet'", name="raylet")) is None
+
+
+def test_the_log_level_is_the_commands_to_set(tmp_path):
+    """core/logs.py: -v shows what each step did (a run closed: INFO), before or after the command's
+    name; the default and -q do not; the level reaches the processes the command starts by env."""
+    args = ("experiments/smoke.yaml", "--policies", "LC", "--seeds", "0", "--out", tmp_path / "runs")
+    said = {how: _run(*argv, cwd=REPO).stderr for how, argv in
+            {"-v first": ("-v", "sim", *args), "-v after": ("sim", "-v", *args), "default": ("sim", *args),
+             "-q": ("sim", "-q", *args)}.items()}
+    info = "INFO core.run: sim run finished"
+    assert info in said["-v first"] and info in said["-v after"], said
+    assert info not in said["default"] and info not in said["-q"]
+    from core.logs import LEVEL_ENV, level_for
+    import logging
+
+    assert [level_for(), level_for(1), level_for(2), level_for(0, 1), level_for(5)] == \
+           [logging.WARNING, logging.INFO, logging.DEBUG, logging.ERROR, logging.DEBUG]
+    child = subprocess.run([sys.executable, "-c", "import logging; from core.logs import configure_from_env; "
+                            "configure_from_env(); print(logging.getLogger().level)"], capture_output=True, text=True,
+                           cwd=REPO, env={**os.environ, LEVEL_ENV: "INFO"})
+    assert child.stdout.strip() == str(logging.INFO), child.stderr

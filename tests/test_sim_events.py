@@ -96,3 +96,25 @@ def test_run_until_stops_where_env_run_would():
     assert log == ["before"] and env.now == 2.0
     with pytest.raises(ValueError, match="greater than the current"):
         run_until(env, 2.0, [])
+
+
+def test_the_simpy_internals_the_simulator_uses_are_where_it_expects_them():
+    """simulator/events.py reads and writes Environment._queue, ._eid and ._now (SimPy 4.1's, for
+    speed; pyproject.toml accepts 4.1.x only): this fails, naming what moved, when a SimPy release
+    changes them, before a run's event order silently does."""
+    import itertools
+    from importlib.metadata import version
+
+    from simpy.events import NORMAL, URGENT
+
+    assert version("simpy").startswith("4.1."), f"simpy {version('simpy')}: pyproject.toml pins 4.1.x"
+    env = simpy.Environment(initial_time=2.5)
+    assert env._now == env.now == 2.5, "Environment._now is no longer the clock"
+    assert isinstance(env._queue, list) and env._queue == [], "Environment._queue is no longer a plain heap list"
+    assert isinstance(env._eid, itertools.count), "Environment._eid is no longer an itertools.count"
+    t = env.timeout(1.0)
+    assert env._queue == [(3.5, NORMAL, 0, t)], f"Environment.schedule keys events otherwise: {env._queue}"
+    assert next(env._eid) == 1 and NORMAL == 1 and URGENT == 0
+    env._now = 3.0  # what run_until does: step() must take the clock from the key, not keep its own
+    env.step()
+    assert env.now == 3.5 and t.processed

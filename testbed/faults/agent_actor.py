@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import logging
 import os
 import signal
 import tempfile
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from testbed.faults.compute_common import Backend
@@ -51,13 +54,13 @@ class FaultAgentActor:
             try:
                 self.agent.expire()
             except Exception as e:  # keep the timer alive; the next tick retries
-                print(f"fault agent {self.agent.node}: expiring faults failed: {e}", flush=True)
+                log.warning("fault agent %s: expiring faults failed: %s", self.agent.node, e)
 
     def _clear_quietly(self) -> None:
         try:
             self.agent.clear_all()
         except Exception as e:
-            print(f"fault agent {self.agent.node}: clearing faults at exit failed: {e}", flush=True)
+            log.warning("fault agent %s: clearing faults at exit failed: %s", self.agent.node, e)
 
     def _install_signal_handlers(self) -> list[str]:
         installed = []

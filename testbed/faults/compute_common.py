@@ -21,12 +21,14 @@ registry) and imports neither; the choice between them is :mod:`testbed.faults.c
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
-import sys
 import threading
 from collections.abc import Sequence
 from typing import Literal, Protocol, get_args, runtime_checkable
+
+log = logging.getLogger(__name__)
 
 Backend = Literal["cpu", "gpu"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -104,4 +106,4 @@ def _clear_all_at_exit() -> None:
         try:
             t._teardown()
         except Exception as exc:  # keep clearing the others
-            print(f"{__name__}: clearing {t.key} at exit failed: {exc}", file=sys.stderr)
+            log.error("clearing %s at exit failed: %s", t.key, exc)

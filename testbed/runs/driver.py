@@ -40,6 +40,7 @@ from core.canary import Reference, canary_ids, reference, verdict
 from core.experiment import build_topology, run_dir_for, testbed_capacity
 from core.spec import ExperimentSpec
 from core.calibration import Calibration, load_calibration, save_calibration
+from core.logs import configure_from_env
 from testbed.engines.actor import EngineActor
 from testbed.router.actor import FaultTargets, RouterActor
 from testbed.engines.engine import EngineConfig
@@ -493,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve", action="store_true", help="serve the first job's policy and seed through the ingress "
                                                           "until SIGINT, instead of the workloads")
     args = ap.parse_args(argv)
+    configure_from_env()  # the level `testbed -v/-q` chose (core/logs.py)
     # SIGTERM from `testbed run` (or a CI timeout) unwinds like Ctrl-C: runs are closed as interrupted.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # `testbed run` stops its driver with SIGINT: it must act on it even where it was started with
