@@ -74,14 +74,15 @@ from core.calibration import EngineCalibration, NetworkCalibration
 from core.engine_timing import decode_step_s, lone_pull_s, prefill_s
 from core.topology import GBPS
 
-# Issue 27 ("Calibration checked against the run"): a fit whose median misses the run's quiet
-# requests by more than 15% is flagged.
+# A fit whose median misses the run's quiet requests by more than 15% is flagged.
 CALIBRATION_MISS = 0.15
-STAGES = ("prefill", "decode_step", "kv_pull")
+# The fitted engine models checked (core/calibration.py's fits of the same names): not the request's
+# stages (vocab.STAGES), though the first shares a name with one.
+FITS = ("prefill", "decode_step", "kv_pull")
 # The control path's legs (core/spec.py EngineSpec prefill_call_s, decode_call_s, decode_join_s),
 # checked like the stages: what the engine models leave out of a request's life.
 LEGS = ("prefill_call", "decode_call", "first_token")
-CHECKED = (*STAGES, *LEGS)
+CHECKED = (*FITS, *LEGS)
 CSV_NAME = "calibration_check.csv"
 POOLED = "all"  # the policy column of the rows pooled over every run
 COLUMNS = ("policy", "seed", "stage", "n_ok", "n_quiet", "measured_p50_s", "predicted_p50_s",

@@ -37,7 +37,8 @@ from analysis.verdict import (FAIL, NO_SPREAD, PASS, RULE_VERSION, Spread, check
                               prediction_interval)
 from core.fits import fit
 from core.metrics_spec import FidelityTolerances
-from core.stages import DECODE, FAILURE_STAGES, PREFILL
+from core.stages import FAILURE_STAGES
+from vocab import DECODE, PREFILL, ROLE_DECODE, ROLE_PREFILL
 
 ROWS: tuple[str, ...] = (M.ENGINE_DOWN_S, M.ENGINE_UP_S, M.FAILURE_RATE, *(fail_share(s) for s in FAILURE_STAGES))
 FILE = "fidelity_engines.csv"
@@ -45,7 +46,7 @@ NOTICE_FILE = "fidelity_notices.csv"
 NOTICE = "core_death_notice_s"  # the fit's name in core/defaults/fits.yaml
 # The stage a call on a killed core was in, by the engine's role: the fit's samples are the kills of
 # a core whose call failed in prefill (a prefill engine) or decode (a decode engine).
-CALL_STAGE = {"prefill": PREFILL, "decode": DECODE}
+CALL_STAGE = {ROLE_PREFILL: PREFILL, ROLE_DECODE: DECODE}
 
 
 def margins(tol: FidelityTolerances) -> dict[str, float]:
@@ -143,7 +144,7 @@ def core_death_notices(run: RunData) -> list[float]:
         for role, stage in CALL_STAGE.items():
             if f"-{role}/" not in str(k.target):
                 continue
-            pod_col = "prefill_pod" if role == "prefill" else "decode_pod"
+            pod_col = "prefill_pod" if role == ROLE_PREFILL else "decode_pod"
             on_it = req[(req[pod_col] == k.pod) & (req["routed_s"] < k.time_s) & (~(req["end_s"] < k.time_s))
                         & (req["outcome"] == "error") & (req["failed_stage"] == stage)]
             down = engines[(engines["pod"] == k.pod) & (engines["role"] == role) & (engines["state"] == "down")

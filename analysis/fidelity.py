@@ -77,9 +77,9 @@ from analysis.run_data import RunData, load_run
 from analysis.run_metrics import run_metrics
 from analysis.plots import RunCurves, run_curves
 from analysis.summary import discover_runs, runs_frame
-from core.records import Outcome
 from core.metrics_spec import FidelityTolerances
 from core.records import read_meta
+from vocab import Outcome
 
 NAN = math.nan
 # What defines a scenario. Engine speeds, link rates and KV parameters may differ: the simulator's side

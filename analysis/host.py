@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from core.engine_timing import prefill_s
-from core.records import Outcome
 from core.limits import give_up_s, spec_first_token_limit
+from vocab import Outcome
 
 COLUMNS = ("host_pressure", "host_cpu_s", "host_wait_s", "host_lost_wakeup_s", "prefill_slowdown", "host_stalled")
 PRESSURED = 0.5  # the share of a request's life under CPU pressure that counts as a pressured host

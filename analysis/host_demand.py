@@ -42,8 +42,9 @@ from analysis.host import timed_out_at
 from analysis.run_data import RunData, load_run
 from analysis.summary import discover_runs
 from core.host_model import rate_against, sample_intervals
+from vocab import MEASURED_DEMANDS, ROLE_PREFILL
 
-STATES = ("hold", "pull", "decode", "background")  # HostCalibration.demand's keys
+STATES = MEASURED_DEMANDS  # HostCalibration.demand's keys
 CSV_NAME = "host_demand.csv"
 COLUMNS = ("policy", "seed", "state", "n", "run_cores", "calibration_cores", "residual", "flag")
 
@@ -80,7 +81,7 @@ def engine_intervals(run: RunData) -> pd.DataFrame:
         busy = sample_intervals(g["time_s"], g["busy_s"])[2]
         role = str(g["role"].iloc[0])
         state = np.full(len(t0), None, dtype=object)
-        if role == "prefill":
+        if role == ROLE_PREFILL:
             m = (req["prefill_worker"] == w).to_numpy()
             ps, pe = (req.loc[m, c].to_numpy(float) for c in ("prefill_start_s", "prefill_end_s"))
             state[_whole(ps, pe, t0, t1)] = "compute"

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.metric_names import LATENCIES, UNKNOWN_STAGE, gap, latency, percentile_name
-from core.records import Outcome
 from core.limits import give_up_s
 from core.stages import FAILURE_STAGES
+from vocab import Outcome
 
 NAN = math.nan
 ORACLE = "OracleAvoidance"

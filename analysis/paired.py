@@ -54,8 +54,8 @@ from analysis.metrics import fault_window, ok_mask, serving_latencies
 from analysis.paired_stats import NAN, SUMMARY_STATS, ape, error_summary, rel_errors, summary_stat
 from analysis.run_data import RunData, load_run
 from analysis.summary import discover_runs
-from core.records import Outcome
-from core.stages import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL, PREFILL_QUEUE, STAGE_START
+from core.stages import STAGE_START
+from vocab import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL, PREFILL_QUEUE, Outcome
 
 KEY = ["policy", "seed", "request_id"]
 GIVEN_UP = "given_up"

@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 from core.metrics_spec import MetricsSpec, parse_metrics_spec
-from core.records import SCHEMAS, Outcome, read_meta, read_table
+from core.records import SCHEMAS, read_meta, read_table
+from vocab import Outcome
 
 # Tables the metrics read; health labels are not needed for any metric.
 RUN_TABLES = ("requests", "decisions", "faults", "prices")

@@ -29,9 +29,9 @@ from analysis.metrics import (
     traffic_deflection_ratio,
 )
 from analysis.run_data import RunData, load_run
-from core.records import Outcome
 from core.stages import AFTER_PREFILL
 from core.records import NIXL_KV_EXPIRED, NIXL_READS_AFTER_EXPIRY
+from vocab import Outcome
 
 
 def host_stall(run: RunData) -> dict[str, float]:

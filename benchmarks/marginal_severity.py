@@ -26,9 +26,10 @@ import numpy as np
 import pandas as pd
 
 from core.calibration import apply_calibration, load_calibration
-from core.records import Outcome, read_table
+from core.records import read_table
 from core.spec import ExperimentSpec, load_spec, parse_spec
 from simulator.run import run_sim
+from vocab import Outcome
 
 SEVERITIES = (0.01, 0.02, 0.03, 0.04, 0.042, 0.044, 0.046, 0.048, 0.05, 0.06, 0.08, 0.1, 0.15)
 

@@ -37,6 +37,7 @@ from cli.sim import cmd_sim
 from cli.study import cmd_study
 from core.logs import configure_logging, level_for
 from core.policies import POLICY_NAMES
+from vocab import WORLDS
 
 DIST = "pd-reliability-testbed"
 # The testbed's packages, imported only by the commands that need them (`testbed sim` needs none):
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "in both with a verdict per claim; resumably")
     st.add_argument("spec", help="experiment YAML with a study: block (e.g. experiments/study.yaml; in both worlds: "
                                  "experiments/carryover.yaml)")
-    st.add_argument("--world", choices=["sim", "testbed", "both"], default="sim",
+    st.add_argument("--world", choices=[*WORLDS, "both"], default="sim",
                     help="sim: the grid in the simulator; testbed: on the real testbed, one set of engines; both: "
                          "the testbed, then the simulator calibrated on it, then the claims' verdicts "
                          "(docs/study.md \"Carrying a claim to the testbed\"; default sim)")

@@ -45,6 +45,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from scipy.optimize import least_squares
 
+from vocab import MeasuredDemand
+
 from .spec import ExperimentSpec
 from .topology import GBPS
 
@@ -245,7 +247,7 @@ class HostCalibration(_Model):
     # module docstring): ``hold``, ``pull``, ``decode`` (engine.host_hold_cores, host_pull_cores,
     # host_decode_cores) and ``background`` (engine.host_background_cores); a key not measured
     # leaves the spec's. Empty in a file from before it was measured.
-    demand: dict[Literal["hold", "pull", "decode", "background"], float] = Field(default_factory=dict)
+    demand: dict[MeasuredDemand, float] = Field(default_factory=dict)
     # How long each engine's worker spins after a call (engine.host_spin_s), from the executor the
     # engines ran (core.host_model.worker_spin_s); None in a file from before it was recorded: the
     # spec's stands.

@@ -20,32 +20,18 @@ import platform
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vocab import OK
+
 NAN = math.nan
 
-# "corrupt": decoded to the end, but from KV that was not its prompt's (a canary's tokens against its
-# single-engine reference on the testbed, core/canary.py; in the simulator a pull that outlived a
-# KV lease nobody renewed, engine.kv_lease_s and kv_lease_renewed). Its failed_stage is kv_transfer:
-# the only way a decode engine reads KV it did not compute.
-class Outcome(StrEnum):
-    """How a request (or one attempt of it) ended."""
-
-    OK = "ok"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    REJECTED = "rejected"
-    CORRUPT = "corrupt"
-
-
-OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
-# Plain-str names for the hot paths, as core.stages does for the stages.
-OK, TIMEOUT, ERROR, REJECTED, CORRUPT = OUTCOMES
+# The outcomes (how a request or an attempt ended) and the pull endings are the project's words:
+# vocab/__init__.py.
 
 
 class RequestRecord(NamedTuple):
@@ -65,7 +51,7 @@ class RequestRecord(NamedTuple):
     first_token_s: float = NAN
     end_s: float = NAN
     outcome: str = OK
-    failed_stage: str | None = None  # one of core.stages.STAGES
+    failed_stage: str | None = None  # one of vocab.STAGES
     kv_bytes: int = 0  # the KV the request's transfer moves; 0 if it never reached kv_transfer
     # Attempts made (router.retry): the record's other columns are the last one's; 0: rejected
     attempts: int = 1
@@ -85,7 +71,7 @@ class AttemptRecord(NamedTuple):
     prefill_pod: int
     decode_pod: int
     outcome: str  # "error" | "timeout" (its per-try time to first token)
-    failed_stage: str  # one of core.stages.STAGES
+    failed_stage: str  # one of vocab.STAGES
     kv_bytes: int  # its KV transfer's size; 0 if it never reached kv_transfer
     backoff_s: float  # from end_s to the next attempt's routing
     table = "attempts"  # a class attribute, not a column
@@ -202,7 +188,6 @@ class HostRecord(NamedTuple):
     table = "host"  # a class attribute, not a column
 
 
-PULL_ENDINGS = ("done", "failed", "cancelled", "unseen")
 # How long after a request was given up both worlds keep looking for its dead pull's end; past it
 # the pull is "unseen". UCX over TCP gave a dead link's pulls up after about 47 s on the testbed
 # (docs/testbed.md "A link down"): a bound above that sees them fail.

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .records import ERROR, TIMEOUT
 import numpy as np
 
+from vocab import ERROR, TIMEOUT
 from .spec import RetrySpec
 from .stages import blamed_pods
 from .ticket import Ticket

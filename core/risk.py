@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 import math
 
-from .records import OK, TIMEOUT
 import numpy as np
 
+from vocab import OK, TIMEOUT
 from .policies.weights import Weights
 from .stages import blamed_pods
 

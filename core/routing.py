@@ -20,11 +20,12 @@ import numpy as np
 
 from faults.health import HealthLabelModel
 from faults.telemetry import BandwidthTelemetry
+from vocab import OK, ROLE_DECODE, ROLE_PREFILL
 
 from .breaker import PodBreakers
 from .in_flight import InFlightEvidence
 from .policies import Policy
-from .records import OK, DecisionRecord, EngineRecord, HealthRecord, PriceRecord, make_row
+from .records import DecisionRecord, EngineRecord, HealthRecord, PriceRecord, make_row
 from .risk import RiskPriceEstimator
 from .stages import blamed_pods
 from .ticket import Ticket, rejected_record
@@ -144,7 +145,7 @@ class Router:
         down[worker] = not up
         self.view.pods = self.view.pods.replace(down=down)
         self.policy.prepare(self.view)  # off the next decision's path
-        role = "prefill" if worker in self._prefill_ids else "decode"
+        role = ROLE_PREFILL if worker in self._prefill_ids else ROLE_DECODE
         self.sink(EngineRecord(now, worker, self._worker_pod[worker], role, "up" if up else "down", reason))
 
     # --- ground truth, labels, telemetry ----------------------------------

@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 
 from faults.schedule import FaultSchedule, FaultStep, ScheduledEvent
+from vocab import PULL_ENDINGS
 
 from .experiment import make_router, run_dir_for, seed_streams
-from .records import PULL_ENDINGS, DeadPullRecord, FaultEvent, RunWriter
+from .records import DeadPullRecord, FaultEvent, RunWriter
 from .retry import NextAttempt, Retries
 from .spec import ExperimentSpec
 from .ticket import Ticket

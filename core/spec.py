@@ -17,6 +17,7 @@ from .host_model import worker_spin_s
 from .limits import first_token_limit
 from .metrics_spec import MetricsSpec
 from faults.spec import FaultSpec, HealthSpec, TelemetrySpec
+from vocab import ROLE_BOTH, ROLE_PREFILL, EmulatedMode, Executor
 from workloads.spec import WorkloadSpec
 
 from .policies import Weights, check_policy_name
@@ -253,7 +254,7 @@ class TestbedSpec(_Spec):
     ``auto`` picks netns when it can.
     """
 
-    mode: Literal["auto", "netns", "local"] = "auto"
+    mode: EmulatedMode = "auto"
     # None: build (once, cached) the tiny random-weight model; else a local model directory.
     model: str | None = None
     max_model_len: int = Field(4096, ge=256)
@@ -332,7 +333,7 @@ class TestbedSpec(_Spec):
     # spinning, a cost a GPU node does not pay. Measured on this host: a prefill engine holding
     # KV for a pull that does not come used 1.58 cores with "mp" and 0.58 with "uni"
     # (docs/reliability.md "The worker process, removed"). Engine parallelism is one device.
-    executor: Literal["uni", "mp"] = "uni"
+    executor: Executor = "uni"
     # After a failed KV read, a decode engine handshakes with that prefill engine again (a fresh
     # UCX endpoint: testbed/engines/vllm_hooks.py install_rehandshake). vLLM 0.32 keeps the failed
     # endpoint, and every later read to that peer fails until the engines restart (docs/testbed.md
@@ -420,8 +421,8 @@ class ExperimentSpec(_Spec):
         if t.placement == "by_pod":  # whole pods are prefill or decode pods (core/topology.py)
             k = int(round(t.pods * t.prefill_fraction))
             for i, f in enumerate(self.faults):
-                for p in (f.pods if f.kind == "engine" and f.role != "both" else []):
-                    if (p < k) != (f.role == "prefill"):
+                for p in (f.pods if f.kind == "engine" and f.role != ROLE_BOTH else []):
+                    if (p < k) != (f.role == ROLE_PREFILL):
                         raise ValueError(f"faults[{i}] kills the {f.role} engines of pod {p}, which has none "
                                          f"(placement by_pod: pods 0..{k - 1} prefill, the rest decode)")
         restarts = [i for i, f in enumerate(self.faults) if f.kind == "engine" and f.restart_s is not None]

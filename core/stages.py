@@ -23,23 +23,9 @@ be the degraded one); decode depends on the decode worker.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from vocab import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL, PREFILL_QUEUE, STAGES
 
-
-class Stage(StrEnum):
-    """The stages, in the order a request passes through them."""
-
-    PREFILL_QUEUE = "prefill_queue"
-    PREFILL = "prefill"
-    DECODE_QUEUE = "decode_queue"
-    KV_TRANSFER = "kv_transfer"
-    DECODE = "decode"
-
-
-STAGES: tuple[str, ...] = tuple(s.value for s in Stage)
-# Plain-str names of the stages for the hot paths (a simulator event, a routing decision), where an
-# enum member's Python-level hash and comparison cost twice a str's; the values are the enum's.
-PREFILL_QUEUE, PREFILL, DECODE_QUEUE, KV_TRANSFER, DECODE = STAGES
+# The stages themselves, and their order, are the project's words (vocab/__init__.py); here, their rule.
 
 # Where a request the router's admission limit refused ends (outcome "rejected", never routed):
 # not a stage a routed request passes through, and charged to no pod.

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .records import CORRUPT, NAN, OK, OUTCOMES, REJECTED, AttemptRecord, RequestRecord
-from .stages import ADMISSION, AFTER_PREFILL, CORRUPTED_IN, PREFILL_QUEUE, STAGE_START
+from vocab import CORRUPT, OK, OUTCOMES, PREFILL_QUEUE, REJECTED
+from .records import AttemptRecord, NAN, RequestRecord
+from .stages import ADMISSION, AFTER_PREFILL, CORRUPTED_IN, STAGE_START
 
 if TYPE_CHECKING:
     from .routing import Router

@@ -57,6 +57,7 @@ from typing import Sequence
 import numpy as np
 
 from faults.spec import HealthSpec
+from vocab import ERROR, OK, TIMEOUT
 
 # Clocks built from sums of float periods drift by ulps; an update that is due
 # "exactly" at onset + delay must not be pushed to the next period by that.
@@ -90,13 +91,13 @@ class _Checks:
         self.max_ejected = max(1, int(n * spec.outlier_max_ejection_percent / 100.0))
 
     def observe(self, now: float, touched: Sequence[int], blamed: Sequence[int], outcome: str) -> None:
-        if outcome == "ok":
+        if outcome == OK:
             consecutive = self.consecutive
             for p in touched:
                 if p != -1:
                     consecutive[p] = 0
             return
-        if outcome not in ("timeout", "error"):  # a rejection is the router's, not the pod's
+        if outcome not in (TIMEOUT, ERROR):  # a rejection is the router's, not the pod's
             return
         s = self.s
         for p in sorted(set(blamed) - {-1}):

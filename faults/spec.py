@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vocab import ROLE_BOTH, Role
+
 # Faults must never outlive the experiment, so an infinite duration is refused
 # (allow_inf_nan=False) rather than read as "forever".
 _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -106,7 +108,7 @@ class EngineFault(_OnPods):
     new set of engines)."""
 
     kind: Literal["engine"] = "engine"
-    role: Literal["prefill", "decode", "both"] = "both"
+    role: Role = ROLE_BOTH
     process: Literal["core", "actor"] = "core"
     restart_s: float | None = Field(None, gt=0)
 
@@ -127,8 +129,8 @@ class EngineFault(_OnPods):
         return 0.0  # the capacity the dead engines keep
 
     def kills(self, role: str) -> bool:
-        """Whether this fault kills the engines of ``role`` ("prefill" or "decode")."""
-        return self.role in ("both", role)
+        """Whether this fault kills the engines of ``role`` (vocab.ENGINE_ROLES)."""
+        return self.role in (ROLE_BOTH, role)
 
 
 FaultSpec = Annotated[LinkFault | ComputeFault | EngineFault, Field(discriminator="kind")]

@@ -58,14 +58,15 @@ import simpy
 from core.engine_timing import decode_step_s, prefill_s
 from core.limits import first_token_limit
 from core.liveness import EngineLiveness
-from core.records import CORRUPT, DEAD_PULL_WATCH_S, NAN, OK, TIMEOUT
+from core.records import DEAD_PULL_WATCH_S, NAN
 from core.run import RunContext
-from core.stages import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL
 from core.spec import EngineSpec
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
 from faults.schedule import FaultStep, ScheduledEvent
 from faults.telemetry import link_measure_s
+from vocab import (CORRUPT, DECODE, DECODE_QUEUE, KV_TRANSFER, OK, PREFILL, PULL_CANCELLED, PULL_DONE, PULL_UNSEEN,
+                   TIMEOUT)
 from workloads.generate import Workload
 
 from .control_path import ControlPath
@@ -200,7 +201,7 @@ class ClusterSim(ControlPath, EngineDeaths):
             given_up, moved = self._dead.pop(req)
             flow = self._flows.pop(req, None)  # None: its bytes are there, the completion is not
             now_moved = req.kv_bytes if flow is None else self.net.transferred(flow) / self.wire_overhead
-            self.ctx.dead_pull(req, given_up, NAN, "unseen", now_moved - moved)
+            self.ctx.dead_pull(req, given_up, NAN, PULL_UNSEEN, now_moved - moved)
         closing = self.ctx.closing_step(self.env.now)  # faults still on when the run ends are cleared, recorded
         if closing is not None:
             self._apply(closing, measure=False)
@@ -473,7 +474,7 @@ class ClusterSim(ControlPath, EngineDeaths):
             if dead is not None:
                 now = self.env._now
                 given_up, moved = dead
-                self.ctx.dead_pull(req, given_up, now, "done", req.kv_bytes - moved)
+                self.ctx.dead_pull(req, given_up, now, PULL_DONE, req.kv_bytes - moved)
                 self._release(self.decode[req.d_idx], req, now)
             return
         now = self.env._now
@@ -562,7 +563,7 @@ class ClusterSim(ControlPath, EngineDeaths):
                 return
             if flow is not None:  # None: the bytes had arrived, the completion had not
                 self.net.abort(self._flows.pop(req))
-            self.ctx.dead_pull(req, now, now, "cancelled" if flow is not None else "done", 0.0)
+            self.ctx.dead_pull(req, now, now, PULL_CANCELLED if flow is not None else PULL_DONE, 0.0)
             self._release(self.decode[req.d_idx], req, now)
         elif stage == "decode" and req in self._joining:  # KV in, never in the batch
             self._unjoin(req, now)

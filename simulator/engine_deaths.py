@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from core.liveness import ALIVE, DEAD, EngineLiveness
-from core.records import ERROR, NAN
-from core.stages import KV_TRANSFER
+from core.records import NAN
 from core.ticket import Ticket
 from faults.schedule import ScheduledEvent
+from vocab import ERROR, KV_TRANSFER, PULL_FAILED, PULL_UNSEEN, ROLE_DECODE, ROLE_PREFILL
 
 from .events import Call, call_after
 
@@ -41,7 +41,7 @@ class EngineDeaths:
         why = f"killed by faults[{ev.fault_id}] ({f.process})"
         for role, idx, w, worker in self._engines_of(f, ev.pod):
             if not w.dead:
-                failed = self._kill_prefill(idx, now) if role == "prefill" else self._kill_decode(w, now)
+                failed = self._kill_prefill(idx, now) if role == ROLE_PREFILL else self._kill_decode(w, now)
                 self._unseen[worker] = why
                 notice = self.e.core_death_notice_s if f.process == "core" else 0.0
                 if failed and notice > 0:  # a check or a later call may still see it first
@@ -73,8 +73,8 @@ class EngineDeaths:
         """The workers engine fault ``f`` acts on in ``pod``: (role, index in its role, worker state,
         global worker id)."""
         return [(role, idx, w, int(ids[idx]))
-                for role, workers, ids in (("prefill", self.prefill, self.topo.prefill_ids),
-                                           ("decode", self.decode, self.topo.decode_ids)) if f.kills(role)
+                for role, workers, ids in ((ROLE_PREFILL, self.prefill, self.topo.prefill_ids),
+                                           (ROLE_DECODE, self.decode, self.topo.decode_ids)) if f.kills(role)
                 for idx, w in enumerate(workers) if w.pod == pod]
 
     def _started(self, ev: Call) -> None:
@@ -116,7 +116,7 @@ class EngineDeaths:
         for req in [r for r in self._dead if r.p_idx == idx]:  # dead pulls from it: the read fails now
             given_up, _ = self._dead.pop(req)
             self.net.abort(self._flows.pop(req))
-            self.ctx.dead_pull(req, given_up, now, "failed", NAN)
+            self.ctx.dead_pull(req, given_up, now, PULL_FAILED, NAN)
             self._release(self.decode[req.d_idx], req, now)
         return len(doomed) + len(held)
 
@@ -151,7 +151,7 @@ class EngineDeaths:
             flow = self._flows.pop(req, None)
             if flow is not None:
                 self.net.abort(flow)
-            self.ctx.dead_pull(req, given_up, NAN, "unseen", NAN)
+            self.ctx.dead_pull(req, given_up, NAN, PULL_UNSEEN, NAN)
         d.waiting.clear()
         d.heap.clear()
         d.n = d.kv_in_batch = d.reserved_kv = d.reserved_slots = 0
@@ -169,7 +169,7 @@ class EngineDeaths:
             if req in self._dead:
                 given_up, _ = self._dead.pop(req)
                 self.net.abort(self._flows.pop(req))
-                self.ctx.dead_pull(req, given_up, now, "failed", NAN)
+                self.ctx.dead_pull(req, given_up, now, PULL_FAILED, NAN)
                 self._release(self.decode[req.d_idx], req, now)
                 self._unhold(req)
             elif not req.done:

@@ -37,9 +37,9 @@ from typing import Any
 
 from core.engine_timing import prefill_s
 from core.host_model import host_speed
-from core.stages import DECODE_QUEUE, KV_TRANSFER
 from core.spec import EngineSpec
 from core.ticket import Ticket
+from vocab import DECODE_QUEUE, KV_TRANSFER
 
 from .cluster import ClusterSim, _Decode
 from .events import Call, call_after

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# The nodes of the package graph: the pure models, the two worlds and the command line.
-PACKAGES = ("core", "faults", "workloads", "simulator", "analysis", "testbed", "cli")
+# The nodes of the package graph: the words, the pure models, the two worlds and the command line.
+PACKAGES = ("vocab", "core", "faults", "workloads", "simulator", "analysis", "testbed", "cli")
 MAX_LINES = 600  # DESIGN.md: files small, named for what they hold
 
 
@@ -137,6 +137,7 @@ def too_long(root: Path, dirs=PACKAGES + ("tests", "benchmarks")) -> list[str]:
 
 # What each package may not import: everything above it.
 FORBIDDEN = {
+    "vocab": set(PACKAGES) - {"vocab"},  # the ground floor: everything may import it, it imports nothing of ours
     "core": {"simulator", "testbed", "cli", "analysis"},
     "simulator": {"testbed", "cli", "analysis"},
     "testbed": {"simulator", "cli", "analysis"},
@@ -156,7 +157,7 @@ def layering_breaches(root: Path) -> list[str]:
 def test_the_import_walk_sees_the_known_edges():
     g = package_graph(ROOT)
     # a walk that saw nothing would pass every rule below
-    assert {"faults", "workloads"} <= g["core"]
+    assert {"faults", "workloads", "vocab"} <= g["core"] and "vocab" in g["faults"]
     assert {"core", "faults"} <= g["simulator"]
     assert "core" in g["testbed"] and "core" in g["analysis"]
     assert {"simulator", "testbed", "analysis"} <= g["cli"]
@@ -224,6 +225,11 @@ def test_a_core_module_importing_a_world_is_caught(tmp_path, core_imports):
     assert layering_breaches(root) and layering_breaches(root)[0].startswith("core imports")
 
 
+def test_the_vocabulary_importing_anything_of_ours_is_caught(tmp_path):
+    root = _tree(tmp_path, {"vocab/__init__.py": "from faults.spec import LinkFault\n", "faults/spec.py": ""})
+    assert layering_breaches(root) == ["vocab imports ['faults']"]
+
+
 def test_an_import_circle_between_modules_is_caught_even_through_a_lazy_import(tmp_path):
     root = _tree(tmp_path, {"analysis/metrics.py": "from analysis.host import x\n",
                             "analysis/host.py": "def f():\n    from .metrics import y\n",
@@ -249,7 +255,7 @@ def test_a_module_over_600_lines_is_caught(tmp_path):
 
 # --- module paths written as strings: a move breaks them silently -----------------------------
 
-_OURS = r"(?:cli|core|testbed|simulator|analysis|faults|workloads)"
+_OURS = r"(?:cli|core|testbed|simulator|analysis|faults|workloads|vocab)"
 _DOTTED = re.compile(rf"{_OURS}(?:\.[A-Za-z_]\w*)+")
 _FILES = (".yaml", ".json", ".py", ".md", ".csv", ".parquet", ".txt")  # file names such as testbed.yaml
 # Strings that name a module of another revision on purpose (the layout before issue 26's move).

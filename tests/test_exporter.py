@@ -103,7 +103,7 @@ def test_a_scrape_shows_what_the_records_hold(run):
 def test_every_outcome_and_stage_is_a_series_from_the_start(run):
     """Counters at 0 before the first record: Prometheus' rate() of a series born at its first
     increment never counts that increment (the rules' failure ratio would miss a run's first failures)."""
-    from core.records import OUTCOMES
+    from vocab import OUTCOMES
     from core.stages import FAILURE_STAGES
 
     spec, _ = run

@@ -302,7 +302,8 @@ def test_the_measured_demand_by_state_becomes_the_simulators_where_the_host_is_s
 
 
 def test_the_demand_by_state_is_each_states_median_against_the_computing_engine():
-    from testbed.calibration.calibrate import DEMAND_STATES, demand_of
+    from testbed.calibration.calibrate import demand_of
+    from vocab import DEMAND_STATES
 
     hold, pull, bg = (DEMAND_STATES.index(x) for x in ("hold", "pull", "background"))
     # (repeat, state, cores / the computing engine's), per interval of three windows, the last without the pull's

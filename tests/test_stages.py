@@ -22,10 +22,11 @@ from core.experiment import build_topology, make_router, seed_streams
 from core.records import read_table
 from core.run import RunContext
 from builders import HAND_ENGINE, parse, small_spec_dict
-from core.stages import BLAMED_ENDS, STAGE_START, STAGES, blamed_pods
+from core.stages import BLAMED_ENDS, STAGE_START, blamed_pods
 from simulator.run import run_sim
 from testbed.engines.engine import DecodeResult, PrefillResult
 from testbed.router.flow import RequestFlow
+from vocab import STAGES
 
 KV = 131072  # bytes per token (the spec's default)
 TIMES = ["routed_s", "prefill_start_s", "prefill_end_s", "kv_start_s", "kv_end_s", "first_token_s", "end_s"]

@@ -149,14 +149,14 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     # this machine's engines calibrate 3-4.5x faster than them (decode step base 2.0-3.6 ms against
     # 9.1, prefill 11,100-14,900 tokens/s against 4,100, six calibrations on 2026-11-27), and a
     # suite at 830c35c failed a 4x bound on them with 2.24 ms.
-    from analysis.calibration_check import CHECKED, STAGES, quiet_residuals
+    from analysis.calibration_check import CHECKED, FITS, quiet_residuals
     from analysis.calibration_fit import fit_run_conditions
     from analysis.run_data import load_run
 
     runs = sorted((out / "e2e_policies").glob("*/seed-*"))
     res = pd.concat([quiet_residuals(load_run(d), cal) for d in runs])
-    medians = res[res["stage"].isin(STAGES)].groupby("stage")["rel_residual"].median()
-    assert set(medians.index) == set(STAGES), medians
+    medians = res[res["stage"].isin(FITS)].groupby("stage")["rel_residual"].median()
+    assert set(medians.index) == set(FITS), medians
     assert medians.between(-0.5, 1.0).all(), medians
     # Under the run's conditions: the levels and the control path's legs fitted on half of these
     # runs (analysis/calibration_fit.py) carry to the other half, which they were not fitted on.

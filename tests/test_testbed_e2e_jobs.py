@@ -14,7 +14,7 @@ pytest.importorskip("ray", reason="Ray is not installed (the README's install co
 from core.policies import POLICY_NAMES  # noqa: E402
 from core.records import read_meta, read_table  # noqa: E402
 from core.spec import load_spec, parse_spec  # noqa: E402
-from core.stages import STAGES  # noqa: E402
+from vocab import STAGES
 from e2e_cluster import OVERLOAD_LIMIT, OVERLOAD_REQUESTS, TIME_COLUMNS  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -67,6 +67,7 @@ from core.topology import Topology, kv_transfer_bytes
 from testbed.engines.engine import EngineConfig
 
 from testbed.router.flow import CPU_BLOCK_TOKENS, prompt_ids
+from vocab import DEMAND_STATES
 
 console = Console(stderr=True)
 BLOCK = CPU_BLOCK_TOKENS  # prompts of a block or less move no KV (docs/verified.md "KV cache blocks of 128 tokens")
@@ -453,7 +454,6 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
 
 
 # What demand_window measures, by index in its rows (HostCalibration.demand's keys but the first)
-DEMAND_STATES = ("compute", "hold", "pull", "decode", "background")
 
 
 def demand_prompts(alone_s: float) -> int:

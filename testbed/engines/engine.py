@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from testbed.engines import shm_wakeups
-from testbed.machine.kv_ports import KV_PORT_RANGE
 from testbed.engines.results import DecodeResult, EngineError, PrefillResult  # noqa: F401 (re-exported)
 from testbed.engines.stagelog import PULL_ENDS, STAGE_LOG_ENV, StageLog
 from testbed.engines.stats import EngineStats
+from testbed.machine.kv_ports import KV_PORT_RANGE
+from vocab import EXECUTORS, ROLE_BOTH, ROLES, Executor, Role
 
 #: Environment variable read in the worker process: NIXL progress-thread delay
 #: (vllm_hooks.install_nixl_progress_delay).
@@ -97,7 +98,7 @@ class EngineConfig:
     run_dir: Path
     name: str
     side_channel_port: int
-    role: str = "both"
+    role: Role = ROLE_BOTH
     host_ip: str = "127.0.0.1"
     net_device: str | None = None
     # core.spec.TestbedSpec.transport: tcp (KV over net_device, host-memory buffer) or rdma
@@ -113,7 +114,7 @@ class EngineConfig:
     # core.spec.TestbedSpec.executor: "uni" runs the model in the engine core's process, as vLLM
     # does for one GPU; "mp" is the CPU build's own default, a worker process fed through a
     # busy-waiting shared-memory queue (docs/reliability.md "The worker process, removed").
-    executor: str = "uni"
+    executor: Executor = "uni"
     # Torch's intra-op threads per engine (OMP_NUM_THREADS). One: several engines share a few
     # cores, and a multi-threaded forward pass then waits at every OpenMP barrier for a thread the
     # kernel has descheduled. Measured on 2 cores, 4 engines: while a decode engine busy-waited on
@@ -141,10 +142,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "rdma"):
             raise ValueError(f"transport={self.transport!r} must be 'tcp' or 'rdma'")
-        if self.executor not in ("uni", "mp"):
-            raise ValueError(f"executor={self.executor!r} must be 'uni' or 'mp'")
-        if self.role not in ("prefill", "decode", "both"):
-            raise ValueError(f"role={self.role!r} must be 'prefill', 'decode' or 'both'")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor={self.executor!r} must be one of {', '.join(EXECUTORS)}")
+        if self.role not in ROLES:
+            raise ValueError(f"role={self.role!r} must be one of {', '.join(ROLES)}")
         if not 1 <= self.side_channel_port <= 65535:
             raise ValueError(f"side_channel_port={self.side_channel_port} is not a port")
         if self.request_deadline_s <= 0:

@@ -41,23 +41,21 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from testbed.machine.procs import all_pids
-from testbed.machine import netns as nn
 from testbed.hosts import rayup
+from testbed.hosts.raynodes import RAY_PORT, ClusterError, ClusterInfo, RayNodes, free_ports
+from testbed.machine import netns as nn
 from testbed.machine import procs
 from testbed.machine.netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric
-from testbed.hosts.raynodes import RAY_PORT, ClusterError, ClusterInfo, RayNodes, free_ports
-from testbed.machine.procs import RUN_MARKER_ENV
+from testbed.machine.procs import RUN_MARKER_ENV, all_pids
+from vocab import EMULATED_MODES, LAUNCHERS, EmulatedMode, Launcher
 
 log = logging.getLogger(__name__)
 
 # Ray's sockets live at <temp_root>/<node>/ray/session_<date>_<pid>/sockets/plasma_store,
 # and a unix socket path holds at most 107 bytes.
 MAX_TEMP_ROOT_CHARS = 32
-Mode = Literal["auto", "netns", "local"]
-Launcher = Literal["ray_up", "direct"]
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ class EmulatedCluster(RayNodes):
         run_dir: str | Path | None = None,
         *,
         run_id: str | None = None,
-        mode: Mode = "auto",
+        mode: EmulatedMode = "auto",
         subnet: str = DEFAULT_SUBNET,
         head_cpus: int = 1,
         pod_cpus: int = 1,
@@ -113,8 +111,8 @@ class EmulatedCluster(RayNodes):
         launcher: Launcher | None = None,
     ) -> None:
         self.run_id = nn.check_run_id(run_id if run_id is not None else uuid.uuid4().hex[:8])
-        if mode not in ("auto", "netns", "local"):
-            raise ValueError(f"mode {mode!r}: expected auto, netns or local")
+        if mode not in EMULATED_MODES:
+            raise ValueError(f"mode {mode!r}: expected one of {', '.join(EMULATED_MODES)}")
         if mode == "auto":
             reason = nn.missing_privileges()
             mode = "netns" if reason is None else "local"
@@ -126,8 +124,8 @@ class EmulatedCluster(RayNodes):
         # netns: through `ray up`, as a real cluster (testbed/hosts/rayup.py); local mode has no
         # node addresses to ssh into, so its one node is started directly.
         launcher = launcher or ("ray_up" if mode == "netns" else "direct")
-        if launcher not in ("ray_up", "direct"):
-            raise ValueError(f"launcher {launcher!r}: expected ray_up or direct")
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
         if launcher == "ray_up" and mode != "netns":
             raise ValueError("launcher ray_up needs the netns mode (a node address to ssh into per node)")
         if launcher == "ray_up" and (why := rayup.missing_tools()):

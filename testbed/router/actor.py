@@ -31,6 +31,7 @@ from core.topology import Topology
 from core.view import Capacity
 from testbed.faults.injector import FaultInjector, PodTargets
 from testbed.router.flow import ABORT_GRACE_S, Liveness, RayEngine, RequestFlow
+from vocab import ROLE_DECODE, ROLE_PREFILL
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ class RouterActor:
         if t0_wall is None:  # the run never began
             return
         engines = [(role, self.liveness.worker(role, i), e)
-                   for role, es in (("prefill", self.flow.prefill), ("decode", self.flow.decode)) for i, e in enumerate(es)]
+                   for role, es in ((ROLE_PREFILL, self.flow.prefill), (ROLE_DECODE, self.flow.decode)) for i, e in enumerate(es)]
         since = self._host_since
         answers = await asyncio.gather(*(asyncio.wait_for(e.host_samples(since.get(w, t0_wall)), HEALTH_TIMEOUT_S)
                                          for _, w, e in engines), return_exceptions=True)

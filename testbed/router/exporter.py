@@ -28,10 +28,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from core.records import OUTCOMES
 from core.stages import FAILURE_STAGES
 from core.topology import Topology
 from core.view import Loads
+from vocab import OUTCOMES, ROLE_DECODE, ROLE_PREFILL
 
 __all__ = ["RunMetrics", "serve"]
 
@@ -57,8 +57,8 @@ class _InFlight(Collector):
         g = GaugeMetricFamily("testbed_in_flight", "requests routed to a worker and not through it yet",
                               labels=["role", "worker", "pod"])
         loads, topo = self.loads(), self.topo
-        for role, ids, counts in (("prefill", topo.prefill_ids, loads.prefill_outstanding),
-                                  ("decode", topo.decode_ids, loads.decode_outstanding)):
+        for role, ids, counts in ((ROLE_PREFILL, topo.prefill_ids, loads.prefill_outstanding),
+                                  (ROLE_DECODE, topo.decode_ids, loads.decode_outstanding)):
             for w, n in zip(ids.tolist(), counts.tolist()):
                 g.add_metric([role, str(w), str(int(topo.worker_pod[w]))], n)
         yield g

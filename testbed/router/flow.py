@@ -52,13 +52,14 @@ import numpy as np
 from core.canary import Reference, Verdict, verdict
 from core.limits import first_token_limit
 from core.liveness import ALIVE, DEAD, NO_ANSWER, EngineLiveness
-from core.records import CORRUPT, DEAD_PULL_WATCH_S, ERROR, NAN, OK, REJECTED, TIMEOUT
+from core.records import DEAD_PULL_WATCH_S, NAN
 from core.run import RunContext
-from core.stages import DECODE, DECODE_QUEUE, KV_TRANSFER, PREFILL, PREFILL_QUEUE
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
 from testbed.engines.engine import TokenSink  # (engine.py imports vLLM only when an engine starts)
 from testbed.engines.stagelog import PULL_ENDS
+from vocab import (CORRUPT, DECODE, DECODE_QUEUE, ERROR, KV_TRANSFER, OK, PREFILL, PREFILL_QUEUE, PULL_DONE,
+                   PULL_FAILED, PULL_UNSEEN, REJECTED, ROLE_DECODE, ROLE_PREFILL, TIMEOUT)
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,8 @@ class CallClock:
 
     def __init__(self) -> None:
         self.theta: dict[tuple[str, int], float] = {}
-        self.delays: dict[str, list[float]] = {"prefill": [], "decode": []}
-        self.returns: dict[str, list[float]] = {"prefill": [], "decode": []}
+        self.delays: dict[str, list[float]] = {ROLE_PREFILL: [], ROLE_DECODE: []}
+        self.returns: dict[str, list[float]] = {ROLE_PREFILL: [], ROLE_DECODE: []}
 
     def arrived(self, engine: tuple[str, int], sent: float, res: Any) -> float:
         """Router time the call sent at ``sent`` reached ``engine`` (role, index), from its result
@@ -334,7 +335,7 @@ class RequestFlow:
         limit, or the attempt's per-try timeout) or unfinished by ``deadline`` given up where it is.
         Its outcome (the ticket is left to end), and the watch of its dead pull if it left one."""
         p_eng, d_eng = self.prefill[t.p_idx], self.decode[t.d_idx]
-        calling = ("prefill", t.p_idx)
+        calling = (ROLE_PREFILL, t.p_idx)
         try:
             # --- prefill_queue, prefill ---------------------------------------------------
             sent = self.clock()
@@ -353,10 +354,10 @@ class RequestFlow:
             t.enter(PREFILL, started if started is not None else arrived + (queued or 0.0))
             if res.kv_transfer_params is None or res.finish_reason == "abort":
                 return ERROR, None  # no KV to hand over: prefill failed
-            self.calls.returned("prefill", arrived, res, self.clock())
+            self.calls.returned(ROLE_PREFILL, arrived, res, self.clock())
             t.enter(DECODE_QUEUE, self.clock())  # the prefill engine holds the KV for the decoder now
             # --- decode_queue, kv_transfer, decode on the decode engine ------------------
-            calling = ("decode", t.d_idx)
+            calling = (ROLE_DECODE, t.d_idx)
             sent = self.clock()
             call = d_eng.decode(rid, ids, t.output_tokens, res.kv_transfer_params, **extra)
             limit = first_by
@@ -396,7 +397,7 @@ class RequestFlow:
                     t.enter(DECODE, t.first_token_s)
             if res.aborted or res.first_token_s is None:
                 return ERROR, None
-            self.calls.returned("decode", arrived, res, self.clock())
+            self.calls.returned(ROLE_DECODE, arrived, res, self.clock())
             ref = self.canaries.get(t.request_id)
             if ref is not None:
                 v = self.canary_verdicts[t.request_id] = verdict(ref, res.token_ids)
@@ -412,8 +413,8 @@ class RequestFlow:
             # Where it was: the stage log of an engine whose core died is still read by its actor (a
             # dead actor answers nothing, and the stage stays the one the router saw, a queue).
             failed_at = self.clock()
-            where = await self._where(p_eng if calling[0] == "prefill" else d_eng, rid)
-            if calling[0] == "prefill":
+            where = await self._where(p_eng if calling[0] == ROLE_PREFILL else d_eng, rid)
+            if calling[0] == ROLE_PREFILL:
                 started = _at(sent, where, "alloc", failed_at)
                 if started is not None and t.stage == PREFILL_QUEUE:
                     t.enter(PREFILL, started)
@@ -450,11 +451,11 @@ class RequestFlow:
             # At the pull's mean rate: a throttled link's is its shaper's constant rate (htb).
             span = end - t.kv_start_s
             share = min(1.0, max(0.0, (end - given_up) / span)) if span > 0 else 0.0
-            self.ctx.dead_pull(t, given_up, end, "done", t.kv_bytes * share)
+            self.ctx.dead_pull(t, given_up, end, PULL_DONE, t.kv_bytes * share)
         elif "recv_failed" in ends:  # UCX gave the read up: what it moved is not known, and useless
-            self.ctx.dead_pull(t, given_up, ends["recv_failed"], "failed", NAN)
+            self.ctx.dead_pull(t, given_up, ends["recv_failed"], PULL_FAILED, NAN)
         else:
-            self.ctx.dead_pull(t, given_up, NAN, "unseen", NAN)
+            self.ctx.dead_pull(t, given_up, NAN, PULL_UNSEEN, NAN)
 
     async def drain(self) -> None:
         """Wait for every dead pull being watched (each within DEAD_PULL_WATCH_S of its start)."""
@@ -479,7 +480,7 @@ class Liveness:
 
     def worker(self, role: str, idx: int) -> int:
         """The global worker id of the flow's ``idx``-th engine of ``role``."""
-        return int((self.ctx.topo.prefill_ids if role == "prefill" else self.ctx.topo.decode_ids)[idx])
+        return int((self.ctx.topo.prefill_ids if role == ROLE_PREFILL else self.ctx.topo.decode_ids)[idx])
 
     def error(self, role: str, idx: int, exc: BaseException) -> None:
         """A call to an engine raised: ask it whether it is down."""
@@ -488,7 +489,7 @@ class Liveness:
     def tick(self, now: float) -> None:
         """Ask every engine: a live one whether it died, a down one whether it serves again (an
         engine fault's restart; a dead actor answers at once that it is still dead)."""
-        for role, n in (("prefill", len(self.flow.prefill)), ("decode", len(self.flow.decode))):
+        for role, n in ((ROLE_PREFILL, len(self.flow.prefill)), (ROLE_DECODE, len(self.flow.decode))):
             for idx in range(n):
                 self._check(role, idx)
 
@@ -501,9 +502,9 @@ class Liveness:
         task.add_done_callback(lambda t: (self._checking.discard((role, idx)), self.checks.discard(t)))
 
     async def _ask(self, role: str, idx: int) -> None:
-        engine = (self.flow.prefill if role == "prefill" else self.flow.decode)[idx]
+        engine = (self.flow.prefill if role == ROLE_PREFILL else self.flow.decode)[idx]
         worker = self.worker(role, idx)
-        name = self.names[idx if role == "prefill" else len(self.flow.prefill) + idx]
+        name = self.names[idx if role == ROLE_PREFILL else len(self.flow.prefill) + idx]
         try:
             await asyncio.wait_for(engine.health(), self.timeout_s)
         except asyncio.TimeoutError:

@@ -37,8 +37,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from core.records import CORRUPT, ERROR, OK, REJECTED, TIMEOUT
 from testbed.router.flow import Submitted
+from vocab import CORRUPT, ERROR, OK, REJECTED, TIMEOUT
 
 log = logging.getLogger(__name__)
 

@@ -50,6 +50,7 @@ from testbed.faults.injector import PodTargets
 from testbed.router.flow import prompt_ids
 from testbed.runs.jobs import RunJob, read_jobs
 from testbed.runs.pods import discover_pods
+from vocab import CLUSTER_MODES, ROLE_DECODE, ROLE_PREFILL
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +98,14 @@ class Engines:
         net_device = {"netns": "eth0", "local": "lo"}.get(mode, list(t.fault_interfaces))
         # the pod's fault agent takes a sliver of the pod's resource; its engines share the rest
         share = 0.9 / topo.workers_per_pod
-        for role, ids, out in (("prefill", topo.prefill_ids, self.prefill), ("decode", topo.decode_ids, self.decode)):
+        for role, ids, out in ((ROLE_PREFILL, topo.prefill_ids, self.prefill), (ROLE_DECODE, topo.decode_ids, self.decode)):
             pods = topo.worker_pod[ids]
             for k, w in enumerate(ids.tolist()):
                 pod = int(topo.worker_pod[w])
                 name = f"pod{pod}-{role}" + (f"{k}" if (pods == pod).sum() > 1 else "")
                 self.names.append(name)
                 # vLLM's batch limits are the engine block's: the simulator models the same engine
-                max_seqs = e.prefill_slots if role == "prefill" else e.decode_max_batch
+                max_seqs = e.prefill_slots if role == ROLE_PREFILL else e.decode_max_batch
                 cfg = dict(model=Path(model), run_dir=root, name=name,
                            side_channel_port=SIDE_CHANNEL_BASE_PORT + w, role=role,
                            # the KV must outlive its pull, which ends before the first token
@@ -257,7 +258,7 @@ class Engines:
         topo, out = self.topo, [[] for _ in range(self.topo.n_pods)]
         n_pre = len(self.prefill)
         for i, handle in enumerate(self.all):
-            role, ids, k = ("prefill", topo.prefill_ids, i) if i < n_pre else ("decode", topo.decode_ids, i - n_pre)
+            role, ids, k = (ROLE_PREFILL, topo.prefill_ids, i) if i < n_pre else (ROLE_DECODE, topo.decode_ids, i - n_pre)
             out[int(topo.worker_pod[ids[k]])].append((role, self.names[i], handle))
         return out
 
@@ -486,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--model-meta", required=True, help="JSON: vocab, kv_bytes_per_token")
     ap.add_argument("--engine-root", required=True)
-    ap.add_argument("--mode", required=True, choices=["netns", "local", "cluster"],
+    ap.add_argument("--mode", required=True, choices=CLUSTER_MODES,
                     help="cluster: an existing Ray cluster (RAY_ADDRESS), its pods found from node resources")
     ap.add_argument("--cluster-run-id", help="for the memory figure in testbed.json")
     ap.add_argument("--calibrate", help="measure the engines and links first and write the calibration here")
