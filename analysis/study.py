@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from analysis.run_data import load_run
 from analysis.run_metrics import run_metrics
 from analysis.plots import run_curves
 from analysis.summary import GAP_METRICS, mean_ci
+from core.files import write_json_atomic
 from core.records import read_meta
 
 STUDY_FILE = "study.json"
@@ -174,9 +174,7 @@ def _fresh(cached: dict[str, Any], run_dir: Path) -> bool:
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     # Cells finish in parallel tasks and a report may read meanwhile: never expose half a file.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_json_safe(data), allow_nan=False))
-    os.replace(tmp, path)
+    write_json_atomic(path, _json_safe(data), allow_nan=False)
 
 
 def _nan(x: Any) -> Any:
@@ -244,7 +242,7 @@ def _check_cache(cell: dict[str, Any], metrics: dict[str, Any], run_dir: Path) -
 def cell_finished(run_dir: Path, run_id: str) -> bool:
     """A cell has finished when its run directory holds cell.json, a JSON object (the runner writes it
     last), that names the cell's run id: a cell.json of another id is a run of an older version of the
-    spec at the same place, not this one. The runner (cli/study_runner.py) skips runs by this same check."""
+    spec at the same place, not this one. The runner (study/runner.py) skips runs by this same check."""
     try:
         marker = json.loads((run_dir / CELL_FILE).read_text())
     except (OSError, ValueError):

@@ -307,7 +307,7 @@ def fixed_note(fixed: Mapping[str, Any] | None) -> str | None:
 
 # --------------------------------------------------------------------------- a carry-over study directory
 
-# The worlds' study directories in a carry-over study's directory (cli/study_testbed.py writes them).
+# The worlds' study directories in a carry-over study's directory (study/testbed_side.py writes them).
 SIM, TESTBED, REPEAT, CLAIMS = "sim", "testbed", "repeat", "claims"
 
 

@@ -1,5 +1,5 @@
 """One study cell's simulation CPU time: in a plain process, in a Ray task, and in the clean child
-a Ray task hands it to (cli/clean_process.py). Not a test: prints figures.
+a Ray task hands it to (study/clean_process.py). Not a test: prints figures.
 
     python benchmarks/bench_study_cell.py [--policy OTF-R] [--repeat 3]
 
@@ -29,14 +29,14 @@ def _cell(policy: str) -> tuple[str, str, int]:
 
 
 def _here(policy: str, repeat: int) -> list[float]:
-    from cli.study_runner import run_cell
+    from study.runner import run_cell
 
     args = _cell(policy)
     return [round(run_cell(*args)["cpu_s"], 2) for _ in range(repeat)]
 
 
 def _clean(policy: str, repeat: int) -> list[float]:
-    from cli.study_runner import run_cell_in_clean_process
+    from study.runner import run_cell_in_clean_process
 
     args = _cell(policy)
     return [round(run_cell_in_clean_process(*args)["cpu_s"], 2) for _ in range(repeat)]

@@ -46,7 +46,7 @@ def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int
 
 def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, study_dir: Path | None,
          calibration) -> int:
-    from cli.study_runner import run_study
+    from study.runner import run_study
 
     if calibration is not None:
         from core.calibration import apply_calibration
@@ -72,10 +72,10 @@ def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, st
 
 
 def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
-    """The testbed's runs of the grid (cli/study_testbed.py), then, with ``--world both``, the calibrated
+    """The testbed's runs of the grid (study/testbed_side.py), then, with ``--world both``, the calibrated
     simulator's and the verdict per claim (analysis/study_claims.py)."""
     from analysis.study_claims import CLAIMS, SIM, TESTBED, carryover_report, check_claim_metrics
-    from cli.study_testbed import run_testbed_side
+    from study.testbed_side import run_testbed_side
     from core.calibration import load_calibration
     from core.sizes import check_fits
     from core.study import choose_sweeps, claim_sides, distinct_runs, expand_study

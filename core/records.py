@@ -28,6 +28,8 @@ import pyarrow.parquet as pq
 
 from vocab import OK
 
+from .files import write_json_atomic
+
 NAN = math.nan
 
 # The outcomes (how a request or an attempt ended) and the pull endings are the project's words:
@@ -321,9 +323,7 @@ class RunWriter:
             self.writers[cls.table] = TableWriter(self.directory, cls, self.flush_rows, self.flush_s)
 
     def _write_meta(self) -> None:
-        tmp = self.directory / ".run.json.tmp"
-        tmp.write_text(json.dumps(self.meta, indent=2, default=str))
-        os.replace(tmp, self.directory / "run.json")
+        write_json_atomic(self.directory / "run.json", self.meta, indent=2, default=str)
 
     def write(self, rec: Any) -> None:
         self.writers[rec.table].append(rec)

@@ -14,7 +14,7 @@ another's point), or only in what feeds the risk price, for a policy that does
 not read it (LC at telemetry direct and none). A cell's *run* id hashes what
 its records depend on (:func:`run_inputs`); resuming skips finished runs.
 
-Pure: no Ray, no simulator; ``cli/study_runner.py`` runs the cells.
+Pure: no Ray, no simulator; ``study/runner.py`` runs the cells.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The nodes of the package graph: the words, the pure models, the two worlds and the command line.
-PACKAGES = ("vocab", "core", "faults", "workloads", "simulator", "analysis", "testbed", "cli")
+PACKAGES = ("vocab", "core", "faults", "workloads", "simulator", "analysis", "testbed", "study", "cli")
 MAX_LINES = 600  # DESIGN.md: files small, named for what they hold
 
 
@@ -138,12 +138,13 @@ def too_long(root: Path, dirs=PACKAGES + ("tests", "benchmarks")) -> list[str]:
 # What each package may not import: everything above it.
 FORBIDDEN = {
     "vocab": set(PACKAGES) - {"vocab"},  # the ground floor: everything may import it, it imports nothing of ours
-    "core": {"simulator", "testbed", "cli", "analysis"},
-    "simulator": {"testbed", "cli", "analysis"},
-    "testbed": {"simulator", "cli", "analysis"},
-    "faults": {"core", "simulator", "testbed", "cli", "analysis"},
-    "workloads": {"core", "simulator", "testbed", "cli", "analysis"},
-    "analysis": {"simulator", "testbed", "cli"},
+    "core": {"simulator", "testbed", "cli", "analysis", "study"},
+    "simulator": {"testbed", "cli", "analysis", "study"},
+    "testbed": {"simulator", "cli", "analysis", "study"},
+    "faults": {"core", "simulator", "testbed", "cli", "analysis", "study"},
+    "workloads": {"core", "simulator", "testbed", "cli", "analysis", "study"},
+    "analysis": {"simulator", "testbed", "cli", "study"},
+    "study": {"cli"},  # the study runs both worlds; the command line calls it
 }
 
 
@@ -160,7 +161,7 @@ def test_the_import_walk_sees_the_known_edges():
     assert {"faults", "workloads", "vocab"} <= g["core"] and "vocab" in g["faults"]
     assert {"core", "faults"} <= g["simulator"]
     assert "core" in g["testbed"] and "core" in g["analysis"]
-    assert {"simulator", "testbed", "analysis"} <= g["cli"]
+    assert {"simulator", "testbed", "analysis", "study"} <= g["cli"] and {"simulator", "testbed"} <= g["study"]
     m = module_graph(ROOT)
     assert "testbed.router.flow" in m["testbed.router.actor"]
 
@@ -255,7 +256,7 @@ def test_a_module_over_600_lines_is_caught(tmp_path):
 
 # --- module paths written as strings: a move breaks them silently -----------------------------
 
-_OURS = r"(?:cli|core|testbed|simulator|analysis|faults|workloads|vocab)"
+_OURS = r"(?:cli|core|testbed|simulator|analysis|faults|workloads|vocab|study)"
 _DOTTED = re.compile(rf"{_OURS}(?:\.[A-Za-z_]\w*)+")
 _FILES = (".yaml", ".json", ".py", ".md", ".csv", ".parquet", ".txt")  # file names such as testbed.yaml
 # Strings that name a module of another revision on purpose (the layout before issue 26's move).

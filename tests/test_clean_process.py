@@ -1,4 +1,4 @@
-"""The study tasks' child interpreter (cli/clean_process.py): runs functions in another process,
+"""The study tasks' child interpreter (study/clean_process.py): runs functions in another process,
 hands back results and exceptions, is reused, and never outlives the process that started it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.clean_process import CleanProcess
+from study.clean_process import CleanProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def test_it_runs_functions_elsewhere_and_hands_back_results_and_errors():
 def test_it_dies_with_the_process_that_started_it():
     # A parent that starts a child, says its pid, and is killed without any cleanup.
     code = ("import os, sys, time\n"
-            "from cli.clean_process import CleanProcess\n"
+            "from study.clean_process import CleanProcess\n"
             "c = CleanProcess()\n"
             "print(c.call(os.getpid), flush=True)\n"
             "time.sleep(60)\n")

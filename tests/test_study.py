@@ -18,7 +18,8 @@ from core.spec import SpecError, load_spec, parse_spec
 from builders import faulted_spec_dict, link_fault, poisson
 from analysis.study import load_study
 from core.study import expand_study
-from cli.study_runner import cell_is_done, run_cell, run_study
+from study.cells import cell_is_done
+from study.runner import run_cell, run_study
 
 REPO = Path(__file__).resolve().parents[1]
 

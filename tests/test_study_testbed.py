@@ -1,4 +1,4 @@
-"""The testbed side of a study (cli/study_testbed.py) without engines: which runs it hands the
+"""The testbed side of a study (study/testbed_side.py) without engines: which runs it hands the
 driver, where they go, how a finished run is marked and skipped the next time, and that an
 interrupted run is run again from an empty directory. The driver's part (each run on engines
 verified quiet) is tests/test_testbed_jobs.py's and the slow tests'; here a stand-in writes what
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import cli.study_testbed as st
+import study.testbed_side as st
 from analysis.study import cell_finished, load_study
 from builders import shipped_spec_dict
 from core.records import read_meta

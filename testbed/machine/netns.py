@@ -42,6 +42,8 @@ from typing import Any
 from pyroute2 import IPRoute
 from pyroute2 import netns as _pr_netns
 
+from core.files import write_json_atomic
+
 NETNS_DIR = Path("/run/netns")
 DEFAULT_SUBNET = "10.77.0.0/24"
 DEFAULT_STATE_DIR = Path("/run/testbed")
@@ -216,9 +218,7 @@ def update_state(path: str | Path, **fields: Any) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = read_state(path) if path.exists() else {}
     state.update(fields)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, path)
+    write_json_atomic(path, state, indent=1)
     return state
 
 

@@ -4,7 +4,7 @@ Each cell is one simulator run, executed as a Ray task with one CPU: on a local
 Ray started for the study (``address="local"``: never a cluster that happens to
 run on this machine), or on any Ray cluster given its address, whose nodes have
 this package installed (``cluster.yaml``'s setup does that). A task simulates
-(in a child interpreter the Ray worker keeps for its cells: cli/clean_process.py says
+(in a child interpreter the Ray worker keeps for its cells: study/clean_process.py says
 why) into a scratch directory on its node, computes the cell's metrics there
 (``analysis.study.cell_metrics``, so the report does not reload every run), and
 returns the run directory's files; the driver writes them under
@@ -28,25 +28,23 @@ a cell rerun anywhere writes the same records; only wall-clock fields differ
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from core.study import Cell, choose_sweeps, distinct_runs, expand_study
 from core.sizes import DEFAULT_MAX_HOURS, check_study_fits
+from core.study import Cell, choose_sweeps, distinct_runs, expand_study
+from study.cells import cell_is_done, write_cell, write_index
 
-__all__ = ["StudyResult", "cell_is_done", "run_cell", "run_cell_in_clean_process", "run_study", "write_index",
-           "write_json"]
+__all__ = ["StudyResult", "run_cell", "run_cell_in_clean_process", "run_study"]
 
 
 @dataclass(frozen=True)
@@ -84,9 +82,9 @@ def run_cell(spec_json: str, policy: str, seed: int, base_dir: str | None = None
 
 def run_cell_in_clean_process(spec_json: str, policy: str, seed: int, base_dir: str | None = None,
                               scratch: str | None = None) -> dict[str, Any]:
-    """:func:`run_cell` in this process's clean child (cli/clean_process.py): the Ray task of a
+    """:func:`run_cell` in this process's clean child (study/clean_process.py): the Ray task of a
     cell. A Ray worker simulates 15-20% slower than a fresh interpreter does."""
-    from cli.clean_process import shared
+    from study.clean_process import shared
 
     child = shared()
     if scratch:
@@ -104,19 +102,6 @@ def run_cell_in_clean_process(spec_json: str, policy: str, seed: int, base_dir: 
             raise
 
 
-def cell_is_done(study_dir: Path, cell: Cell) -> bool:
-    """Finished: its run directory holds a cell.json naming the cell's run id (the report's own check)."""
-    from analysis.study import cell_finished
-
-    return cell_finished(study_dir / cell.run_dir, cell.run)
-
-
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
-
-
 def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
     """Write a finished run's files, then move them into place in one rename (``cell``: the run's
     first cell, whose place it takes)."""
@@ -126,23 +111,11 @@ def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
         p = partial / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
-    write_json(partial / "cell.json", {
-        **cell.index_row(), "wall_s": result["wall_s"], "cpu_s": result["cpu_s"], "node": result["node"],
-        "finished_at": datetime.now(timezone.utc).isoformat()})
+    write_cell(partial, cell, result["node"], wall_s=result["wall_s"], cpu_s=result["cpu_s"])
     final = study_dir / cell.run_dir
     shutil.rmtree(final, ignore_errors=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(partial, final)
-
-
-def write_index(study_dir: Path, spec: Any, cells: list[Cell], extra: dict[str, Any] | None = None) -> None:
-    """study.json (analysis/study.py reads it) of ``cells``, with ``extra`` fields."""
-    axes: list[str] = []
-    for sw in spec.study.sweeps:
-        axes += [a for a in sw.axes if a not in axes]
-    write_json(study_dir / "study.json", {
-        "name": spec.name, "axes": axes, "study": spec.study.model_dump(mode="json"),
-        "cells": [c.index_row() for c in cells], **(extra or {})})
 
 
 def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int | None = None,

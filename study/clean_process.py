@@ -4,7 +4,7 @@ Why: the simulator runs 15-20% slower in a process where Ray is initialised than
 for the same cell (benchmarks/bench_study_cell.py: inside a Ray task, in a driver after
 ``ray.init`` and in a process forked from either alike; cause not found: not GC, tracing, threads
 or allocation counts). A study task therefore hands its cell to a child it started with a fresh
-interpreter (``python -m cli.clean_process``), once per Ray worker process, and reuses it.
+interpreter (``python -m study.clean_process``), once per Ray worker process, and reuses it.
 
 The child dies with its parent (``PR_SET_PDEATHSIG`` on Linux: a force-cancelled Ray worker
 takes it along) and on end of input; :meth:`CleanProcess.kill` stops it at once.
@@ -32,7 +32,7 @@ class CleanProcess:
     def __init__(self) -> None:
         parent, child = Pipe()
         self._conn = parent
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli.clean_process", str(child.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "study.clean_process", str(child.fileno())],
                                      pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
         child.close()
 

@@ -30,8 +30,8 @@ from typing import Any
 from rich.console import Console
 
 from analysis.study_claims import CLAIMS_FIXED, REPEAT, TESTBED, fixed_record
-from cli.study_runner import write_index, write_json
 from core.study import Cell, distinct_runs
+from study.cells import write_cell, write_index
 
 CALIBRATION_FILE = "calibration.json"
 
@@ -90,8 +90,8 @@ def mark_finished(world_dir: Path, runs: list[Cell]) -> int:
         if meta.get("status") != "finished":
             continue
         cell_metrics(run_dir, recompute=True)
-        write_json(run_dir / "cell.json", {**c.index_row(), "node": "testbed", "started_at": meta.get("started_at"),
-                                            "finished_at": meta.get("ended_at") or datetime.now(timezone.utc).isoformat()})
+        write_cell(run_dir, c, "testbed", started_at=meta.get("started_at"),
+                   finished_at=meta.get("ended_at") or datetime.now(timezone.utc).isoformat())
         n += 1
     return n
 
