@@ -49,7 +49,7 @@ if ! python -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch")
   python -m pip install -c constraints/cpu.txt -r constraints/torch-cpu.txt torch
 fi
 python -m pip install -c constraints/cpu.txt -e '.[testbed,test]'
-# The emulated cluster comes up through `ray up` (testbed/hosts/rayup.py): every node runs
+# The emulated cluster comes up through `ray up` (testbed/cluster/rayup.py): every node runs
 # its own sshd and Ray's launcher syncs with rsync. Root only: without root there are no
 # network namespaces and the emulated cluster is one local node, started without ssh.
 # Prometheus too: tests/test_prometheus.py runs a real one, and users monitor runs with it (testbed/router/prometheus/).

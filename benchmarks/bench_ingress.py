@@ -324,7 +324,7 @@ def main() -> None:
         return
 
     from core.spec import load_spec
-    from testbed.hosts.emulated import EmulatedCluster
+    from testbed.cluster.emulated import EmulatedCluster
 
     out = Console(width=120)
     work = Path(tempfile.mkdtemp(prefix="bench-ingress-"))

@@ -28,17 +28,17 @@ def in_cluster(address: str, argv: list[str]) -> int | None:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from testbed.hosts import emulated
+    from testbed.cluster import emulated
 
     if args.action == "check":
-        from testbed.hosts.clusterfile import main as clusterfile_main
+        from testbed.cluster.clusterfile import main as clusterfile_main
 
         return clusterfile_main(["check", *(args.run_ids[:1] or ["cluster.yaml"])])
     if args.action == "status" and args.address:
         rc = in_cluster(args.address, ["cluster", "status", "--address", args.address, "--interfaces", args.interfaces])
         if rc is not None:
             return rc
-        from testbed.hosts.nodes import cluster_status, render
+        from testbed.cluster.nodes import cluster_status, render
 
         render(cluster_status(csv(args.interfaces)), out_console())  # the command's output: stdout
         return 0
@@ -68,7 +68,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_leftovers(args: argparse.Namespace) -> int:
-    from testbed.hosts.leftovers import find_leftovers
+    from testbed.cluster.leftovers import find_leftovers
 
     found = find_leftovers()
     for item in found:
@@ -83,7 +83,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
         rc = in_cluster(args.address, ["faults", "clear", "--address", args.address])
         if rc is not None:
             return rc
-        from testbed.hosts.nodes import clear_cluster_faults
+        from testbed.cluster.nodes import clear_cluster_faults
 
         failed = 0
         for r in clear_cluster_faults():

@@ -1,6 +1,6 @@
 """`testbed doctor`: a preflight of this machine, or of every node of a Ray cluster.
 
-The checks live in testbed/hosts/preflight.py; this gathers and prints them, one line per check
+The checks live in testbed/cluster/preflight.py; this gathers and prints them, one line per check
 per node, and exits 1 when any failed (n/a is no failure). An emulated cluster's head is reached
 only from its own namespace: there the command runs itself again, as `testbed cluster status` does,
 after checking the ports its forwarders take on the host.
@@ -19,7 +19,7 @@ from typing import Any
 from cli.cluster import IN_HEAD_ENV
 from cli.common import out_console
 
-Group = tuple[str, Sequence[Any]]  # a title and its checks (testbed.hosts.preflight.Check)
+Group = tuple[str, Sequence[Any]]  # a title and its checks (testbed.cluster.preflight.Check)
 _STYLE = {"ok": "green", "FAIL": "bold red", "n/a": "dim"}
 
 
@@ -57,7 +57,7 @@ def render(groups: Sequence[Group], console: Any) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from core.spec import load_spec
-    from testbed.hosts.preflight import Params, node_checks
+    from testbed.cluster.preflight import Params, node_checks
 
     spec = load_spec(args.spec, default="testbed.yaml")
     params = Params.from_spec(spec)
@@ -71,7 +71,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _on_cluster(args: argparse.Namespace, params: Any, console: Any) -> int:
-    from testbed.hosts.preflight import check_port, check_ray, check_reachable, cluster_checks, fail
+    from testbed.cluster.preflight import check_port, check_ray, check_reachable, cluster_checks, fail
 
     address = args.address
     if not os.environ.get(IN_HEAD_ENV):

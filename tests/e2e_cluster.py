@@ -40,7 +40,7 @@ from builders import shipped_spec_dict
 from core.policies import POLICY_NAMES
 from core.records import read_table
 from core.spec import ExperimentSpec, parse_spec
-from testbed.hosts.emulated import EmulatedCluster
+from testbed.cluster.emulated import EmulatedCluster
 from testbed.runs.jobs import prepare_jobs, repeat_of
 from testbed.runs.launch import launch_jobs
 
@@ -316,7 +316,7 @@ def _rsync_down(cluster: EmulatedCluster, src: Path, dst: Path) -> subprocess.Co
     """`ray rsync-down` on the cluster's own cluster file, as docs/cluster.md brings the results from
     the head back to the machine `ray up` ran on (here the head's namespace: one filesystem, so the
     copy lands beside the original)."""
-    from testbed.hosts import rayup
+    from testbed.cluster import rayup
 
     argv = [sys.executable, "-m", "ray.scripts.scripts", "rsync-down", str(cluster.temp_root / rayup.CLUSTER_FILE),
             f"{src}/", f"{dst}/"]
@@ -422,7 +422,7 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
     and its driver, one process group, as a terminal's kill would) mid-run. Then, the cluster still
     up: what is left right after, and once the faults' time to live has passed (the agents remove
     them by themselves, the driver being gone)."""
-    from testbed.hosts.leftovers import find_leftovers
+    from testbed.cluster.leftovers import find_leftovers
 
     spec_file = out / "e2e_killed.yaml"
     spec_file.write_text(json.dumps({

@@ -116,7 +116,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def room_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
-    """The module graph with each sub-package folded into one node, its room (testbed.hosts,
+    """The module graph with each sub-package folded into one node, its room (testbed.cluster,
     testbed.machine, core.policies, ...); a package's own top-level modules stay nodes of their own.
     A circle here is two rooms that each import the other, however far apart their modules are."""
     def room(module: str) -> str:
@@ -176,7 +176,7 @@ def test_no_module_imports_one_that_imports_it():
 
 def test_no_sub_package_imports_one_that_imports_it():
     g = room_graph(ROOT)
-    assert "testbed.machine" in g["testbed.faults"] and "testbed.faults" in g["testbed.hosts"]  # the walk saw them
+    assert "testbed.machine" in g["testbed.faults"] and "testbed.faults" in g["testbed.cluster"]  # the walk saw them
     assert cycles(g) == []
 
 
@@ -240,13 +240,13 @@ def test_an_import_circle_between_modules_is_caught_even_through_a_lazy_import(t
 
 
 def test_a_circle_between_sub_packages_is_caught_though_no_module_circle_exists(tmp_path):
-    # hosts.nodes -> faults.agent -> hosts.netns: no module imports one that imports it, yet the rooms circle
-    root = _tree(tmp_path, {"testbed/hosts/__init__.py": "", "testbed/faults/__init__.py": "",
-                            "testbed/hosts/nodes.py": "from testbed.faults.agent import FaultAgent\n",
-                            "testbed/faults/agent.py": "from testbed.hosts.netns import in_netns\n",
-                            "testbed/hosts/netns.py": ""})
+    # cluster.nodes -> faults.agent -> cluster.netns: no module imports one that imports it, yet the rooms circle
+    root = _tree(tmp_path, {"testbed/cluster/__init__.py": "", "testbed/faults/__init__.py": "",
+                            "testbed/cluster/nodes.py": "from testbed.faults.agent import FaultAgent\n",
+                            "testbed/faults/agent.py": "from testbed.cluster.netns import in_netns\n",
+                            "testbed/cluster/netns.py": ""})
     assert cycles(module_graph(root)) == []
-    assert cycles(room_graph(root)) == [["testbed.faults", "testbed.hosts"]]
+    assert cycles(room_graph(root)) == [["testbed.cluster", "testbed.faults"]]
 
 
 def test_a_module_over_600_lines_is_caught(tmp_path):
@@ -297,7 +297,7 @@ def module_strings(root: Path) -> list[tuple[str, str]]:
 
 def test_every_module_path_written_as_a_string_exists():
     found = [(w, d) for w, d in module_strings(ROOT) if not w.startswith("tests/test_architecture.py")]
-    assert {"cli.main.main", "testbed.hosts.clusterfile", "testbed.runs.driver"} <= {d for _, d in found}
+    assert {"cli.main.main", "testbed.cluster.clusterfile", "testbed.runs.driver"} <= {d for _, d in found}
     assert [f"{w}: {d}" for w, d in found if not _resolves(d, ROOT)] == []
 
 

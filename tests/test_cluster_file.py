@@ -1,10 +1,10 @@
 """cluster.yaml, checked by Ray's own cluster launcher (Ray pinned: 2.60.0), and the module its
-start commands call on the nodes (testbed/hosts/clusterfile.py).
+start commands call on the nodes (testbed/cluster/clusterfile.py).
 
 * every shipped cluster file, placeholders filled with test values, passes Ray's
   ``commands._bootstrap_config`` (schema validation, the local provider's preparation);
 * unfilled, it stops ``ray up`` in Ray's YAML loader within seconds, and
-  ``python -m testbed.hosts.clusterfile check`` names every placeholder in one line;
+  ``python -m testbed.cluster.clusterfile check`` names every placeholder in one line;
 * a dry ``ray up``: Ray's ``get_or_create_head_node`` with the real local provider and a
   recording process runner instead of ssh/rsync, then a worker updated as the head's
   autoscaler would; the recorded start commands then run here against a stub ``ray``, so
@@ -49,7 +49,7 @@ from ray.autoscaler.tags import (  # noqa: E402
     TAG_RAY_USER_NODE_TYPE,
 )
 
-from testbed.hosts import clusterfile as cf  # noqa: E402
+from testbed.cluster import clusterfile as cf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MOUNT = "~/pd-reliability-testbed"  # where cluster.yaml's file_mounts put the project
@@ -163,7 +163,7 @@ def test_unfilled_file_gives_one_line_error():
                                ("auth.ssh_user", "@FILL_IN_SSH_USER@"),
                                ("auth.ssh_private_key", "@FILL_IN_SSH_PRIVATE_KEY@")]:
         assert f"{field} ({placeholder})" in msg
-    r = subprocess.run([sys.executable, "-m", "testbed.hosts.clusterfile", "check", str(ROOT / "cluster.yaml")],
+    r = subprocess.run([sys.executable, "-m", "testbed.cluster.clusterfile", "check", str(ROOT / "cluster.yaml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "provider.head_ip (@FILL_IN_HEAD_IP@)" in r.stderr
@@ -273,7 +273,7 @@ def _run_on_node(shell_command: str, node_ip: str, home: Path, bin_: Path, log: 
 def _node_env_expected() -> dict[str, str]:
     """The Ray settings every emulated node runs with, which the real nodes must share."""
     pytest.importorskip("pyroute2", reason="testbed needs pyroute2 (./install.sh)")
-    from testbed.hosts.raynodes import NODE_ENV
+    from testbed.cluster.raynodes import NODE_ENV
 
     return {k: v for k, v in NODE_ENV.items() if k != "RAY_USAGE_STATS_ENABLED"}  # that one: --disable-usage-stats
 
@@ -286,9 +286,9 @@ def test_the_emulated_nodes_get_only_what_a_real_nodes_start_command_gives_them(
     pytest.importorskip("pyroute2", reason="testbed needs pyroute2 (./install.sh)")
     if os.geteuid() != 0:
         pytest.skip("the netns mode needs root")
-    from testbed.hosts import rayup
-    from testbed.hosts.emulated import EmulatedCluster
-    from testbed.hosts.raynodes import HEAD_ONLY_ENV, HOUSEKEEPING_ENV, NODE_ENV
+    from testbed.cluster import rayup
+    from testbed.cluster.emulated import EmulatedCluster
+    from testbed.cluster.raynodes import HEAD_ONLY_ENV, HOUSEKEEPING_ENV, NODE_ENV
 
     if why := rayup.missing_tools():
         pytest.skip(why)
@@ -358,7 +358,7 @@ def test_dry_ray_up(sandbox, node_home, monkeypatch, launcher_v2):
                                            "--disable-usage-stats"]]
     env = calls[0]["env"]
     assert env["RAY_enable_autoscaler_v2"] == "0"  # even when the launcher asked for v2
-    from testbed.hosts.raynodes import HEAD_ONLY_ENV
+    from testbed.cluster.raynodes import HEAD_ONLY_ENV
 
     assert HEAD_ONLY_ENV.items() <= env.items()  # what the emulated head gets too
     assert Path(env[cf.MARKER_ENV]).resolve() == (proj / "cluster.yaml").resolve()
@@ -415,7 +415,7 @@ def filled(tmp_path):
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != cf.NODE_IP_ENV}
-    return subprocess.run([sys.executable, "-m", "testbed.hosts.clusterfile", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "testbed.cluster.clusterfile", *args], capture_output=True, text=True,
                           timeout=60, env=env)
 
 
@@ -496,10 +496,10 @@ def test_stop_ray_stops_only_this_files_ray(tmp_path):
             p.wait()
 
 
-# -- the emulated cluster's generated file (testbed/hosts/rayup.py) goes through the same code
+# -- the emulated cluster's generated file (testbed/cluster/rayup.py) goes through the same code
 
 def test_the_emulated_clusters_generated_file_passes_rays_bootstrap(sandbox):
-    from testbed.hosts import rayup
+    from testbed.cluster import rayup
     from testbed.machine.netns import Fabric
 
     tmp_path, _ = sandbox
@@ -513,13 +513,13 @@ def test_the_emulated_clusters_generated_file_passes_rays_bootstrap(sandbox):
     node_type = resolved["available_node_types"][LOCAL_CLUSTER_NODE_TYPE]
     assert node_type["min_workers"] == node_type["max_workers"] == 3
     starts = resolved["head_start_ray_commands"] + resolved["worker_start_ray_commands"]
-    assert all("testbed.hosts.rayup start-node" in c for c in starts)
+    assert all("testbed.cluster.rayup start-node" in c for c in starts)
     assert not [c for c in starts if re.search(r"\bray stop\b", c)]
 
 
 def test_a_node_runs_the_start_command_recorded_for_its_own_address(tmp_path):
     """start-node picks the node by the address this namespace holds: 127.0.0.1 stands in for it."""
-    from testbed.hosts import rayup
+    from testbed.cluster import rayup
 
     (tmp_path / "fabric.json").write_text(json.dumps({"run_id": "x", "nodes": [
         {"name": "head", "address": "10.255.255.1"}, {"name": "pod0", "address": "127.0.0.1"}]}))
@@ -530,7 +530,7 @@ def test_a_node_runs_the_start_command_recorded_for_its_own_address(tmp_path):
                   "os.environ.get('HOME')], open(os.environ['OUT'], 'w'))"], {"X": "pod0", "OUT": str(out),
                                                                                    "HOME": "/planner/home"})})
     assert oct((tmp_path / "nodes" / "pod0.json").stat().st_mode & 0o777) == "0o600"
-    r = subprocess.run([sys.executable, "-m", "testbed.hosts.rayup", "start-node", str(tmp_path), "--extra=1"],
+    r = subprocess.run([sys.executable, "-m", "testbed.cluster.rayup", "start-node", str(tmp_path), "--extra=1"],
                        env={**os.environ, "HOME": "/session/home"}, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     # the node's own argv and environment, the session's HOME (Ray expands ~ with it)
@@ -538,7 +538,7 @@ def test_a_node_runs_the_start_command_recorded_for_its_own_address(tmp_path):
 
 
 def test_down_removes_only_this_runs_bootstrap_files(tmp_path):
-    from testbed.hosts import rayup
+    from testbed.cluster import rayup
     from testbed.machine.netns import Fabric
 
     fabric, home = Fabric.plan("ab12cd34", 1), tmp_path / "home"
@@ -556,7 +556,7 @@ def test_down_removes_only_this_runs_bootstrap_files(tmp_path):
 def test_sshds_privilege_separation_directory_is_made_when_missing(tmp_path):
     """A fresh container: openssh-server installed, its service never started, so the directory
     its start script makes at boot is missing and every node's sshd would exit at once."""
-    from testbed.hosts import rayup
+    from testbed.cluster import rayup
 
     d = tmp_path / "run" / "sshd"
     assert rayup.ensure_privsep_dir(d) is True

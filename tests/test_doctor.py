@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.hosts import preflight as pf
+from testbed.cluster import preflight as pf
 from testbed.machine.netns import missing_privileges
-from testbed.hosts.raynodes import free_ports
+from testbed.cluster.raynodes import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^  (ok|n/a|FAIL)\s+(\S.*?)\s{2,}(.*)$")  # a check's line: status, name, detail
@@ -140,7 +140,7 @@ def test_privileges_fail_without_the_capabilities():
 
 @pytest.mark.skipif(not ROOT or shutil.which("setpriv") is None, reason="needs root and setpriv to drop capabilities")
 def test_privileges_fail_in_a_process_that_really_lacks_them():
-    code = "from testbed.hosts.preflight import check_privileges as c; print(c(True).status, c(False).status)"
+    code = "from testbed.cluster.preflight import check_privileges as c; print(c(True).status, c(False).status)"
     res = subprocess.run(["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-c", code],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert res.returncode == 0, res.stderr

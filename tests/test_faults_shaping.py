@@ -19,9 +19,9 @@ from testbed.faults import shaping
 from testbed.faults.agent import FaultAgent, FaultRefused
 from testbed.faults.shaping import KV_PORT_BASE, Shaping
 from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
-from testbed.hosts.traffic import TcpStream as Stream
-from testbed.hosts.traffic import retransmits, rto_s
-from testbed.hosts.traffic import tcp_stream as stream
+from testbed.cluster.traffic import TcpStream as Stream
+from testbed.cluster.traffic import retransmits, rto_s
+from testbed.cluster.traffic import tcp_stream as stream
 
 pytestmark = pytest.mark.skipif(missing_privileges() is not None,
                                 reason=f"needs root for network namespaces: {missing_privileges()}")

@@ -1,4 +1,4 @@
-"""The host ports of an emulated cluster (testbed/hosts/forward.py, testbed/runs/launch.py _host_ports):
+"""The host ports of an emulated cluster (testbed/cluster/forward.py, testbed/runs/launch.py _host_ports):
 what listens on localhost in the head's namespace (the router's metrics exporter, serving: the ingress)
 answers on the same address on the host, and a port taken on the host stops the command in one line.
 A namespace of the test's own, a real server in it (prometheus_client's, as the router's exporter)."""
@@ -19,7 +19,7 @@ from builders import shipped_spec_dict
 from core.spec import parse_spec
 from testbed.machine.netns import create_namespace, kill_processes_in, missing_privileges, netns_exec_argv, \
     remove_namespace, run_prefix
-from testbed.hosts.raynodes import free_ports
+from testbed.cluster.raynodes import free_ports
 from testbed.runs.launch import _host_ports
 
 pytestmark = pytest.mark.skipif(missing_privileges() is not None,

@@ -138,7 +138,7 @@ def test_the_gpu_specs_model_directory_is_checked_in_one_line(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("pynvml") is not None, reason="this node may have NVML")
 def test_testbed_doctor_fails_the_gpu_spec_on_a_node_without_gpus(tmp_path):
-    from testbed.hosts import preflight as pf
+    from testbed.cluster import preflight as pf
 
     c = pf.check_gpus(need=load_spec(GPU_SPEC).testbed.gpus_per_engine, dev=tmp_path)  # no /dev/nvidiactl
     assert c.failed and "gpus_per_engine is 1" in c.fix and "\n" not in c.fix

@@ -20,7 +20,7 @@ def _kinds(items) -> set[str]:
 
 def test_namespaces_qdiscs_and_links_are_listed_while_they_exist_and_not_after():
     from testbed.faults import shaping
-    from testbed.hosts.leftovers import find_leftovers
+    from testbed.cluster.leftovers import find_leftovers
 
     fab = Fabric.plan(uuid.uuid4().hex[:10], 2)
     ours = lambda: [x for x in find_leftovers() if fab.run_id in x.what]  # noqa: E731 (other runs may be up)
@@ -43,7 +43,7 @@ def test_namespaces_qdiscs_and_links_are_listed_while_they_exist_and_not_after()
 
 def test_a_process_of_an_emulated_cluster_is_listed_by_its_marker():
     from testbed.machine.procs import RUN_MARKER_ENV
-    from testbed.hosts.leftovers import find_leftovers
+    from testbed.cluster.leftovers import find_leftovers
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                             env={RUN_MARKER_ENV: "leftover-test"})
@@ -57,7 +57,7 @@ def test_a_process_of_an_emulated_cluster_is_listed_by_its_marker():
 
 
 def test_the_command_says_nothing_is_left_or_lists_it_with_exit_status_1(tmp_path):
-    from testbed.hosts.leftovers import find_leftovers
+    from testbed.cluster.leftovers import find_leftovers
 
     res = subprocess.run([sys.executable, "-m", "cli", "leftovers"], capture_output=True, text=True, timeout=60)
     if find_leftovers():  # a machine with something on it already (another run going on)

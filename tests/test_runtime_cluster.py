@@ -135,7 +135,7 @@ def test_without_capabilities_namespaces_fail_with_one_line_and_auto_mode_goes_l
     script = _DROP_CAPS + textwrap.dedent(f"""
         import logging
         from testbed.machine.netns import Fabric, NetnsPermissionError, create_fabric
-        from testbed.hosts.emulated import EmulatedCluster
+        from testbed.cluster.emulated import EmulatedCluster
         logging.basicConfig(format="%(message)s")
         try:
             create_fabric(Fabric.plan("nocaps", 1), None)
@@ -361,7 +361,7 @@ def _ray_processes_of(temp_root: Path) -> list[int]:
 @needs_ray
 @needs_root
 def test_emulated_cluster_places_a_task_on_each_pod(tmp_path, monkeypatch):
-    from testbed.hosts.emulated import EmulatedCluster
+    from testbed.cluster.emulated import EmulatedCluster
 
     # A token left by an earlier local ray.init() (Ray 2.60 writes ~/.ray/auth_token) turns
     # token auth on for a head; the cluster's own token must keep its pods joining.
@@ -394,7 +394,7 @@ def test_emulated_cluster_places_a_task_on_each_pod(tmp_path, monkeypatch):
 @pytest.mark.slow
 @needs_ray
 def test_local_mode_runs_every_pod_on_one_node(tmp_path):
-    from testbed.hosts.emulated import EmulatedCluster
+    from testbed.cluster.emulated import EmulatedCluster
 
     cluster = EmulatedCluster(2, tmp_path / "state", run_id=_run_id(), mode="local")
     try:
@@ -416,12 +416,12 @@ def test_local_mode_runs_every_pod_on_one_node(tmp_path):
 @needs_ray
 @needs_root
 def test_a_crashed_run_is_downed_from_its_state_file(tmp_path):
-    from testbed.hosts.emulated import EmulatedCluster, down_all
+    from testbed.cluster.emulated import EmulatedCluster, down_all
 
     run_id, state_dir = _run_id(), tmp_path / "state"
     script = textwrap.dedent(f"""
         import os
-        from testbed.hosts.emulated import EmulatedCluster
+        from testbed.cluster.emulated import EmulatedCluster
         EmulatedCluster(1, {str(state_dir)!r}, run_id={run_id!r}, mode="netns").up()
         print("UP", flush=True)
         os.kill(os.getpid(), 9)  # crash: no down

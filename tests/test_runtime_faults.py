@@ -68,7 +68,7 @@ def _wait_gone(netns: str, within_s: float) -> float | None:
 
 
 def test_a_throttle_outlives_its_killed_driver_only_until_its_ttl_and_sigterm_clears(tmp_path):
-    from testbed.hosts.emulated import EmulatedCluster
+    from testbed.cluster.emulated import EmulatedCluster
 
     cluster = EmulatedCluster(1, tmp_path / "state", tmp_path / "run", run_id=uuid.uuid4().hex[:10], mode="netns")
     driver = None

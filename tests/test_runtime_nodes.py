@@ -74,7 +74,7 @@ def _this_node(results, node_id):
 
 
 def test_cluster_status_lists_this_node_with_its_interfaces_pods_and_privileges(ray_local):
-    from testbed.hosts.nodes import cluster_status
+    from testbed.cluster.nodes import cluster_status
 
     report = cluster_status(["lo", "no-such-if0"])
     assert len(report.nodes) == 1
@@ -104,7 +104,7 @@ def test_cluster_status_lists_this_node_with_its_interfaces_pods_and_privileges(
 def test_render_marks_allowlisted_interfaces_and_shows_the_pods(ray_local):
     from rich.console import Console
 
-    from testbed.hosts.nodes import cluster_status, render
+    from testbed.cluster.nodes import cluster_status, render
 
     buf = io.StringIO()
     report = cluster_status(["lo"])
@@ -119,7 +119,7 @@ def test_render_marks_allowlisted_interfaces_and_shows_the_pods(ray_local):
 def test_node_report_sees_the_project_shaping_without_touching_it(shaped_netns):
     from testbed.faults import shaping
     from testbed.machine.netns import in_netns
-    from testbed.hosts.nodes import node_report
+    from testbed.cluster.nodes import node_report
 
     with in_netns(shaped_netns):
         r = node_report()
@@ -176,7 +176,7 @@ def test_node_report_lists_the_gpus_nvml_sees_and_which_the_project_locked(monke
     import sys
 
     from testbed.faults import gpu
-    from testbed.hosts.nodes import Gpu, node_report
+    from testbed.cluster.nodes import Gpu, node_report
 
     nvml = _FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
@@ -218,7 +218,7 @@ def _make(kind: str):
 
 
 def test_a_failing_task_is_that_nodes_one_line_error(ray_local):
-    from testbed.hosts.nodes import run_on_every_node
+    from testbed.cluster.nodes import run_on_every_node
 
     (r,) = run_on_every_node(_make("raises"), timeout_s=30)
     assert (r.node_id, r.ok, r.value) == (ray_local, False, None)
@@ -228,7 +228,7 @@ def test_a_failing_task_is_that_nodes_one_line_error(ray_local):
 def test_a_node_that_fails_or_does_not_answer_is_reported_while_the_others_finish(ray_local, monkeypatch):
     import ray
 
-    from testbed.hosts.nodes import cluster_status, run_on_every_node
+    from testbed.cluster.nodes import cluster_status, run_on_every_node
 
     real = ray.nodes()
     gone = {"NodeID": "ab" * 28, "Alive": True, "NodeManagerAddress": "192.0.2.99",
@@ -257,7 +257,7 @@ def test_a_node_that_fails_or_does_not_answer_is_reported_while_the_others_finis
 def test_run_on_every_node_needs_a_connection(monkeypatch):
     import ray
 
-    from testbed.hosts.nodes import clear_cluster_faults, cluster_status, run_on_every_node
+    from testbed.cluster.nodes import clear_cluster_faults, cluster_status, run_on_every_node
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a process that never connected
     for call in (lambda: run_on_every_node(_make("pid")), lambda: cluster_status(["eth0"]), clear_cluster_faults):
@@ -272,7 +272,7 @@ def test_run_on_every_node_needs_a_connection(monkeypatch):
 def test_clear_cluster_faults_removes_a_left_shaping_and_is_idempotent(ray_local, shaped_netns):
     from testbed.faults import shaping
     from testbed.machine.netns import in_netns
-    from testbed.hosts.nodes import clear_cluster_faults
+    from testbed.cluster.nodes import clear_cluster_faults
 
     first = _this_node(clear_cluster_faults(timeout_s=60), ray_local)
     assert first.ok, first.error
@@ -289,7 +289,7 @@ def test_clear_cluster_faults_removes_a_left_shaping_and_is_idempotent(ray_local
 def test_concurrent_clears_on_one_host_never_race(ray_local, shaped_netns):
     """An emulated cluster's nodes are namespaces of one host: several clears at once, each
     sweeping every namespace, all succeed and exactly one of them removes the shaping."""
-    from testbed.hosts.nodes import _run_on
+    from testbed.cluster.nodes import _run_on
 
     def clear_at(t: float) -> list[str]:  # all start together: the sweeps overlap
         import time
@@ -317,7 +317,7 @@ def test_a_node_clear_waits_for_the_host_lock(ray_local, shaped_netns):
     from testbed.faults import agent_actor as fault_agents
     from testbed.faults import shaping
     from testbed.machine.netns import in_netns
-    from testbed.hosts.nodes import clear_cluster_faults
+    from testbed.cluster.nodes import clear_cluster_faults
 
     with fault_agents._host_lock():
         blocked = _this_node(clear_cluster_faults(timeout_s=2), ray_local)
@@ -337,7 +337,7 @@ def test_a_node_clear_waits_for_the_host_lock(ray_local, shaped_netns):
 _DRIVER = """
 import dataclasses, json
 import ray
-from testbed.hosts.nodes import clear_cluster_faults, cluster_status
+from testbed.cluster.nodes import clear_cluster_faults, cluster_status
 ray.init(logging_level="ERROR", log_to_driver=False)
 status = cluster_status(["eth0"]).to_dict()
 first = [dataclasses.asdict(r) for r in clear_cluster_faults()]
@@ -356,7 +356,7 @@ def test_on_an_emulated_cluster_every_node_reports_its_namespace_and_clears(tmp_
     import json
     import sys
 
-    from testbed.hosts.emulated import EmulatedCluster
+    from testbed.cluster.emulated import EmulatedCluster
     from testbed.faults import shaping
     from testbed.machine.netns import in_netns
 

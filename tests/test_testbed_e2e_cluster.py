@@ -40,7 +40,7 @@ def test_the_nodes_ray_up_started_run_with_a_real_nodes_environment_only(testbed
     session's environment, nothing of the process that planned the cluster and no UCX setting:
     the engines that served every job here set their KV transport themselves, as on a real node."""
     from e2e_cluster import PLANNER_ONLY_ENV
-    from testbed.hosts.raynodes import NODE_ENV
+    from testbed.cluster.raynodes import NODE_ENV
 
     envs = testbed_runs[4]["node_env"]
     assert len(envs) == 5, envs.keys()  # head + 4 pods

@@ -4,8 +4,8 @@ memory, the run marker of an emulated cluster's processes and the processes a sw
 signal.
 
 Shared by the compute throttle (which processes make up a worker, where a process forked after a
-fault goes back to), the engines (their own process tree), the emulated cluster (testbed/hosts/
-emulated.py: which processes belong to a run) and ``testbed leftovers`` (testbed/hosts/leftovers.py:
+fault goes back to), the engines (their own process tree), the emulated cluster (testbed/cluster/
+emulated.py: which processes belong to a run) and ``testbed leftovers`` (testbed/cluster/leftovers.py:
 every run's).
 """
 

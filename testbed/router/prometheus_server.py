@@ -102,7 +102,7 @@ class PrometheusServer:
             config = self.tmp / "prometheus.yml"
             config.write_text(yaml.safe_dump(scrape_config(self.targets, self.config_dir, self.interval_s),
                                              sort_keys=False))
-            from testbed.hosts.raynodes import free_ports
+            from testbed.cluster.raynodes import free_ports
 
             self.port = free_ports(1)[0]
             # Its log to a file, not a pipe nobody reads (a full pipe would stall it).

@@ -474,7 +474,7 @@ def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
 def _cluster_pss(run_id: str | None) -> int | None:
     if not run_id:
         return None
-    from testbed.hosts.emulated import EmulatedCluster
+    from testbed.cluster.emulated import EmulatedCluster
 
     return EmulatedCluster.attach(None, run_id).status().pss_bytes
 

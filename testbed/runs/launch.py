@@ -110,7 +110,7 @@ def check_faults(specs: Sequence[ExperimentSpec]) -> None:
 def emulated_cluster_at(address: str) -> Any:
     """The recorded emulated cluster whose head has this address (its head's namespace is the only
     place it can be reached from), or None."""
-    from testbed.hosts.emulated import EmulatedCluster, default_state_dir
+    from testbed.cluster.emulated import EmulatedCluster, default_state_dir
 
     state_dir = default_state_dir()
     for path in sorted(state_dir.glob("*.json")) if state_dir.exists() else []:
@@ -161,7 +161,7 @@ def launch_jobs(run_jobs: Sequence[RunJob], out: Path, *, calibrate_to: Path | N
     """Run prepared jobs (testbed/runs/jobs.py) on one set of engines, the first job's: on an emulated
     cluster brought up and down around them, or on the Ray cluster at ``address``. Each job's runs go to
     its ``out_dir``, else to ``out``; ``calibrate_to``/``calibration`` as :func:`run_testbed`."""
-    from testbed.hosts.emulated import EmulatedCluster
+    from testbed.cluster.emulated import EmulatedCluster
 
     spec = run_jobs[0].spec
     for job in run_jobs[1:]:
@@ -204,12 +204,12 @@ def launch_jobs(run_jobs: Sequence[RunJob], out: Path, *, calibrate_to: Path | N
 def _host_ports(spec: ExperimentSpec, cluster: Any, serve: bool) -> Iterator[None]:
     """On an emulated cluster in namespaces the router's metrics exporter (and, serving, its ingress)
     listen in the head's namespace: the same addresses on the host forward there
-    (testbed/hosts/forward.py), so a Prometheus or a client on the host reaches them as it would on
+    (testbed/cluster/forward.py), so a Prometheus or a client on the host reaches them as it would on
     a real cluster's head. A port taken on the host stops the command before the run, in one line."""
     if cluster is None or cluster.mode != "netns":
         yield
         return
-    from testbed.hosts.forward import NetnsForwarder
+    from testbed.cluster.forward import NetnsForwarder
 
     t = spec.testbed
     ports = [("metrics", t.metrics_host, t.metrics_port)] if t.metrics_port else []

@@ -1,6 +1,6 @@
-"""Starting an emulated cluster's Ray nodes and waiting for them (testbed/hosts/emulated.py).
+"""Starting an emulated cluster's Ray nodes and waiting for them (testbed/cluster/emulated.py).
 
-Two launchers. ``ray_up`` (netns mode, as a real cluster comes up; testbed/hosts/rayup.py):
+Two launchers. ``ray_up`` (netns mode, as a real cluster comes up; testbed/cluster/rayup.py):
 an sshd per node in its namespace, then ``ray up`` on a generated local-provider cluster file
 from the head's namespace, and ``ray down`` before the teardown. ``direct`` (and local mode):
 each node a ``ray start --block`` process in its own session. Either way every process started
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.machine import netns as nn
-from testbed.hosts import rayup
+from testbed.cluster import rayup
 from testbed.machine.netns import HEAD, Fabric, NodeLink
 from testbed.machine.procs import RUN_MARKER_ENV, proc_stat
 
@@ -122,7 +122,7 @@ def log_tail(path: str | Path, lines: int = 1) -> str:
 
 
 class RayNodes:
-    """The node-starting half of :class:`testbed.hosts.emulated.EmulatedCluster`, mixed into it:
+    """The node-starting half of :class:`testbed.cluster.emulated.EmulatedCluster`, mixed into it:
     the cluster holds the attributes declared here, its addresses and its commands (``head_argv``,
     ``driver_env``)."""
 

@@ -1,4 +1,4 @@
-"""The preflight checks of the link faults' path (`testbed doctor`; testbed/hosts/preflight.py):
+"""The preflight checks of the link faults' path (`testbed doctor`; testbed/cluster/preflight.py):
 which interface a pod's faults shape and its KV crosses, and whether a fault on it would reach
 only the KV or Ray's control traffic with it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from testbed.hosts.checks import Check, fail, na, ok
+from testbed.cluster.checks import Check, fail, na, ok
 from testbed.machine.interfaces import pick_interface
 from testbed.machine.netns import NODE_IFNAME
 

@@ -11,14 +11,14 @@ resource, so code that places work by pod resource runs unchanged (but
 nothing crosses a link).
 
 In netns mode the nodes come up the way a real cluster does (``launcher="ray_up"``,
-testbed/hosts/rayup.py): an sshd per node, then ``ray up`` on a generated
+testbed/cluster/rayup.py): an sshd per node, then ``ray up`` on a generated
 local-provider cluster file, ``ray down`` before the teardown. ``launcher="direct"``
 (and local mode) starts each node as a ``ray start --block`` process in its own
 session. Nodes are stopped by process group and by namespace, never with
 ``ray stop`` (which kills every Ray process on the host, other runs' included). PIDs go into a JSON state file
 (``<state_dir>/<run_id>.json``) as they start, so ``down`` works for a
 crashed run too (``EmulatedCluster.attach`` or ``down_all``). How the nodes are
-started and waited for is in testbed/hosts/raynodes.py; the run's processes as /proc
+started and waited for is in testbed/cluster/raynodes.py; the run's processes as /proc
 shows them, in testbed/machine/procs.py.
 
 Drivers must run inside the head's namespace: use ``popen_in_head`` /
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.hosts import rayup
-from testbed.hosts.raynodes import RAY_PORT, ClusterError, ClusterInfo, RayNodes, free_ports
+from testbed.cluster import rayup
+from testbed.cluster.raynodes import RAY_PORT, ClusterError, ClusterInfo, RayNodes, free_ports
 from testbed.machine import netns as nn
 from testbed.machine import procs
 from testbed.machine.netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric
@@ -121,7 +121,7 @@ class EmulatedCluster(RayNodes):
         elif mode == "netns":
             nn.require_privileges()
         self.mode: str = mode
-        # netns: through `ray up`, as a real cluster (testbed/hosts/rayup.py); local mode has no
+        # netns: through `ray up`, as a real cluster (testbed/cluster/rayup.py); local mode has no
         # node addresses to ssh into, so its one node is started directly.
         launcher = launcher or ("ray_up" if mode == "netns" else "direct")
         if launcher not in LAUNCHERS:

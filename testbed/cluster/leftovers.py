@@ -27,12 +27,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.hosts.emulated import default_state_dir
+from testbed.cluster.emulated import default_state_dir
 from testbed.machine.procs import RUN_MARKER_ENV, protected_pids
 from testbed.faults.agent_actor import clear_lock_path
 from testbed.machine.procs import all_pids
 from testbed.machine.netns import PREFIX, NetnsError, in_netns, list_namespaces, processes_in_namespaces
-from testbed.hosts.rayup import BOOTSTRAP_FILES
+from testbed.cluster.rayup import BOOTSTRAP_FILES
 
 # What removes each kind (printed beside it)
 REMEDY = {

@@ -139,7 +139,7 @@ def write_node_commands(temp_root: Path, commands: Mapping[str, tuple[Sequence[s
 
 def cluster_file(fabric: Fabric, temp_root: Path, python: str = sys.executable) -> dict[str, Any]:
     """The local-provider cluster file of the run (what ``ray up`` reads)."""
-    start = f"{python} -m testbed.hosts.rayup start-node {temp_root}"
+    start = f"{python} -m testbed.cluster.rayup start-node {temp_root}"
     return {
         "cluster_name": f"tb-{fabric.run_id}",
         "provider": {"type": "local", "head_ip": fabric.head.address, "worker_ips": [p.address for p in fabric.pods]},
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) >= 2 and args[0] == "start-node":
         return start_node(Path(args[1]), args[2:])
-    sys.stderr.write("usage: python -m testbed.hosts.rayup start-node TEMP_ROOT [ray start options]\n")
+    sys.stderr.write("usage: python -m testbed.cluster.rayup start-node TEMP_ROOT [ray start options]\n")
     return 2
 
 

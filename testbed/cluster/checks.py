@@ -1,4 +1,4 @@
-"""What a preflight check says (`testbed doctor`; testbed/hosts/preflight.py): its name, ``ok``,
+"""What a preflight check says (`testbed doctor`; testbed/cluster/preflight.py): its name, ``ok``,
 ``FAIL`` (with what to do) or ``n/a`` (it does not apply there, no failure), and what was found."""
 
 from __future__ import annotations

@@ -8,10 +8,10 @@
 Its file_mounts copy the project, cluster.yaml included, to ``~/pd-reliability-testbed``
 on every node, and its start commands call this module there::
 
-    python -m testbed.hosts.clusterfile check [FILE]           # exit 0, or one line naming what is unfilled
-    python -m testbed.hosts.clusterfile node-ip [FILE]         # this node's address, as the file lists it
-    python -m testbed.hosts.clusterfile node-resources [FILE]  # this node's Ray resources, as JSON
-    python -m testbed.hosts.clusterfile stop-ray [FILE]        # stop the Ray this file started here, nothing else
+    python -m testbed.cluster.clusterfile check [FILE]           # exit 0, or one line naming what is unfilled
+    python -m testbed.cluster.clusterfile node-ip [FILE]         # this node's address, as the file lists it
+    python -m testbed.cluster.clusterfile node-resources [FILE]  # this node's Ray resources, as JSON
+    python -m testbed.cluster.clusterfile stop-ray [FILE]        # stop the Ray this file started here, nothing else
 
 FILE defaults to ``cluster.yaml`` in the working directory. Errors are one line on
 stderr and exit status 2.
@@ -25,7 +25,7 @@ retrying ssh to a host named like a placeholder for 15 minutes. ``load`` (and th
 
 **Pods.** ``provider.worker_ips[i]`` is pod ``i``: its Ray node carries the custom
 resource ``{"pod<i>": 1}``, by which the runtime places pod i's engines and fault agent,
-as on the emulated cluster (``testbed/hosts/emulated.py``); the head carries
+as on the emulated cluster (``testbed/cluster/emulated.py``); the head carries
 ``{"head": 1}``. ``provider.pods`` (optional) places the pods otherwise: pod i on the node
 listed i-th, the head or a worker, a node once per pod it holds (a node with several GPUs,
 several pods; pods sharing a node share its NIC, so a link fault on one is refused:
@@ -335,7 +335,7 @@ def stop_ray(cluster_file: str | os.PathLike[str], timeout_s: float = 15.0) -> l
 # -- command line
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m testbed.hosts.clusterfile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m testbed.cluster.clusterfile", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("check", "exit 0 if the cluster file is filled in and usable"),
                         ("node-ip", "print this node's address as the cluster file lists it"),
@@ -365,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pids = stop_ray(args.file)
             print(f"stopped {len(pids)} process(es) of {args.file}'s Ray" if pids else f"no Ray of {args.file} running")
     except ClusterFileError as e:
-        print(f"testbed.hosts.clusterfile: error: {e}", file=sys.stderr)
+        print(f"testbed.cluster.clusterfile: error: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -12,7 +12,7 @@ process it runs in (a Ray worker, on a cluster) does not keep them loaded.
 spec's ``testbed.mode`` says whether faults can be set at all); on a node of a cluster the
 engines' checks (vLLM, NIXL/UCX, cgroups, privileges, interfaces) apply to nodes holding a pod
 and the ports to Ray's head node, where the router runs. :func:`cluster_checks` runs it on every
-alive node of the connected Ray cluster, one task pinned to each (testbed/hosts/nodes.py).
+alive node of the connected Ray cluster, one task pinned to each (testbed/cluster/nodes.py).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any
 from testbed.machine.kv_ports import KV_PORT_BASE, KV_PORT_RANGE
 from testbed.machine.netns import NODE_IFNAME, has_net_admin, missing_privileges
 
-from testbed.hosts.checks import FAIL, NA, OK, Check, fail, na, ok  # noqa: F401 (doctor's vocabulary, re-exported)
+from testbed.cluster.checks import FAIL, NA, OK, Check, fail, na, ok  # noqa: F401 (doctor's vocabulary, re-exported)
 from testbed.machine.interfaces import interface_addresses
-from testbed.hosts.preflight_links import (  # noqa: F401 (re-exported: the checks are preflight's)
+from testbed.cluster.preflight_links import (  # noqa: F401 (re-exported: the checks are preflight's)
     _picked, _ray_ip, check_emulated_interfaces, check_interfaces, check_link_faults)
 
 _MARK = "DOCTOR-PROBE "  # the line a probe subprocess answers with
@@ -431,7 +431,7 @@ def check_port(what: str, host: str, port: int, note: str = "") -> Check:
 
 
 def check_rayup_tools() -> Check:
-    from testbed.hosts.rayup import TOOLS, missing_tools
+    from testbed.cluster.rayup import TOOLS, missing_tools
 
     why = missing_tools()
     if why is not None:
@@ -518,7 +518,7 @@ def cluster_checks(params: Params, timeout_s: float = 180.0) -> tuple[list[Check
     task pinned there (``num_cpus=0``: it fits on a node whose CPUs the engines hold)."""
     import ray
 
-    from testbed.hosts.nodes import RAY_HEAD_RESOURCE, pods_of, run_on_every_node
+    from testbed.cluster.nodes import RAY_HEAD_RESOURCE, pods_of, run_on_every_node
 
     listed = ray.nodes()
     alive = [n for n in listed if n.get("Alive")]
