@@ -23,9 +23,7 @@
   backoff (the simulated engines never fail otherwise, so that is all that is retried here);
 * each engine has its own accelerator: where the engines share a host's cores instead
   (``engine.host_cores``), :class:`simulator.host.HostedClusterSim` runs this model with them;
-* engines that die (an ``engine`` fault): what they hold ends as ``error`` in its stage at once,
-  as the calls on them raise on the testbed, and the router stops choosing them by the testbed's
-  liveness rule (:meth:`ClusterSim._kill`).
+* engines that die (an ``engine`` fault): simulator/engine_deaths.py.
 
 Everything around the cluster is the run context both worlds open
 (:class:`core.run.RunContext`): routing returns a :class:`core.ticket.Ticket`,
@@ -33,13 +31,11 @@ on which this model marks the stages of :mod:`core.stages` and which builds the
 request's record when it ends; the fault timeline's steps come from there too,
 and this model only sets its links' capacities and workers' speeds.
 
-Speed: SimPy keeps the clock and the event queue, but a request's events are
-the cheap kinds of :mod:`simulator.events`, made exactly where SimPy timeouts
-and processes would be, so the event order (ties included) is SimPy's: prefill
-ends, KV pull completions and decode steps are plain callbacks on SimPy's
-queue; the arrivals and the sweeps of the two per-request limits are chains
-(one pending wake-up each) that :func:`simulator.events.run_until` runs beside
-it. The hot path reads Python numbers (the workload's columns, the engine's
+Speed: SimPy keeps the clock and the event queue, but a request's events are the cheap kinds
+of :mod:`simulator.events`, made exactly where SimPy timeouts and processes would be, so the
+event order (ties included) is SimPy's: prefill ends, KV pull completions and decode steps are
+plain callbacks on SimPy's queue; the arrivals and the sweeps of the two per-request limits are
+chains (one pending wake-up each) that :func:`simulator.events.run_until` runs beside it. The hot path reads Python numbers (the workload's columns, the engine's
 constants, the pods' slow-down, each decode batch's step time, kept current)
 rather than numpy scalars or pydantic fields, reads the clock as ``env._now``
 (what SimPy's ``now`` property returns, without the call), and a finished
@@ -57,7 +53,6 @@ import simpy
 
 from core.engine_timing import decode_step_s, prefill_s
 from core.limits import first_token_limit
-from core.liveness import EngineLiveness
 from core.records import DEAD_PULL_WATCH_S, NAN
 from core.run import RunContext
 from core.spec import EngineSpec
@@ -107,7 +102,7 @@ class _Decode:
         self.dead = False
 
 
-class ClusterSim(ControlPath, EngineDeaths):
+class ClusterSim(ControlPath):
     def __init__(
         self,
         env: simpy.Environment,
@@ -175,14 +170,11 @@ class ClusterSim(ControlPath, EngineDeaths):
         if self.first_token_limit < deadline_s:
             self._chains.append(Chain(env, self._first_token_limits))
         env.process(self._faults())
-        # Engines that die: dead, not yet seen by the router (worker -> why). The router asks every
-        # engine whether it is down every testbed.engine_check_s from run start, and at once when a
-        # call to one raised; what an answer changes is the rule both worlds share (core/liveness.py).
-        self.liveness = EngineLiveness(ctx)
-        self._unseen: dict[int, str] = {}
-        self._restarted: set[int] = set()  # serving again, not yet seen up by the router
+        # Engines that die (simulator/engine_deaths.py). The router asks every engine whether it is
+        # down every testbed.engine_check_s from run start, and at once when a call to one raised.
+        self.deaths = EngineDeaths(self)
         if any(f.kind == "engine" for f in ctx.spec.faults):
-            env.process(self._every(ctx.spec.testbed.engine_check_s, self._liveness))
+            env.process(self._every(ctx.spec.testbed.engine_check_s, self.deaths.check))
         for period, fn in ctx.periodic:
             env.process(self._every(period, fn))
 
@@ -320,14 +312,14 @@ class ClusterSim(ControlPath, EngineDeaths):
         self.ctx.begin_step(step, now)
         for ev in step.events:
             if ev.kind == "engine":
-                (self._kill if ev.event == "apply" else self._restart)(ev, now)
+                (self.deaths.kill if ev.event == "apply" else self.deaths.restart)(ev, now)
         before = self._applied
         for p in step.changed.tolist():
             for side, link in (("uplink", topo.uplink(p)), ("downlink", topo.downlink(p))):
                 new, old = getattr(step, side)[p], getattr(before, side)[p] if before else 1.0
                 if old == 0 and new > 0 and self._heal_disconnect is not None:
                     # the KV endpoints across it stay dead until UCX finds them disconnected
-                    call_after(self.env, self._heal_disconnect, self._reconnect, (link, p, side))
+                    call_after(self.env, self._heal_disconnect, self.deaths.reconnect, (link, p, side))
                 else:
                     self.net.set_capacity(link, topo.core_link_Bps(new))
             if step.slowdown[p] != self.slowdown[p]:
@@ -365,8 +357,8 @@ class ClusterSim(ControlPath, EngineDeaths):
     def _enqueue_prefill(self, req: Ticket, now: float) -> None:
         w = self.prefill[req.p_idx]
         if w.dead:  # routed before the router knew: the call raises at once
-            self._fail(req, now)
-            self._call_failed(int(self.topo.prefill_ids[req.p_idx]), now)
+            self.deaths.fail(req, now)
+            self.deaths.call_failed(int(self.topo.prefill_ids[req.p_idx]), now)
             return
         w.queue.append(req)
         if not w.busy:
@@ -426,8 +418,8 @@ class ClusterSim(ControlPath, EngineDeaths):
         d = self.decode[req.d_idx]
         if d.dead:  # the decode call raises at once
             self._orphaned(req)
-            self._fail(req, now)
-            self._call_failed(int(self.topo.decode_ids[req.d_idx]), now)
+            self.deaths.fail(req, now)
+            self.deaths.call_failed(int(self.topo.decode_ids[req.d_idx]), now)
             return
         d.waiting.append(req)
         self._admit(d, now)
@@ -579,6 +571,13 @@ class ClusterSim(ControlPath, EngineDeaths):
         """The request's decode blocks and batch slot, reserved at admission, are free again."""
         d.reserved_slots -= 1
         d.reserved_kv -= req.prompt_tokens + req.output_tokens
+
+    # Hooks of the host model (simulator/host.py HostedClusterSim): engines of their own hold nothing.
+    def _unhold(self, req: Ticket) -> None:
+        """The prefill engine no longer holds ``req``'s KV for a reader (the host model's demand)."""
+
+    def _orphaned(self, req: Ticket) -> None:
+        """No decoder will read ``req``'s KV (its decode engine died): the host model's hold ends later."""
 
     def _release(self, d: _Decode, req: Ticket, now: float) -> None:
         """A request that never joined the batch gives its reservation back; the next may be admitted."""

@@ -40,7 +40,7 @@ class ControlPath:
         if req.done:  # given up on its way
             return
         if self.prefill[req.p_idx].dead:  # the KV it was sent for died with its engine on the way
-            self._pull_failed(req, now)
+            self.deaths.pull_failed(req, now)
             return
         self._enqueue_decode(req, now)
 

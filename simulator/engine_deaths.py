@@ -7,7 +7,8 @@ testbed; a pull of KV a dead prefill engine held fails in ``kv_transfer`` (vLLM'
 ``kv_load_failure_policy: fail``). The router stops choosing it by the liveness rule both worlds
 share (core/liveness.py): when a call on it failed (a dead core's calls
 ``engine.core_death_notice_s`` after the kill), else at the next periodic check or the first call
-routed to it (docs/reliability.md "Engine death in both worlds").
+routed to it (docs/reliability.md "Engine death in both worlds"). Also the outage after a down
+link's outage (``engine.kv_heal_disconnect_s``), which fails the reads across it as a death does.
 """
 
 from __future__ import annotations
@@ -23,58 +24,62 @@ from vocab import ERROR, KV_TRANSFER, PULL_FAILED, PULL_UNSEEN, ROLE_DECODE, ROL
 from .events import Call, call_after
 
 if TYPE_CHECKING:
-    from .cluster import _Decode
+    from .cluster import ClusterSim, _Decode
 
 
 class EngineDeaths:
-    """ClusterSim's engine deaths (a mixin: it reads ClusterSim's state)."""
+    """A simulated cluster's engine deaths: the engines an engine fault kills and restarts, what they
+    held, and the router's liveness rule fed with what each engine would answer. It acts on the
+    cluster's workers, flows and requests (``sim``, the :class:`simulator.cluster.ClusterSim`)."""
 
-    env: Any
-    ctx: Any
-    liveness: EngineLiveness
+    def __init__(self, sim: ClusterSim) -> None:
+        self.sim = sim
+        self.liveness = EngineLiveness(sim.ctx)
+        self._unseen: dict[int, str] = {}  # dead, not yet seen by the router (worker -> why)
+        self._restarted: set[int] = set()  # serving again, not yet seen up by the router
 
-    def _kill(self, ev: ScheduledEvent, now: float) -> None:
+    def kill(self, ev: ScheduledEvent, now: float) -> None:
         """The engine fault's engines on ``ev.pod`` die now. What each held ends as ``error`` in its
         stage, as the calls on it raise on the testbed; a death that failed a call is seen by the
         router at once (Liveness.error), any other at its next liveness check or first call."""
-        f = self.ctx.spec.faults[ev.fault_id]
+        f = self.sim.ctx.spec.faults[ev.fault_id]
         why = f"killed by faults[{ev.fault_id}] ({f.process})"
         for role, idx, w, worker in self._engines_of(f, ev.pod):
             if not w.dead:
                 failed = self._kill_prefill(idx, now) if role == ROLE_PREFILL else self._kill_decode(w, now)
                 self._unseen[worker] = why
-                notice = self.e.core_death_notice_s if f.process == "core" else 0.0
+                notice = self.sim.e.core_death_notice_s if f.process == "core" else 0.0
                 if failed and notice > 0:  # a check or a later call may still see it first
-                    call_after(self.env, notice, self._noticed, worker)
+                    call_after(self.sim.env, notice, self._noticed, worker)
                 elif failed:
-                    self._call_failed(worker, now)
+                    self.call_failed(worker, now)
 
     def _noticed(self, ev: Call) -> None:
-        self._call_failed(ev.data, self.env._now)
+        self.call_failed(ev.data, self.sim.env._now)
 
-    def _liveness(self, now: float) -> None:
+    def check(self, now: float) -> None:
         """The router's periodic question to every engine, answered as each would (core/liveness.py
         decides what an answer changes; only the answers that change something are given: a dead
         engine not yet seen, a restarted one the router still takes for down)."""
         for worker, why in list(self._unseen.items()):
-            self._call_failed(worker, now, why)
+            self.call_failed(worker, now, why)
         for worker in sorted(self._restarted):
             self.liveness.answered(now, worker, ALIVE, "restarted (engine fault)")
         self._restarted.clear()
 
-    def _restart(self, ev: ScheduledEvent, now: float) -> None:
+    def restart(self, ev: ScheduledEvent, now: float) -> None:
         """The engine fault's restart: its dead engines on ``ev.pod`` start again and serve
         ``engine.engine_start_s`` later (empty: what they held died with them)."""
-        for _, _, w, worker in self._engines_of(self.ctx.spec.faults[ev.fault_id], ev.pod):
+        for _, _, w, worker in self._engines_of(self.sim.ctx.spec.faults[ev.fault_id], ev.pod):
             if w.dead:
-                call_after(self.env, self.e.engine_start_s, self._started, (w, worker))
+                call_after(self.sim.env, self.sim.e.engine_start_s, self._started, (w, worker))
 
     def _engines_of(self, f: Any, pod: int) -> list[tuple[str, int, Any, int]]:
         """The workers engine fault ``f`` acts on in ``pod``: (role, index in its role, worker state,
         global worker id)."""
         return [(role, idx, w, int(ids[idx]))
-                for role, workers, ids in ((ROLE_PREFILL, self.prefill, self.topo.prefill_ids),
-                                           (ROLE_DECODE, self.decode, self.topo.decode_ids)) if f.kills(role)
+                for role, workers, ids in ((ROLE_PREFILL, self.sim.prefill, self.sim.topo.prefill_ids),
+                                           (ROLE_DECODE, self.sim.decode, self.sim.topo.decode_ids)) if f.kills(role)
                 for idx, w in enumerate(workers) if w.pod == pod]
 
     def _started(self, ev: Call) -> None:
@@ -83,102 +88,95 @@ class EngineDeaths:
         if self._unseen.pop(worker, None) is None:  # the router took it for down: its next check finds it up
             self._restarted.add(worker)
 
-    def _call_failed(self, worker: int, now: float, why: str | None = None) -> None:
+    def call_failed(self, worker: int, now: float, why: str | None = None) -> None:
         """The router asked a dead engine (a call on it failed, or a check): it answers with an error."""
         why = self._unseen.pop(worker, why)
         if why is not None:
             self.liveness.answered(now, worker, DEAD, why)
 
-    def _fail(self, req: Ticket, now: float) -> None:
+    def fail(self, req: Ticket, now: float) -> None:
         """The attempt ends as ``error`` in the stage it is in (its engine died), the request with it
         unless it is retried; the caller frees what it held."""
         i = req.request_id
-        nxt = self.ctx.end_attempt(now, req, ERROR, self._arr[i] + self.first_token_limit)
-        self.reqs[i] = None
+        nxt = self.sim.ctx.end_attempt(now, req, ERROR, self.sim._arr[i] + self.sim.first_token_limit)
+        self.sim.reqs[i] = None
         if nxt is not None:
-            call_after(self.env, nxt.at_s - now, self._retry, (i, nxt))
+            call_after(self.sim.env, nxt.at_s - now, self.sim._retry, (i, nxt))
 
     def _kill_prefill(self, idx: int, now: float) -> int:
         """Prefill worker ``idx`` dies: its queue and running batch fail, and so does every pull of
         KV it held (the decode engine's read of a dead peer fails: _pull_failed). How many failed."""
-        w = self.prefill[idx]
+        w = self.sim.prefill[idx]
         w.dead = True
         doomed = [r for r in (*w.batch, *w.queue) if not r.done]
         w.queue.clear()
         w.batch = []
         w.busy = False
         for req in doomed:
-            self._fail(req, now)
-        held = [r for d in self.decode for r in d.waiting if r.p_idx == idx and not r.done]
-        held += [r for r in self._flows if r.p_idx == idx and not r.done]
+            self.fail(req, now)
+        held = [r for d in self.sim.decode for r in d.waiting if r.p_idx == idx and not r.done]
+        held += [r for r in self.sim._flows if r.p_idx == idx and not r.done]
         for req in held:
-            self._pull_failed(req, now)
-        for req in [r for r in self._dead if r.p_idx == idx]:  # dead pulls from it: the read fails now
-            given_up, _ = self._dead.pop(req)
-            self.net.abort(self._flows.pop(req))
-            self.ctx.dead_pull(req, given_up, now, PULL_FAILED, NAN)
-            self._release(self.decode[req.d_idx], req, now)
+            self.pull_failed(req, now)
+        for req in [r for r in self.sim._dead if r.p_idx == idx]:  # dead pulls from it: the read fails now
+            given_up, _ = self.sim._dead.pop(req)
+            self.sim.net.abort(self.sim._flows.pop(req))
+            self.sim.ctx.dead_pull(req, given_up, now, PULL_FAILED, NAN)
+            self.sim._release(self.sim.decode[req.d_idx], req, now)
         return len(doomed) + len(held)
 
-    def _pull_failed(self, req: Ticket, now: float) -> None:
+    def pull_failed(self, req: Ticket, now: float) -> None:
         """The KV ``req`` waits for or pulls is gone with its prefill engine: the request fails
         where it is on its decode engine, which frees its blocks."""
         stage = req.stage
-        self._fail(req, now)
+        self.fail(req, now)
         if stage == KV_TRANSFER:
-            flow = self._flows.pop(req, None)
+            flow = self.sim._flows.pop(req, None)
             if flow is not None:
-                self.net.abort(flow)
-            self._release(self.decode[req.d_idx], req, now)
+                self.sim.net.abort(flow)
+            self.sim._release(self.sim.decode[req.d_idx], req, now)
 
     def _kill_decode(self, d: _Decode, now: float) -> int:
         """Decode worker ``d`` dies: whatever waits for it, pulls into it or decodes on it fails,
         and it holds nothing after. How many failed."""
         d.dead = True
         doomed = [r for r in d.waiting if not r.done]
-        doomed += [r for r in self._flows if self.decode[r.d_idx] is d and not r.done]
+        doomed += [r for r in self.sim._flows if self.sim.decode[r.d_idx] is d and not r.done]
         doomed += [r for _, _, r in d.heap if not r.done]
-        joining = [r for r in self._joining if self.decode[r.d_idx] is d]
-        self._joining.difference_update(joining)
+        joining = [r for r in self.sim._joining if self.sim.decode[r.d_idx] is d]
+        self.sim._joining.difference_update(joining)
         doomed += [r for r in joining if not r.done]
         for req in doomed:
-            flow = self._flows.pop(req, None)
+            flow = self.sim._flows.pop(req, None)
             if flow is not None:
-                self.net.abort(flow)
-            self._fail(req, now)
-        for req in [r for r in self._dead if self.decode[r.d_idx] is d]:  # dead pulls into it die unseen,
-            given_up, _ = self._dead.pop(req)  # as the testbed's router finds no end in a dead engine's log
-            flow = self._flows.pop(req, None)
+                self.sim.net.abort(flow)
+            self.fail(req, now)
+        for req in [r for r in self.sim._dead if self.sim.decode[r.d_idx] is d]:  # dead pulls into it die unseen,
+            given_up, _ = self.sim._dead.pop(req)  # as the testbed's router finds no end in a dead engine's log
+            flow = self.sim._flows.pop(req, None)
             if flow is not None:
-                self.net.abort(flow)
-            self.ctx.dead_pull(req, given_up, NAN, PULL_UNSEEN, NAN)
+                self.sim.net.abort(flow)
+            self.sim.ctx.dead_pull(req, given_up, NAN, PULL_UNSEEN, NAN)
         d.waiting.clear()
         d.heap.clear()
         d.n = d.kv_in_batch = d.reserved_kv = d.reserved_slots = 0
         d.timer = None  # a pending step end is stale
-        d.step_s = self._step_s(d)
+        d.step_s = self.sim._step_s(d)
         return len(doomed)
 
     # --- the outage after the outage (engine.kv_heal_disconnect_s) ---------------------------
-    def _reconnect(self, ev: Call) -> None:
+    def reconnect(self, ev: Call) -> None:
         """``kv_heal_disconnect_s`` after a down link came back: the reads across it fail (error in
         kv_transfer; a dead pull ends ``failed``), then the link carries KV at its rate now."""
-        link, pod, side, now = *ev.data, self.env._now
-        topo = self.topo
-        for req in [r for r in self._flows if link in topo.path(r.prefill_worker, r.decode_worker)]:
-            if req in self._dead:
-                given_up, _ = self._dead.pop(req)
-                self.net.abort(self._flows.pop(req))
-                self.ctx.dead_pull(req, given_up, now, PULL_FAILED, NAN)
-                self._release(self.decode[req.d_idx], req, now)
-                self._unhold(req)
+        link, pod, side, now = *ev.data, self.sim.env._now
+        topo = self.sim.topo
+        for req in [r for r in self.sim._flows if link in topo.path(r.prefill_worker, r.decode_worker)]:
+            if req in self.sim._dead:
+                given_up, _ = self.sim._dead.pop(req)
+                self.sim.net.abort(self.sim._flows.pop(req))
+                self.sim.ctx.dead_pull(req, given_up, now, PULL_FAILED, NAN)
+                self.sim._release(self.sim.decode[req.d_idx], req, now)
+                self.sim._unhold(req)
             elif not req.done:
-                self._pull_failed(req, now)
-        self.net.set_capacity(link, topo.core_link_Bps(float(getattr(self._applied, side)[pod])))
-
-    def _unhold(self, req: Ticket) -> None:
-        """The prefill engine no longer holds ``req``'s KV for a reader (the host model's demand)."""
-
-    def _orphaned(self, req: Ticket) -> None:
-        """No decoder will read ``req``'s KV (its decode engine died): the host model's hold ends later."""
-
+                self.pull_failed(req, now)
+        self.sim.net.set_capacity(link, topo.core_link_Bps(float(getattr(self.sim._applied, side)[pod])))
