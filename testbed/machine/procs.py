@@ -15,12 +15,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 RUN_MARKER_ENV = "TESTBED_CLUSTER_RUN"  # set in every node's environment: finds the run's processes
 
 
 def all_pids() -> list[int]:
     """Every pid with an entry in /proc now (a process may be gone by the time it is read)."""
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return psutil.pids()
 
 
 def stat_fields(pid: int) -> list[str] | None:
@@ -40,34 +42,27 @@ def stat_fields(pid: int) -> list[str] | None:
 def ppid(pid: int) -> int | None:
     """``pid``'s parent pid; None when it is gone or its /proc entry cannot be read."""
     try:
-        fields = stat_fields(pid)
-    except OSError:  # unreadable: for walking the tree, as good as gone
+        return psutil.Process(pid).ppid()
+    except (psutil.Error, OSError):  # gone, or unreadable: for walking the tree, as good as gone
         return None
-    return int(fields[1]) if fields else None
 
 
 def cmdline(pid: int | None) -> str:
     """``pid``'s command line, arguments joined by spaces; "" when it is gone or unreadable."""
+    if pid is None:
+        return ""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline()).strip()
+    except (psutil.Error, OSError):
         return ""
 
 
 def descendants(pid: int) -> list[int]:
-    """``pid``'s child processes, recursively (from the ppid in /proc/*/stat), not ``pid`` itself."""
-    children: dict[int, list[int]] = {}
-    for p in all_pids():
-        parent = ppid(p)
-        if parent is not None:
-            children.setdefault(parent, []).append(p)
-    out: list[int] = []
-    todo = list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        out.append(child)
-        todo.extend(children.get(child, []))
-    return sorted(out)
+    """``pid``'s child processes, recursively, not ``pid`` itself; [] when it is gone."""
+    try:
+        return sorted(p.pid for p in psutil.Process(pid).children(recursive=True))
+    except (psutil.Error, OSError):
+        return []
 
 
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
