@@ -8,7 +8,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from analysis.study import CELL_FILE, cell_finished
 from core.files import write_json_atomic
 from core.study import Cell
 
@@ -17,12 +16,16 @@ def write_cell(run_dir: Path, cell: Cell, node: str, **fields: Any) -> None:
     """Mark ``run_dir`` finished as ``cell``'s run: the cell's index row, the node that ran it, when
     it finished (now, unless ``finished_at`` is given) and ``fields`` (the simulator's wall and CPU
     seconds, the testbed's start)."""
+    from analysis.study import CELL_FILE  # (the analysis and its scipy, only when a cell is written)
+
     fields.setdefault("finished_at", datetime.now(timezone.utc).isoformat())
     write_json_atomic(run_dir / CELL_FILE, {**cell.index_row(), "node": node, **fields}, indent=1, default=str)
 
 
 def cell_is_done(study_dir: Path, cell: Cell) -> bool:
     """Finished: its run directory holds a cell.json naming the cell's run id (the report's own check)."""
+    from analysis.study import cell_finished
+
     return cell_finished(study_dir / cell.run_dir, cell.run)
 
 

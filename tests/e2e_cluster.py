@@ -251,6 +251,16 @@ def _read_prometheus(prom) -> dict:
 
 
 STUDY_SPEC = "e2e_study"
+# The link fault of the study cell and the twin: the throttled job's, for as long as a request of it
+# can live. Its 8 arrivals (seed 0) end at 8.5 s and each is given up 10 s after (its deadline), so
+# every request meets the fault whole by 20 s; the pulls it stalled end when it heals, and the run
+# with them: at 60 s (the throttled job's) each run lasted 62 s, waiting for nothing the tests read.
+SHORT_FAULT_S = 30.0
+
+
+def _short_fault(throttled: ExperimentSpec) -> dict:
+    spec = throttled.model_dump(mode="json", exclude={"study"})
+    return {**spec, "faults": [{**f, "duration_s": SHORT_FAULT_S} for f in spec["faults"]]}
 
 
 def _study_cell(throttled: ExperimentSpec, addr: str, out: Path) -> tuple[subprocess.CompletedProcess, ...]:
@@ -258,7 +268,7 @@ def _study_cell(throttled: ExperimentSpec, addr: str, out: Path) -> tuple[subpro
     throttled job's scenario under LC, seed 0, run on the testbed and again (its repeatability),
     in the calibrated simulator, and one claim's verdict; then the same command once more, which
     finds everything finished and starts no engine."""
-    spec = {**throttled.model_dump(mode="json", exclude={"study"}), "name": STUDY_SPEC, "policies": ["LC"],
+    spec = {**_short_fault(throttled), "name": STUDY_SPEC, "policies": ["LC"],
             "study": {"seeds": [0], "sweeps": [{"name": "severe", "axes": {"severity": [0.008]}}],
                       "claims": [{"name": "lc-fails-under-the-fault", "metric": "failure_rate", "policy": "LC",
                                   "at": {"sweep": "severe"}, "direction": "increase", "margin": 0.125}]}}
@@ -305,7 +315,7 @@ def _twin(throttled: ExperimentSpec, addr: str, out: Path) -> subprocess.Complet
     """`testbed twin --address` on the cluster, as docs/cluster.md tells a user to run it: the
     throttled job's scenario under LC, seed 0, run twice on engines of its own (--repeat: the
     testbed's spread), in the simulator with the shared engines' calibration, and compared."""
-    spec = {**throttled.model_dump(mode="json", exclude={"study"}), "name": TWIN_SPEC, "policies": ["LC"]}
+    spec = {**_short_fault(throttled), "name": TWIN_SPEC, "policies": ["LC"]}
     path = out / f"{TWIN_SPEC}.yaml"
     path.write_text(json.dumps(spec))
     return _cli("twin", str(path), "--address", addr, "--seeds", "0", "--repeat",
@@ -413,7 +423,9 @@ def _end_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-KILL_FAULT_S = 90.0  # the faults of the killed run: applied at 0 s, for this long
+# The faults of the killed run: applied at 0 s, for this long. Past the kill and the look 5 s after
+# it (they must still be held then), with nothing more: the wait for their time to live follows it.
+KILL_FAULT_S = 75.0
 KILL_AFTER_S = 65.0  # the kill, this long after they were applied: past the ~47 s after which UCX gives up
 
 
