@@ -169,15 +169,28 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
     # One spec per point, shipped once through the object store rather than once per cell.
     spec_refs = {p: ray.put(s) for p, s in {c.point: c.spec.model_dump_json() for c in todo}.items()}
     pending: dict[Any, Cell] = {}
-    try:
-        for c in todo:
+    # As many cells in flight as there are CPUs for them, the next submitted as one ends: none waits
+    # queued in Ray, so Ctrl-C cancels running tasks only (Ray 2.60's driver aborted, "Tried to
+    # complete task that was not pending", when a queued task was cancelled while being dispatched:
+    # twice in this project's suites, the last from a fresh clone on 2026-11-28).
+    in_flight = max(1, int(ray.available_resources().get("CPU", 1)))
+    queue = iter(todo)
+
+    def submit() -> None:
+        c = next(queue, None)
+        if c is not None:
             pending[task.remote(spec_refs[c.point], c.policy, c.seed, str(base_dir) if base_dir else None,
                                 scratch)] = c
+
+    try:
+        for _ in range(in_flight):
+            submit()
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=console) as prog:
             bar = prog.add_task("runs", total=len(runs), completed=skipped)
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
+                submit()
                 cell = pending.pop(done[0])
                 try:
                     result = ray.get(done[0])
@@ -193,12 +206,10 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
                 ran += 1
                 prog.update(bar, advance=1, description=f"runs (last: {cell.point} {cell.policy} s{cell.seed})")
     except BaseException:
-        # Interrupt the tasks first, so that each removes its scratch directory; kill what is left.
-        # Newest first: a queued task is cancelled before the running one ahead of it frees its
-        # worker, so none is being dispatched while it is cancelled (Ray 2.60's driver can abort
-        # on that race: "Tried to complete task that was not pending", seen once in this test suite).
+        # Interrupt the tasks (all running: none is queued) first, so that each removes its scratch
+        # directory; kill what is left.
         refs = list(pending)
-        for ref in reversed(refs):
+        for ref in refs:
             ray.cancel(ref)
         if refs:
             _, refs = ray.wait(refs, num_returns=len(refs), timeout=5)
