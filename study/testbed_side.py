@@ -11,7 +11,7 @@ The study directory of both worlds (docs/study.md "Carrying a claim to the testb
 
 Every distinct run of the grid (core/study.py: cells whose records cannot differ share one) is one
 testbed run, all on one set of engines: one job per (point, policy) with its unfinished seeds, so the
-engines start once; between runs the driver verifies them quiet (testbed/runs/driver.py,
+engines start once; between runs the driver verifies them quiet (testbed/runs/engines.py,
 Engines.quiesce). A run is finished when its directory holds cell.json naming its run id, written
 here once run.json says ``finished`` (also after Ctrl-C or an error: the runs done so far count);
 the same command skips finished runs and reruns the others from an empty directory.

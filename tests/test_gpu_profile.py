@@ -39,7 +39,7 @@ def test_enforce_eager_follows_the_device_unless_the_spec_sets_it(tmp_path, gpu,
 
 def _engine_configs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: Any) -> list[dict[str, Any]]:
     """What the driver hands each engine actor, with the actor class replaced by a recorder."""
-    from testbed.runs import driver
+    from testbed.runs import engines
 
     made: list[dict[str, Any]] = []
 
@@ -54,8 +54,8 @@ def _engine_configs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: Any) 
             made[-1].update(cfg)
             return object()
 
-    monkeypatch.setattr(driver, "EngineActor", Recorder)
-    driver.Engines(spec, "m", tmp_path / "engines", "netns")
+    monkeypatch.setattr(engines, "EngineActor", Recorder)
+    engines.Engines(spec, "m", tmp_path / "engines", "netns")
     return made
 
 

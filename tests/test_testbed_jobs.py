@@ -67,7 +67,7 @@ class _FakeEngines:
         return [True] * len(self.names)
 
     def quiesce(self, within_s, poll_s=0.5):
-        from testbed.runs.driver import Engines
+        from testbed.runs.engines import Engines
 
         return Engines.quiesce(self, within_s, poll_s)
 
@@ -283,7 +283,7 @@ class _ScriptedResets:
     ([[True, False]], False, None, ["pod1-decode"], []),
 ])
 def test_a_run_starts_once_every_engine_accepts_its_reset_and_says_when_it_did_not(script, quiet, resets, busy, down):
-    from testbed.runs.driver import Engines
+    from testbed.runs.engines import Engines
 
     engines = _ScriptedResets(script)
     start = Engines.quiesce(engines, within_s=0.3, poll_s=0.01)
@@ -345,16 +345,16 @@ def test_a_broken_kv_path_restarts_the_engines_before_the_next_run_and_its_run_s
 
 
 def test_the_kv_path_check_names_each_broken_pair_and_leaves_a_dead_engines_pairs_out(monkeypatch):
-    import testbed.runs.driver as driver
-    from testbed.runs.driver import Engines
+    import testbed.runs.engines as held
+    from testbed.runs.engines import Engines
 
     engines = type("E", (), {})()
     engines.prefill, engines.decode = ["p0", "p1"], ["d2", "d3"]
     engines.names = ["pod0-prefill", "pod1-prefill", "pod2-decode", "pod3-decode"]
     # check_pairs answers in (prefill, decode) product order; None: an engine of the pair is dead
-    monkeypatch.setattr(driver, "check_pairs", lambda p, d, vocab, timeout_s: [False, True, None, True])
+    monkeypatch.setattr(held, "check_pairs", lambda p, d, vocab, timeout_s: [False, True, None, True])
     kv = Engines.kv_paths(engines, 2048)
     assert kv["ok"] is False and kv["broken"] == ["pod0-prefill->pod2-decode"]
     assert kv["down"] == ["pod1-prefill->pod2-decode"]
-    monkeypatch.setattr(driver, "check_pairs", lambda p, d, vocab, timeout_s: [True, True, None, None])
+    monkeypatch.setattr(held, "check_pairs", lambda p, d, vocab, timeout_s: [True, True, None, None])
     assert Engines.kv_paths(engines, 2048)["ok"] is True

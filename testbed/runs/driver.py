@@ -7,8 +7,8 @@ The jobs are the launcher's (testbed/runs/jobs.py): each spec as the command lin
 its policies and seeds, and each seed's workload as the launcher generated it; none is parsed
 or generated again here, and each router actor gets the spec object itself. Connected to Ray (``RAY_ADDRESS``), it finds the pods among the nodes' resources
 (:func:`testbed.runs.pods.discover_pods`; a spec bigger than the cluster is refused, saying what was
-found), starts every engine in parallel (one actor per topology worker, prefill or
-decode as the topology places it), checks once that KV pulled across pods
+found), starts every engine in parallel (testbed/runs/engines.py: one actor per topology worker,
+prefill or decode as the topology places it), checks once that KV pulled across pods
 decodes like a single engine (the probe, recorded in ``testbed.json``), makes
 every engine pair's first NIXL transfer, calibrates if asked
 (:mod:`testbed.calibration.calibrate`), then for each (policy, seed) creates a router
@@ -36,244 +36,25 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from workloads.generate import Workload
 
-from core.canary import Reference, canary_ids, reference, verdict
-from core.experiment import build_topology, run_dir_for, testbed_capacity
+from core.canary import Reference, canary_ids
+from core.experiment import run_dir_for, testbed_capacity
 from core.spec import ExperimentSpec
 from core.calibration import Calibration, load_calibration, save_calibration
 from core.logs import configure_from_env
-from testbed.engines.actor import EngineActor
 from testbed.router.actor import FaultTargets, RouterActor
-from testbed.engines.engine import EngineConfig
-from testbed.calibration.calibrate import calibrate, check_pairs, warm_pairs
+from testbed.calibration.calibrate import calibrate, warm_pairs
 from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
 from testbed.router.flow import prompt_ids
 from testbed.runs.jobs import RunJob, read_jobs
+from testbed.runs.engines import ENGINE_THREADS, Engines
 from testbed.runs.pods import discover_pods
-from vocab import CLUSTER_MODES, ROLE_DECODE, ROLE_PREFILL
+from vocab import CLUSTER_MODES
 
 log = logging.getLogger(__name__)
 
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node
-ENGINE_THREADS = EngineConfig.omp_threads  # torch threads an engine computes on
-SIDE_CHANNEL_BASE_PORT = 5600
-# How long a pair's check pull may take (Engines.kv_paths): a healthy one of two blocks takes
-# milliseconds, a pair's first one carries the NIXL handshake, 1-2 s, and a host stall on 2 cores
-# a few seconds more (docs/verified.md "The handshake"); a broken path fails at once or never.
-KV_PATH_TIMEOUT_S = 10.0
 console = Console(stderr=True)
-
-
-class Engines:
-    """The engine actors of the run, one per worker of the spec's topology, started together
-    and shut down together. ``prefill``/``decode`` follow the topology's worker order, so the
-    router's candidate index picks the engine directly."""
-
-    def __init__(self, spec: ExperimentSpec, model: str, engine_root: Path, mode: str,
-                 build_model: bool = False, first_token_limit_s: float | None = None) -> None:
-        """``first_token_limit_s``: the longest first-token limit of the jobs these engines serve
-        (default ``spec``'s), which their KV lease must outlive."""
-        self.topo = build_topology(spec)
-        self._args = (spec, model, engine_root, mode, build_model, first_token_limit_s)
-        # their calibration as each run's run.json records it (run_calibration); None: not calibrated
-        self.calibration: dict[str, Any] | None = None
-        self.gpu = spec.testbed.gpus_per_engine > 0  # else vLLM's CPU build (EngineConfig.gpu)
-        self.generation = 0  # restarts so far (restart)
-        self._create()
-
-    def _create(self) -> None:
-        spec, model, engine_root, mode, build_model, first_token_limit_s = self._args
-        t, e, topo = spec.testbed, spec.engine, self.topo
-        self.prefill: list[Any] = []
-        self.decode: list[Any] = []
-        self.names: list[str] = []  # in `all` order: prefill engines, then decode engines
-        self.lease_s = 0
-        # A restarted engine logs apart from the one it replaces, under a name of its own. Beside the
-        # first set's folder, not below it: vLLM's IPC sockets live in it, and a socket's path has
-        # at most 107 characters (measured on the shared e2e cluster: 98 with the first set's folder).
-        gen = f"-{self.generation}" if self.generation else ""
-        root = Path(f"{engine_root}{gen}")
-        # The interface KV crosses: on a real cluster the one the link faults shape.
-        # (the first allowlisted one the engine's node has: EngineActor resolves it there).
-        net_device = {"netns": "eth0", "local": "lo"}.get(mode, list(t.fault_interfaces))
-        # the pod's fault agent takes a sliver of the pod's resource; its engines share the rest
-        share = 0.9 / topo.workers_per_pod
-        for role, ids, out in ((ROLE_PREFILL, topo.prefill_ids, self.prefill), (ROLE_DECODE, topo.decode_ids, self.decode)):
-            pods = topo.worker_pod[ids]
-            for k, w in enumerate(ids.tolist()):
-                pod = int(topo.worker_pod[w])
-                name = f"pod{pod}-{role}" + (f"{k}" if (pods == pod).sum() > 1 else "")
-                self.names.append(name)
-                # vLLM's batch limits are the engine block's: the simulator models the same engine
-                max_seqs = e.prefill_slots if role == ROLE_PREFILL else e.decode_max_batch
-                cfg = dict(model=Path(model), run_dir=root, name=name,
-                           side_channel_port=SIDE_CHANNEL_BASE_PORT + w, role=role,
-                           # the KV must outlive its pull, which ends before the first token
-                           request_deadline_s=first_token_limit_s or spec.first_token_limit_s,
-                           lease_s=e.kv_lease_s,
-                           max_model_len=t.max_model_len,
-                           kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
-                           max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
-                           transport=t.transport, gpu=self.gpu, shm_recheck_ms=t.shm_recheck_ms,
-                           nixl_rehandshake=t.nixl_rehandshake,
-                           executor=t.executor, enforce_eager=t.enforce_eager)
-                # the longest KV can stay held after its run (quiesce): the lease, every engine's
-                self.lease_s = max(self.lease_s, EngineConfig(**cfg).kv_lease_s)
-                # Ray sets CUDA_VISIBLE_DEVICES for an actor only when it asks for GPUs.
-                out.append(EngineActor.options(resources={f"pod{pod}": share}, num_gpus=t.gpus_per_engine,
-                                               name=f"engine-{name}{gen}")
-                           .remote(cfg, net_device, build_model=build_model))
-
-    @property
-    def all(self) -> list[Any]:
-        return self.prefill + self.decode
-
-    def start(self, timeout_s: float) -> list[dict[str, Any]]:
-        return ray.get([a.start.remote() for a in self.all], timeout=timeout_s)
-
-    @staticmethod
-    def _each(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
-        """Each call's answer, or an empty dict where the engine (its actor or its core) died:
-        a run goes on without it, and the next runs too (the router stops choosing it).
-        ``timeout_s`` bounds them all together, as one ``ray.get`` of the list would."""
-        out = []
-        until = None if timeout_s is None else time.monotonic() + timeout_s
-        for ref in refs:
-            try:
-                out.append(ray.get(ref, timeout=None if until is None else max(0.0, until - time.monotonic())))
-            except (ray.exceptions.RayError, RuntimeError) as e:
-                log.warning("an engine did not answer: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
-                out.append({})
-        return out
-
-    def metrics(self) -> list[dict[str, Any]]:
-        return self._each([a.metrics.remote() for a in self.all])
-
-    def kv_paths(self, vocab: int, timeout_s: float = KV_PATH_TIMEOUT_S) -> dict[str, Any]:
-        """Whether every live (prefill, decode) pair moves KV now (calibrate.check_pairs); what
-        run.json records as ``start.kv_paths``: ok, the pairs that did not, the check's seconds."""
-        t0 = time.monotonic()
-        res = check_pairs(self.prefill, self.decode, vocab, timeout_s)
-        n_pre = len(self.prefill)
-        pairs = [(self.names[i], self.names[n_pre + j]) for i in range(n_pre) for j in range(len(self.decode))]
-        broken = [f"{p}->{d}" for (p, d), r in zip(pairs, res) if r is False]
-        return {"ok": not broken, "broken": broken, "down": [f"{p}->{d}" for (p, d), r in zip(pairs, res) if r is None],
-                "check_s": round(time.monotonic() - t0, 3)}
-
-    def restart(self, timeout_s: float, vocab: int) -> dict[str, Any]:
-        """Shut every engine down and start a new set (same configuration, logs apart), with their
-        pairs' first transfer made: the way back from KV paths a fault broke for good (vLLM 0.32's
-        NIXL does not reconnect after a link down: docs/testbed.md "A link down"). Returns what
-        run.json records: the restart's seconds and the engines' generation."""
-        t0 = time.monotonic()
-        self.shutdown()
-        self.generation += 1
-        self._create()
-        self.start(timeout_s)
-        warm_pairs(self.prefill, self.decode, vocab)
-        return {"restart_s": round(time.monotonic() - t0, 1), "generation": self.generation}
-
-    def reset(self) -> list[bool | None]:
-        """Reset every engine's prefix cache; per engine, whether it could (vLLM refuses while
-        any block is in use: block_pool.reset_prefix_cache), None where it did not answer (dead)."""
-        return [r if isinstance(r, bool) else None for r in self._each([a.reset_prefix_cache.remote() for a in self.all])]
-
-    def quiesce(self, within_s: float, poll_s: float = 0.5) -> dict[str, Any]:
-        """Wait until no engine holds a block, then reset the prefix caches: the check that a
-        run starts on engines the last one left clean. vLLM resets an engine's prefix cache
-        only when no block is in use but its null block, so a successful reset proves that no
-        request runs there, no KV is held for a pull (a prefill's lease), no pull is still
-        writing into a decoder's blocks, and nothing an earlier run computed is cached.
-        ``within_s``: the KV lease (the longest a dropped request's KV stays held), after which
-        the engines are busy with something no lease explains. Returns what run.json records
-        as ``start``: quiet or not, the wait, and the engines still busy when it gave up."""
-        t0 = time.monotonic()
-        tries = 0
-        while True:
-            ok = self.reset()
-            tries += 1
-            waited = time.monotonic() - t0
-            # a dead engine holds nothing a run could meet (the router never chooses it again)
-            if all(r is not False for r in ok) or waited >= within_s:
-                break
-            time.sleep(poll_s)
-        busy = [n for n, r in zip(self.names, ok) if r is False]
-        down = [n for n, r in zip(self.names, ok) if r is None]
-        out: dict[str, Any] = {"quiet": not busy, "waited_s": round(waited, 3), "resets": tries, "busy": busy,
-                               "down": down}
-        if busy:
-            out["loads"] = dict(zip(self.names, self.loads()))
-            log.warning("engines %s still hold KV %.0f s after the last run (past their lease): this run "
-                        "does not start clean (run.json start.quiet = false)", ", ".join(busy), waited)
-        return out
-
-    def loads(self) -> list[dict[str, Any]]:
-        return self._each([a.load.remote() for a in self.all])
-
-    def references(self, prompts: dict[int, list[int]], max_tokens: dict[int, int]) -> dict[int, Reference]:
-        """Each canary's single-engine greedy reference (core/canary.py): its prompt decoded alone
-        on a decode engine, no KV pulled, with the top-2 logprobs per step; the canaries spread
-        over the decode engines and decoded together. One whose engine failed or that came back
-        short stays unchecked. Call before the prefix caches are reset: the run must not find
-        these prompts cached (start_router resets them)."""
-        ids = sorted(prompts)
-        calls = [self.decode[k % len(self.decode)].decode.remote(f"canary-ref-{i}", prompts[i], max_tokens[i], None, 2)
-                 for k, i in enumerate(ids)]
-        refs: dict[int, Reference] = {}
-        for i, res in zip(ids, self._each(calls)):
-            if res and res.finish_reason != "abort" and len(res.token_ids) == max_tokens[i]:
-                refs[i] = reference(res.token_ids, res.top_logprobs, res.top_tokens)
-        return refs
-
-    def probe(self, vocab: int, n_tokens: int = 300, max_tokens: int = 16) -> dict[str, Any]:
-        """Prove the PD path moves correct KV across pods: prefill on the first pod, decode
-        on the last pod's decode engine with the pulled KV, against that engine decoding
-        the same prompt alone (greedy). A divergence is accepted only at a near-tie of the
-        reference (core/canary.py, as for the run's canaries), never elsewhere."""
-        ids = prompt_ids(10**9, n_tokens, vocab, salt=12345)
-        p, d = self.prefill[0], self.decode[-1]
-        before = ray.get(d.metrics.remote())["vllm:external_prefix_cache_hits_total"]
-        pre = ray.get(p.prefill.remote("probe-pd", ids))
-        pd = ray.get(d.decode.remote("probe-pd", ids, max_tokens, pre.kv_transfer_params))
-        hits = ray.get(d.metrics.remote())["vllm:external_prefix_cache_hits_total"] - before
-        self.reset()  # the reference must compute the prompt itself
-        ref = ray.get(d.decode.remote("probe-ref", ids, max_tokens, None, 2))
-        v = verdict(reference(ref.token_ids, ref.top_logprobs, ref.top_tokens), pd.token_ids)
-        said = {"equal": "equal", "near_tie": f"near-tie divergence at token {v.position}",
-                "corrupt": f"MISMATCH at token {v.position}"}[v.verdict]
-        return {"ok": v.verdict != "corrupt" and hits >= n_tokens and len(pd.token_ids) == max_tokens,
-                "verdict": said, "external_prefix_cache_hits": hits, "prompt_tokens": n_tokens,
-                "pd_tokens": list(pd.token_ids), "reference_tokens": list(ref.token_ids)}
-
-    def pod_gpu_uuids(self) -> list[list[str]]:
-        """Per pod, the NVML UUIDs of its engines' GPUs (each engine resolves its own); empty on CPUs."""
-        if not self.gpu:
-            return [[] for _ in range(self.topo.n_pods)]
-        uuids = ray.get([a.gpu_uuid.remote() for a in self.all])
-        pods = np.r_[self.topo.worker_pod[self.topo.prefill_ids], self.topo.worker_pod[self.topo.decode_ids]]
-        return [sorted({u for i in np.flatnonzero(pods == p) if (u := uuids[i])}) for p in range(self.topo.n_pods)]
-
-    def pod_engines(self) -> list[list[tuple[str, str, Any]]]:
-        """Per pod, its engines as (role, name, actor handle): what an engine fault kills."""
-        topo, out = self.topo, [[] for _ in range(self.topo.n_pods)]
-        n_pre = len(self.prefill)
-        for i, handle in enumerate(self.all):
-            role, ids, k = (ROLE_PREFILL, topo.prefill_ids, i) if i < n_pre else (ROLE_DECODE, topo.decode_ids, i - n_pre)
-            out[int(topo.worker_pod[ids[k]])].append((role, self.names[i], handle))
-        return out
-
-    def pod_pids(self) -> list[list[int]]:
-        """Per pod, the worker processes of its engines (what a compute fault slows)."""
-        pids = ray.get([a.compute_pids.remote() for a in self.all])
-        pods = np.r_[self.topo.worker_pod[self.topo.prefill_ids], self.topo.worker_pod[self.topo.decode_ids]]
-        return [[pid for i in np.flatnonzero(pods == p) for pid in pids[i]] for p in range(self.topo.n_pods)]
-
-    def shutdown(self) -> None:
-        try:
-            self._each([a.shutdown.remote() for a in self.all], timeout_s=120)
-        finally:
-            for a in self.all:
-                ray.kill(a)
 
 
 def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -> FaultTargets:
