@@ -26,3 +26,26 @@ def testbed_runs(tmp_path_factory) -> tuple:
     from e2e_cluster import run_on_cluster
 
     return run_on_cluster(tmp_path_factory.mktemp("testbed"))
+
+
+# --- nothing left in /tmp (tests/tmp_leftovers.py) -------------------------------------------
+_TMP_BEFORE: frozenset[str] = frozenset()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _TMP_BEFORE
+    from tmp_leftovers import tmp_entries
+
+    _TMP_BEFORE = tmp_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when it left something in /tmp that was not there before it."""
+    if hasattr(session.config, "workerinput"):  # a worker of pytest-xdist: the controller checks
+        return
+    from tmp_leftovers import left_in_tmp, tmp_entries
+
+    left = left_in_tmp(_TMP_BEFORE, tmp_entries())
+    if left:
+        print(f"\nthe tests left {len(left)} entries in /tmp: {', '.join(left)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
