@@ -88,13 +88,22 @@ def test_max_requests_caps_a_window():
     assert w.arrival_s[-1] < 10.0  # 500 arrivals at 100/s take ~5 s
 
 
-def test_large_window_generates_many_requests_fast():
+def test_large_window_generates_many_requests_vectorised():
     s = WorkloadSpec(profile="chat", arrival={"kind": "poisson", "rate_rps": 10_000.0}, duration_s=100.0)
     t0 = time.perf_counter()
     w = generate(s, rng(6))
     elapsed = time.perf_counter() - t0
     assert abs(len(w) - 1_000_000) < 6_000
-    assert elapsed < 1.0
+    # Against numpy's own draw of as many samples in the same test (the machine's speed, and any
+    # other work on it, cancel out): a few whole-array passes, not a Python step per request, which
+    # would be several hundred times it (the figure itself: benchmarks, not tests).
+    passes = []
+    for seed in (7, 8, 9):
+        t0 = time.perf_counter()
+        rng(seed).exponential(size=len(w))
+        passes.append(time.perf_counter() - t0)
+    one_pass = sorted(passes)[1]
+    assert elapsed < 60 * one_pass, (elapsed, passes)  # 14-21x here with a busy loop on each core
 
 
 # --------------------------------------------------------------------------- determinism
