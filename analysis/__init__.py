@@ -35,7 +35,8 @@ from analysis.metrics import (
 )
 from analysis.run_data import RunData, load_run
 from analysis.run_metrics import run_metrics
-from analysis.fidelity import Fidelity, check_same_scenario, clean_failures, compare, fingerprint_difference, scenario_fingerprint
+from analysis.fidelity import Fidelity, check_same_scenario, clean_failures, fingerprint_difference, measure, scenario_fingerprint
+from analysis.fidelity_console import compare
 from analysis.fidelity_checks import Rank, composition_table, fidelity_table, noise_table, policy_order, rank_agreement
 from analysis.plots import RunCurves, run_curves, write_plots
 from analysis.report import report
@@ -46,7 +47,7 @@ from analysis.study_report import study_report
 
 __all__ = [
     "FaultWindow", "Fidelity", "FidelityTolerances", "MetricsSpec", "ORACLE", "Rank", "RunCurves", "RunData",
-    "RunDiscoveryError", "check_same_scenario", "claim_table", "clean_failures", "collect_runs", "compare",
+    "RunDiscoveryError", "check_same_scenario", "claim_table", "clean_failures", "collect_runs", "compare", "measure",
     "compare_worlds", "composition_table", "decision_latency", "degraded_availability", "degraded_pod_shares",
     "discover_runs", "failure_composition", "failure_rate", "fault_window", "fidelity_table",
     "fingerprint_difference", "gap_to_oracle", "goodput_rps", "latency_percentiles", "load_run", "mean_ci",

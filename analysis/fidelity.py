@@ -53,19 +53,16 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
-from rich.console import Console
 
 from analysis.metric_names import Metric as M
-from analysis.engine_death import engine_table, notice_table, print_engine_table, write_engine_table
-from analysis.calibration_check import calibration_check, print_calibration_check, write_calibration_check
-from analysis.host_demand import host_demand_check, print_host_demand, write_host_demand
-from analysis.host_window import host_window_table, print_host_window, write_host_window
-from analysis.fidelity_console import print_fidelity, write_fidelity
-from analysis.fidelity_plots import plot_latency_overlay, plot_price_overlay, plot_success_overlay
+from analysis.engine_death import engine_table, notice_table
+from analysis.calibration_check import calibration_check
+from analysis.host_demand import host_demand_check
+from analysis.host_window import host_window_table
 from analysis.metrics import fault_window, latency_percentiles
 from analysis.fidelity_checks import (REPEAT, WORLDS, Rank, calibration_spreads, check_spreads, composition_table,
                                       fidelity_table, noise_table, pair_table, rank_agreement, repeat_spreads, repeat_table,
@@ -295,6 +292,15 @@ class Fidelity:
         return {k: v.count(k) for k in (PASS, FAIL, UNDECIDED)}
 
 
+class Measured(NamedTuple):
+    """What :func:`measure` found: the comparison, and what its figures are drawn from (each run's
+    curves, each world's requests)."""
+
+    fidelity: Fidelity
+    curves: list[RunCurves]
+    frames: dict[str, pd.DataFrame]
+
+
 def spread_source(own: Mapping[str, Spread], shipped: Mapping[str, Spread], fitted_on: str) -> str:
     """Where the checks' floor came from, in words."""
     parts = []
@@ -319,21 +325,18 @@ def _policy_names(spec: Mapping[str, Any]) -> list[str]:
     return [p if isinstance(p, str) else str(p.get("name")) for p in spec.get("policies") or []]
 
 
-def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str], out_dir: Path | str | None = None,
-            calibration: Mapping[str, Any] | None = None, console: Console | None = None,
-            repeat_paths: Iterable[Path | str] | None = None,
-            calibration_sims: Sequence[Iterable[Path | str]] = ()) -> Fidelity:
+def measure(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str],
+            calibration: Mapping[str, Any] | None = None, repeat_paths: Iterable[Path | str] | None = None,
+            calibration_sims: Sequence[Iterable[Path | str]] = ()) -> Measured:
     """Compare the sim runs in or below ``sim_paths`` with the testbed runs in or below ``testbed_paths``
     (same scenario; refused otherwise, see :func:`check_same_scenario`), and, given ``repeat_paths``, the
     testbed runs with a second set of testbed runs of the same scenario, policies and seeds (refused
-    otherwise, see :func:`check_repeat`). Prints the tables to ``console`` (default: stdout) and writes
-    fidelity.csv, fidelity_composition.csv, fidelity_noise.csv, fidelity_rank.csv, the paired report's
-    CSVs (fidelity_paired.csv, fidelity_confusion.csv, fidelity_stages.csv, fidelity_mape.csv),
-    fidelity_repeatability.csv with a repeat, and the overlay PNGs into ``out_dir`` (default: a
-    ``fidelity`` folder next to the first testbed path, as `testbed report` puts its ``report`` folder
-    next to its first path). ``calibration_sims`` holds, per further calibration, the sim runs of the
-    same policies and seeds under it: with them every check's interval carries the simulator's
-    spread over calibrations (``sim_paths``' among them; :func:`analysis.fidelity_checks.calibration_spreads`)."""
+    otherwise, see :func:`check_repeat`): the verdicts and every table, nothing written or printed
+    (analysis/fidelity_console.py ``compare`` does both). ``calibration_sims`` holds, per further
+    calibration, the sim runs of the same policies and seeds under it: with them every check's interval
+    carries the simulator's spread over calibrations (``sim_paths``' among them;
+    :func:`analysis.fidelity_checks.calibration_spreads`); given ``calibration``, each fit is checked
+    against the testbed runs' own quiet requests, the host's demand too."""
     sim_paths, testbed_paths = list(sim_paths), list(testbed_paths)
     repeat_paths = list(repeat_paths) if repeat_paths is not None else []
     dirs = {"sim": discover_runs(sim_paths), "testbed": discover_runs(testbed_paths)}
@@ -412,31 +415,13 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
         engines=engines,
         notices=notice_table([*dirs["testbed"], *dirs.get(REPEAT, [])]) if engines is not None else None,
     )
-    out = Path(out_dir) if out_dir is not None else Path(testbed_paths[0]).resolve().parent / "fidelity"
-    out.mkdir(parents=True, exist_ok=True)
-    files = write_fidelity(fid, out)
-    if fid.engines is not None:
-        files = [*files, *write_engine_table(fid.engines, scenario, out, fid.notices)]
-    plots = [plot_success_overlay(curves, policies, scenario, out), plot_price_overlay(curves, policies, scenario, out),
-             plot_latency_overlay({w: concat_frames(fs) for w, fs in frames.items() if fs}, policies, scenario, out)]
     check = demand = None
-    if calibration is not None:  # each fit against the run's own quiet requests (issue 27), the host's too
+    if calibration is not None:  # each fit against the run's own quiet requests, the host's too
         check = calibration_check(dirs["testbed"], calibration)
         demand = host_demand_check(dirs["testbed"], _calibrated_demand(calibration))
-        files = (*files, write_calibration_check(check, out), write_host_demand(demand, out))
     busy = host_window_table(dirs["testbed"])  # the fault window's share of the host (no calibration needed)
-    if not busy.empty:
-        files = (*files, write_host_window(busy, out))
-    fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)), calibration_check=check,
-                  host_demand=demand, host_window=busy)
-    print_fidelity(fid, console or Console())
-    if fid.engines is not None:
-        print_engine_table(fid.engines, console or Console(), fid.notices)
-    if check is not None:
-        print_calibration_check(check, console or Console())
-        print_host_demand(demand, console or Console())
-    print_host_window(busy, policies, console or Console())
-    return fid
+    fid = replace(fid, calibration_check=check, host_demand=demand, host_window=busy)
+    return Measured(fid, curves, {w: concat_frames(fs) for w, fs in frames.items() if fs})
 
 
 def _calibrated(runs: pd.DataFrame, tb_frame: pd.DataFrame, calibration_sims: Sequence[Iterable[Path | str]],

@@ -1,9 +1,13 @@
-"""The sim-vs-testbed comparison on the console (rich tables) and as CSV files: the per-policy checks,
-the paired report (analysis/paired.py) and the testbed's repeatability (analysis/repeatability.py)."""
+"""The sim-vs-testbed comparison on the console (rich tables) and as CSV files and figures: the
+per-policy checks, the paired report (analysis/paired.py), the testbed's repeatability
+(analysis/repeatability.py); `testbed compare` itself (:func:`compare`: what analysis/fidelity.py
+measures, written and printed)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,14 +16,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from analysis.calibration_check import print_calibration_check, write_calibration_check
+from analysis.engine_death import print_engine_table, write_engine_table
+from analysis.fidelity import Fidelity, measure
+from analysis.fidelity_plots import plot_latency_overlay, plot_price_overlay, plot_success_overlay
+from analysis.host_demand import print_host_demand, write_host_demand
+from analysis.host_window import print_host_window, write_host_window
 from analysis.metric_names import LATENCIES, Metric as M, latency
 from analysis.paired import ALL, OUTCOME_AGREEMENT, SPAN_NAMES, PairedReport
 from analysis.paired_stats import SUMMARY_STATS
 from analysis.verdict import RULE_VERSION
 from core.stages import FAILURE_STAGES
 
-if TYPE_CHECKING:  # only for annotations: analysis.fidelity imports this module
-    from analysis.fidelity import Fidelity
+if TYPE_CHECKING:
     from analysis.fidelity_checks import Order
 
 COLOR = {"pass": "green", "fail": "red", "undecided": "yellow", "n/a": "dim"}
@@ -450,3 +459,40 @@ def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
         df.to_csv(path, index=False)
         paths.append(path)
     return paths
+
+
+def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str], out_dir: Path | str | None = None,
+            calibration: Mapping[str, Any] | None = None, console: Console | None = None,
+            repeat_paths: Iterable[Path | str] | None = None,
+            calibration_sims: Sequence[Iterable[Path | str]] = ()) -> Fidelity:
+    """`testbed compare`: :func:`analysis.fidelity.measure` (every argument but ``out_dir`` and
+    ``console`` is its), then its tables printed to ``console`` (default: stdout) and written into
+    ``out_dir`` (default: a ``fidelity`` folder next to the first testbed path, as `testbed report`
+    puts its ``report`` folder next to its first path): fidelity.csv, fidelity_composition.csv,
+    fidelity_noise.csv, fidelity_rank.csv, the paired report's CSVs (fidelity_paired.csv,
+    fidelity_confusion.csv, fidelity_stages.csv, fidelity_mape.csv), fidelity_repeatability.csv with a
+    repeat, the engine, calibration and host tables where there are any, and the overlay PNGs."""
+    testbed_paths = list(testbed_paths)
+    fid, curves, frames = measure(sim_paths, testbed_paths, calibration, repeat_paths, calibration_sims)
+    out = Path(out_dir) if out_dir is not None else Path(testbed_paths[0]).resolve().parent / "fidelity"
+    out.mkdir(parents=True, exist_ok=True)
+    files = list(write_fidelity(fid, out))
+    if fid.engines is not None:
+        files += write_engine_table(fid.engines, fid.scenario, out, fid.notices)
+    if fid.calibration_check is not None:
+        files += [write_calibration_check(fid.calibration_check, out), write_host_demand(fid.host_demand, out)]
+    if fid.host_window is not None and not fid.host_window.empty:
+        files.append(write_host_window(fid.host_window, out))
+    plots = [plot_success_overlay(curves, fid.policies, fid.scenario, out),
+             plot_price_overlay(curves, fid.policies, fid.scenario, out),
+             plot_latency_overlay(frames, fid.policies, fid.scenario, out)]
+    fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)))
+    console = console or Console()
+    print_fidelity(fid, console)
+    if fid.engines is not None:
+        print_engine_table(fid.engines, console, fid.notices)
+    if fid.calibration_check is not None:
+        print_calibration_check(fid.calibration_check, console)
+        print_host_demand(fid.host_demand, console)
+    print_host_window(fid.host_window, fid.policies, console)
+    return fid

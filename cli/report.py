@@ -33,7 +33,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from analysis.fidelity import compare
+    from analysis.fidelity_console import compare
     from core.calibration import load_calibration
 
     cal = load_calibration(args.calibration).model_dump() if args.calibration else None  # before any run is read

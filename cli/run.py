@@ -87,7 +87,7 @@ def cmd_twin(args: argparse.Namespace) -> int:
     """One spec in both worlds: the testbed (calibrated on its own engines first, unless a
     calibration is given), then the simulator with that calibration and under each of
     ``--calibrations``, then the comparison, judged with the simulator's spread over them."""
-    from analysis.fidelity import compare
+    from analysis.fidelity_console import compare
     from analysis.report import report
     from core.calibration import load_calibration
     from core.spec import load_spec

@@ -17,7 +17,8 @@ from rich.console import Console
 from scipy import stats
 
 import analysis.fidelity as fidelity_module
-from analysis.fidelity import Fidelity, compare, fingerprint_difference, scenario_fingerprint
+from analysis.fidelity import Fidelity, fingerprint_difference, scenario_fingerprint
+from analysis.fidelity_console import compare
 from analysis.fidelity_checks import pair_table, policy_order, rank_agreement
 from analysis.verdict import Spread
 from core.calibration import save_calibration

@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 import analysis.fidelity as fidelity_module
-from analysis.fidelity import compare
+from analysis.fidelity_console import compare
 from analysis.paired import outcome_class, paired_report
 from analysis.paired_stats import quantile_ci
 from analysis.repeatability import add_repeatability

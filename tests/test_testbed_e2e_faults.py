@@ -123,7 +123,7 @@ def test_every_engine_accounts_for_its_cpu_and_each_request_is_marked_for_host_s
 
 
 def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_fault(testbed_runs, tmp_path):
-    from analysis.fidelity import compare
+    from analysis.fidelity_console import compare
     from core.calibration import apply_calibration, load_calibration
     from simulator.run import run_sim
 
