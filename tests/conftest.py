@@ -3,6 +3,7 @@ end-to-end tests share (brought up once a session: its engines take minutes to s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,7 +46,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     from tmp_leftovers import left_in_tmp, tmp_entries
 
-    left = left_in_tmp(_TMP_BEFORE, tmp_entries())
+    # pytest's own basetemp, where --basetemp put it in /tmp: pytest's to keep or remove
+    basetemp = session.config.option.basetemp
+    own = {Path(basetemp).resolve().relative_to("/tmp").parts[0]} if basetemp and \
+        Path(basetemp).resolve().is_relative_to("/tmp") else set()
+    left = [x for x in left_in_tmp(_TMP_BEFORE, tmp_entries()) if x not in own]
     if left:
         print(f"\nthe tests left {len(left)} entries in /tmp: {', '.join(left)}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
