@@ -14,8 +14,10 @@ HERE = Path(__file__).resolve().parent
 
 def test_new_entries_are_leftovers_but_the_dependencies_caches():
     before = {"hsperfdata_root", "tmp.abc"}
-    after = before | {"ray", "torchinductor_root", "tb-1234-core", "tmpq1w2e3"}
-    assert left_in_tmp(before, after, kept_by_dependencies("root")) == ["tb-1234-core", "tmpq1w2e3"]
+    after = before | {"ray", "torchinductor_root", "tb-1234-core", "tmpq1w2e3r4", "testbed-netns-cgroup-x1",
+                      "tmp.Xy12AbCdEf", "notes.md"}  # the last two: a shell's mktemp, a person's file
+    assert left_in_tmp(before, after, kept_by_dependencies("root")) == ["tb-1234-core", "testbed-netns-cgroup-x1",
+                                                                      "tmpq1w2e3r4"]
     assert left_in_tmp(after, after, kept_by_dependencies("root")) == []
     assert left_in_tmp(before, before - {"tmp.abc"}, kept_by_dependencies("root")) == []  # removed: fine
 
