@@ -55,6 +55,7 @@ class RunContext:
         self.schedule = FaultSchedule(spec.faults, topo.n_pods)
         self.steps: list[FaultStep] = self.schedule.steps(spec.health)
         self.run_dir = run_dir_for(Path(out), spec, policy, seed)
+        self._logged_end = False  # closed, then the with block left: its end said once
         self.writer = RunWriter(self.run_dir, {
             "world": world, "scenario": spec.name, "policy": policy, "seed": seed,
             "spec": spec.model_dump(mode="json"), "workload": workload_summary,
@@ -169,7 +170,7 @@ class RunContext:
         self._log_end()
 
     def _log_end(self) -> None:
-        if getattr(self, "_logged_end", False):  # closed, then the with block left: said once
+        if self._logged_end:
             return
         self._logged_end = True
         meta = self.writer.meta
