@@ -15,8 +15,8 @@ network fault's: on the 2-core testbed vLLM's CPU build keeps engines busy-waiti
 "The prefill stall, explained"), and a pull hanging on a throttled link keeps them at it for the whole
 hang, which starves engines that have nothing to do with the link; a GPU engine of one device has
 no such queue to spin on (not yet tried on a GPU). The factor 2 is a convention;
-docs/reliability.md "Fault against control" shows the share marked at 1.5 and 3. The simulator has
-no host: its runs have no marks (NaN).
+docs/history/2026-11-23-prefill-stall.md "Fault against control" shows the share marked at 1.5 and 3.
+The simulator has no host: its runs have no marks (NaN).
 """
 
 from __future__ import annotations

@@ -247,8 +247,8 @@ class HostedClusterSim(ClusterSim):
     def _orphaned(self, req: Ticket) -> None:
         """No decoder will read ``req``'s KV (its decode engine died): the prefill engine keeps it (and
         steps meanwhile) until its lease runs out. A dead decoder renews nothing, and vLLM's renewal
-        extends a lease to 2/3 of it (docs/reliability.md "Found: a dead decoder leaves its prefill
-        partner spinning"); without a lease set, the first-token limit, which the testbed's derived
+        extends a lease to 2/3 of it (docs/reliability.md "A dead decoder's prefill
+        partner"); without a lease set, the first-token limit, which the testbed's derived
         lease exceeds (EngineConfig.kv_lease_s), bounds it."""
         lease = self.e.kv_lease_s
         call_after(self.env, 2 / 3 * lease if lease is not None else self.first_token_limit, self._lease_ended, req)

@@ -156,7 +156,8 @@ def test_a_request_is_host_stalled_when_its_prefill_took_twice_its_time_under_cp
     # a compute fault on its prefill pod makes a slow prefill the fault's, not the host's
     faulted = request_host_stall(req, host, 5.0, expected, compute_faulted=np.array([1, 0, 0, 0, 0, 0], bool))
     assert not bool(faulted.loc[7, "host_stalled"])
-    # the factor is the caller's to vary (docs/reliability.md "Fault against control": the sensitivity)
+    # the factor is the caller's to vary (docs/history/2026-11-23-prefill-stall.md "Fault against
+    # control": the sensitivity)
     assert not bool(request_host_stall(req, host, 5.0, expected, factor=10.0).loc[7, "host_stalled"])
 
 

@@ -221,7 +221,7 @@ def test_a_retry_takes_an_attempt_stuck_on_the_throttled_link_to_another_pair(te
             assert pod not in blamed or role <= blamed, (rows, last)
     # Whether a stuck request was then rescued is not asserted: the blamed-pod rule above already
     # takes each retry off the throttled link, and what becomes of it on the healthy pair is that
-    # pair's (on 2 cores an engine's stall can lose it there: docs/reliability.md "Retries").
+    # pair's (on 2 cores an engine's stall can lose it there: docs/router-options.md "Retries").
     # the given-up attempts' pulls went on (vLLM cannot cancel them) and were recorded as theirs
     dead = read_table(d, "dead_pulls")
     assert set(zip(stuck.request_id, stuck.attempt)) <= set(zip(dead.request_id, dead.attempt)), (dead, stuck)
