@@ -152,8 +152,8 @@ class EngineSpec(_Spec):
     host_cores: float | None = Field(None, gt=0, allow_inf_nan=False)
     # What one engine demands while it has work: vLLM's CPU engine computes on one thread
     # (OMP_NUM_THREADS=1, docs/testbed.md "One engine thread"), and while it waits its worker spins on
-    # that thread; measured at 1.0 core per VLLM::Worker process while pulls hung (docs/reliability.md
-    # "Measured").
+    # that thread; measured at 1.0 core per VLLM::Worker process while pulls hung
+    # (docs/history/2026-11-23-prefill-stall.md "Measured: the workers spin a core each").
     host_engine_cores: float = Field(1.0, gt=0, allow_inf_nan=False)
     # How long an engine's worker goes on spinning after its last call (core.host_model.worker_spin_s):
     # none with the testbed's default uni executor (testbed.executor), which has no worker process;
@@ -211,7 +211,7 @@ class RetrySpec(_Spec):
     # attempt runs to that limit. None: only attempts that fail (outcome error) are retried, as in
     # sgl-router, which has no per-try timeout. No default can be derived for a cluster: a healthy
     # attempt's time to first token is the floor, the first-token limit over max_attempts the
-    # ceiling (docs/reliability.md "Retries" shows the sensitivity).
+    # ceiling (docs/router-options.md "Retries" shows the sensitivity).
     attempt_ttft_s: float | None = Field(None, gt=0)
     # Envoy's previous_hosts retry predicate, with the pod as the unit (the project's blame rule):
     # a retry avoids the pods its earlier attempts' failures were blamed on, unless that leaves no
@@ -537,4 +537,11 @@ def load_spec(path: str | Path | None = None, default: str = "default.yaml") -> 
     """Load and validate a spec file (its ``extends:`` resolved); ``None`` loads the embedded
     ``default``."""
     data, source, folder = _read_yaml(path, default if path is None else None)
-    return parse_spec(resolve_extends(data, source, folder, ()), source)
+    data = resolve_extends(data, source, folder, ())
+    arrival = (data.get("workload") or {}).get("arrival") if isinstance(data, dict) else None
+    if folder is not None and isinstance(arrival, dict) and arrival.get("kind") == "trace" \
+            and isinstance(arrival.get("path"), str) and not Path(arrival["path"]).expanduser().is_absolute():
+        # A trace named relative to its spec is that file wherever the command runs: the simulator, the
+        # testbed's driver (which runs elsewhere) and a study's cells all read the same one.
+        data = {**data, "workload": {**data["workload"], "arrival": {**arrival, "path": str(folder / arrival["path"])}}}
+    return parse_spec(data, source)

@@ -407,3 +407,21 @@ def test_a_too_long_rule_without_a_limit_takes_the_testbed_engines_context():
     assert arrival(too_long="clip").max_context_tokens == 2048
     assert arrival(too_long="clip", max_context_tokens=512).max_context_tokens == 512
     assert arrival().max_context_tokens is None  # no rule: the simulator keeps every request
+
+
+def test_a_trace_named_relative_to_its_spec_is_that_file_wherever_the_command_runs(tmp_path, monkeypatch):
+    """load_spec makes a relative trace path its spec's: the testbed's jobs (testbed/runs/jobs.py, which
+    generate without a base folder) read the file the simulator reads, from any working directory."""
+    from core.experiment import seed_streams
+    from core.spec import load_spec
+
+    (tmp_path / "specs" / "traces").mkdir(parents=True)
+    (tmp_path / "specs" / "traces" / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,100,8\n1,200,8\n")
+    (tmp_path / "specs" / "s.yaml").write_text("name: t\nworkload:\n  arrival: {kind: trace, path: traces/t.csv}\n"
+                                               "policies: [LC]\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    spec = load_spec("../specs/s.yaml")
+    assert Path(spec.workload.arrival.path) == (tmp_path / "specs" / "traces" / "t.csv").resolve()
+    wl = generate(spec.workload, seed_streams(0)["workload"])
+    assert list(wl.prompt_tokens) == [100, 200]

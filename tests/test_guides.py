@@ -1,0 +1,234 @@
+"""The task guides (docs/guides/) are run as written, so that a guide cannot rot.
+
+A guide says what this test does with a fenced block by an HTML comment on the line before it
+(invisible where the page is rendered):
+
+* ``<!-- guide-test: write PATH -->``: the block is written to PATH;
+* ``<!-- guide-test: append PATH -->``: it is appended to PATH;
+* ``<!-- guide-test: insert PATH after "TEXT" -->``: inserted after the one line containing TEXT;
+* ``<!-- guide-test: replace PATH line "TEXT" -->``: it replaces the one line containing TEXT;
+* ``<!-- guide-test: run -->`` (or ``run, exit N``): each line a command, ``testbed`` run as
+  ``python -m cli`` and ``python`` as this interpreter; each must exit 0 (or N);
+* ``<!-- guide-test: python -->``: a Python script, its output kept for the next step;
+* ``<!-- guide-test: output -->``: what the step before printed, in shape: the same text with any
+  number in place of each number (the simulator's numbers may move; names, columns and rows may not).
+
+Steps run in order, in a folder of the guide's own under pytest's ``tmp_path``; a guide that edits
+the project (write-a-policy.md) runs in a copy of its packages there. Each test then checks what the
+guide's example made. Every ``testbed`` command of a guide, run or not, must parse, and every link
+of a guide must resolve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cli.main import build_parser
+from core.policies import POLICY_NAMES
+from test_docs import _fences_off, anchor, check_citations, headings
+
+REPO = Path(__file__).resolve().parents[1]
+GUIDES = REPO / "docs" / "guides"
+NAMES = ("write-a-policy.md", "replay-a-trace.md", "fault-experiment.md", "carry-over.md")
+MAX_LINES = 150
+PACKAGES = ("cli", "core", "simulator", "workloads", "faults", "analysis", "vocab", "study", "testbed")
+
+_MARK = re.compile(r"<!-- guide-test: (.+?) -->\n```[\w-]*\n(.*?)```", re.S)
+_PROGRAMS = {"testbed": [sys.executable, "-m", "cli"], "python": [sys.executable]}  # as installed
+_NUM = r"(?:[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|nan)"
+
+
+@dataclass
+class Step:
+    action: str
+    block: str
+    out: str = ""
+
+
+def steps(name: str) -> list[Step]:
+    return [Step(a.strip(), b) for a, b in _MARK.findall((GUIDES / name).read_text())]
+
+
+def shaped(expected: str) -> re.Pattern:
+    """Any text that is ``expected`` with other numbers and other runs of spaces."""
+    parts = re.split(_NUM, expected.strip())
+    lit = [re.sub(r"(?:\\\s)+|\s+", r"\\s*", re.escape(p)) for p in parts]
+    return re.compile(_NUM.join(lit))
+
+
+def _one_line(text: str, needle: str, path: Path) -> int:
+    hits = [i for i, ln in enumerate(text.splitlines()) if needle in ln]
+    assert len(hits) == 1, f"{path}: {len(hits)} lines contain {needle!r} (the guide needs exactly one)"
+    return hits[0]
+
+
+def _env(root: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(root), "MPLBACKEND": "Agg", "COLUMNS": "200"}
+
+
+def run_guide(name: str, work: Path, root: Path = REPO) -> list[Step]:
+    """Every step of a guide, in ``work``, with the project at ``root`` on the path."""
+    done = []
+    for st in steps(name):
+        verb, _, rest = st.action.partition(" ")
+        if verb in ("write", "append", "insert", "replace"):
+            m = re.fullmatch(r'(\S+)(?: (after|line) "((?:[^"\\]|\\.)*)")?', rest)
+            assert m, f"{name}: bad step {st.action!r}"
+            path, needle = work / m.group(1), (m.group(3) or "").replace('\\"', '"')
+            path.parent.mkdir(parents=True, exist_ok=True)
+            old = path.read_text() if path.exists() else ""
+            if verb in ("write", "append"):
+                path.write_text(st.block if verb == "write" else old + st.block)
+            else:
+                lines = old.splitlines(keepends=True)
+                i = _one_line(old, needle, path)
+                lines[i:i + 1] = ([lines[i]] if verb == "insert" else []) + [st.block]
+                path.write_text("".join(lines))
+        elif verb.startswith("run"):
+            want = int(re.fullmatch(r"run(?:, exit (\d+))?", st.action).group(1) or 0)
+            for line in st.block.splitlines():
+                argv = shlex.split(line, comments=True)
+                if not argv:
+                    continue
+                argv = _PROGRAMS.get(argv[0], argv[:1]) + argv[1:]
+                res = subprocess.run(argv, cwd=work, env=_env(root), capture_output=True, text=True, timeout=300)
+                st.out += res.stdout + res.stderr
+                assert res.returncode == want, f"{name}: `{line}` exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+        elif verb == "python":
+            res = subprocess.run([sys.executable, "-c", st.block], cwd=work, env=_env(root), capture_output=True,
+                                 text=True, timeout=300)
+            assert res.returncode == 0, f"{name}: a python block failed:\n{st.block}\n{res.stderr}"
+            st.out = res.stdout
+        elif verb == "output":
+            prev = done[-1].out.strip()
+            assert shaped(st.block).fullmatch(prev), f"{name}: printed\n{prev}\nnot shaped as\n{st.block}"
+        else:
+            raise AssertionError(f"{name}: unknown step {st.action!r}")
+        done.append(st)
+    return done
+
+
+def _outputs(done: list[Step], verb: str) -> list[str]:
+    return [s.out for s in done if s.action.startswith(verb)]
+
+
+def _requests(run_dir: Path) -> pd.DataFrame:
+    return pd.read_parquet(run_dir / "requests.parquet")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the guides as pages
+
+
+def test_the_guides_are_short_linked_and_their_links_resolve():
+    assert sorted(p.name for p in GUIDES.glob("*.md")) == sorted(NAMES)
+    index, readme = (REPO / "docs" / "README.md").read_text(), (REPO / "README.md").read_text()
+    assert "(docs/guides/" in readme
+    problems = []
+    for name in NAMES:
+        page = GUIDES / name
+        text = page.read_text()
+        assert len(text.splitlines()) <= MAX_LINES, f"{name}: {len(text.splitlines())} lines"
+        assert f"(guides/{name})" in index, f"docs/README.md does not link guides/{name}"
+        assert steps(name), f"{name}: no example the test runs"
+        for target in re.findall(r"\]\(([^)\s]+)\)", _fences_off(text)):
+            file, _, anc = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                problems.append(f"{name}: {target}: no such file")
+            elif anc and anc not in {anchor(h) for h in headings(dest)}:
+                problems.append(f"{name}: {target}: no such heading")
+        written = [a.split()[1] for a, _ in _MARK.findall(text) if a.startswith("write ")]
+        problems += [p for p in check_citations(_fences_off(text), name)
+                     if "does not exist" in p and not any(f"names {w}," in p for w in written)]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_testbed_command_of_the_guides_parses():
+    parser = build_parser()
+    for name in NAMES:
+        text = (GUIDES / name).read_text()
+        written = {a.split()[1] for a, _ in _MARK.findall(text) if a.startswith("write ")}
+        policies = set(POLICY_NAMES) | set(re.findall(r'"(\w[\w-]*)": PolicyConfig\(', text))
+        cmds = [ln.strip() for b in re.findall(r"```bash\n(.*?)```", text, re.S) for ln in b.splitlines()
+                if ln.strip().startswith("testbed ")]
+        cmds += re.findall(r"`(testbed (?:sim|run|twin|compare|report|study) [^`]*)`", text)
+        for cmd in cmds:
+            args = parser.parse_args(shlex.split(cmd.replace("SPEC", "x.yaml"), comments=True)[1:])
+            spec = getattr(args, "spec", None)
+            if spec and spec != "x.yaml":
+                assert (REPO / spec).is_file() or spec in written, (name, cmd)
+            for p in args.policies.split(",") if getattr(args, "policies", None) else []:
+                assert p in policies, (name, cmd)
+
+
+def test_the_shape_check_takes_other_numbers_but_not_other_words():
+    pat = shaped("policy  failure_rate\nLC          0.070\nOTF-R       0.004")
+    assert pat.fullmatch("policy  failure_rate\nLC       0.1\nOTF-R    1e-05")
+    assert not pat.fullmatch("policy  failure_rate\nLC       0.1\nRandom    0.2")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# each guide, run
+
+
+def test_write_a_policy(tmp_path):
+    root = tmp_path / "project"  # the guide edits the project: a copy of its packages
+    for pkg in PACKAGES:
+        shutil.copytree(REPO / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    done = run_guide("write-a-policy.md", root, root)
+    assert "PriceStep" in _outputs(done, "run")[0].split()  # testbed policies
+    runs = root / "runs" / "price_step"
+    assert sorted(p.name for p in runs.iterdir()) == ["LC", "OTF-R", "PriceStep"]
+    summary = pd.read_csv(root / "runs" / "report" / "summary.csv").set_index("policy")
+    assert summary.loc["PriceStep", "failure_rate_mean"] <= summary.loc["LC", "failure_rate_mean"]
+    assert "1 passed" in _outputs(done, "run")[1]
+
+
+def test_replay_a_trace(tmp_path):
+    done = run_guide("replay-a-trace.md", tmp_path)
+    trace = pd.read_csv(tmp_path / "specs" / "traces" / "my_trace.csv")
+    n, span = len(trace), trace["arrival_s"].iloc[-1] - trace["arrival_s"].iloc[0]
+    period = trace["arrival_s"].iloc[-1] + span / (n - 1)  # the loop's period, as the guide says
+    for policy in ("LC", "OTF-R"):
+        req = _requests(tmp_path / "runs" / "my_trace" / policy / "seed-0").sort_values("request_id")
+        copies = -(-len(req) // n)
+        want = (trace["arrival_s"].to_numpy()[None, :] + period * pd.RangeIndex(copies).to_numpy()[:, None]).ravel()
+        want = want[want < 27.0]  # the spec's duration_s
+        assert len(req) == 54 and req["arrival_s"].to_numpy() == pytest.approx(want)  # 54: the guide says so
+        assert list(req["prompt_tokens"]) == (list(trace["prompt_tokens"]) * copies)[: len(req)]
+    meta = json.loads((tmp_path / "runs" / "my_trace" / "LC" / "seed-0" / "run.json").read_text())
+    assert meta["workload"]["trace"]["rows"] == n and meta["workload"]["trace"]["format"] == "native"
+    # read from the spec's folder, whichever folder the command ran in
+    assert meta["workload"]["trace"]["path"] == str((tmp_path / "specs" / "traces" / "my_trace.csv").resolve())
+    assert "9 rows of specs/traces/my_trace.csv" in _outputs(done, "python")[0]
+
+
+def test_fault_experiment(tmp_path):
+    done = run_guide("fault-experiment.md", tmp_path)
+    summary = pd.read_csv(tmp_path / "runs" / "report" / "summary.csv").set_index("policy")
+    printed = _outputs(done, "python")[0]
+    for policy, row in summary.iterrows():  # the guide's pandas agrees with testbed report
+        line = next(ln for ln in printed.splitlines() if ln.startswith(policy + " "))
+        assert float(line.split()[4]) == pytest.approx(row["failure_rate_mean"], abs=5e-4), line
+    stages = _outputs(done, "python")[1]
+    assert "kv_transfer" in stages
+
+
+def test_carry_over(tmp_path):
+    done = run_guide("carry-over.md", tmp_path)
+    out = "\n".join(_outputs(done, "python"))
+    assert "verdict: undecided (no value on the testbed)" in out
+    refused = _outputs(done, "run, exit 2")[0]
+    assert "is a 'sim' run, but was given as a testbed run" in refused
