@@ -1,7 +1,8 @@
 """The sim-vs-testbed comparison on the console (rich tables) and as CSV files and figures: the
 per-policy checks, the paired report (analysis/paired.py), the testbed's repeatability
 (analysis/repeatability.py); `testbed compare` itself (:func:`compare`: what analysis/fidelity.py
-measures, written and printed)."""
+measures, written and printed: every table with ``full``, else the verdict in 100 columns that
+analysis/fidelity_compact.py draws)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 from rich.console import Console
@@ -19,6 +20,8 @@ from rich.table import Table
 from analysis.calibration_check import print_calibration_check, write_calibration_check
 from analysis.engine_death import print_engine_table, write_engine_table
 from analysis.fidelity import Fidelity, measure
+from analysis.fidelity_compact import (format_order, is_nan as _nan, mark as _mark, num as _num, print_compact,
+                                       rank_lines)
 from analysis.fidelity_plots import plot_latency_overlay, plot_price_overlay, plot_success_overlay
 from analysis.host_demand import print_host_demand, write_host_demand
 from analysis.host_window import print_host_window, write_host_window
@@ -28,34 +31,13 @@ from analysis.paired_stats import SUMMARY_STATS
 from analysis.verdict import RULE_VERSION
 from core.stages import FAILURE_STAGES
 
-if TYPE_CHECKING:
-    from analysis.fidelity_checks import Order
-
-COLOR = {"pass": "green", "fail": "red", "undecided": "yellow", "n/a": "dim"}
 LABEL = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
-
-
-def format_order(order: Order) -> str:
-    """Tie groups lowest failure rate first: "OracleAvoidance < LC = OTF-R"."""
-    return " < ".join(" = ".join(g) for g in order) if order else "–"
-
-
-def _nan(x: float) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 def _pct(mean: float, half: float = math.nan) -> str:
     if _nan(mean):
         return "–"
     return f"{100 * mean:.1f}%" + ("" if _nan(half) else f" ± {100 * half:.1f}")
-
-
-def _num(x: float, fmt: str = ".3g") -> str:
-    return "–" if _nan(x) else format(x, fmt)
-
-
-def _mark(text: str, v: str) -> str:
-    return f"[{COLOR[v]}]{escape(text)}[/]"
 
 
 def _checks(fid: Fidelity) -> dict[tuple[str, str], pd.Series]:
@@ -354,22 +336,10 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
         console.print(_repeat_table(fid))
     if fid.calibrations > 1:
         console.print(_calibrations_table(fid))
-    rk = fid.rank
-    if len(rk.pairs):
+    if len(fid.rank.pairs):
         console.print(_rank_pairs(fid))
-    # three digits: a tau of 0.598 printed as 0.60 read as a fail against "needs >= 0.6"
-    console.print(
-        f"Kendall tau = {_num(rk.kendall_tau, '.3f')} of the means ({len(rk.policies)} policies); over the pairs "
-        f"ordered alike, between {_num(rk.tau_low, '.3f')} and {_num(rk.tau_high, '.3f')} (needs >= "
-        f"{rk.tau_min:g}): " + _mark(rk.tau_verdict, rk.tau_verdict)
-    )
-    same = {"pass": "every pair ordered alike", "fail": "a pair ordered otherwise",
-            "undecided": "not every pair decided" if len(rk.named) > 1 else "fewer than two present"}[rk.order_verdict]
-    console.print(
-        f"order of {escape(', '.join(fid.tolerances.rank_policies))} by failure rate: "
-        f"sim [{escape(format_order(rk.order_sim))}] testbed [{escape(format_order(rk.order_testbed))}]: "
-        + _mark(f"{rk.order_verdict}, {same}", rk.order_verdict)
-    )
+    for line in rank_lines(fid):  # the Kendall tau and the order, as the compact view says them
+        console.print(line)
     console.print("noise floor: failure rate of the requests that touched no degraded pod (in brackets: their "
                   "share of all requests):")
     for line in _noise_lines(fid):
@@ -464,9 +434,13 @@ def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
 def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str], out_dir: Path | str | None = None,
             calibration: Mapping[str, Any] | None = None, console: Console | None = None,
             repeat_paths: Iterable[Path | str] | None = None,
-            calibration_sims: Sequence[Iterable[Path | str]] = ()) -> Fidelity:
-    """`testbed compare`: :func:`analysis.fidelity.measure` (every argument but ``out_dir`` and
-    ``console`` is its), then its tables printed to ``console`` (default: stdout) and written into
+            calibration_sims: Sequence[Iterable[Path | str]] = (), full: bool = False,
+            full_command: Sequence[str] | None = None) -> Fidelity:
+    """`testbed compare`: :func:`analysis.fidelity.measure` (every argument but ``out_dir``, ``console``,
+    ``full`` and ``full_command`` is its), then its verdict printed to ``console`` (default: stdout) in
+    at most 100 columns (analysis/fidelity_compact.py; ``full_command``: the command that prints every
+    table, shown beneath), or with ``full`` every table (:func:`print_fidelity`, then the engine,
+    calibration and host tables), and written into
     ``out_dir`` (default: a ``fidelity`` folder next to the first testbed path, as `testbed report`
     puts its ``report`` folder next to its first path): fidelity.csv, fidelity_composition.csv,
     fidelity_noise.csv, fidelity_rank.csv, the paired report's CSVs (fidelity_paired.csv,
@@ -488,6 +462,9 @@ def compare(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
              plot_latency_overlay(frames, fid.policies, fid.scenario, out)]
     fid = replace(fid, out_dir=out, files=(*files, *(p for p in plots if p is not None)))
     console = console or Console()
+    if not full:
+        print_compact(fid, console, full_command)
+        return fid
     print_fidelity(fid, console)
     if fid.engines is not None:
         print_engine_table(fid.engines, console, fid.notices)

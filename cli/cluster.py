@@ -42,6 +42,17 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
         render(cluster_status(csv(args.interfaces)), out_console())  # the command's output: stdout
         return 0
+    if args.action == "stop-engines":
+        if not args.address:
+            raise ValueError("stop-engines: name the cluster (--address, or $RAY_ADDRESS)")
+        rc = in_cluster(args.address, ["cluster", "stop-engines", "--address", args.address])
+        if rc is not None:
+            return rc
+        from testbed.runs.kept_engines import stop_kept
+
+        stopped = stop_kept()
+        print(f"stopped {len(stopped)} kept engines" + (f": {', '.join(stopped)}" if stopped else ""))
+        return 0
     if args.action == "up":
         c = emulated.EmulatedCluster(args.pods, mode=args.mode, launcher=args.launcher)
         info = c.up()

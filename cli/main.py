@@ -1,7 +1,7 @@
 """The ``testbed`` command line.
 
     testbed twin [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE] [--isolated-calibration]
-                 [--[no-]repeat] [--calibrations A,B,...] [--address ADDR]
+                 [--[no-]repeat] [--calibrations A,B,...] [--address ADDR] [--full]
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
     testbed calibrate [SPEC] [--out FILE] [--isolated] [--times N] [--fit-runs DIR --calibration FILE] [--address ADDR]
     testbed study SPEC [--world sim|testbed|both] [--out DIR] [--sweeps A,B] [--repeat-seeds 0] [--rerun]
@@ -13,7 +13,7 @@
     testbed doctor [SPEC] [--address ADDR]
     testbed report PATH... [--out DIR]
     testbed compare SIM_PATH TESTBED_PATH [--out DIR] [--calibration FILE] [--repeat TESTBED_PATH2]
-                    [--calibration-sims SIM_PATH2...]
+                    [--calibration-sims SIM_PATH2...] [--full]
     testbed policies
 
 Every command takes -v (what each step did; -vv debugging detail) and -q (errors only).
@@ -75,6 +75,22 @@ def _add_address(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
                    help=f"a running Ray cluster (ray up cluster.yaml, or testbed cluster up): {what} (default: "
                         "$RAY_ADDRESS; without either, an emulated cluster is brought up and down)")
+    _add_keep_engines(p)
+
+
+def _add_keep_engines(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep-engines", action="store_true",
+                   help="with --address: use the engines an earlier --keep-engines command left up on the cluster "
+                        "where this spec makes the same ones (else stop them and start this spec's), and leave the "
+                        "engines up at the end for the next one (testbed cluster stop-engines stops them; "
+                        "docs/cluster.md \"Engines kept between commands\")")
+
+
+def _add_full(p: argparse.ArgumentParser) -> None:
+    """--full of the commands that end in the comparison (analysis/fidelity_compact.py)."""
+    p.add_argument("--full", action="store_true",
+                   help="print every table of the comparison (about 200 columns wide) instead of the verdict in "
+                        "100 columns; the files written are the same either way")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="further calibrations of these engines (testbed calibrate --times N wrote them): the "
                          "simulator runs under each too, and its spread over them widens every check's interval "
                          "(docs/twin.md \"The simulator over several calibrations\")")
+    _add_full(tw)
     ru = experiment_parser(sub, "run", "run an experiment spec on the real testbed (Ray + vLLM engines)",
                             "the embedded testbed scenario", cmd_run)
     _add_address(ru, "its pods are the nodes with a pod<i> resource")
@@ -119,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "print each parameter's spread (FILE-spread.csv)")
     ca.set_defaults(fn=cmd_calibrate)
     c = sub.add_parser("cluster", help="bring an emulated cluster up or down, show a cluster, check a cluster file")
-    c.add_argument("action", choices=["up", "down", "status", "check"])
+    c.add_argument("action", choices=["up", "down", "status", "check", "stop-engines"])
     c.add_argument("run_ids", nargs="*", help="down: these runs (default: every recorded run); check: the cluster "
                                               "file (default: cluster.yaml)")
     c.add_argument("--pods", type=int, default=2)
@@ -128,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="up: through ray up on a generated cluster file (netns default) or each node started "
                         "directly")
     c.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
-                   help="status: nodes, pods, GPUs and interfaces of this Ray cluster (default: $RAY_ADDRESS)")
+                   help="status: nodes, pods, GPUs and interfaces of this Ray cluster; stop-engines: the engines "
+                        "--keep-engines commands left up on it (default: $RAY_ADDRESS)")
     c.add_argument("--interfaces", default="eth0",
                    help="status: the fault interfaces' allowlist to check on each pod (default: eth0)")
     c.set_defaults(fn=cmd_cluster)
@@ -161,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "of measuring one first (STUDY/calibration.json); sim: the simulator's "
                                           "side of a carry-over study again under this calibration, its claims "
                                           "judged again on the testbed runs in STUDY/testbed (no engine starts)")
+    _add_keep_engines(st)
     st.add_argument("--repeat-seeds", help="testbed/both: seeds whose runs the testbed runs twice, for its "
                                            "repeatability (default: the first seed; '' for none)")
     st.add_argument("--workers", type=int, help="local Ray: cells at once (default: every CPU)")
@@ -189,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--calibration-sims", metavar="SIM_PATH2", nargs="+", default=(),
                     help="the same policies and seeds simulated under other calibrations, one folder each: the "
                          "simulator's spread over them widens every check's interval")
+    _add_full(cp)
     cp.set_defaults(fn=cmd_compare)
     p = sub.add_parser("policies", help="list the known policies")
     p.set_defaults(fn=cmd_policies)

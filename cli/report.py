@@ -39,5 +39,5 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cal = load_calibration(args.calibration).model_dump() if args.calibration else None  # before any run is read
     compare([Path(args.sim_path)], [Path(args.testbed_path)], Path(args.out) if args.out else None, cal, out_console(),
             repeat_paths=[Path(args.repeat)] if args.repeat else None,
-            calibration_sims=[[Path(p)] for p in args.calibration_sims])
+            calibration_sims=[[Path(p)] for p in args.calibration_sims], full=args.full)
     return 0

@@ -22,7 +22,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(f"--serve: one router serves, so one policy and one seed (got {len(policies)} policies "
                          f"and {len(seeds)} seeds; choose with --policies and --seeds)")
     check_sizes(spec, "testbed", len(policies) * len(seeds), args)
-    run_testbed(spec, Path(args.out), policies, seeds, address=args.address, serve=args.serve)
+    run_testbed(spec, Path(args.out), policies, seeds, address=args.address, serve=args.serve,
+                keep_engines=args.keep_engines)
     console.print(f"report: testbed report {Path(args.out) / spec.name}")
     return 0
 
@@ -59,17 +60,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 0
     if args.times < 1:
         raise ValueError(f"--times: at least 1 (got {args.times})")
+    if args.times > 1 and args.keep_engines:
+        raise ValueError("--times: each calibration on engines started anew, which --keep-engines would not do")
     # Each time on engines started anew (an emulated cluster up and down per calibration), so the
     # spread includes what an engine's start-up varies, as a twin's calibration does.
     paths = [out] if args.times == 1 else [out.with_name(f"{out.stem}-{i}{out.suffix}")
                                             for i in range(1, args.times + 1)]
     for path in paths:
         if args.isolated:
-            run_testbed(spec, path.parent, [], [], calibrate_to=path, address=args.address)
+            run_testbed(spec, path.parent, [], [], calibrate_to=path, address=args.address,
+                        keep_engines=args.keep_engines)
         else:
             isolated = isolated_of(path)
             load_dir = path.parent / f"{LOAD_DIR}{path.stem.removeprefix(out.stem)}"
-            run_testbed(spec, path.parent, [], [], calibrate_to=isolated, load_to=load_dir, address=args.address)
+            run_testbed(spec, path.parent, [], [], calibrate_to=isolated, load_to=load_dir, address=args.address,
+                        keep_engines=args.keep_engines)
             fit_under_run(isolated, load_dir, path)
         console.print(f"calibration: {path}  (use: testbed sim SPEC --calibration {path})")
     if len(paths) > 1:
@@ -122,7 +127,7 @@ def cmd_twin(args: argparse.Namespace) -> int:
     measured = isolated_of(cal_path) if under_run else cal_path
     run_testbed(spec, out / "testbed", policies, seeds, calibrate_to=None if args.calibration else measured,
                 repeat_to=repeat_to, calibration=cal_path if args.calibration else None,
-                load_to=out / LOAD_DIR if under_run else None, address=args.address)
+                load_to=out / LOAD_DIR if under_run else None, address=args.address, keep_engines=args.keep_engines)
     if under_run:
         fit_under_run(measured, out / LOAD_DIR, cal_path)
     cal = load_calibration(cal_path)
@@ -134,7 +139,13 @@ def cmd_twin(args: argparse.Namespace) -> int:
         simulate(spec, policies, seeds, out / f"sim-calibration-{i}", base_dir, other)
     shown = out_console()
     report([out / "testbed" / spec.name, out / "sim" / spec.name], out / "report", shown)
+    sims = [out / f"sim-calibration-{i}" / spec.name for i in range(1, len(others) + 1)]
+    # the comparison alone, every table printed: what the compact verdict points to, no engine started
+    again = ["testbed", "compare", str(out / "sim" / spec.name), str(out / "testbed" / spec.name),
+             "--out", str(out / "fidelity"), "--calibration", str(cal_path),
+             *(["--repeat", str(repeat_to / spec.name)] if repeat_to else []),
+             *(["--calibration-sims", *map(str, sims)] if sims else []), "--full"]
     compare([out / "sim" / spec.name], [out / "testbed" / spec.name], out / "fidelity", cal.model_dump(), shown,
-            repeat_paths=[repeat_to / spec.name] if repeat_to else None,
-            calibration_sims=[[out / f"sim-calibration-{i}" / spec.name] for i in range(1, len(others) + 1)])
+            repeat_paths=[repeat_to / spec.name] if repeat_to else None, calibration_sims=[[s] for s in sims],
+            full=args.full, full_command=again)
     return 0

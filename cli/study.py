@@ -99,7 +99,8 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     root = Path(args.out) / spec.name
     try:
         cal_path, _ = run_testbed_side(spec, cells, chosen, root, address=args.address, calibration=calibration,
-                                       repeat_seeds=repeat_seeds, rerun=args.rerun, console=console)
+                                       repeat_seeds=repeat_seeds, rerun=args.rerun, console=console,
+                                       keep_engines=args.keep_engines)
     except KeyboardInterrupt:
         console.print("interrupted: the finished runs are kept (cell.json); the same command runs the rest")
         return 130

@@ -98,9 +98,10 @@ def mark_finished(world_dir: Path, runs: list[Cell]) -> int:
 
 def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_root: Path, *, address: str | None,
                      calibration: Path | None, repeat_seeds: list[int], rerun: bool,
-                     console: Console) -> tuple[Path, TestbedPlan]:
+                     console: Console, keep_engines: bool = False) -> tuple[Path, TestbedPlan]:
     """The testbed's runs of the chosen cells that are not finished (then the repeated seeds'), on one
-    set of engines; returns the calibration file and the plan it ran."""
+    set of engines (``keep_engines``: testbed/runs/kept_engines.py); returns the calibration file and
+    the plan it ran."""
     from testbed.runs.launch import launch_jobs
 
     p = plan(cells, chosen, study_root, repeat_seeds, rerun)
@@ -133,7 +134,8 @@ def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_roo
     t0 = time.monotonic()
     try:
         launch_jobs(jobs, study_root / TESTBED / "cells", address=address,
-                    calibrate_to=cal_path if measure else None, calibration=None if measure else cal_path)
+                    calibrate_to=cal_path if measure else None, calibration=None if measure else cal_path,
+                    keep_engines=keep_engines)
     finally:
         done = mark_finished(study_root / TESTBED, p.runs) + mark_finished(study_root / REPEAT, p.repeat)
         console.print(f"testbed: {done} of {len(p.runs) + len(p.repeat)} runs finished "

@@ -13,10 +13,11 @@ breaker, then pod 0's KV link down for 20 s and a run after it (on engines resta
 where the outage broke their KV paths), then a compute fault, then an engine fault that kills two
 engines, run twice (on engines restarted for the second: the testbed's repeatability). The
 calibrated simulator then runs the throttled job and the engine fault as their twins. Then
-`testbed study --world both` runs one cell of a study on engines of its own (twice: the second
-finds it finished). Then `testbed run` serves the ingress, and runs with a link down and is
-SIGKILLed (each on engines of its own). Slow (engine start-up dominates: several minutes on 2
-cores); CI runs it all the same.
+`testbed study --world both` runs one cell of a study on engines of its own, kept up after it
+(--keep-engines; twice: the second finds it finished); `testbed twin`, `testbed run --serve` and a
+`testbed run` with a link down that is SIGKILLed reuse them; a command without the flag is refused
+while they hold the pods; `testbed cluster stop-engines` stops them. Slow (engine start-up and
+real time: about 20 minutes on 2 cores); CI runs it all the same.
 
 The cluster comes up once a session (tests/conftest.py's ``testbed_runs``): :func:`run_on_cluster`
 brings it up, runs every job and command below on it, brings it down, and the tests
@@ -54,6 +55,13 @@ OVERLOAD_REQUESTS = 40
 OVERLOAD_LIMIT = 4  # router.max_in_flight of the overload run
 OVERLOAD_OFFERED = 3  # the load the overload run offers, in multiples of OVERLOAD_LIMIT (job_specs)
 COMPUTE_SLOWDOWN = 3.0  # the compute fault's factor (e2e_compute and the killed run)
+# The throttled link's fault (the throttled and retried jobs, the study cell, the twin): as long as
+# a request of them can live. Their 8 arrivals (seed 0) end at 8.5 s and each is given up its
+# deadline after (10 s; retried: 20 s, its last retry routed by 16.5 s), so every request meets the
+# fault whole by 28.5 s; a pull it stalled (21 s at 2 Mbit/s, the last started by 8.5 s) ends by
+# then too, or when the link heals, and the run waits for it. At 60 s each run lasted 62 s, waiting
+# for nothing the tests read.
+LINK_FAULT_S = 30.0
 
 
 def _leftovers() -> dict[str, list[str]]:
@@ -90,19 +98,20 @@ def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
                                     "prompt": {"kind": "uniform", "low": 300, "high": 400},
                                     "output": {"kind": "fixed", "value": 3000}}})
     # Pod 0's link at 2 Mbit/s (r = 0.008 of 250 Mbit/s) in both directions, KV traffic only:
-    # a 600-token prompt's 5 blocks of KV (5.2 MB) then need about 21 s, twice the deadline.
+    # a 600-token prompt's 5 blocks of KV (5.2 MB) then need about 21 s, twice the deadline. For
+    # LINK_FAULT_S: every request of it meets the fault whole.
     throttled = parse_spec({**base, "name": "e2e_link_fault", "deadline_s": 10.0, "policies": ["Random"],
                             "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 8,
                                          "prompt": {"kind": "uniform", "low": 600, "high": 700},
                                          "output": {"kind": "fixed", "value": 8}},
-                            "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": 60.0,
+                            "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": LINK_FAULT_S,
                                         "residual_bw": 0.008, "kv_only": True}],
                             "health": {"model": "alert", "detection_delay_s": 2.0, "clear_delay_s": 2.0}})
     # The same throttled link with retries: an attempt without its first token RETRY_TTFT_S after it
     # was routed is given up and routed again, away from the pods blamed. The per-try limit lets a
     # healthy attempt through and cuts a stuck one: it lies above the slowest healthy prefill measured
-    # under this fault (7.85 s: docs/reliability.md "Fault against control"; at 3 s a fresh clone's run,
-    # 2026-11-24, lost every retry to host stalls on the healthy pod) and below a pull across
+    # under this fault (7.85 s: docs/history/2026-11-23-prefill-stall.md "Fault against control";
+    # at 3 s a fresh clone's run, 2026-11-24, lost every retry to host stalls on the healthy pod) and below a pull across
     # 2 Mbit/s (~21 s). The deadline, 20 s, leaves a retry as much again (8 + 8 s) and stays below
     # that pull; the engines' KV lease follows the longest first-token limit of the jobs they serve.
     retried = parse_spec({**throttled.model_dump(mode="json", exclude={"study"}), "name": "e2e_retry",
@@ -213,8 +222,12 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         cli["study"], cli["study_again"] = _study_cell(throttled, addr, out)
         cli["twin"] = _twin(throttled, addr, out)
         cli["rsync_down"] = _rsync_down(cluster, out / TWIN_DIR, out / f"{TWIN_DIR}-back")
-        cli["serve"] = _serve_and_query(base, addr, out)
-        cli["killed"] = _kill_mid_run(base, addr, out)
+        cli["serve"] = _serve_and_query(base, throttled, addr, out)
+        # a command without --keep-engines while they hold the pods, refused
+        cli["refused_beside_kept"] = _cli("run", str(out / "e2e_serve.yaml"), "--address", addr, "--policies", "LC",
+                                          "--seeds", "0", "--out", str(out / "refused"))
+        cli["killed"] = _kill_mid_run(base, throttled, addr, out)
+        cli["stop_engines"] = _cli("cluster", "stop-engines", "--address", addr)
     finally:
         cluster.down()
         cli["down"] = _cli("cluster", "status")
@@ -251,31 +264,21 @@ def _read_prometheus(prom) -> dict:
 
 
 STUDY_SPEC = "e2e_study"
-# The link fault of the study cell and the twin: the throttled job's, for as long as a request of it
-# can live. Its 8 arrivals (seed 0) end at 8.5 s and each is given up 10 s after (its deadline), so
-# every request meets the fault whole by 20 s; the pulls it stalled end when it heals, and the run
-# with them: at 60 s (the throttled job's) each run lasted 62 s, waiting for nothing the tests read.
-SHORT_FAULT_S = 30.0
-
-
-def _short_fault(throttled: ExperimentSpec) -> dict:
-    spec = throttled.model_dump(mode="json", exclude={"study"})
-    return {**spec, "faults": [{**f, "duration_s": SHORT_FAULT_S} for f in spec["faults"]]}
-
 
 def _study_cell(throttled: ExperimentSpec, addr: str, out: Path) -> tuple[subprocess.CompletedProcess, ...]:
     """One cell of a study in both worlds, as a user starts it (`testbed study --world both`): the
     throttled job's scenario under LC, seed 0, run on the testbed and again (its repeatability),
     in the calibrated simulator, and one claim's verdict; then the same command once more, which
-    finds everything finished and starts no engine."""
-    spec = {**_short_fault(throttled), "name": STUDY_SPEC, "policies": ["LC"],
+    finds everything finished and starts no engine. The first keeps its engines up for the twin and
+    the served run (--keep-engines)."""
+    spec = {**throttled.model_dump(mode="json", exclude={"study"}), "name": STUDY_SPEC, "policies": ["LC"],
             "study": {"seeds": [0], "sweeps": [{"name": "severe", "axes": {"severity": [0.008]}}],
                       "claims": [{"name": "lc-fails-under-the-fault", "metric": "failure_rate", "policy": "LC",
                                   "at": {"sweep": "severe"}, "direction": "increase", "margin": 0.125}]}}
     path = out / f"{STUDY_SPEC}.yaml"
     path.write_text(json.dumps(spec))
     cmd = ("study", str(path), "--world", "both", "--address", addr, "--calibration", str(out / "calibration.json"),
-           "--out", str(out / "study"))
+           "--out", str(out / "study"), "--keep-engines")
     return _cli(*cmd, timeout=600), _cli(*cmd, timeout=120)
 
 
@@ -313,12 +316,13 @@ TWIN_SPEC = "e2e_twin"
 
 def _twin(throttled: ExperimentSpec, addr: str, out: Path) -> subprocess.CompletedProcess:
     """`testbed twin --address` on the cluster, as docs/cluster.md tells a user to run it: the
-    throttled job's scenario under LC, seed 0, run twice on engines of its own (--repeat: the
-    testbed's spread), in the simulator with the shared engines' calibration, and compared."""
-    spec = {**_short_fault(throttled), "name": TWIN_SPEC, "policies": ["LC"]}
+    throttled job's scenario under LC, seed 0, run twice (--repeat: the testbed's spread) on the
+    engines the study cell kept (--keep-engines: the same spec's engines), in the simulator with the
+    shared engines' calibration, and compared."""
+    spec = {**throttled.model_dump(mode="json", exclude={"study"}), "name": TWIN_SPEC, "policies": ["LC"]}
     path = out / f"{TWIN_SPEC}.yaml"
     path.write_text(json.dumps(spec))
-    return _cli("twin", str(path), "--address", addr, "--seeds", "0", "--repeat",
+    return _cli("twin", str(path), "--address", addr, "--seeds", "0", "--repeat", "--keep-engines",
                 "--calibration", str(out / "calibration.json"), "--out", str(out / TWIN_DIR), timeout=900)
 
 
@@ -340,17 +344,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
-    """`testbed run --serve` on the cluster, as a user starts it; the `openai` client on the host
-    (through the forwarder into the head's namespace) sends a completion and a streamed chat, then
-    Ctrl-C (SIGINT) stops it. Returns what the clients and the command saw."""
+def _serve_and_query(base: dict, throttled: ExperimentSpec, addr: str, out: Path) -> dict:
+    """`testbed run --serve` on the cluster, as a user starts it, on the engines the study cell kept
+    (--keep-engines; the throttled job's deadline, which sets the engines' KV lease, makes them the
+    same engines); the `openai` client on the host (through the forwarder into the head's namespace)
+    sends a completion and a streamed chat, then Ctrl-C (SIGINT) stops it. Returns what the clients
+    and the command saw."""
     import httpx
     import openai
 
     port = _free_port()
     spec_file = out / "e2e_serve.yaml"
-    spec_file.write_text(json.dumps({**base, "name": "e2e_serve", "testbed": {**base["testbed"], "ingress_port": port}}))
+    spec_file.write_text(json.dumps({**base, "name": "e2e_serve", "deadline_s": throttled.deadline_s,
+                                     "testbed": {**base["testbed"], "ingress_port": port}}))
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--serve", "--address", addr,
+                             "--keep-engines",
                              "--policies", "LC", "--seeds", "0", "--out", str(out)],
                             stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
                             # as from a terminal: a test run in the background inherits SIGINT ignored
@@ -402,7 +410,7 @@ def _vllm_bench(base_url: str, model: str, out: Path) -> dict:
     """vLLM's own serve benchmark, as docs/tools.md tells a user to start it, against the served
     testbed: BENCH_PROMPTS random prompts of 400 tokens, 16 out, 1 request/s. Returns its command's
     exit status and output, and its saved report."""
-    from testbed.runs.launch import model_cache_dir
+    from testbed.machine.cache_dirs import model_cache_dir
 
     # the served name is the model folder's name; the benchmark tokenizes its prompts with the folder's tokenizer
     argv = [sys.executable, "-m", "cli.vllm_cli", "bench", "serve", "--backend", "openai", "--base-url", base_url,
@@ -429,16 +437,17 @@ KILL_FAULT_S = 75.0
 KILL_AFTER_S = 65.0  # the kill, this long after they were applied: past the ~47 s after which UCX gives up
 
 
-def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
+def _kill_mid_run(base: dict, throttled: ExperimentSpec, addr: str, out: Path) -> dict:
     """`testbed run` with pod 0's KV link down, SIGKILLed (the command
-    and its driver, one process group, as a terminal's kill would) mid-run. Then, the cluster still
-    up: what is left right after, and once the faults' time to live has passed (the agents remove
-    them by themselves, the driver being gone)."""
+    and its driver, one process group, as a terminal's kill would) mid-run, on the engines the study
+    cell kept (--keep-engines; the throttled job's deadline makes them the same engines): they
+    outlive it, as kept engines do. Then, the cluster still up: what is left right after, and once
+    the faults' time to live has passed (the agents remove them by themselves, the driver being gone)."""
     from testbed.cluster.leftovers import find_leftovers
 
     spec_file = out / "e2e_killed.yaml"
     spec_file.write_text(json.dumps({
-        **base, "name": "e2e_killed", "deadline_s": 8.0, "policies": ["Random"],
+        **base, "name": "e2e_killed", "deadline_s": throttled.deadline_s, "policies": ["Random"],
         "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 200,
                      "prompt": {"kind": "uniform", "low": 300, "high": 400}, "output": {"kind": "fixed", "value": 4}},
         # both kinds of fault, left to the agents: a qdisc and a cgroup each must go at their time to live
@@ -447,7 +456,7 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
                    {"kind": "compute", "pods": [1], "start_s": 0.0, "duration_s": KILL_FAULT_S,
                     "slowdown": COMPUTE_SLOWDOWN}]}))
     run_dir = out / "e2e_killed" / "Random" / "seed-0"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--address", addr,
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--address", addr, "--keep-engines",
                              "--policies", "Random", "--seeds", "0", "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})

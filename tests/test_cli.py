@@ -201,6 +201,19 @@ def test_run_refuses_a_topology_the_machine_cannot_hold_before_starting_anything
     assert not (tmp_path / "runs").exists() and not (tmp_path / "c.json").exists()
 
 
+def test_keep_engines_without_a_cluster_or_with_fresh_calibrations_is_refused_before_starting_anything(tmp_path):
+    """--keep-engines leaves engines up on a cluster given by --address; without one the command's own
+    cluster (and its engines) goes down at its end, and `calibrate --times N` wants new engines each time."""
+    for cmd in ("run", "twin", "calibrate"):
+        res = _run(cmd, "--keep-engines", "--out", tmp_path / ("c.json" if cmd == "calibrate" else "runs"))
+        assert res.returncode == 2, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--keep-engines needs --address" in lines[0], lines
+    res = _run("calibrate", "--keep-engines", "--times", "2", "--address", "127.0.0.1:1", "--out", tmp_path / "c.json")
+    assert res.returncode == 2 and "--times" in res.stderr and "started anew" in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("c*.json"))
+
+
 def test_twin_refuses_a_malformed_calibration_before_starting_anything(tmp_path):
     bad = tmp_path / "cal.json"
     bad.write_text("{")

@@ -420,7 +420,7 @@ def test_compare_cli_on_identical_worlds(sim_pair, tmp_path, capsys):
     cal = save_calibration(_calibration().model_copy(update={"noise": {"stall_rate_per_step": 0.0123,
                                                                           "stall_p50_s": 0.4}}), tmp_path / "cal.json")
     out = tmp_path / "out"
-    assert main(["compare", str(sim), str(tb), "--out", str(out), "--calibration", str(cal)]) == 0
+    assert main(["compare", str(sim), str(tb), "--out", str(out), "--calibration", str(cal), "--full"]) == 0
     csv = pd.read_csv(out / "fidelity.csv")
     assert set(csv["policy"]) == set(POLICIES) and len(csv) == 3 * 7
     agree = csv[csv.metric == "outcome_agreement"]
@@ -527,7 +527,7 @@ def test_a_calibration_set_missing_a_seed_is_refused_in_one_line(tmp_path):
 def test_compare_cli_with_the_same_sims_as_a_second_calibration(sim_pair, tmp_path, capsys):
     sim, tb = sim_pair
     out = tmp_path / "out"
-    assert main(["compare", str(sim), str(tb), "--out", str(out), "--calibration-sims", str(sim)]) == 0
+    assert main(["compare", str(sim), str(tb), "--out", str(out), "--calibration-sims", str(sim), "--full"]) == 0
     csv = pd.read_csv(out / "fidelity.csv")
     lat = csv[csv.metric.str.endswith("_s")]
     assert (lat["cal_sigma"] == 0).all() and (lat["cal_df"] == 1).all()  # identical sims: nothing spreads

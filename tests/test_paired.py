@@ -286,7 +286,7 @@ def test_a_repeat_of_another_scenario_or_seed_is_refused(worlds, tmp_path):
 
 def test_compare_cli_repeat(worlds, tmp_path, capsys):
     sim, tb, rep = worlds
-    assert main(["compare", str(sim), str(tb), "--out", str(tmp_path / "out"), "--repeat", str(rep)]) == 0
+    assert main(["compare", str(sim), str(tb), "--out", str(tmp_path / "out"), "--repeat", str(rep), "--full"]) == 0
     printed = capsys.readouterr().out
     assert "Repeatability" in printed and "undecided" in printed and "this comparison's repeat" in printed
     assert (tmp_path / "out" / "fidelity_repeatability.csv").exists()

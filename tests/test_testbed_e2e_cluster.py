@@ -269,3 +269,35 @@ def test_nothing_is_left_behind(testbed_runs):
     if not before["namespaces"]:  # (a machine with another cluster on it lists that one)
         assert "no emulated cluster recorded" in cli["down"].stdout
     assert cli["run_id"] not in cli["down"].stdout
+
+
+def test_engines_kept_by_one_command_serve_the_next_until_stopped_and_refuse_a_command_without_the_flag(testbed_runs):
+    """`--keep-engines`: the study cell starts its engines and leaves them up; the twin and the served
+    run (the same spec's engines) reuse them, starting none, and their runs start on quiet engines as
+    on new ones; `testbed run` without the flag is refused in one line while they hold the pods; the
+    SIGKILLed run reuses them too, and `testbed cluster stop-engines` stops all four after it."""
+    from e2e_cluster import STUDY_SPEC, TWIN_DIR, TWIN_SPEC
+
+    out, *_, cli = testbed_runs
+    study, = (out / "study" / STUDY_SPEC).rglob("testbed.json")
+    started = json.loads(study.read_text())
+    assert started["engines_reused"] is False and all(e["startup_s"] > 0 for e in started["engines"]), started
+    names = sorted(e["name"] for e in started["engines"])
+    for path in (out / TWIN_DIR / "testbed" / TWIN_SPEC / "testbed.json", out / "e2e_serve" / "testbed.json"):
+        reused = json.loads(path.read_text())
+        assert reused["engines_reused"] is True, (path, reused)
+        assert sorted(e["name"] for e in reused["engines"]) == names
+        assert all(e["startup_s"] == 0.0 and e["reused"] for e in reused["engines"]), reused["engines"]
+        assert reused["reused_start"]["quiet"] is True, reused["reused_start"]
+        assert reused["pd_probe"]["ok"], reused["pd_probe"]
+    # the killed run's driver wrote nothing at its end (killed), but its run started on them: nothing restarted
+    assert "restart" not in read_meta(cli["killed"]["run_dir"])["start"]["kv_paths"]
+    for run in (out / TWIN_DIR / "testbed" / TWIN_SPEC / "LC" / "seed-0",
+                out / TWIN_DIR / "testbed-repeat" / TWIN_SPEC / "LC" / "seed-0"):
+        assert read_meta(run)["start"]["quiet"] is True
+    refused = cli["refused_beside_kept"]
+    assert refused.returncode != 0
+    assert "4 engines kept by an earlier --keep-engines command hold the pods" in refused.stderr, refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr and not (out / "refused" / "e2e_serve" / "LC").exists()
+    stop = cli["stop_engines"]
+    assert stop.returncode == 0 and "stopped 4 kept engines" in stop.stdout, stop.stdout + stop.stderr[-2000:]

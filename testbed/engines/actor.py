@@ -76,6 +76,11 @@ class EngineActor:
                                 lost_wakeup_s=LostSeconds(self.engine.config.wakeup_log_path))
         return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds}
 
+    async def describe(self) -> dict[str, Any]:
+        """Who a started engine is, for a command that finds it kept by an earlier one
+        (testbed/runs/kept_engines.py): what :meth:`start` returned, without starting it."""
+        return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": 0.0}
+
     async def restart(self) -> dict[str, Any]:
         """A new engine core in place of a dead one (an engine fault's restart_s, as a supervisor
         restarts a crashed process): the dead one's client shut down, the same configuration

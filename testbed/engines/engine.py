@@ -49,6 +49,7 @@ from testbed.engines import shm_wakeups
 from testbed.engines.results import DecodeResult, EngineError, PrefillResult  # noqa: F401 (re-exported)
 from testbed.engines.stagelog import PULL_ENDS, STAGE_LOG_ENV, StageLog
 from testbed.engines.stats import EngineStats
+from testbed.machine.cache_dirs import compile_cache_dir
 from testbed.machine.kv_ports import KV_PORT_RANGE
 from vocab import EXECUTORS, ROLE_BOTH, ROLES, Executor, Role
 
@@ -88,8 +89,8 @@ class EngineConfig:
     while it holds the request (measured: docs/reliability.md "The lease, measured"), so only
     KV of requests it dropped expires. The price: a decoder that dies pins its
     prefill KV for 2/3 of the lease after its last heartbeat, and on the CPU
-    build the prefill engine spins meanwhile (docs/reliability.md "Found: a dead decoder leaves
-    its prefill partner spinning").
+    build the prefill engine spins meanwhile (docs/reliability.md "A dead decoder's
+    prefill partner").
     `lease_s` sets the lease outright (core.spec.EngineSpec.kv_lease_s); the
     run's canaries (core/canary.py) catch what an expiry corrupts.
     """
@@ -194,6 +195,8 @@ class EngineConfig:
             "VLLM_NIXL_SIDE_CHANNEL_HOST": self.host_ip,
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port),
             "TMPDIR": str(d / "tmp"),
+            # shared by the node's engines and kept between their starts (cache_dirs.py)
+            "TORCHINDUCTOR_CACHE_DIR": str(compile_cache_dir()),
             "VLLM_RPC_BASE_PATH": str(d / "tmp"),
             "VLLM_CACHE_ROOT": str(d / "cache"),
             "VLLM_CPU_OMP_THREADS_BIND": self.omp_threads_bind,

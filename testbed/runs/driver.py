@@ -47,6 +47,7 @@ from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
 from testbed.router.flow import prompt_ids
 from testbed.runs.jobs import RunJob, read_jobs
+from testbed.runs import kept_engines
 from testbed.runs.engines import ENGINE_THREADS, Engines
 from testbed.runs.pods import discover_pods
 from vocab import CLUSTER_MODES
@@ -275,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", help="a calibration of these engines measured before (recorded in each run)")
     ap.add_argument("--serve", action="store_true", help="serve the first job's policy and seed through the ingress "
                                                           "until SIGINT, instead of the workloads")
+    ap.add_argument("--keep-engines", action="store_true",
+                    help="reuse the engines an earlier --keep-engines command kept on this cluster where this spec "
+                         "makes the same ones, and keep the engines up at the end (testbed/runs/kept_engines.py)")
     args = ap.parse_args(argv)
     configure_from_env()  # the level `testbed -v/-q` chose (core/logs.py)
     # SIGTERM from `testbed run` (or a CI timeout) unwinds like Ctrl-C: runs are closed as interrupted.
@@ -295,10 +299,17 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
         return 2
     console.print(f"{len(pods)} pods: " + ", ".join(f"pod{i}@{p['ip']}" for i, p in pods.items()))
+    if not args.keep_engines and (kept := kept_engines.list_kept()):
+        # they hold the pods' resources: new engines would wait for them until their start timed out
+        print(f"testbed: error: {len(kept)} engines kept by an earlier --keep-engines command hold the pods: pass "
+              "--keep-engines to use them, or stop them first (testbed cluster stop-engines --address ADDR)",
+              file=sys.stderr)
+        ray.shutdown()
+        return 2
     # On a cluster the nodes may not share the driver's disk: each engine builds the tiny model itself.
     build_model = args.mode == "cluster" and spec0.testbed.model is None
     engines = Engines(spec0, args.model, Path(args.engine_root), args.mode, build_model=build_model,
-                      first_token_limit_s=max(job.spec.first_token_limit_s for job in jobs))
+                      first_token_limit_s=max(job.spec.first_token_limit_s for job in jobs), keep=args.keep_engines)
     agents: FaultAgents | None = None
     summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
                                "placement": spec0.topology.placement, "model": args.model, **model_meta}
@@ -307,9 +318,13 @@ def main(argv: list[str] | None = None) -> int:
         started = engines.start(spec0.testbed.engine_start_timeout_s)
         summary["engines_ready_s"] = time.monotonic() - t0
         summary["engines"] = started
+        summary["engines_reused"] = engines.reused
         summary["pss_bytes_ready"] = _cluster_pss(args.cluster_run_id)
-        console.print(f"{len(started)} engines ready in {summary['engines_ready_s']:.0f} s: "
+        console.print(f"{len(started)} engines {'reused (kept by an earlier command)' if engines.reused else 'ready'} "
+                      f"in {summary['engines_ready_s']:.0f} s: "
                       + ", ".join(f"{s['name']}@{s['host_ip']}" for s in started))
+        if engines.reused:  # clean as new ones: nothing held or cached from the last command's runs
+            summary["reused_start"] = engines.quiesce(engines.lease_s)
         targets = None
         if args.mode != "local":  # every node's agent: the KV check below reads its counters
             agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)

@@ -21,6 +21,7 @@ from testbed.calibration.calibrate import check_pairs, warm_pairs
 from testbed.engines.actor import EngineActor
 from testbed.engines.engine import EngineConfig
 from testbed.router.flow import prompt_ids
+from testbed.runs import kept_engines
 from vocab import ROLE_DECODE, ROLE_PREFILL
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,20 @@ class Engines:
     router's candidate index picks the engine directly."""
 
     def __init__(self, spec: ExperimentSpec, model: str, engine_root: Path, mode: str,
-                 build_model: bool = False, first_token_limit_s: float | None = None) -> None:
+                 build_model: bool = False, first_token_limit_s: float | None = None, keep: bool = False) -> None:
         """``first_token_limit_s``: the longest first-token limit of the jobs these engines serve
-        (default ``spec``'s), which their KV lease must outlive."""
+        (default ``spec``'s), which their KV lease must outlive. ``keep``: reuse the engines an
+        earlier command kept on this cluster if they are the ones this spec makes (else stop them),
+        and keep these up after :meth:`shutdown` (testbed/runs/kept_engines.py); ``engine_root``
+        is then a folder that outlives the command."""
         self.topo = build_topology(spec)
         self._args = (spec, model, engine_root, mode, build_model, first_token_limit_s)
         # their calibration as each run's run.json records it (run_calibration); None: not calibrated
         self.calibration: dict[str, Any] | None = None
         self.gpu = spec.testbed.gpus_per_engine > 0  # else vLLM's CPU build (EngineConfig.gpu)
         self.generation = 0  # restarts so far (restart)
+        self.keep = keep
+        self.reused = False  # found kept by an earlier command, not started by this one
         self._create()
 
     def _create(self) -> None:
@@ -57,6 +63,7 @@ class Engines:
         self.decode: list[Any] = []
         self.names: list[str] = []  # in `all` order: prefill engines, then decode engines
         self.lease_s = 0
+        made: list[tuple[str, dict[str, Any], Any, dict[str, Any]]] = []  # (role, config, interface, placement)
         # A restarted engine logs apart from the one it replaces, under a name of its own. Beside the
         # first set's folder, not below it: vLLM's IPC sockets live in it, and a socket's path has
         # at most 107 characters (measured on the shared e2e cluster: 98 with the first set's folder).
@@ -67,7 +74,7 @@ class Engines:
         net_device = {"netns": "eth0", "local": "lo"}.get(mode, list(t.fault_interfaces))
         # the pod's fault agent takes a sliver of the pod's resource; its engines share the rest
         share = 0.9 / topo.workers_per_pod
-        for role, ids, out in ((ROLE_PREFILL, topo.prefill_ids, self.prefill), (ROLE_DECODE, topo.decode_ids, self.decode)):
+        for role, ids in ((ROLE_PREFILL, topo.prefill_ids), (ROLE_DECODE, topo.decode_ids)):
             pods = topo.worker_pod[ids]
             for k, w in enumerate(ids.tolist()):
                 pod = int(topo.worker_pod[w])
@@ -89,15 +96,55 @@ class Engines:
                 # the longest KV can stay held after its run (quiesce): the lease, every engine's
                 self.lease_s = max(self.lease_s, EngineConfig(**cfg).kv_lease_s)
                 # Ray sets CUDA_VISIBLE_DEVICES for an actor only when it asks for GPUs.
-                out.append(EngineActor.options(resources={f"pod{pod}": share}, num_gpus=t.gpus_per_engine,
-                                               name=f"engine-{name}{gen}")
-                           .remote(cfg, net_device, build_model=build_model))
+                made.append((role, cfg, net_device, {"resources": {f"pod{pod}": share}, "num_gpus": t.gpus_per_engine}))
+        if self.keep and self._reuse(made, build_model):
+            return
+        for role, cfg, net_device, placed in made:
+            if self.keep:  # outlives this driver, found again by its name (kept_engines.py)
+                opts = {"name": kept_engines.actor_name(self._key, self.generation, cfg["name"]),
+                        "namespace": kept_engines.KEPT_NAMESPACE, "lifetime": "detached"}
+            else:
+                opts = {"name": f"engine-{cfg['name']}{gen}"}
+            handle = EngineActor.options(**placed, **opts).remote(cfg, net_device, build_model=build_model)
+            (self.prefill if role == ROLE_PREFILL else self.decode).append(handle)
+
+    def _reuse(self, made: list[tuple[str, dict[str, Any], Any, dict[str, Any]]], build_model: bool) -> bool:
+        """Take the kept engines this configuration makes, if a whole set is up; else stop whatever
+        is kept (it holds the pods these need) and leave the key for new ones."""
+        # the folder an engine logs to is the first command's; the lease counts, not the limit it came from
+        self._key = kept_engines.engine_key([
+            {"role": role, "interface": dev, "placement": placed, "build_model": build_model,
+             "config": {**{k: v for k, v in cfg.items() if k not in ("run_dir", "request_deadline_s", "lease_s")},
+                        "kv_lease_s": EngineConfig(**cfg).kv_lease_s}}
+            for role, cfg, dev, placed in made])
+        found = kept_engines.find_kept(self._key, self.names) if not self.generation and not self.reused else None
+        if found is not None:
+            self.generation, handles = found
+            n_pre = sum(role == ROLE_PREFILL for role, *_ in made)
+            self.prefill, self.decode = handles[:n_pre], handles[n_pre:]
+            self.reused = True
+            return True
+        if stopped := kept_engines.stop_kept():
+            log.warning("stopped %d kept engines of another configuration (or an incomplete set): %s",
+                        len(stopped), ", ".join(stopped))
+        return False
 
     @property
     def all(self) -> list[Any]:
         return self.prefill + self.decode
 
     def start(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Start every engine; reused kept ones only say who they are (a set with one gone is
+        replaced by a new one)."""
+        if self.reused:
+            try:
+                return [{**d, "reused": True} for d in ray.get([a.describe.remote() for a in self.all], timeout=60)]
+            except (ray.exceptions.RayError, TimeoutError) as e:
+                log.warning("kept engines did not answer (%s): starting new ones", type(e).__name__)
+                self._stop()
+                self.reused = False
+                self.generation += 1
+                self._create()
         return ray.get([a.start.remote() for a in self.all], timeout=timeout_s)
 
     @staticmethod
@@ -135,7 +182,8 @@ class Engines:
         NIXL does not reconnect after a link down: docs/testbed.md "A link down"). Returns what
         run.json records: the restart's seconds and the engines' generation."""
         t0 = time.monotonic()
-        self.shutdown()
+        self._stop()
+        self.reused = False
         self.generation += 1
         self._create()
         self.start(timeout_s)
@@ -238,6 +286,13 @@ class Engines:
         return [[pid for i in np.flatnonzero(pods == p) for pid in pids[i]] for p in range(self.topo.n_pods)]
 
     def shutdown(self) -> None:
+        """The command's end: the engines stop, unless kept for the next command."""
+        if self.keep:
+            log.info("engines kept up for the next --keep-engines command: %s", ", ".join(self.names))
+            return
+        self._stop()
+
+    def _stop(self) -> None:
         try:
             self._each([a.shutdown.remote() for a in self.all], timeout_s=120)
         finally:

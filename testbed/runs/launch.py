@@ -26,16 +26,12 @@ from testbed.faults.shaping import netem_missing
 from core.calibration import calibration_load
 from core.spec import ExperimentSpec
 from core.sizes import available_memory_bytes
+from testbed.machine.cache_dirs import model_cache_dir
 from testbed.machine.netns import missing_privileges
 from testbed.router.flow import ABORT_GRACE_S
 from testbed.runs.jobs import Job, RunJob, prepare_jobs, repeat_of, write_jobs
 
 console = Console(stderr=True)
-
-
-def model_cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "testbed" / "models" / "tiny-llama"
 
 
 def prepare_model(spec: ExperimentSpec) -> tuple[Path, dict[str, int]]:
@@ -107,6 +103,9 @@ def check_faults(specs: Sequence[ExperimentSpec]) -> None:
                                  "is declared dead)")
 
 
+KEPT_ENGINES_DIR = "testbed-kept-engines"  # beside a command's work folder, which goes at its end
+
+
 def emulated_cluster_at(address: str) -> Any:
     """The recorded emulated cluster whose head has this address (its head's namespace is the only
     place it can be reached from), or None."""
@@ -126,7 +125,7 @@ def emulated_cluster_at(address: str) -> Any:
 def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: list[int],
                 more: Sequence[Job] = (), calibrate_to: Path | None = None, address: str | None = None,
                 serve: bool = False, repeat_to: Path | None = None, calibration: Path | None = None,
-                load_to: Path | None = None) -> int:
+                load_to: Path | None = None, keep_engines: bool = False) -> int:
     """Run ``policies`` x ``seeds`` of ``spec`` (then the ``more`` jobs, on the same engines);
     with ``calibrate_to``, measure the engines and links first and write the calibration there;
     with ``calibration`` instead, a calibration of these engines measured before; either is
@@ -138,7 +137,9 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     clients through the ingress instead of the workload, until Ctrl-C (a normal end). ``load_to``:
     first of all (after the calibration), the calibration load (core/calibration.py
     ``calibration_load``) into that folder, which a calibration under the run's conditions is
-    fitted on (analysis/calibration_fit.py)."""
+    fitted on (analysis/calibration_fit.py). ``keep_engines``: on the cluster at ``address``, reuse
+    the engines an earlier such command kept where they are this spec's, and keep them up after
+    (testbed/runs/kept_engines.py)."""
     jobs = [(spec, policies, seeds), *more]
     # Each workload generated once, here, and refused before minutes go into starting engines
     # that cannot serve it; the driver runs these very workloads (testbed/runs/jobs.py).
@@ -153,16 +154,20 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
         load, = prepare_jobs([calibration_load(spec)])
         run_jobs.insert(0, replace(load, out_dir=Path(load_to).resolve()))
     return launch_jobs(run_jobs, out, calibrate_to=calibrate_to, address=address, serve=serve,
-                       calibration=calibration)
+                       calibration=calibration, keep_engines=keep_engines)
 
 
 def launch_jobs(run_jobs: Sequence[RunJob], out: Path, *, calibrate_to: Path | None = None,
-                address: str | None = None, serve: bool = False, calibration: Path | None = None) -> int:
+                address: str | None = None, serve: bool = False, calibration: Path | None = None,
+                keep_engines: bool = False) -> int:
     """Run prepared jobs (testbed/runs/jobs.py) on one set of engines, the first job's: on an emulated
     cluster brought up and down around them, or on the Ray cluster at ``address``. Each job's runs go to
-    its ``out_dir``, else to ``out``; ``calibrate_to``/``calibration`` as :func:`run_testbed`."""
+    its ``out_dir``, else to ``out``; ``calibrate_to``/``calibration``/``keep_engines`` as :func:`run_testbed`."""
     from testbed.cluster.emulated import EmulatedCluster
 
+    if keep_engines and address is None:
+        raise ValueError("--keep-engines needs --address: without it the command's own cluster, and its engines, "
+                         "go down at its end")
     spec = run_jobs[0].spec
     for job in run_jobs[1:]:
         other = job.spec
@@ -170,7 +175,7 @@ def launch_jobs(run_jobs: Sequence[RunJob], out: Path, *, calibrate_to: Path | N
             raise ValueError(f"{other.name}: jobs sharing engines need the same testbed block, topology, engine "
                              f"batch limits and kv_lease_s as {spec.name}")
     if address is not None:
-        return _run_on_cluster(spec, out, run_jobs, calibrate_to, address, serve, calibration)
+        return _run_on_cluster(spec, out, run_jobs, calibrate_to, address, serve, calibration, keep_engines)
     check_machine(spec)  # the engines run here; on a given cluster, on its nodes
     check_faults([job.spec for job in run_jobs])
     if calibrate_to is not None and (spec.testbed.mode == "local" or
@@ -230,11 +235,15 @@ def _host_ports(spec: ExperimentSpec, cluster: Any, serve: bool) -> Iterator[Non
 
 def _driver_argv(jobs: Sequence[RunJob], out: Path, model: Path, model_meta: dict[str, int], work: Path, mode: str,
                  calibrate_to: Path | None, cluster_run_id: str | None = None, serve: bool = False,
-                 calibration: Path | None = None) -> list[str]:
-    """The driver's command line; the jobs (specs and workloads) go to it in one file under ``work``."""
+                 calibration: Path | None = None, kept_root: Path | None = None) -> list[str]:
+    """The driver's command line; the jobs (specs and workloads) go to it in one file under ``work``.
+    ``kept_root``: the engines are kept (--keep-engines), and log under that folder, which outlives
+    ``work``."""
     argv = [sys.executable, "-m", "testbed.runs.driver", "--out", str(out.resolve()),
             "--model", str(model), "--model-meta", json.dumps(model_meta),
-            "--engine-root", str(work / "engines"), "--mode", mode] + (["--serve"] if serve else [])
+            "--engine-root", str(kept_root or work / "engines"), "--mode", mode] + (["--serve"] if serve else [])
+    if kept_root is not None:
+        argv.append("--keep-engines")
     if cluster_run_id:
         argv += ["--cluster-run-id", cluster_run_id]
     if calibrate_to is not None:
@@ -272,7 +281,7 @@ def _drive(start: Callable[[], subprocess.Popen], serve: ExperimentSpec | None =
 
 
 def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[RunJob], calibrate_to: Path | None,
-                    address: str, serve: bool = False, calibration: Path | None = None) -> int:
+                    address: str, serve: bool = False, calibration: Path | None = None, keep_engines: bool = False) -> int:
     """The driver against a running Ray cluster: the same driver as on the emulated cluster, with
     pods found from the nodes' resources. An emulated cluster's head is reachable only from its
     namespace: the driver then runs there, with that cluster's token."""
@@ -287,8 +296,11 @@ def _run_on_cluster(spec: ExperimentSpec, out: Path, jobs: Sequence[RunJob], cal
     console.print(f"[bold]{spec.name}[/] on the Ray cluster at {address}"
                   + (f" (emulated run {emulated.run_id})" if emulated else "")
                   + f" -> {out / spec.name}")
+    # Kept engines log where `testbed cluster down` (emulated) or the node's reboot (real) clears.
+    kept_root = (Path(emulated.temp_root if emulated else tempfile.gettempdir()) / KEPT_ENGINES_DIR
+                 if keep_engines else None)
     argv = _driver_argv(jobs, out, model, model_meta, work, "cluster", calibrate_to,
-                        emulated.run_id if emulated else None, serve, calibration)
+                        emulated.run_id if emulated else None, serve, calibration, kept_root)
     old_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the runs like Ctrl-C
     try:
