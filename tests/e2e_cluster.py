@@ -5,19 +5,20 @@ namespace), and everything runs against its address as on a real cluster: `testb
 status --address`, a spec bigger than the cluster refused by `testbed run --address`, the runs,
 `testbed faults clear --address`; then `testbed cluster down` must leave nothing behind.
 One set of engines (the embedded twin scenario's: 4 pods `by_pod`, one engine
-each) is calibrated, then serves six jobs: every policy on a short healthy workload, then
+each) is calibrated, then serves nine jobs: every policy on a short healthy workload, then
 requests whose decode outlives the deadline, then requests from a prefill pod whose link the
 fault agents throttle hard (the spec's fault schedule), then the same with retries, then at ten
 times the rate behind an admission limit, then the throttled link for 20 s under a circuit
-breaker, then pod 0's KV link down for 20 s and a run after it (on engines restarted in between,
-where the outage broke their KV paths), then a compute fault, then an engine fault that kills two
-engines, run twice (on engines restarted for the second: the testbed's repeatability). The
-calibrated simulator then runs the throttled job and the engine fault as their twins. Then
-`testbed study --world both` runs one cell of a study on engines of its own, kept up after it
-(--keep-engines; twice: the second finds it finished); `testbed twin`, `testbed run --serve` and a
-`testbed run` with a link down that is SIGKILLed reuse them; a command without the flag is refused
-while they hold the pods; `testbed cluster stop-engines` stops them. Slow (engine start-up and
-real time: about 20 minutes on 2 cores); CI runs it all the same.
+breaker, then pod 0's KV link down for 20 s and a run after it (on engines whose KV paths the
+check before each run finds working, or restarts), then a compute fault. The engines stay up
+(--keep-engines, one lease for every job and command: LEASE_S), and every command after reuses
+them: `testbed study --world both` runs one cell of a study (twice: the second finds it
+finished), `testbed twin`, `testbed run --serve`, a `testbed run` without the flag is refused
+while they hold the pods, a `testbed run` with a link down is SIGKILLed, then an engine fault kills
+two engines, run twice (on engines restarted for the second: the testbed's repeatability), and
+`testbed cluster stop-engines` stops them. The calibrated simulator runs the throttled job and
+the engine fault as their twins. Slow (engine start-up and real time: about 20 minutes on 2
+cores); CI runs it all the same.
 
 The cluster comes up once a session (tests/conftest.py's ``testbed_runs``): :func:`run_on_cluster`
 brings it up, runs every job and command below on it, brings it down, and the tests
@@ -55,6 +56,11 @@ OVERLOAD_REQUESTS = 40
 OVERLOAD_LIMIT = 4  # router.max_in_flight of the overload run
 OVERLOAD_OFFERED = 3  # the load the overload run offers, in multiples of OVERLOAD_LIMIT (job_specs)
 COMPUTE_SLOWDOWN = 3.0  # the compute fault's factor (e2e_compute and the killed run)
+# The engines' KV lease, set outright: what the jobs' longest first-token limit (the retried job's
+# 20 s deadline) and the 10 s margin derive (EngineConfig.kv_lease_s), for every job and command, so
+# that they all make the same engines and reuse the ones kept (--keep-engines), and so that the
+# simulator's twin of the engine fault holds a dead decoder's prefill KV as long as the engines do.
+LEASE_S = 30
 # The throttled link's fault (the throttled and retried jobs, the study cell, the twin): as long as
 # a request of them can live. Their 8 arrivals (seed 0) end at 8.5 s and each is given up its
 # deadline after (10 s; retried: 20 s, its last retry routed by 16.5 s), so every request meets the
@@ -173,6 +179,7 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
     """Bring the emulated cluster up through `ray up`, run every job and command on it, bring it down.
     Returns (out, leftovers before, leftovers after, the throttled spec, what each command saw)."""
     base = shipped_spec_dict("testbed.yaml", faults=[])
+    base["engine"] = {**base["engine"], "kv_lease_s": LEASE_S}
     healthy, slow, throttled, retried, overload, breaker, down, after_down, compute = job_specs(base)
     big = out / "too_big.yaml"
     big.write_text(json.dumps({**base, "name": "too_big", "topology": {**base["topology"], "pods": 5}}))
@@ -200,15 +207,12 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         # and a real one on the host, with the shipped configuration, through the forwarded port
         prom = _start_prometheus(base, cli)
         try:
-            # the engine fault last (its engines die), then its repeat on engines restarted for it
-            death = engine_death_spec(base)
-            (out / f"{death.name}.yaml").write_text(json.dumps(death.model_dump(mode="json")))
+            # kept up for every command after (--keep-engines), the engine fault last of all
             jobs = prepare_jobs([(healthy, list(POLICY_NAMES), [0]), (slow, ["LC"], [0]), (throttled, ["Random"], [0]),
                                  (retried, ["Random"], [0]), (overload, ["LC"], [0]), (breaker, ["Random"], [0]),
-                                 (down, ["Random"], [0]), (after_down, ["Random"], [0]), (compute, ["LC"], [0]),
-                                 (death, ["LC"], [0])], serve=False)
-            jobs.append(repeat_of(jobs[-1], out / DEATH_REPEAT))
-            launch_jobs(jobs, out, calibrate_to=out / "calibration.json", address=addr)
+                                 (down, ["Random"], [0]), (after_down, ["Random"], [0]), (compute, ["LC"], [0])],
+                                serve=False)
+            launch_jobs(jobs, out, calibrate_to=out / "calibration.json", address=addr, keep_engines=True)
             if prom is not None:
                 cli["prometheus"] = _read_prometheus(prom)
         finally:
@@ -222,11 +226,18 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         cli["study"], cli["study_again"] = _study_cell(throttled, addr, out)
         cli["twin"] = _twin(throttled, addr, out)
         cli["rsync_down"] = _rsync_down(cluster, out / TWIN_DIR, out / f"{TWIN_DIR}-back")
-        cli["serve"] = _serve_and_query(base, throttled, addr, out)
+        cli["serve"] = _serve_and_query(base, addr, out)
         # a command without --keep-engines while they hold the pods, refused
         cli["refused_beside_kept"] = _cli("run", str(out / "e2e_serve.yaml"), "--address", addr, "--policies", "LC",
                                           "--seeds", "0", "--out", str(out / "refused"))
-        cli["killed"] = _kill_mid_run(base, throttled, addr, out)
+        cli["killed"] = _kill_mid_run(base, addr, out)
+        # The engine fault last (its engines die), then its repeat on engines restarted for it, both
+        # judged against the shared engines' calibration
+        death = engine_death_spec(base)
+        (out / f"{death.name}.yaml").write_text(json.dumps(death.model_dump(mode="json")))
+        first, = prepare_jobs([(death, ["LC"], [0])], serve=False)
+        launch_jobs([first, repeat_of(first, out / DEATH_REPEAT)], out, calibration=out / "calibration.json",
+                    address=addr, keep_engines=True)
         cli["stop_engines"] = _cli("cluster", "stop-engines", "--address", addr)
     finally:
         cluster.down()
@@ -269,8 +280,8 @@ def _study_cell(throttled: ExperimentSpec, addr: str, out: Path) -> tuple[subpro
     """One cell of a study in both worlds, as a user starts it (`testbed study --world both`): the
     throttled job's scenario under LC, seed 0, run on the testbed and again (its repeatability),
     in the calibrated simulator, and one claim's verdict; then the same command once more, which
-    finds everything finished and starts no engine. The first keeps its engines up for the twin and
-    the served run (--keep-engines)."""
+    finds everything finished and starts no engine. On the engines the shared jobs kept
+    (--keep-engines), kept again."""
     spec = {**throttled.model_dump(mode="json", exclude={"study"}), "name": STUDY_SPEC, "policies": ["LC"],
             "study": {"seeds": [0], "sweeps": [{"name": "severe", "axes": {"severity": [0.008]}}],
                       "claims": [{"name": "lc-fails-under-the-fault", "metric": "failure_rate", "policy": "LC",
@@ -317,8 +328,8 @@ TWIN_SPEC = "e2e_twin"
 def _twin(throttled: ExperimentSpec, addr: str, out: Path) -> subprocess.CompletedProcess:
     """`testbed twin --address` on the cluster, as docs/cluster.md tells a user to run it: the
     throttled job's scenario under LC, seed 0, run twice (--repeat: the testbed's spread) on the
-    engines the study cell kept (--keep-engines: the same spec's engines), in the simulator with the
-    shared engines' calibration, and compared."""
+    kept engines (--keep-engines), in the simulator with the shared engines' calibration, and
+    compared."""
     spec = {**throttled.model_dump(mode="json", exclude={"study"}), "name": TWIN_SPEC, "policies": ["LC"]}
     path = out / f"{TWIN_SPEC}.yaml"
     path.write_text(json.dumps(spec))
@@ -344,10 +355,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve_and_query(base: dict, throttled: ExperimentSpec, addr: str, out: Path) -> dict:
-    """`testbed run --serve` on the cluster, as a user starts it, on the engines the study cell kept
-    (--keep-engines; the throttled job's deadline, which sets the engines' KV lease, makes them the
-    same engines); the `openai` client on the host (through the forwarder into the head's namespace)
+def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
+    """`testbed run --serve` on the cluster, as a user starts it, on the engines kept up since the
+    shared jobs (--keep-engines); the `openai` client on the host (through the forwarder into the head's namespace)
     sends a completion and a streamed chat, then Ctrl-C (SIGINT) stops it. Returns what the clients
     and the command saw."""
     import httpx
@@ -355,8 +365,7 @@ def _serve_and_query(base: dict, throttled: ExperimentSpec, addr: str, out: Path
 
     port = _free_port()
     spec_file = out / "e2e_serve.yaml"
-    spec_file.write_text(json.dumps({**base, "name": "e2e_serve", "deadline_s": throttled.deadline_s,
-                                     "testbed": {**base["testbed"], "ingress_port": port}}))
+    spec_file.write_text(json.dumps({**base, "name": "e2e_serve", "testbed": {**base["testbed"], "ingress_port": port}}))
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--serve", "--address", addr,
                              "--keep-engines",
                              "--policies", "LC", "--seeds", "0", "--out", str(out)],
@@ -431,23 +440,26 @@ def _end_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+# The kill, this long after the faults were applied: past the deadline (8 s) of the first requests
+# whose KV had to cross the link, so the run holds requests timed out in kv_transfer (its records
+# are flushed every 2 s), and nothing more is waited for. (At 65 s, until 2026-11-28, the kill
+# came after UCX had given the link's connections up, ~47 s: no test reads what happens then.)
+KILL_AFTER_S = 20.0
 # The faults of the killed run: applied at 0 s, for this long. Past the kill and the look 5 s after
 # it (they must still be held then), with nothing more: the wait for their time to live follows it.
-KILL_FAULT_S = 75.0
-KILL_AFTER_S = 65.0  # the kill, this long after they were applied: past the ~47 s after which UCX gives up
+KILL_FAULT_S = KILL_AFTER_S + 10.0
 
 
-def _kill_mid_run(base: dict, throttled: ExperimentSpec, addr: str, out: Path) -> dict:
+def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
     """`testbed run` with pod 0's KV link down, SIGKILLed (the command
-    and its driver, one process group, as a terminal's kill would) mid-run, on the engines the study
-    cell kept (--keep-engines; the throttled job's deadline makes them the same engines): they
-    outlive it, as kept engines do. Then, the cluster still up: what is left right after, and once
+    and its driver, one process group, as a terminal's kill would) mid-run, on the kept engines
+    (--keep-engines): they outlive it, as kept engines do. Then, the cluster still up: what is left right after, and once
     the faults' time to live has passed (the agents remove them by themselves, the driver being gone)."""
     from testbed.cluster.leftovers import find_leftovers
 
     spec_file = out / "e2e_killed.yaml"
     spec_file.write_text(json.dumps({
-        **base, "name": "e2e_killed", "deadline_s": throttled.deadline_s, "policies": ["Random"],
+        **base, "name": "e2e_killed", "deadline_s": 8.0, "policies": ["Random"],
         "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 200,
                      "prompt": {"kind": "uniform", "low": 300, "high": 400}, "output": {"kind": "fixed", "value": 4}},
         # both kinds of fault, left to the agents: a qdisc and a cgroup each must go at their time to live

@@ -12,7 +12,7 @@ pytest.importorskip("ray", reason="Ray is not installed (the README's install co
 from core.records import read_meta, read_table  # noqa: E402
 from e2e_cluster import DEATH_REPEAT, DEATH_REQUESTS  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 
 
 def test_the_cluster_is_reached_by_its_address_like_a_real_one(testbed_runs):
@@ -272,25 +272,29 @@ def test_nothing_is_left_behind(testbed_runs):
 
 
 def test_engines_kept_by_one_command_serve_the_next_until_stopped_and_refuse_a_command_without_the_flag(testbed_runs):
-    """`--keep-engines`: the study cell starts its engines and leaves them up; the twin and the served
-    run (the same spec's engines) reuse them, starting none, and their runs start on quiet engines as
-    on new ones; `testbed run` without the flag is refused in one line while they hold the pods; the
-    SIGKILLed run reuses them too, and `testbed cluster stop-engines` stops all four after it."""
+    """`--keep-engines`: the shared jobs start their engines and leave them up; the study cell, the twin
+    and the served run (specs that make the same engines) reuse them, starting none, and their runs
+    start on quiet engines as on new ones; `testbed run` without the flag is refused in one line while
+    they hold the pods; the SIGKILLed run and the engine fault reuse them too, and `testbed cluster
+    stop-engines` stops all four after them."""
     from e2e_cluster import STUDY_SPEC, TWIN_DIR, TWIN_SPEC
 
     out, *_, cli = testbed_runs
-    study, = (out / "study" / STUDY_SPEC).rglob("testbed.json")
-    started = json.loads(study.read_text())
+    started = json.loads((out / "e2e_policies" / "testbed.json").read_text())
     assert started["engines_reused"] is False and all(e["startup_s"] > 0 for e in started["engines"]), started
     names = sorted(e["name"] for e in started["engines"])
-    for path in (out / TWIN_DIR / "testbed" / TWIN_SPEC / "testbed.json", out / "e2e_serve" / "testbed.json"):
+    study, = (out / "study" / STUDY_SPEC).rglob("testbed.json")
+    for path in (study, out / TWIN_DIR / "testbed" / TWIN_SPEC / "testbed.json", out / "e2e_serve" / "testbed.json",
+                 out / "e2e_engine_death" / "testbed.json"):
         reused = json.loads(path.read_text())
         assert reused["engines_reused"] is True, (path, reused)
         assert sorted(e["name"] for e in reused["engines"]) == names
         assert all(e["startup_s"] == 0.0 and e["reused"] for e in reused["engines"]), reused["engines"]
-        assert reused["reused_start"]["quiet"] is True, reused["reused_start"]
+        start = reused["reused_start"]
+        # quiet, and every pair's KV path working (after the killed run's link down, perhaps only once restarted)
+        assert start["quiet"] is True and start["kv_paths"].get("after_restart", start["kv_paths"])["ok"], start
         assert reused["pd_probe"]["ok"], reused["pd_probe"]
-    # the killed run's driver wrote nothing at its end (killed), but its run started on them: nothing restarted
+    # the killed run (its driver never wrote testbed.json) started on them too: nothing restarted
     assert "restart" not in read_meta(cli["killed"]["run_dir"])["start"]["kv_paths"]
     for run in (out / TWIN_DIR / "testbed" / TWIN_SPEC / "LC" / "seed-0",
                 out / TWIN_DIR / "testbed-repeat" / TWIN_SPEC / "LC" / "seed-0"):

@@ -14,7 +14,7 @@ from core.records import read_meta, read_table  # noqa: E402
 from core.spec import parse_spec  # noqa: E402
 from e2e_cluster import BREAKER, BREAKER_FAULT_S, RETRY_TTFT_S  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 
 
 def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labels_recorded(testbed_runs):

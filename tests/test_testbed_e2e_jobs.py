@@ -17,7 +17,7 @@ from core.spec import load_spec, parse_spec  # noqa: E402
 from vocab import STAGES
 from e2e_cluster import OVERLOAD_LIMIT, OVERLOAD_REQUESTS, TIME_COLUMNS  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 
 
 def test_every_policy_completes_requests_across_pods(testbed_runs):

@@ -12,7 +12,7 @@ pytest.importorskip("ray", reason="Ray is not installed (the README's install co
 from core.records import read_meta, read_table  # noqa: E402
 from e2e_cluster import BENCH_PROMPTS, PROMETHEUS_POLICY, TIME_COLUMNS  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 
 
 def test_metrics_are_served_while_a_run_goes_on(testbed_runs):

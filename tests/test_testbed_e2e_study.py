@@ -14,7 +14,7 @@ from analysis.verdict import RULE_VERSION, Spread, claim_verdict, interval  # no
 from core.records import read_meta, read_table  # noqa: E402
 from e2e_cluster import STUDY_SPEC  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 
 RUN_DIR = "cells/severe__severity-0.008/LC/seed-0"
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..view import PodState
 from .base import Policy, PolicyConfig
+from .scorers import POD_SCORERS
 from .weights import Weights
 
 
@@ -39,8 +41,18 @@ def check_policy_name(name: str) -> str:
 
 
 def reads_price(name: str, weights: Weights) -> bool:
-    """Whether the policy's choices depend on the risk price (a price term with a weight)."""
-    return any(scorer == "price" and w for scorer, w in _variants(weights)[check_policy_name(name)].pod_scorers)
+    """Whether the policy's choices depend on the risk price: a pod scorer with a weight whose value
+    moves with the price. `testbed study` runs a policy that does not read it once for every telemetry
+    setting (core/study.py), so a price reader taken for price-blind would share another point's runs:
+    each scorer is probed, not looked up by name, and one added later cannot be forgotten here."""
+    return any(w and _moves_with_price(scorer) for scorer, w in _variants(weights)[check_policy_name(name)].pod_scorers)
+
+
+def _moves_with_price(scorer: str) -> bool:
+    """Whether the pod scorer's values change when only the risk price does (0 to 1 across the pods)."""
+    fn = POD_SCORERS[scorer]
+    quiet = PodState.initial(21)
+    return not np.array_equal(fn(quiet), fn(quiet.replace(price=np.linspace(0.0, 1.0, 21))))
 
 
 def make_policy(name: str, weights: Weights, rng: np.random.Generator) -> Policy:

@@ -323,8 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"{len(started)} engines {'reused (kept by an earlier command)' if engines.reused else 'ready'} "
                       f"in {summary['engines_ready_s']:.0f} s: "
                       + ", ".join(f"{s['name']}@{s['host_ip']}" for s in started))
-        if engines.reused:  # clean as new ones: nothing held or cached from the last command's runs
+        if engines.reused:  # clean as new ones: nothing held or cached from the last command's runs, every
+            # pair's KV path working (a link down in the last command can have broken them) before the probe
             summary["reused_start"] = engines.quiesce(engines.lease_s)
+            summary["reused_start"]["kv_paths"] = kv_paths_or_restart(spec0, engines, model_meta["vocab"])
         targets = None
         if args.mode != "local":  # every node's agent: the KV check below reads its counters
             agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
