@@ -223,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(level_for(args.verbose, args.quiet))
+    console.quiet = args.quiet > 0  # -q: no progress or status on stderr, only errors (printed apart)
     try:
         return args.fn(args)
     except KeyboardInterrupt:

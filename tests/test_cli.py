@@ -360,6 +360,9 @@ def test_the_log_level_is_the_commands_to_set(tmp_path):
     info = "INFO core.run: sim run finished"
     assert info in said["-v first"] and info in said["-v after"], said
     assert info not in said["default"] and info not in said["-q"]
+    # -q: errors only, so no progress or status line either (the default prints them on stderr)
+    assert "report: testbed report" in said["default"] and said["-q"].strip() == "", said["-q"]
+    assert (tmp_path / "runs" / "smoke" / "LC" / "seed-0").is_dir()
     from core.logs import LEVEL_ENV, level_for
     import logging
 

@@ -1,5 +1,6 @@
 """The README's and docs/ pages' commands and examples are checked here, so the docs cannot drift."""
 
+import os
 import re
 import shlex
 import subprocess
@@ -50,6 +51,9 @@ def test_the_readme_is_a_front_door_with_the_commands_and_what_they_print_on_its
     # whose machine and commit the sentence before it names
     (excerpt,) = _blocks(first, "text")
     assert "OracleAvoidance" in excerpt and len(excerpt.splitlines()) >= 5, excerpt
+    # readable in a terminal of ordinary width: the compact verdict (analysis/fidelity_compact.py)
+    assert max(map(len, excerpt.splitlines())) <= 100, max(excerpt.splitlines(), key=len)
+    assert "verdict:" in excerpt
     intro = first.split("```text\n", 1)[0].rstrip().rsplit("\n\n", 1)[-1]
     assert re.search(r"commit `[0-9a-f]{7,}`", intro) and "cores" in intro, intro
 
@@ -103,6 +107,6 @@ def test_the_smoke_example_runs_as_written(tmp_path):
         if args[0] == "sim":
             args += ["--seeds", "0", "--policies", "LC,OTF-R"]  # keep the test short
         res = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=300)
+                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # this tree's code
         assert res.returncode == 0, res.stderr
     assert (tmp_path / "runs" / "report" / "summary.csv").is_file()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,4 +97,8 @@ def stop_kept(timeout_s: float = 60.0) -> list[str]:
         for name, h in handles:
             ray.kill(h)
             stopped.append(name)
+    # A killed actor's name is released once Ray has it dead: new engines may be given the same names.
+    until = time.monotonic() + timeout_s
+    while stopped and {k.actor_name for k in list_kept()} & set(stopped) and time.monotonic() < until:
+        time.sleep(0.2)
     return stopped
