@@ -32,7 +32,7 @@ as they are. Percentiles are numpy's linear interpolation (analysis/paired_stats
   testbed), and share = gap_mean_s / the mean E2E gap. The spans sum to E2E, so the shares sum to 1
   where every span is recorded.
 * MAPE: per (policy, seed) present on both sides and statistic (mean, p50, p90; p99 only where each
-  side pools at least 200 ok requests for the policy, issue 27) of TTFT, TPOT and E2E over each side's
+  side pools at least 200 ok requests for the policy) of TTFT, TPOT and E2E over each side's
   ok requests, the absolute percentage error APE = |stat_other - stat_testbed| / stat_testbed; MAPE =
   the mean of the APEs over seeds per policy, and the mean of the policies' MAPEs ("all"). It is the
   measure published simulator-accuracy studies report (Vidur, Agrawal et al., MLSys 2024), so our
@@ -75,7 +75,7 @@ SPAN_NAMES: tuple[str, ...] = tuple(s for s, _, _ in SPANS)
 ERROR_METRICS: tuple[str, ...] = (*LATENCIES, *SPAN_NAMES)  # ttft, tpot, e2e, then the spans
 WINDOWED = ("ttft", "e2e")  # split inside / outside the fault window
 WINDOWS = ("inside", "outside", "all")
-P99_MIN_POOLED = 200  # issue 27: p99 only where at least 200 requests are pooled
+P99_MIN_POOLED = 200  # p99 only where at least 200 requests are pooled: fewer put it on one or two requests
 ALL = "all"
 OUTCOME_AGREEMENT = "outcome_agreement"  # the fidelity check's name (analysis/fidelity.py)
 

@@ -1,4 +1,4 @@
-"""Does NIXL cancel a read in flight? Dead work after a deadline, without vLLM (issue 30).
+"""Does NIXL cancel a read in flight? Dead work after a deadline, without vLLM.
 
 A request given up in kv_transfer leaves its NIXL read running in vLLM 0.32 (the scheduler frees
 its blocks only once the read ends: delay_free_blocks), so on a degraded link the read keeps

@@ -1,5 +1,5 @@
 """A link outage under NIXL/UCX over TCP, without vLLM: when does a read caught by the outage end,
-and do reads work again once the link is back? (issue 30: dead work, the outage after the outage.)
+and do reads work again once the link is back? (docs/testbed.md "The outage after the outage".)
 
 Two NIXL agents with the UCX backend (UCX_TLS=tcp, as the engines: testbed/engines/engine.py), each
 in a network namespace of its own on the project's fabric (testbed/machine/netns.py): the source in

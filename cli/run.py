@@ -115,7 +115,7 @@ def cmd_twin(args: argparse.Namespace) -> int:
             raise ValueError(f"--calibrations: {path} was measured with conditions {other.conditions!r}, the twin's "
                              f"calibration with {conditions!r}; give calibrations of one kind")
     # The testbed's repeatability is measured where confidence is asked for (several seeds), not in
-    # the one-seed main job, which would take twice as long (issue 27).
+    # the one-seed main job, which would take twice as long.
     repeat = len(seeds) > 1 if args.repeat is None else args.repeat
     repeat_to = out / "testbed-repeat" if repeat else None
     check_sizes(spec, "testbed", len(policies) * len(seeds) * (2 if repeat else 1), args)

@@ -20,8 +20,8 @@ Percentile = Annotated[float, Field(gt=0.0, le=100.0)]
 class FidelityTolerances(BaseModel):
     """How far the simulator may sit from the testbed before ``testbed compare`` calls a metric a
     mismatch (see analysis/fidelity.py). The failure-rate, latency and outcome-agreement targets are
-    issue 27's Must show; the ranking targets are the earlier project issue's acceptance criteria for
-    "the simulation carries over"."""
+    the ones the project set itself for a twin that carries over; the ranking targets, its first
+    criteria for "the simulation carries over"."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -68,7 +68,7 @@ class FidelityTolerances(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _one_latency_bound(cls, data: Any) -> Any:
-        """Run directories written before issue 27 hold one ``latency_rel`` for p50 and p90 (their
+        """Run directories written before the p50/p90 split hold one ``latency_rel`` for p50 and p90 (their
         run.json keeps the resolved spec); it is read as both bounds, so those runs still load."""
         if isinstance(data, dict) and "latency_rel" in data:
             data = dict(data)

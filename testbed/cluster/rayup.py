@@ -5,7 +5,7 @@ on the node's address only and accepting one key made for the run.
 Then ``ray up`` runs in the head's namespace on a cluster file generated for the run, exactly as a
 user runs it against ``cluster.yaml``: Ray's local provider sshes into the head, starts it, and the
 head's autoscaler sshes into every worker and starts it. Verified with Ray 2.60 (docs/verified.md
-"ray up with the local provider", and issue 11): ``ray up`` returns in about 8 s and the workers join within about 20 s; only with
+"ray up with the local provider"): ``ray up`` returns in about 8 s and the workers join within about 20 s; only with
 ``RAY_UP_enable_autoscaler_v2=0`` (under v2 only one of two workers ever started).
 
 What differs from a real cluster, and why:
@@ -43,7 +43,7 @@ from testbed.machine.netns import Fabric, NodeLink
 
 SSHD = "/usr/sbin/sshd"
 TOOLS = {"sshd": SSHD, "rsync": "rsync", "ssh": "ssh", "ssh-keygen": "ssh-keygen"}
-# Ray 2.60's v2 autoscaler started only one of two local-provider workers (issue 11): use v1.
+# Ray 2.60's v2 autoscaler started only one of two local-provider workers (docs/verified.md "ray up with the local provider"): use v1.
 RAY_UP_ENV = {"RAY_UP_enable_autoscaler_v2": "0"}
 CLUSTER_FILE = "cluster.yaml"
 NODES_DIR = "nodes"  # <temp_root>/nodes/<node>.json: the node's ray start argv and environment
