@@ -132,13 +132,18 @@ def no_shipped_spread(monkeypatch):
     monkeypatch.setattr(fidelity_module, "shipped_spreads", lambda: ({}, ""))
 
 
-@pytest.fixture(scope="module")
-def fid(tmp_path_factory) -> Fidelity:
+def compared_worlds(tmp_path_factory, **kw) -> Fidelity:
+    """build_worlds compared (files in its ``out``), judged on their own seeds, not the shipped spread."""
     root = tmp_path_factory.mktemp("worlds")
     sim, tb = build_worlds(root)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fidelity_module, "shipped_spreads", lambda: ({}, ""))
-        return compare([sim], [tb], root / "out", console=quiet())
+        return compare([sim], [tb], root / "out", console=quiet(), **kw)
+
+
+@pytest.fixture(scope="module")
+def fid(tmp_path_factory) -> Fidelity:
+    return compared_worlds(tmp_path_factory)
 
 
 def test_failure_rate_means_ci_diff_and_verdicts(fid):

@@ -17,20 +17,16 @@ import analysis.fidelity_compact as compact
 import cli.run as cli_run
 from analysis.fidelity import Fidelity
 from analysis.fidelity_compact import command_lines, print_compact, verdict_lines
-from analysis.fidelity_console import compare, print_fidelity
+from analysis.fidelity_console import print_fidelity
 from cli.main import build_parser, main
 from core.calibration import save_calibration
 from test_calibration import _calibration
-from test_fidelity import POLICIES, build_worlds, quiet
+from test_fidelity import POLICIES, build_worlds, compared_worlds
 
 
 @pytest.fixture(scope="module")
 def fid(tmp_path_factory) -> Fidelity:
-    root = tmp_path_factory.mktemp("worlds")
-    sim, tb = build_worlds(root)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fidelity_module, "shipped_spreads", lambda: ({}, ""))
-        return compare([sim], [tb], root / "out", console=quiet(), full=True)  # every table: the files alike
+    return compared_worlds(tmp_path_factory, full=True)  # every table: the files alike
 
 
 def render(fid: Fidelity, width: int = 100, **kw) -> list[str]:
