@@ -6,8 +6,10 @@ for the same cell (benchmarks/bench_study_cell.py: inside a Ray task, in a drive
 or allocation counts). A study task therefore hands its cell to a child it started with a fresh
 interpreter (``python -m study.clean_process``), once per Ray worker process, and reuses it.
 
-The child dies with its parent (``PR_SET_PDEATHSIG`` on Linux: a force-cancelled Ray worker
-takes it along) and on end of input; :meth:`CleanProcess.kill` stops it at once.
+The child dies with its parent (``PR_SET_PDEATHSIG`` on Linux: a Ray worker ended with its study
+takes it along) and on end of input. It is told to die by SIGTERM, which it turns into
+``SystemExit`` so that what it was running unwinds (``with`` and ``finally`` blocks: a cell removes
+its scratch directory); :meth:`CleanProcess.stop` asks so, :meth:`CleanProcess.kill` does not ask.
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ class CleanProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM (the child unwinds what it runs), SIGKILL if it has not ended ``grace_s`` later."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
@@ -66,9 +77,14 @@ def shared() -> CleanProcess:
     return _shared
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _die_with_parent() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):  # not Linux: the end of input still ends the child
         pass
 

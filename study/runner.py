@@ -89,17 +89,28 @@ def run_cell_in_clean_process(spec_json: str, policy: str, seed: int, base_dir: 
     child = shared()
     if scratch:
         Path(scratch).mkdir(parents=True, exist_ok=True)
-    # The task's own scratch directory: removed here even when the child is killed mid-run.
+    # The task's own scratch directory, removed here; and by the child if this worker dies first
+    # (a stopped study ends its tasks' workers: the child gets SIGTERM and removes it as it exits).
     with tempfile.TemporaryDirectory(prefix="testbed-cell-", dir=scratch) as tmp:
         try:
-            return child.call(run_cell, spec_json, policy, seed, base_dir, tmp)
+            return child.call(_run_cell_owning, tmp, spec_json, policy, seed, base_dir)
         except Exception:  # the cell failed in the child (it lives on), or the child died
             if not child.alive():
                 child.kill()
             raise
-        except BaseException:  # interrupted (ray.cancel raises KeyboardInterrupt here): stop the cell
-            child.kill()  # the next cell starts a new child
+        except BaseException:  # this worker is being stopped: stop the cell (the next starts a new child)
+            child.stop()
             raise
+
+
+def _run_cell_owning(owned: str, spec_json: str, policy: str, seed: int, base_dir: str | None) -> dict[str, Any]:
+    """In the child: :func:`run_cell` under ``owned``, which the child removes if it is stopped
+    mid-cell (SIGTERM: study/clean_process.py), its worker having died without removing it."""
+    try:
+        return run_cell(spec_json, policy, seed, base_dir, owned)
+    except SystemExit:
+        shutil.rmtree(owned, ignore_errors=True)
+        raise
 
 
 def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
@@ -169,28 +180,20 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
     # One spec per point, shipped once through the object store rather than once per cell.
     spec_refs = {p: ray.put(s) for p, s in {c.point: c.spec.model_dump_json() for c in todo}.items()}
     pending: dict[Any, Cell] = {}
-    # As many cells in flight as there are CPUs for them, the next submitted as one ends: none waits
-    # queued in Ray, so Ctrl-C cancels running tasks only (Ray 2.60's driver aborted, "Tried to
-    # complete task that was not pending", when a queued task was cancelled while being dispatched:
-    # twice in this project's suites, the last from a fresh clone on 2026-11-28).
-    in_flight = max(1, int(ray.available_resources().get("CPU", 1)))
-    queue = iter(todo)
-
-    def submit() -> None:
-        c = next(queue, None)
-        if c is not None:
-            pending[task.remote(spec_refs[c.point], c.policy, c.seed, str(base_dir) if base_dir else None,
-                                scratch)] = c
-
+    for c in todo:
+        pending[task.remote(spec_refs[c.point], c.policy, c.seed, str(base_dir) if base_dir else None, scratch)] = c
+    # Ctrl-C (or any error) ends the study with ray.shutdown() below and cancels nothing: the job's
+    # workers end with the driver, and each one's child removes its cell's scratch directory as it
+    # goes (_run_cell_owning). ray.cancel raced Ray 2.60's own bookkeeping: its driver aborted,
+    # "Tried to complete task that was not pending" (task_manager.cc), three times in this
+    # project's suites, the last with only running tasks left to cancel; Ray's fixes of such
+    # races (ray-project/ray pull requests 54116, 54798) show the window is in Ray, not here.
     try:
-        for _ in range(in_flight):
-            submit()
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=console) as prog:
             bar = prog.add_task("runs", total=len(runs), completed=skipped)
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
-                submit()
                 cell = pending.pop(done[0])
                 try:
                     result = ray.get(done[0])
@@ -205,17 +208,6 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
                 cpu += result["cpu_s"]
                 ran += 1
                 prog.update(bar, advance=1, description=f"runs (last: {cell.point} {cell.policy} s{cell.seed})")
-    except BaseException:
-        # Interrupt the tasks (all running: none is queued) first, so that each removes its scratch
-        # directory; kill what is left.
-        refs = list(pending)
-        for ref in refs:
-            ray.cancel(ref)
-        if refs:
-            _, refs = ray.wait(refs, num_returns=len(refs), timeout=5)
-        for ref in refs:  # still not ended
-            ray.cancel(ref, force=True)
-        raise
     finally:
         ray.shutdown()
         shutil.rmtree(partial, ignore_errors=True)

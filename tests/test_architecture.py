@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 # The nodes of the package graph: the words, the pure models, the two worlds and the command line.
 PACKAGES = ("vocab", "core", "faults", "workloads", "simulator", "analysis", "testbed", "study", "cli")

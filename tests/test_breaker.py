@@ -12,6 +12,8 @@ from core.spec import parse_spec
 from builders import faulted_spec_dict, link_fault, poisson
 from simulator.run import run_sim
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 
 def _breakers(**kw):
     rows = []

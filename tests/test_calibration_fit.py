@@ -17,6 +17,8 @@ from core.calibration import (LOAD_SEEDS, Calibration, EngineCalibration, Networ
                               calibration_load, load_calibration, save_calibration)
 from simulator.run import run_sim
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 NETWORK = dict(kv_bytes_per_token=8192, kv_wire_overhead=1.0, unshaped_gbps=8.0)
 # What the engines alone measured: the slopes both share, and levels the run does not have.

@@ -9,6 +9,8 @@ import pytest
 
 from testbed.router.run_archive import pack_dir, unpack_dir
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 
 def test_a_run_directory_comes_back_whole(tmp_path):
     run = tmp_path / "router-node" / "spec" / "LC" / "seed-0"

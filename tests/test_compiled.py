@@ -18,6 +18,8 @@ import pytest
 from core import compiled
 from core.records import read_table
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

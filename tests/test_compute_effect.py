@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
 from analysis.compute_effect import run_compute_effect
 from analysis.run_data import load_run
 from builders import parse, shipped_spec_dict
 from simulator.run import run_sim
+
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
 
 
 def _spec(faults: list[dict]):

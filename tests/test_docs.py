@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 CODE_DIRS = ("cli", "core", "simulator", "testbed", "workloads", "faults", "analysis", "benchmarks", "tests")
 OTHER_FILES = ("cluster.yaml", "install.sh", "pyproject.toml")

@@ -19,6 +19,8 @@ from faults import (
     TelemetrySpec,
 )
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 FAULT_LIST = TypeAdapter(list[FaultSpec])
 
 

@@ -23,6 +23,8 @@ from core.calibration import save_calibration
 from test_calibration import _calibration
 from test_fidelity import POLICIES, build_worlds, compared_worlds
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def fid(tmp_path_factory) -> Fidelity:

@@ -16,6 +16,8 @@ from core.fits import fit
 from core.records import EngineRecord, FaultEvent, RequestRecord, RunWriter
 from core.spec import load_spec, resolve_extends
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 # The testbed's measured physics: what a shipped testbed spec must not restate (its value lives in
 # core/defaults/testbed.yaml, fitted or measured there).

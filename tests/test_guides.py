@@ -37,6 +37,8 @@ import pytest
 from cli.main import build_parser
 from core.policies import POLICY_NAMES
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 GUIDES = REPO / "docs" / "guides"
 NAMES = ("write-a-policy.md", "replay-a-trace.md", "fault-experiment.md", "carry-over.md")

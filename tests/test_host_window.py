@@ -9,6 +9,8 @@ import pytest
 
 from analysis.host_window import run_host_window
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 
 def _counter(t: np.ndarray, rate_out: float, rate_in: float, onset: float, end: float) -> np.ndarray:
     """A cumulative counter rising at rate_in inside [onset, end) and rate_out elsewhere."""

@@ -22,6 +22,8 @@ from core.records import RequestRecord, RunWriter
 from test_analysis import link_fault
 from test_fidelity import BASE_SPEC, quiet
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 NAN = math.nan
 FAULT = (10.0, 20.0)  # the fault window of every hand-built run, on pod 3
 # The spans of two ok requests (routing, prefill_queue, prefill, decode_queue, kv_transfer, first_token,

@@ -16,6 +16,8 @@ from analysis.run_metrics import run_metrics
 from core.records import RequestRecord
 from test_analysis import link_fault, write_run
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 BAD = 3  # the degraded pod
 ONSET, END = 20.0, 40.0
 WINDOW = FaultWindow(ONSET, END, True, (BAD,))

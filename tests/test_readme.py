@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from cli.main import build_parser
 from core.policies import POLICY_NAMES
 from core.spec import parse_spec
+
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -35,7 +38,7 @@ def test_setup_has_exactly_two_commands_and_ci_runs_the_second():
     lines = [ln for ln in block.splitlines() if ln.strip()]
     assert len(lines) == 2
     assert lines[0].startswith("./install.sh && testbed twin")
-    assert lines[1] == "./install.sh && python -m pytest -q"
+    assert lines[1] == "./install.sh && python -m pytest -q -n auto"
     ci = (REPO / ".ci" / "run").read_text()
     assert "grep -m1 '^./install.sh && python -m pytest' README.md" in ci
     assert (REPO / "install.sh").stat().st_mode & 0o111
@@ -46,7 +49,7 @@ def test_the_readme_is_a_front_door_with_the_commands_and_what_they_print_on_its
     assert len(lines) <= FRONT_DOOR_LINES, f"README.md has {len(lines)} lines; move text to docs/"
     first = "\n".join(lines[:FIRST_SCREEN]) + "\n"
     assert "./install.sh && testbed twin\n" in first
-    assert "./install.sh && python -m pytest -q\n" in first
+    assert "./install.sh && python -m pytest -q -n auto\n" in first
     # a real excerpt of what `testbed twin` prints: the metrics table and the verdict, from a run
     # whose machine and commit the sentence before it names
     (excerpt,) = _blocks(first, "text")

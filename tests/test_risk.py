@@ -1,7 +1,10 @@
 import numpy as np
+import pytest
 
 from core.policies import Weights
 from core.risk import RiskPriceEstimator
+
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
 
 BW0 = np.full(4, 100.0)
 

@@ -429,15 +429,18 @@ def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(eng
     from testbed.faults.cpu import CpuQuotaThrottle
     from testbed.machine.procs import descendants
 
-    p = engines["prefill"]
+    p, d = engines["prefill"], engines["decode"]
     n = 1500
 
     def prefill_s(tag: str, k: int = 3) -> float:
         times = []
         for i in range(k):
             t0 = time.monotonic()
-            p.call("prefill", request_id=f"slow-{tag}-{i}", prompt_token_ids=_prompt(hash((tag, i)) % 10**6, n))
+            pre = p.call("prefill", request_id=f"slow-{tag}-{i}", prompt_token_ids=_prompt(hash((tag, i)) % 10**6, n))
             times.append(time.monotonic() - t0)
+            # given up, as a router gives up a request: the KV held for its pull is freed now, not
+            # at the lease's end (the next test waits for every held block to be freed)
+            d.call("release_remote_kv", request_id=f"slow-{tag}-{i}", kv_transfer_params=pre.kv_transfer_params)
         return float(np.median(times))
 
     p.call("reset_prefix_cache")
@@ -468,7 +471,7 @@ def test_a_prefill_engine_holding_kv_for_a_pull_does_not_spin_a_core(engines):
     # every millisecond. With vLLM's CPU default (the mp executor) each step is a call through the
     # shared-memory queue and the worker never leaves its busy-wait: 1.58 cores measured over 4 s
     # on this host; with the uni executor 0.58 (docs/reliability.md "The worker process, removed").
-    # Last of the tests on these engines: the held KV expires only after its lease (70 s).
+    # Last of the tests on these engines: KV held and never released expires only after its lease (70 s).
     p, d = engines["prefill"], engines["decode"]
     pre = p.call("prefill", request_id="held-never-pulled", prompt_token_ids=_prompt(21, 600))
     before = p.cpu_seconds()

@@ -1,6 +1,7 @@
 """Missed wake-ups of vLLM's shared-memory queue (testbed/engines/shm_wakeups.py), on vLLM's real
 `MessageQueue`: a writer and a reader in this process, the reader on a thread."""
 
+import tempfile
 import threading
 import time
 
@@ -12,9 +13,12 @@ from testbed.engines import shm_wakeups  # noqa: E402
 
 
 @pytest.fixture
-def queue(tmp_path, monkeypatch):
+def queue(monkeypatch):
     """A writer, its reader (idle after 50 ms without a read) and the reader's dequeues on a thread."""
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
+    # The queue's zmq IPC socket lies in this folder: a short one, since a socket path holds 107
+    # bytes at most and pytest-xdist's per-worker tmp_path with vLLM's socket name is longer.
+    ipc = tempfile.TemporaryDirectory(prefix="tb-ipc-")
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", ipc.name)
     monkeypatch.setattr(shm, "SHM_READER_RECHECK_INTERVAL_MS", shm.SHM_READER_RECHECK_INTERVAL_MS)
     monkeypatch.setattr(shm.SpinCondition, "wait", shm.SpinCondition.wait)
     monkeypatch.setattr(shm.SpinCondition, "record_read", shm.SpinCondition.record_read)
@@ -34,9 +38,12 @@ def queue(tmp_path, monkeypatch):
         th.start()
         return th
 
-    yield writer, read, got
-    if hasattr(shm.SpinCondition, "testbed_wakeup_log"):
-        del shm.SpinCondition.testbed_wakeup_log
+    try:
+        yield writer, read, got
+    finally:
+        if hasattr(shm.SpinCondition, "testbed_wakeup_log"):
+            del shm.SpinCondition.testbed_wakeup_log
+        ipc.cleanup()
 
 
 def test_a_lost_notification_is_recorded_and_costs_no_more_than_the_recheck(queue, tmp_path):

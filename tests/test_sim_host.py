@@ -22,6 +22,8 @@ from simulator.host import cluster_sim
 from simulator.run import run_sim
 from workloads.generate import Workload
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 KV = 131072  # bytes per token (the spec's default)
 # 4 pods of one worker, by_pod: pods 0-1 prefill, 2-3 decode; 1000 prompt tokens a second, 10 ms a
 # step (HAND_ENGINE). One KV byte per token: a pull takes microseconds and moves no answer below.

@@ -13,6 +13,8 @@ from core.stages import blamed_pods
 from core.topology import Topology
 from core.view import Capacity, ClusterView, Loads, PodState
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 
 def _topology() -> Topology:
     return Topology.build(4, 6)

@@ -8,6 +8,8 @@ import simpy
 
 from simulator.network import FlowNetwork
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 REL = 1e-9
 
 

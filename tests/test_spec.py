@@ -4,6 +4,8 @@ import pytest
 
 from core.spec import SpecError, load_spec, parse_spec
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 MINIMAL = {
     "name": "m",

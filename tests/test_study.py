@@ -274,3 +274,31 @@ def _sigint_default() -> None:
     runners and nohup start them) inherits SIGINT ignored, and Python then installs no
     KeyboardInterrupt handler: the test would send a signal nobody can receive."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_a_cell_whose_worker_dies_leaves_no_scratch_behind(tmp_path):
+    """A stopped study cancels nothing: its workers end, and each one's child removes the scratch
+    directory of the cell it was running (study/runner.py). Here the worker is a plain process,
+    SIGKILLed mid-cell."""
+    spec = parse_spec({**BASE, "workload": {**BASE["workload"], "duration_s": 3600}}, "long.yaml")
+    scratch = tmp_path / "scratch"
+    code = ("import sys\n"
+            "from study.runner import run_cell_in_clean_process\n"
+            "run_cell_in_clean_process(sys.stdin.read(), 'LC', 0, None, sys.argv[1])\n")
+    worker = subprocess.Popen([sys.executable, "-c", code, str(scratch)], cwd=REPO, stdin=subprocess.PIPE, text=True)
+    try:
+        worker.stdin.write(spec.model_dump_json())
+        worker.stdin.close()
+        deadline = time.monotonic() + 60
+        # the worker's directory, and the child's run inside it: the cell is running
+        while not list(scratch.glob("testbed-cell-*/testbed-cell-*")):
+            assert worker.poll() is None and time.monotonic() < deadline, "the cell never started"
+            time.sleep(0.1)
+        worker.kill()
+        worker.wait()
+        deadline = time.monotonic() + 10
+        while list(scratch.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not list(scratch.iterdir()), list(scratch.rglob("*"))[:5]
+    finally:
+        worker.kill()

@@ -12,6 +12,8 @@ from scipy import stats
 from analysis.verdict import (NO_SPREAD, Spread, check_seeds_needed, claim_verdict, inside, interval,
                               prediction_interval, world_status)
 
+pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+
 
 def test_the_spread_of_duplicates_is_dahlbergs_and_scales_with_the_runs_in_an_effect():
     d = [0.025, 0.0, -0.025, 0.0, 0.05]
