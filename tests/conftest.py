@@ -60,27 +60,28 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 # --- the machine's cores (pytest-xdist: `python -m pytest -n auto`, the README's test command) ---
-# A test starts processes, Ray, engines, namespaces or qdiscs, or measures time or CPU, unless its
-# module says otherwise: such tests run one at a time, in order, on one worker at normal priority
-# (one xdist group: pyproject.toml sets --dist loadgroup), as they would alone; the end-to-end
-# cluster among them keeps its cores (its real-time jobs keep both about 1.5 busy, and a calibration
-# check failed with other work beside it: docs/history/2026-11-28-suite-time.md). Tests marked
-# `pure` compute only: the other workers run them beside, at SCHED_IDLE, which Linux runs only on a
-# core nothing else wants, so they take the machine group's idle time and none of its CPU.
+# A test may start engines, Ray, namespaces or qdiscs, or judge time or CPU, unless its module or
+# itself is marked `background`: such tests run one at a time, in order, on one worker at normal
+# priority (one xdist group; pyproject.toml sets --dist loadgroup), as they would alone; the
+# end-to-end cluster among them keeps its cores (its real-time jobs keep both about 1.5 busy, and a
+# calibration check failed with other work beside it: docs/history/2026-11-28-suite-time.md).
+# A `background` test judges no time or CPU and starts no engine or Ray: the other workers run
+# those beside the group at SCHED_IDLE, which Linux runs only on a core nothing else wants, so
+# they take the group's idle time and none of its CPU (docs/performance.md "The test suite's time").
 MACHINE_GROUP = "machine"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("pure") is None:
+        if item.get_closest_marker("background") is None:
             item.add_marker(pytest.mark.xdist_group(MACHINE_GROUP))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if not hasattr(item.config, "workerinput"):  # one process: every test as it would run alone
         return
-    pure = item.get_closest_marker("pure") is not None
-    # This thread's policy (the one that runs the test) and what it starts; the machine group's
-    # worker may run a pure test while it waits for its group, so each test sets its own.
-    os.sched_setscheduler(0, os.SCHED_IDLE if pure else os.SCHED_OTHER, os.sched_param(0))
+    background = item.get_closest_marker("background") is not None
+    # This thread's policy (the one that runs the test) and what it starts; a worker may run tests
+    # of both kinds, so each test sets its own.
+    os.sched_setscheduler(0, os.SCHED_IDLE if background else os.SCHED_OTHER, os.sched_param(0))

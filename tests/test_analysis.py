@@ -34,7 +34,7 @@ from core.metrics_spec import MetricsSpec
 from analysis.summary import RunDiscoveryError, collect_runs, compare_worlds, discover_runs, mean_ci, summarize
 from core.records import DecisionRecord, FaultEvent, PriceRecord, RequestRecord, RunWriter
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 T975 = {2: 4.3027, 3: 3.1824}  # Student t quantile 0.975 for 2 and 3 degrees of freedom (printed tables)
 

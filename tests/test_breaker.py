@@ -12,7 +12,7 @@ from core.spec import parse_spec
 from builders import faulted_spec_dict, link_fault, poisson
 from simulator.run import run_sim
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 
 def _breakers(**kw):

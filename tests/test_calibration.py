@@ -11,7 +11,7 @@ from core.experiment import build_topology
 from core.spec import load_spec
 from core.topology import GBPS
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 TRUE = {"overhead": 0.12, "per_token": 1 / 1800.0, "base": 0.018, "per_seq": 0.0015, "per_kv": 2e-7,
         "latency": 0.015, "wire": 1.05, "unshaped_Bps": 0.3e9}

@@ -30,7 +30,7 @@ from core.records import FaultEvent, HostRecord, RequestRecord, RunWriter
 from builders import fixed, link_fault, parse, poisson, small_spec_dict
 from simulator.run import run_sim
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 # The fit under test, in round numbers: prefill 20 ms + 1 ms a token; decode step 10 ms + 2 ms a
 # sequence + 1 us a KV token; a pull 5 ms + 1 ns a byte (8 Gbit/s = 1e9 bytes/s).

@@ -17,7 +17,7 @@ from core.calibration import (LOAD_SEEDS, Calibration, EngineCalibration, Networ
                               calibration_load, load_calibration, save_calibration)
 from simulator.run import run_sim
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 NETWORK = dict(kv_bytes_per_token=8192, kv_wire_overhead=1.0, unshaped_gbps=8.0)

@@ -13,7 +13,7 @@ from scipy import stats
 from analysis.claims import ClaimRule, claim_table, fieller
 from analysis.verdict import RULE_VERSION, Spread
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 T3 = stats.t.ppf(0.95, 2)  # 3 seeds, one-sided 5 %: the 90 % interval
 FR = "failure_rate"

@@ -14,6 +14,9 @@ import pytest
 
 from core.records import read_meta, read_table
 
+# subprocesses of the command line, judged on what they print, not on time
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = [sys.executable, "-m", "cli"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from testbed.router.run_archive import pack_dir, unpack_dir
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 
 def test_a_run_directory_comes_back_whole(tmp_path):

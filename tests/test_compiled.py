@@ -18,7 +18,7 @@ import pytest
 from core import compiled
 from core.records import read_table
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from analysis.run_data import load_run
 from builders import parse, shipped_spec_dict
 from simulator.run import run_sim
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 
 def _spec(faults: list[dict]):

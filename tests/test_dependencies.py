@@ -15,7 +15,7 @@ import pytest
 
 from test_architecture import PACKAGES, imports
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Imported where no such distribution is installed here (the GPU stack), or under a fallback.

@@ -16,7 +16,7 @@ from core.view import Loads
 from simulator.run import run_sim
 from testbed.router.exporter import RunMetrics, serve
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 def _records(run_dir) -> list[tuple]:
     """Every router record of the run, in time order (requests at their end)."""

@@ -19,7 +19,7 @@ from faults import (
     TelemetrySpec,
 )
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 FAULT_LIST = TypeAdapter(list[FaultSpec])
 

@@ -31,7 +31,7 @@ from test_analysis import T975, Reqs, link_fault
 from test_calibration import _calibration
 from cli.main import main
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("LC", "OTF-R", "OracleAvoidance")

@@ -23,7 +23,7 @@ from core.calibration import save_calibration
 from test_calibration import _calibration
 from test_fidelity import POLICIES, build_worlds, compared_worlds
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

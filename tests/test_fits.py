@@ -16,7 +16,7 @@ from core.fits import fit
 from core.records import EngineRecord, FaultEvent, RequestRecord, RunWriter
 from core.spec import load_spec, resolve_extends
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 # The testbed's measured physics: what a shipped testbed spec must not restate (its value lives in

@@ -23,7 +23,7 @@ from builders import shipped_spec_dict
 from cli.main import main
 from workloads.samples import write_azure, write_burstgpt, write_mooncake
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "experiments" / "smoke.yaml"

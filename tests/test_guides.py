@@ -37,7 +37,7 @@ import pytest
 from cli.main import build_parser
 from core.policies import POLICY_NAMES
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDES = REPO / "docs" / "guides"

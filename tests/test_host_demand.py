@@ -16,7 +16,7 @@ from analysis.host_demand import CSV_NAME, demand_ratios, host_demand_check, pri
 from analysis.run_data import load_run
 from core.records import HostRecord, RequestRecord, RunWriter
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 SPEC = {"deadline_s": 30.0, "engine": {"host_engine_cores": 1.0}}
 # Cores each engine gets over 0-10 s, and the machine's busy cores: worker 0 computes a 10 s

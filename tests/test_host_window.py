@@ -9,7 +9,7 @@ import pytest
 
 from analysis.host_window import run_host_window
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 
 def _counter(t: np.ndarray, rate_out: float, rate_in: float, onset: float, end: float) -> np.ndarray:

@@ -13,7 +13,7 @@ from core.experiment import build_topology, make_router, seed_streams
 from core.in_flight import InFlightEvidence
 from core.records import PriceRecord
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 A, B, C, D = "a", "b", "c", "d"  # request keys (the router uses its tickets)
 

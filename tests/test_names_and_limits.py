@@ -13,7 +13,7 @@ from core.limits import first_token_limit, give_up_s, spec_first_token_limit
 from core.spec import parse_spec
 from core.stages import FAILURE_STAGES
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 
 def test_the_first_token_limit_is_the_ttft_timeout_never_later_than_the_deadline():

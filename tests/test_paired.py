@@ -22,7 +22,7 @@ from core.records import RequestRecord, RunWriter
 from test_analysis import link_fault
 from test_fidelity import BASE_SPEC, quiet
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 NAN = math.nan
 FAULT = (10.0, 20.0)  # the fault window of every hand-built run, on pod 3

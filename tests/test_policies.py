@@ -5,7 +5,7 @@ from core.policies import POLICY_NAMES, UnknownPolicy, Weights, make_policy
 from core.topology import Topology
 from core.view import Capacity, ClusterView, Loads, PodState
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 CAP = Capacity(prefill_slots=8, prefill_token_budget=8192, decode_slots=64, decode_kv_tokens=100_000)
 

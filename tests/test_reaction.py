@@ -16,7 +16,7 @@ from analysis.run_metrics import run_metrics
 from core.records import RequestRecord
 from test_analysis import link_fault, write_run
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 BAD = 3  # the degraded pod
 ONSET, END = 20.0, 40.0

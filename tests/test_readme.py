@@ -14,7 +14,7 @@ from cli.main import build_parser
 from core.policies import POLICY_NAMES
 from core.spec import parse_spec
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

@@ -4,7 +4,7 @@ import pytest
 from core.policies import Weights
 from core.risk import RiskPriceEstimator
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 BW0 = np.full(4, 100.0)
 

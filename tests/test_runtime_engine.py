@@ -166,18 +166,28 @@ class _Remote:
             ticks += int(fields[11]) + int(fields[12])
         return ticks / os.sysconf("SC_CLK_TCK")
 
-    def close(self) -> None:
-        try:
-            if self.proc.is_alive():
-                self.call("shutdown", timeout=45)
-        except Exception as exc:  # still kill the group below
-            print(f"engine {self.proc.pid} shutdown failed: {exc}", file=sys.stderr)
-        self.proc.join(10)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.join(5)
+    @staticmethod
+    def close_all(remotes: list["_Remote"]) -> None:
+        """Shut the engines down together (each takes seconds), then kill what is left of each group."""
+        asked = []
+        for r in remotes:
+            try:
+                if r.proc.is_alive():
+                    asked.append((r, r.submit("shutdown")))
+            except Exception as exc:  # still kill the group below
+                print(f"engine {r.proc.pid} shutdown failed: {exc}", file=sys.stderr)
+        for r, cid in asked:
+            try:
+                r.result(cid, timeout=45)
+            except Exception as exc:
+                print(f"engine {r.proc.pid} shutdown failed: {exc}", file=sys.stderr)
+        for r in remotes:
+            r.proc.join(10)
+            try:
+                os.killpg(r.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            r.proc.join(5)
 
 
 def _free_port() -> int:
@@ -222,8 +232,7 @@ def engines(tmp_path_factory):
         expired = {r: e.call("metrics")["vllm:nixl_num_kv_expired_reqs_total"] for r, e in (("p", p), ("d", d))}
         yield {"prefill": p, "decode": d, "model": model, "facts": facts, "expired_after_warmup": expired}
     finally:
-        for r in remotes:
-            r.close()
+        _Remote.close_all(remotes)
         leftovers = [pid for r in remotes for pid in r.tree()]
         shutil.rmtree(run, ignore_errors=True)  # TMPDIR, IPC sockets, vLLM cache
         assert not leftovers, f"engine processes left behind: {leftovers}"

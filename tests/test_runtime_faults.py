@@ -70,7 +70,10 @@ def _wait_gone(netns: str, within_s: float) -> float | None:
 def test_a_throttle_outlives_its_killed_driver_only_until_its_ttl_and_sigterm_clears(tmp_path):
     from testbed.cluster.emulated import EmulatedCluster
 
-    cluster = EmulatedCluster(1, tmp_path / "state", tmp_path / "run", run_id=uuid.uuid4().hex[:10], mode="netns")
+    # started directly, not through `ray up` (20 s more): the fault agents' time to live is the
+    # matter here, and the e2e cluster and test_runtime_cluster.py cover `ray up`
+    cluster = EmulatedCluster(1, tmp_path / "state", tmp_path / "run", run_id=uuid.uuid4().hex[:10], mode="netns",
+                              launcher="direct")
     driver = None
     try:
         cluster.up()

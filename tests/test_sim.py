@@ -12,7 +12,7 @@ from core.spec import parse_spec
 from builders import HAND_ENGINE, faulted_spec_dict, fixed, link_fault, parse, poisson, small_spec_dict
 from core.topology import GBPS
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 KV = 131072  # bytes per token
 

@@ -17,7 +17,7 @@ from faults.schedule import FaultSchedule
 from faults.spec import EngineFault
 from simulator.run import run_sim
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 CHECK_S = 10.0  # testbed.engine_check_s: the liveness period both worlds use
 

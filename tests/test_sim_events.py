@@ -7,7 +7,7 @@ import simpy
 
 from simulator.events import Chain, call_after, run_until
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 # (delay, label) steps of three sleepers: equal times across them, zero delays, and a
 # sleeper whose wake-ups fall on another's: ties that only the event ids order.

@@ -22,7 +22,7 @@ from simulator.host import cluster_sim
 from simulator.run import run_sim
 from workloads.generate import Workload
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 KV = 131072  # bytes per token (the spec's default)
 # 4 pods of one worker, by_pod: pods 0-1 prefill, 2-3 decode; 1000 prompt tokens a second, 10 ms a

@@ -13,7 +13,7 @@ from core.stages import blamed_pods
 from core.topology import Topology
 from core.view import Capacity, ClusterView, Loads, PodState
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 
 def _topology() -> Topology:

@@ -8,7 +8,7 @@ import simpy
 
 from simulator.network import FlowNetwork
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 REL = 1e-9
 

@@ -4,7 +4,7 @@ import pytest
 
 from core.spec import SpecError, load_spec, parse_spec
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
 MINIMAL = {

@@ -34,7 +34,7 @@ from core.study import expand_study
 from simulator.run import run_sim
 from cli.main import main
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 T975_1 = 12.7062  # Student t quantile 0.975, 1 degree of freedom (printed tables)
 

@@ -19,7 +19,7 @@ from analysis.study_claims import (check_claim_metrics, claim_effects, claim_rul
 from core.spec import SpecError, load_spec, parse_spec
 from core.study import ClaimSides, claim_sides, expand_study
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "experiments" / "carryover.yaml"
 JUDGED = {"direction": "decrease", "margin": 0.03}  # how a test's claim is judged

@@ -20,7 +20,7 @@ from workloads import WorkloadError, WorkloadSpec, generate, load_trace
 from workloads.samples import main as samples_main
 from workloads.samples import write_azure, write_burstgpt, write_mooncake, write_samples
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 ROWS = 120
 

@@ -12,7 +12,7 @@ from scipy import stats
 from analysis.verdict import (NO_SPREAD, Spread, check_seeds_needed, claim_verdict, inside, interval,
                               prediction_interval, world_status)
 
-pytestmark = pytest.mark.pure  # computes only: runs beside the others under -n (tests/conftest.py)
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 
 def test_the_spread_of_duplicates_is_dahlbergs_and_scales_with_the_runs_in_an_effect():

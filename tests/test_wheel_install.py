@@ -25,6 +25,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+# subprocesses of the command line, judged on what they print, not on time
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 DIST = "pd-reliability-testbed"
 PROMETHEUS_FILES = ("prometheus.yml", "rules.yml", "rules_test.yml")
