@@ -4,10 +4,9 @@ the tests share the machine's cores (``-n auto``, below)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
-
-import os
 
 import pytest
 
