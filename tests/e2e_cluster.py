@@ -17,7 +17,7 @@ finished), `testbed twin`, `testbed run --serve`, a `testbed run` without the fl
 while they hold the pods, a `testbed run` with a link down is SIGKILLed, then an engine fault kills
 two engines, run twice (on engines restarted for the second: the testbed's repeatability), and
 `testbed cluster stop-engines` stops them. The calibrated simulator runs the throttled job and
-the engine fault as their twins. Slow (engine start-up and real time: about 20 minutes on 2
+the engine fault as their twins. Slow (engine start-up and real time: about 17 minutes on 2
 cores); CI runs it all the same.
 
 The cluster comes up once a session (tests/conftest.py's ``testbed_runs``): :func:`run_on_cluster`
