@@ -50,6 +50,14 @@ def seed_streams(seed: int) -> dict[str, np.random.Generator]:
     return dict(zip(names, (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(names)))))
 
 
+def seeded_workload(spec: ExperimentSpec, seed: int, base_dir: Path | None = None) -> Any:
+    """The request stream ``spec``'s workload gives ``seed``: the one both worlds replay (the
+    simulator's run, the testbed's jobs), drawn from the seed's own workload stream."""
+    from workloads.generate import generate
+
+    return generate(spec.workload, seed_streams(seed)["workload"], base_dir=base_dir)
+
+
 def run_dir_for(out: Path, spec: ExperimentSpec, policy: str, seed: int) -> Path:
     return Path(out) / spec.name / policy / f"seed-{seed}"
 

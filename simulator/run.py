@@ -10,10 +10,10 @@ from typing import Callable
 
 import simpy
 
-from core.experiment import build_topology, seed_streams
+from core.experiment import build_topology, seeded_workload
 from core.run import RunContext
 from core.spec import ExperimentSpec
-from workloads.generate import Workload, generate
+from workloads.generate import Workload
 
 from .host import HostedClusterSim, cluster_sim
 
@@ -60,7 +60,7 @@ def run_sim(
     for i, f in enumerate(spec.faults):
         if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0):
             raise ValueError(f"faults[{i}]: delay_ms and loss are testbed-only (netem); the simulator does not model them")
-    wl = workload if workload is not None else generate(spec.workload, seed_streams(seed)["workload"], base_dir=base_dir)
+    wl = workload if workload is not None else seeded_workload(spec, seed, base_dir)
     with RunContext(spec, "sim", policy, seed, out, build_topology(spec), wl.summary()) as ctx:
         env = simpy.Environment()
         sim = cluster_sim(env, ctx, spec.engine, wl, spec.deadline_s, spec.topology.kv_bytes_per_token, progress,

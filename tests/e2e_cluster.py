@@ -69,10 +69,9 @@ def whole_fault_s(spec: dict, seed: int = 0) -> float:
     arrival plus the deadline, when that request is given up. Not longer: a pull the fault stalled
     ends when the link heals and the run waits for it, so each second more is a second of the run
     that no test reads (at 60 s, these runs lasted 62 s; their 8 arrivals of seed 0 end at 8.5 s)."""
-    from core.experiment import seed_streams
-    from workloads.generate import generate
+    from core.experiment import seeded_workload
 
-    arrivals = generate(parse_spec(spec).workload, seed_streams(seed)["workload"]).arrival_s
+    arrivals = seeded_workload(parse_spec(spec), seed).arrival_s
     return float(math.ceil(arrivals[-1] + spec["deadline_s"]))
 
 

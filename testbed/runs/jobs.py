@@ -1,7 +1,7 @@
 """A testbed run's jobs as the launcher hands them to the driver: a spec travels once.
 
 The command line validates the spec (core.spec); the launcher (launch.py) generates each
-seed's workload once, from the seed's workload stream (core.experiment.seed_streams, as the
+seed's workload once, from the seed's workload stream (core.experiment.seeded_workload, as the
 simulator does), and checks it against the engines' context before anything starts; the
 driver (driver.py, in the head's namespace) reads the jobs back from one file and hands the
 spec object and the workload to each run's router actor through Ray. Nothing on the way
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.experiment import seed_streams
+from core.experiment import seeded_workload
 from core.spec import ExperimentSpec
-from workloads.generate import Workload, generate
+from workloads.generate import Workload
 
 # What the command line asks for: a spec, its policies and its seeds.
 Job = tuple[ExperimentSpec, list[str], list[int]]
@@ -54,7 +54,7 @@ def prepare_jobs(jobs: Sequence[Job], serve: bool = False) -> list[RunJob]:
     for spec, policies, seeds in jobs:
         workloads = {}
         for seed in [] if serve else seeds:
-            workloads[seed] = wl = generate(spec.workload, seed_streams(seed)["workload"])
+            workloads[seed] = wl = seeded_workload(spec, seed)
             check_workload(wl, spec)
         out.append(RunJob(spec, list(policies), list(seeds), workloads))
     return out
