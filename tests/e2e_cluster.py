@@ -36,11 +36,12 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 from builders import shipped_spec_dict
 from core.policies import POLICY_NAMES
-from core.records import read_table
+from core.records import read_meta, read_table
 from core.spec import ExperimentSpec, parse_spec
 from testbed.cluster.emulated import EmulatedCluster
 from testbed.runs.jobs import prepare_jobs, repeat_of
@@ -449,18 +450,25 @@ def _end_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-# The kill, this long after the faults were applied: past the deadline (8 s) of the first requests
-# whose KV had to cross the link, so the run holds requests timed out in kv_transfer (its records
-# are flushed every 2 s), and nothing more is waited for. (At 65 s, until 2026-11-28, the kill
-# came after UCX had given the link's connections up, ~47 s: no test reads what happens then.)
+# The kill, this long after the run's start (run.json's started_at, which the run's clock starts at
+# or after): past the deadline (8 s) of the first requests whose KV had to cross the link, so the
+# run holds requests timed out in kv_transfer (its records are flushed every 2 s), and nothing more
+# is waited for. (At 65 s, until 2026-11-28, the kill came after UCX had given the link's
+# connections up, ~47 s: no test reads what happens then.) Timed from the run's start, not from
+# when the test reads the faults applied: that read lags their application by the records' flush,
+# the compute fault's probe and the poll, 4-5 s in a fresh clone's suite at bc853e7, where a kill
+# timed from it came at the faults' end and the driver had cleared them itself.
 KILL_AFTER_S = 20.0
-# The faults of the killed run: applied at 0 s, for this long. Past the kill, or the driver, alive
-# until then, clears them at their end; the kill comes KILL_AFTER_S after the test reads them
-# applied, up to ~3 s after they were (the records' 2 s flush, the 1 s poll). After the kill the
-# agents hold them to their time to live (their end plus testbed.fault_ttl_margin_s, 10 s), past
-# the look 5 s after it, and remove them then: the test waits for that, so every second more here
-# is a second of waiting.
+# The faults of the killed run: applied at 0 s, for this long. The driver, alive until the kill,
+# would clear them at their end: 5 s after the kill. After the kill the agents hold them to their
+# time to live (their end plus testbed.fault_ttl_margin_s, 10 s), past the look 5 s after it, and
+# remove them then: the test waits for that, so every second more here is a second of waiting.
 KILL_FAULT_S = KILL_AFTER_S + 5.0
+
+
+def _engine_cores() -> set[str]:
+    """The vLLM engine cores running on this machine, as pgrep lists them (pid and name)."""
+    return set(subprocess.run(["pgrep", "-af", "EngineCore"], capture_output=True, text=True).stdout.splitlines())
 
 
 def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
@@ -498,19 +506,22 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
             time.sleep(1.0)
         applied_at = time.monotonic()
         assert proc.poll() is None, "the run ended before it could be killed"
-        time.sleep(KILL_AFTER_S)
+        started = datetime.fromisoformat(read_meta(run_dir)["started_at"]).timestamp()
+        time.sleep(max(0.0, started + KILL_AFTER_S - time.time()))
+        seen["engines_before_kill"] = _engine_cores()
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        killed_at = time.monotonic()
+        seen["killed_after_start_s"] = time.time() - started
         time.sleep(5.0)  # Ray ends the actors the dead driver owned
         seen["right_after"] = [x.line() for x in find_leftovers()]
-        seen["engines_after_kill"] = subprocess.run(["pgrep", "-af", "EngineCore"], capture_output=True,
-                                                    text=True).stdout.splitlines()
+        seen["looked_after_start_s"] = time.time() - started
+        # the earliest the agents' time to live can end: the faults applied at the run's 0 s, at or after its start
+        seen["ttl_end_after_start_s"] = KILL_FAULT_S + base["testbed"].get("fault_ttl_margin_s", 10.0)
+        seen["engines_after_kill"] = _engine_cores()
         # the faults' time to live: their scheduled end (KILL_FAULT_S after the run's start) plus the margin
         ttl_end = applied_at + KILL_FAULT_S + base["testbed"].get("fault_ttl_margin_s", 10.0) + 5.0
         time.sleep(max(0.0, ttl_end - time.monotonic()))
         seen["after_ttl"] = [x.line() for x in find_leftovers()]
-        seen["killed_after_s"] = killed_at - applied_at
     finally:
         _end_group(proc)
     seen["run_dir"] = run_dir

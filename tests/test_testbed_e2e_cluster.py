@@ -10,7 +10,7 @@ pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the READM
 pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
 
 from core.records import read_meta, read_table  # noqa: E402
-from e2e_cluster import DEATH_REPEAT, DEATH_REQUESTS  # noqa: E402
+from e2e_cluster import DEATH_REPEAT, DEATH_REQUESTS, KILL_FAULT_S  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 
@@ -144,6 +144,12 @@ def test_a_killed_driver_leaves_its_faults_to_their_ttl_and_nothing_after_cluste
     *_, cli = testbed_runs
     k = cli["killed"]
     assert read_meta(k["run_dir"])["status"] == "running"
+    # the driver was killed before the faults' end (it would have cleared them itself), and the look
+    # came before their time to live could end: the run's clock starts at or after started_at
+    assert k["killed_after_start_s"] < KILL_FAULT_S, k["killed_after_start_s"]
+    assert k["looked_after_start_s"] < k["ttl_end_after_start_s"], k
+    # the kept engines outlive the driver that used them, each the same process
+    assert k["engines_before_kill"] and k["engines_after_kill"] == k["engines_before_kill"], k
     right_after = "\n".join(k["right_after"])
     assert "qdisc" in right_after and "cgroup" in right_after, right_after  # held by the live agents
     assert not [x for x in k["after_ttl"] if x.startswith(("qdisc", "cgroup", "link"))], k["after_ttl"]
