@@ -452,12 +452,12 @@ def _end_group(proc: subprocess.Popen) -> None:
 
 # The kill, this long after the run's start (run.json's started_at, which the run's clock starts at
 # or after): past the deadline (8 s) of the first requests whose KV had to cross the link, so the
-# run holds requests timed out in kv_transfer (its records are flushed every 2 s), and nothing more
-# is waited for. (At 65 s, until 2026-11-28, the kill came after UCX had given the link's
-# connections up, ~47 s: no test reads what happens then.) Timed from the run's start, not from
-# when the test reads the faults applied: that read lags their application by the records' flush,
-# the compute fault's probe and the poll, 4-5 s in a fresh clone's suite at bc853e7, where a kill
-# timed from it came at the faults' end and the driver had cleared them itself.
+# run holds requests timed out in kv_transfer (the testbed's records are flushed every second), and
+# nothing more is waited for. (At 65 s, until 2026-11-28, the kill came after UCX had given the
+# link's connections up, ~47 s: no test reads what happens then.) Timed from the run's start, not
+# from when the test reads the faults applied: their rows are written once the probes measured
+# them, then flushed, then polled, 4-5 s after the faults in a fresh clone's suite at bc853e7,
+# where a kill timed from that read came at the faults' end and the driver had cleared them itself.
 KILL_AFTER_S = 20.0
 # The faults of the killed run: applied at 0 s, for this long. The driver, alive until the kill,
 # would clear them at their end: 5 s after the kill. After the kill the agents hold them to their
