@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .routing import Router
 from .spec import ExperimentSpec
 from .topology import Topology
 from .view import Capacity
+
+if TYPE_CHECKING:
+    from workloads.generate import Workload
 
 
 def build_topology(spec: ExperimentSpec) -> Topology:
@@ -50,7 +53,7 @@ def seed_streams(seed: int) -> dict[str, np.random.Generator]:
     return dict(zip(names, (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(names)))))
 
 
-def seeded_workload(spec: ExperimentSpec, seed: int, base_dir: Path | None = None) -> Any:
+def seeded_workload(spec: ExperimentSpec, seed: int, base_dir: Path | None = None) -> Workload:
     """The request stream ``spec``'s workload gives ``seed``: the one both worlds replay (the
     simulator's run, the testbed's jobs), drawn from the seed's own workload stream."""
     from workloads.generate import generate

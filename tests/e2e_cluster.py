@@ -76,13 +76,17 @@ def whole_fault_s(spec: dict, seed: int = 0) -> float:
     return float(math.ceil(arrivals[-1] + spec["deadline_s"]))
 
 
+def _pgrep(pattern: str) -> list[str]:
+    """The processes whose command line matches ``pattern``, as ``pgrep -af`` lists them (pid and command)."""
+    return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout.splitlines()
+
+
 def _leftovers() -> dict[str, list[str]]:
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     # A "<defunct>" entry is dead already: a node's agent killed with its session after its raylet,
     # reparented to PID 1, which reaps it when it gets to it (seen once with 4 pods); not left running.
-    procs = [p for p in subprocess.run(["pgrep", "-af", "raylet|gcs_server|EngineCore|ray::"], capture_output=True,
-                                       text=True).stdout.splitlines() if not p.endswith("<defunct>")]
-    procs += [p for p in subprocess.run(["pgrep", "-af", "sshd: .*tb-"], capture_output=True, text=True).stdout.splitlines()]
+    procs = [p for p in _pgrep("raylet|gcs_server|EngineCore|ray::") if not p.endswith("<defunct>")]
+    procs += _pgrep("sshd: .*tb-")
     tmp = [p.name for p in Path("/tmp").glob("tb-*")]
     # the project's qdiscs (handle 7e57:) on the host's own interfaces
     qdiscs = [q for q in subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout.splitlines()
@@ -466,11 +470,6 @@ KILL_AFTER_S = 20.0
 KILL_FAULT_S = KILL_AFTER_S + 5.0
 
 
-def _engine_cores() -> set[str]:
-    """The vLLM engine cores running on this machine, as pgrep lists them (pid and name)."""
-    return set(subprocess.run(["pgrep", "-af", "EngineCore"], capture_output=True, text=True).stdout.splitlines())
-
-
 def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
     """`testbed run` with pod 0's KV link down, SIGKILLed (the command
     and its driver, one process group, as a terminal's kill would) mid-run, on the kept engines
@@ -479,7 +478,7 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
     from testbed.cluster.leftovers import find_leftovers
 
     spec_file = out / "e2e_killed.yaml"
-    spec_file.write_text(json.dumps({
+    spec = {
         **base, "name": "e2e_killed", "deadline_s": 8.0, "policies": ["Random"],
         "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 200,
                      "prompt": {"kind": "uniform", "low": 300, "high": 400}, "output": {"kind": "fixed", "value": 4}},
@@ -487,7 +486,11 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
         "faults": [{"kind": "link", "pods": [0], "start_s": 0.0, "duration_s": KILL_FAULT_S, "residual_bw": 0.0,
                     "kv_only": True},
                    {"kind": "compute", "pods": [1], "start_s": 0.0, "duration_s": KILL_FAULT_S,
-                    "slowdown": COMPUTE_SLOWDOWN}]}))
+                    "slowdown": COMPUTE_SLOWDOWN}]}
+    spec_file.write_text(json.dumps(spec))
+    # the faults' time to live: their scheduled end plus the margin, counted from the run's 0 s, at or
+    # after its start (the earliest they can go) and before the test reads them applied (the latest)
+    ttl_s = KILL_FAULT_S + parse_spec(spec).testbed.fault_ttl_margin_s
     run_dir = out / "e2e_killed" / "Random" / "seed-0"
     proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--address", addr, "--keep-engines",
                              "--policies", "Random", "--seeds", "0", "--out", str(out)],
@@ -508,18 +511,16 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
         assert proc.poll() is None, "the run ended before it could be killed"
         started = datetime.fromisoformat(read_meta(run_dir)["started_at"]).timestamp()
         time.sleep(max(0.0, started + KILL_AFTER_S - time.time()))
-        seen["engines_before_kill"] = _engine_cores()
+        seen["engines_before_kill"] = set(_pgrep("EngineCore"))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         seen["killed_after_start_s"] = time.time() - started
         time.sleep(5.0)  # Ray ends the actors the dead driver owned
         seen["right_after"] = [x.line() for x in find_leftovers()]
         seen["looked_after_start_s"] = time.time() - started
-        # the earliest the agents' time to live can end: the faults applied at the run's 0 s, at or after its start
-        seen["ttl_end_after_start_s"] = KILL_FAULT_S + base["testbed"].get("fault_ttl_margin_s", 10.0)
-        seen["engines_after_kill"] = _engine_cores()
-        # the faults' time to live: their scheduled end (KILL_FAULT_S after the run's start) plus the margin
-        ttl_end = applied_at + KILL_FAULT_S + base["testbed"].get("fault_ttl_margin_s", 10.0) + 5.0
+        seen["ttl_end_after_start_s"] = ttl_s
+        seen["engines_after_kill"] = set(_pgrep("EngineCore"))
+        ttl_end = applied_at + ttl_s + 5.0
         time.sleep(max(0.0, ttl_end - time.monotonic()))
         seen["after_ttl"] = [x.line() for x in find_leftovers()]
     finally:
