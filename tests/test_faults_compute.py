@@ -427,7 +427,7 @@ def test_a_gpu_backend_without_nvml_is_refused_in_one_line(monkeypatch: pytest.M
     assert "\n" not in str(err.value)
 
 
-def test_the_agent_slows_processes_until_the_time_to_live_then_puts_them_back(procs) -> None:
+def test_the_agent_slows_processes_until_the_time_to_live_then_puts_them_back(procs, throttles) -> None:
     from testbed.faults.agent import FaultAgent, FaultRefused
 
     child = procs("import time; time.sleep(60)")
@@ -438,7 +438,10 @@ def test_the_agent_slows_processes_until_the_time_to_live_then_puts_them_back(pr
             agent.apply_compute("compute", [child.pid], 2.0, ttl_s=0)
         assert not _in_project_cgroup(child.pid)
         measured = agent.apply_compute("compute", [child.pid], 2.0, ttl_s=3.0)
-        assert abs(measured - 2.0) <= 0.25 * 2.0
+        # The quota's factor, or the machine's contention where that binds, read by the same probe
+        # with no limit in this test (a fixed band failed at 3.17 for 2x beside a busy loop on both cores).
+        unlimited = _unlimited_reading(procs, throttles)
+        assert 0.75 * 2.0 <= measured <= 1.25 * max(2.0, unlimited), (measured, unlimited)
         assert _in_project_cgroup(child.pid) and agent.active()["compute"]["factor"] == 2.0
         clock[0] = 2.9
         assert agent.expire() == []

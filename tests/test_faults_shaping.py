@@ -19,6 +19,7 @@ from testbed.faults import shaping
 from testbed.faults.agent import FaultAgent, FaultRefused
 from testbed.faults.shaping import KV_PORT_BASE, Shaping
 from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
+from testbed.cluster.traffic import CounterSampler, link_counter
 from testbed.cluster.traffic import TcpStream as Stream
 from testbed.cluster.traffic import retransmits, rto_s
 from testbed.cluster.traffic import tcp_stream as stream
@@ -59,29 +60,48 @@ def qdisc_dump(netns: str) -> list[tuple[str, int, int, str]]:
                       for q in ipr.get_qdiscs())
 
 
-def test_shaped_throughput_matches_three_rates_and_takes_effect_within_200ms(fabric):
+# htb's most ahead of its rate a stream may run: the class's burst, and one GSO packet (64 KiB and
+# its headers) it releases whole and goes into debt for (docs/verified.md "htb counts GSO packets whole").
+GSO_BYTES = 65536 + 1500
+
+
+def test_shaped_throughput_matches_three_rates_and_is_in_effect_when_the_call_returns(fabric):
+    """Rates and the moment of effect are read from kernel counters (what arrived on the stream's
+    connection; what pod0's interface sent), so neither depends on when the test's threads got
+    the CPU: a CI run read 7.3 of 5 Mbit/s from its reader's times. How long the call takes
+    is benchmarks/bench_shaping.py's figure."""
     pod0 = fabric.node("pod0").netns
     agent = FaultAgent("pod0", ["eth0"])
-    with stream(fabric, "pod0", "pod1", KV_PORT) as s:
-        time.sleep(0.5)
-        for mbit in (80, 20, 5):
-            unshaped = s.last(0.3)
-            assert unshaped > 20 * mbit * 1e6, f"an unshaped veth should run far faster than {mbit} Mbit/s"
-            with in_netns(pod0):
-                t_apply = time.monotonic()
-                agent.apply_link("link", "eth0", ["uplink"], mbit * 1e6, ttl_s=60)
-                assert shaping.installed("eth0") == {"egress": mbit * 1e6}
-            time.sleep(2.2)
-            measured = s.rate(t_apply + 0.7, t_apply + 2.2)
-            assert abs(measured / (mbit * 1e6) - 1) < 0.10, f"{mbit} Mbit/s shaped gave {measured / 1e6:.2f} Mbit/s"
-            # The effect: the first 50 ms bin at under twice the limit starts within 200 ms of the call.
-            bins = [t_apply + 0.05 * k for k in range(20)]
-            first = next(t for t in bins if s.rate(t, t + 0.05) < 2 * mbit * 1e6)
-            assert first - t_apply <= 0.2, f"{mbit} Mbit/s took {first - t_apply:.3f} s to take effect"
-            with in_netns(pod0):
-                agent.clear("link")
-                assert shaping.installed("eth0") == {}
-            assert restored(s, 10 * mbit * 1e6), "removing the shaping restores the line rate"
+    sent = CounterSampler(lambda: link_counter(pod0, "eth0", "tx_bytes"))
+    try:
+        with stream(fabric, "pod0", "pod1", KV_PORT) as s:
+            time.sleep(0.5)
+            for mbit in (80, 20, 5):
+                limit = mbit * 1e6
+                unshaped = s.last(0.3)
+                assert unshaped > 20 * limit, f"an unshaped veth should run far faster than {mbit} Mbit/s"
+                with in_netns(pod0):
+                    t_call = time.monotonic()
+                    agent.apply_link("link", "eth0", ["uplink"], limit, ttl_s=60)
+                    t_back = time.monotonic()
+                    assert shaping.installed("eth0") == {"egress": limit}
+                time.sleep(2.2)
+                measured = s.rate(t_call + 0.7, t_call + 2.2)
+                assert abs(measured / limit - 1) < 0.10, f"{mbit} Mbit/s shaped gave {measured / 1e6:.2f} Mbit/s"
+                # In effect when the call returned: from then on what pod0 sent never ran ahead of the
+                # limit by more than htb lets through at once. Line rate for even 5 ms after the
+                # return would run ahead by 20 x the limit x 5 ms, 1 MB at 80 Mbit/s.
+                ahead = sent.most_ahead(t_back, t_call + 2.2, limit)
+                allowed = shaping.burst_bytes(limit) + GSO_BYTES
+                assert ahead <= allowed, (f"{mbit} Mbit/s: pod0 sent {ahead / 1e3:.0f} KB beyond the limit after the "
+                                          f"call returned ({t_back - t_call:.3f} s after it was made); htb allows "
+                                          f"{allowed / 1e3:.0f} KB")
+                with in_netns(pod0):
+                    agent.clear("link")
+                    assert shaping.installed("eth0") == {}
+                assert restored(s, 10 * limit), "removing the shaping restores the line rate"
+    finally:
+        sent.close()
 
 
 @pytest.mark.parametrize("pod, side, direction", [("pod0", "uplink", "egress"), ("pod1", "downlink", "ingress")])

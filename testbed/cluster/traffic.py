@@ -1,8 +1,13 @@
 """A TCP stream between two nodes of an emulated fabric, for measuring what a link carries.
 
-The receiver time-stamps every read, so the goodput over any window (and the
-moment a shaping took effect) can be read afterwards. Used by the shaping
-tests and ``benchmarks/bench_shaping.py``.
+The rate over any window is read from the kernel's count of what arrived on the
+connection (tcp_info's ``bytes_received``), sampled every few milliseconds,
+not from when the test's reader thread got to it: under load the reader may
+run late and read a backlog, which a window of read times counts as traffic
+that arrived inside it (a CI run read 7.3 Mbit/s through a 5 Mbit/s shaping
+that way). Both ends get large socket buffers, so a reader or writer that runs
+late does not throttle the stream either: the link sets its rate. Used by the
+shaping tests and ``benchmarks/bench_shaping.py``.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from testbed.machine.netns import Fabric, in_netns
+from pyroute2 import IPRoute
+
+from testbed.machine.netns import Fabric, NetnsError, in_netns
 
 
 def retransmits(sock: socket.socket) -> int:
@@ -46,23 +53,143 @@ def receive_stamped(conn: socket.socket, got: list[tuple[float, int]], going: Ca
     conn.close()
 
 
+# Socket buffers of both ends: a second of the fastest shaped rate a test uses (80 Mbit/s is 10 MB)
+# several times over, so a reader or writer thread that runs 1-2 s late neither stalls the
+# sender on a full window nor starves the link; the kernel's autotuning would size them for
+# the app's read rate instead. SO_*BUFFORCE (CAP_NET_ADMIN, as the namespaces need) passes
+# net.core.[rw]mem_max.
+STREAM_BUFFER_BYTES = 64 << 20
+SAMPLE_EVERY_S = 0.005  # the counter's time resolution: a GSO packet takes 6.5 ms at 80 Mbit/s
+
+
+def bytes_received(sock: socket.socket) -> int:
+    """Payload bytes the kernel has received in order on connection ``sock`` (tcp_info's
+    bytes_received, a u64 at offset 128), whether or not the program has read them yet."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 136)
+    return struct.unpack_from("Q", info, 128)[0]
+
+
+def _large_buffers(sock: socket.socket) -> None:
+    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF),
+                         (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, STREAM_BUFFER_BYTES)
+        except PermissionError:  # without CAP_NET_ADMIN: as large as net.core.[rw]mem_max allows
+            sock.setsockopt(socket.SOL_SOCKET, plain, STREAM_BUFFER_BYTES)
+
+
+def step_rate(samples: list[tuple[float, int]], t0: float, t1: float) -> float:
+    """Bit/s through a byte counter sampled as (time, bytes) over [t0, t1), read from its first
+    step in the window to its last: a shaper releases whole packets (GSO ones up to 64 KiB) and
+    goes into debt for them, so at a few Mbit/s the counter moves in steps far apart, and a
+    plain delta over the window would be off by up to a step at each end (docs/verified.md
+    "htb counts GSO packets whole"). With fewer than two steps, the plain delta: 0 where
+    nothing moved."""
+    inside = [i for i, (t, _) in enumerate(samples) if t0 <= t < t1]
+    if len(inside) < 2:
+        raise ValueError(f"no two counter samples in [{t0:.3f}, {t1:.3f}): the sampler did not run")
+    steps = [i for i in inside if i > 0 and samples[i][1] != samples[i - 1][1]]
+    (ta, ba), (tb, bb) = ((samples[steps[0]], samples[steps[-1]]) if len(steps) >= 2
+                          else (samples[inside[0]], samples[inside[-1]]))
+    return (bb - ba) * 8 / (tb - ta)
+
+
+@contextmanager
+def link_counter(netns: str, ifname: str, field: str = "tx_bytes") -> Iterator[Callable[[], int]]:
+    """A reader of interface ``ifname``'s counter ``field`` (IFLA_STATS64) in ``netns``, for one
+    thread: it enters the namespace for the block. A veth counts what it transmits as the qdisc
+    hands it over, so its ``tx_bytes`` is what left through any shaping, nothing still on the way."""
+    with in_netns(netns), IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            raise NetnsError(f"interface {ifname}: not in namespace {netns}")
+        yield lambda: int(ipr.link("get", index=idx[0])[0].get("IFLA_STATS64")[field])
+
+
+class CounterSampler:
+    """A kernel byte counter read every ``every_s`` by a thread of its own. Each read is kept as
+    (monotonic time just before it, the count, time just after it): a thread that waited for the
+    CPU around a read widens that span, and never moves the read outside it."""
+
+    def __init__(self, open_counter: Callable[[], AbstractContextManager[Callable[[], int]]],
+                 every_s: float = SAMPLE_EVERY_S) -> None:
+        self.samples: list[tuple[float, int, float]] = []
+        self._open, self._every_s = open_counter, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self._open() as read:
+            while not self._stop.is_set():
+                before = time.monotonic()
+                try:
+                    count = read()
+                except OSError:  # the connection or namespace went: nothing more to count
+                    return
+                self.samples.append((before, count, time.monotonic()))
+                self._stop.wait(self._every_s)
+
+    def rate(self, t0: float, t1: float) -> float:
+        """Bit/s over [t0, t1), step to step (:func:`step_rate`), each read at the middle of its span."""
+        return step_rate([((a + b) / 2, n) for a, n, b in list(self.samples)], t0, t1)
+
+    def most_ahead(self, since: float, until: float, bps: float) -> float:
+        """The most bytes the counter ran ahead of ``bps`` in [since, until), counted from its first
+        read begun at or after ``since``. The first read is taken as early and each later one as
+        late as its span allows, so time lost to waiting for the CPU can only lower it."""
+        after = [(a, n, b) for a, n, b in list(self.samples) if a >= since and b < until]
+        if not after:
+            raise ValueError(f"no counter sample in [{since:.3f}, {until:.3f}): the sampler did not run")
+        start, first, _ = after[0]
+        return max(n - first - bps / 8 * (b - start) for _, n, b in after)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 class TcpStream:
-    """A TCP stream from one namespace to another; the receiver time-stamps what it reads."""
+    """A TCP stream from one namespace to another, sending as fast as the link lets it; the
+    kernel's count of what arrived (``received``) is read every ``SAMPLE_EVERY_S``."""
 
     def __init__(self, fab: Fabric, src: str, dst: str, port: int) -> None:
         dst_node = fab.node(dst)
         with in_netns(dst_node.netns):
-            self.srv = socket.create_server((dst_node.address, port))
-        self.got: list[tuple[float, int]] = []
+            self.srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            _large_buffers(self.srv)  # before listen: accepted connections inherit it, and the window scale fits it
+            self.srv.bind((dst_node.address, port))
+            self.srv.listen()
         self.stop = threading.Event()
-        threading.Thread(target=self._rx, daemon=True).start()
+        self._accepted = threading.Event()
+        self._conn: socket.socket | None = None
+        self._reader = threading.Thread(target=self._rx, daemon=True)
+        self._reader.start()
         with in_netns(fab.node(src).netns):
-            self.cl = socket.create_connection((dst_node.address, port), timeout=5)
+            self.cl = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            _large_buffers(self.cl)
+            self.cl.settimeout(5)
+            self.cl.connect((dst_node.address, port))
         threading.Thread(target=self._tx, daemon=True).start()
+        if not self._accepted.wait(10):
+            raise OSError(f"{dst}:{port} accepted no connection from {src} within 10 s")
+        conn = self._conn
+        self.received = CounterSampler(lambda: nullcontext(lambda: bytes_received(conn)))
 
     def _rx(self) -> None:
         conn, _ = self.srv.accept()
-        receive_stamped(conn, self.got, lambda: not self.stop.is_set())
+        self._conn = conn
+        self._accepted.set()
+        conn.settimeout(0.5)
+        while not self.stop.is_set():  # drain only: the rate is read from the kernel's count
+            try:
+                if not conn.recv(1 << 20):
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                break
 
     def _tx(self) -> None:
         buf = bytes(1 << 16)
@@ -73,8 +200,8 @@ class TcpStream:
                 break
 
     def rate(self, t0: float, t1: float) -> float:
-        """Goodput (bit/s) received in [t0, t1)."""
-        return sum(n for t, n in list(self.got) if t0 <= t < t1) * 8 / (t1 - t0)
+        """Goodput (bit/s) that arrived in [t0, t1), step to step (:func:`step_rate`)."""
+        return self.received.rate(t0, t1)
 
     def last(self, seconds: float) -> float:
         t = time.monotonic()
@@ -82,8 +209,11 @@ class TcpStream:
 
     def close(self) -> None:
         self.stop.set()
-        self.cl.close()
-        self.srv.close()
+        self.received.close()
+        self._reader.join(timeout=5)
+        for sock in (self.cl, self._conn, self.srv):
+            if sock is not None:
+                sock.close()
 
 
 @contextmanager

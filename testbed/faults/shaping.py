@@ -203,10 +203,15 @@ def netem_missing() -> str | None:
     return f"no netem module for kernel {release}: delay and loss faults cannot be applied"
 
 
+def burst_bytes(rate_bps: float) -> int:
+    """What the shaped class lets through at once at ``rate_bps`` (its burst and cburst): one
+    MTU-sized burst at low rates; 4 ms of traffic at high ones (timer granularity)."""
+    return max(3200, int(max(rate_bps / 8, 125) * 0.004))
+
+
 def _install_htb(ipr: IPRoute, idx: int, s: Shaping) -> None:
     rate_Bps = max(int(s.rate_bps / 8), 125)  # htb takes bytes/s; at least 1 kbit/s
-    # One MTU-sized burst at low rates; 4 ms of traffic at high ones (timer granularity).
-    burst = max(3200, int(rate_Bps * 0.004))
+    burst = burst_bytes(s.rate_bps)
     ipr.tc("add", "htb", idx, ROOT, default=(LINE_RATE if s.kv_only else SHAPED) & 0xFFFF)
     ipr.tc("add-class", "htb", idx, SHAPED, parent=ROOT, rate=rate_Bps, ceil=rate_Bps, burst=burst, cburst=burst,
            quantum=1514)
