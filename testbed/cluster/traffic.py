@@ -5,9 +5,11 @@ connection (tcp_info's ``bytes_received``), sampled every few milliseconds,
 not from when the test's reader thread got to it: under load the reader may
 run late and read a backlog, which a window of read times counts as traffic
 that arrived inside it (a CI run read 7.3 Mbit/s through a 5 Mbit/s shaping
-that way). Both ends get large socket buffers, so a reader or writer that runs
-late does not throttle the stream either: the link sets its rate. Used by the
-shaping tests and ``benchmarks/bench_shaping.py``.
+that way). The socket buffers are the kernel's own, autotuned: forced to 64 MiB,
+a downlink (ingress) shaping's drops left so much out of order behind each loss
+that the in-order count read 0.3-2.6 of the limit in half-second windows, where
+the shaper's own output was steady at 0.96 (docs/history/2026-11-29-steady-under-load.md).
+Used by the shaping tests and ``benchmarks/bench_shaping.py``.
 """
 
 from __future__ import annotations
@@ -53,12 +55,6 @@ def receive_stamped(conn: socket.socket, got: list[tuple[float, int]], going: Ca
     conn.close()
 
 
-# Socket buffers of both ends: a second of the fastest shaped rate a test uses (80 Mbit/s is 10 MB)
-# several times over, so a reader or writer thread that runs 1-2 s late neither stalls the
-# sender on a full window nor starves the link; the kernel's autotuning would size them for
-# the app's read rate instead. SO_*BUFFORCE (CAP_NET_ADMIN, as the namespaces need) passes
-# net.core.[rw]mem_max.
-STREAM_BUFFER_BYTES = 64 << 20
 SAMPLE_EVERY_S = 0.005  # the counter's time resolution: a GSO packet takes 6.5 ms at 80 Mbit/s
 
 
@@ -67,15 +63,6 @@ def bytes_received(sock: socket.socket) -> int:
     bytes_received, a u64 at offset 128), whether or not the program has read them yet."""
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 136)
     return struct.unpack_from("Q", info, 128)[0]
-
-
-def _large_buffers(sock: socket.socket) -> None:
-    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF),
-                         (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF)):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, STREAM_BUFFER_BYTES)
-        except PermissionError:  # without CAP_NET_ADMIN: as large as net.core.[rw]mem_max allows
-            sock.setsockopt(socket.SOL_SOCKET, plain, STREAM_BUFFER_BYTES)
 
 
 def step_rate(samples: list[tuple[float, int]], t0: float, t1: float) -> float:
@@ -156,21 +143,14 @@ class TcpStream:
     def __init__(self, fab: Fabric, src: str, dst: str, port: int) -> None:
         dst_node = fab.node(dst)
         with in_netns(dst_node.netns):
-            self.srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            _large_buffers(self.srv)  # before listen: accepted connections inherit it, and the window scale fits it
-            self.srv.bind((dst_node.address, port))
-            self.srv.listen()
+            self.srv = socket.create_server((dst_node.address, port))
         self.stop = threading.Event()
         self._accepted = threading.Event()
         self._conn: socket.socket | None = None
         self._reader = threading.Thread(target=self._rx, daemon=True)
         self._reader.start()
         with in_netns(fab.node(src).netns):
-            self.cl = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            _large_buffers(self.cl)
-            self.cl.settimeout(5)
-            self.cl.connect((dst_node.address, port))
+            self.cl = socket.create_connection((dst_node.address, port), timeout=5)
         threading.Thread(target=self._tx, daemon=True).start()
         if not self._accepted.wait(10):
             raise OSError(f"{dst}:{port} accepted no connection from {src} within 10 s")
