@@ -21,9 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from pyroute2 import IPRoute
-
-from testbed.machine.netns import Fabric, NetnsError, in_netns
+from testbed.machine.netns import Fabric, in_netns, link_stats
 
 
 def retransmits(sock: socket.socket) -> int:
@@ -83,14 +81,11 @@ def step_rate(samples: list[tuple[float, int]], t0: float, t1: float) -> float:
 
 @contextmanager
 def link_counter(netns: str, ifname: str, field: str = "tx_bytes") -> Iterator[Callable[[], int]]:
-    """A reader of interface ``ifname``'s counter ``field`` (IFLA_STATS64) in ``netns``, for one
-    thread: it enters the namespace for the block. A veth counts what it transmits as the qdisc
-    hands it over, so its ``tx_bytes`` is what left through any shaping, nothing still on the way."""
-    with in_netns(netns), IPRoute() as ipr:
-        idx = ipr.link_lookup(ifname=ifname)
-        if not idx:
-            raise NetnsError(f"interface {ifname}: not in namespace {netns}")
-        yield lambda: int(ipr.link("get", index=idx[0])[0].get("IFLA_STATS64")[field])
+    """A reader of interface ``ifname``'s counter ``field`` in ``netns``, for one thread
+    (:func:`testbed.machine.netns.link_stats`). A veth counts what it transmits as the qdisc hands
+    it over, so its ``tx_bytes`` is what left through any shaping, nothing still on the way."""
+    with link_stats(netns, ifname) as read:
+        yield lambda: int(read()[field])
 
 
 class CounterSampler:

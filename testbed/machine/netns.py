@@ -33,7 +33,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -472,13 +472,21 @@ def destroy_fabric_from_state(state_path: str | Path) -> list[str]:
 
 # ---------------------------------------------------------------- use
 
-def link_counters(netns: str, ifname: str) -> LinkCounters:
-    """Byte/packet counters of interface ``ifname`` in namespace ``netns``."""
+@contextmanager
+def link_stats(netns: str, ifname: str) -> Iterator[Callable[[], dict[str, int]]]:
+    """A reader of interface ``ifname``'s counters (``IFLA_STATS64``) in namespace ``netns``, for
+    one thread: the block runs inside the namespace, with one netlink socket for every read."""
     with in_netns(netns), IPRoute() as ipr:
         idx = ipr.link_lookup(ifname=ifname)
         if not idx:
             raise NetnsError(f"interface {ifname}: not in namespace {netns}")
-        stats = ipr.link("get", index=idx[0])[0].get("IFLA_STATS64")
+        yield lambda: dict(ipr.link("get", index=idx[0])[0].get("IFLA_STATS64"))
+
+
+def link_counters(netns: str, ifname: str) -> LinkCounters:
+    """Byte/packet counters of interface ``ifname`` in namespace ``netns``."""
+    with link_stats(netns, ifname) as read:
+        stats = read()
     return LinkCounters(rx_bytes=int(stats["rx_bytes"]), tx_bytes=int(stats["tx_bytes"]),
                         rx_packets=int(stats["rx_packets"]), tx_packets=int(stats["tx_packets"]))
 
