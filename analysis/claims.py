@@ -11,17 +11,19 @@ shown, not judged), seed, value = a - b, a, b (NaN without ``vs``).
 
 Per claim (:func:`claim_row`):
 
-* each world's interval over seeds (:func:`analysis.verdict.interval`), floored by the testbed's
-  spread of the effect: the spread of its metric, pooled over every repeated cell of the study
-  (analysis/study_claims.py), times sqrt(the cells in the effect: 1, or 2 with ``vs``). The floor
-  holds for the simulator's interval too: the simulator is exact per seed, and without it a claim
-  would hold there on a precision the testbed cannot have;
-* whether it holds in each world (:func:`analysis.verdict.world_status`);
+* each world's interval over seeds (:func:`analysis.verdict.interval`), the seeds' variance pooled
+  with the prior of the claim's metric and kind of fault (core/defaults/priors.yaml, fixed before
+  the runs) times sqrt(the cells in the effect: 1, or 2 with ``vs``); the simulator's too, whose
+  seeds vary by workload as the testbed's do;
+* the claim's status in each world (:func:`analysis.verdict.world_status`);
 * the paired difference testbed - simulator over the seeds both have, its interval with the same
-  floor, and whether it lies inside +-margin: an equivalence test (two one-sided tests);
-* the verdict, its reason and the seeds a decision needs (:func:`analysis.verdict.claim_verdict`,
-  :func:`analysis.verdict.claim_seeds_needed`), the means and spreads staying as measured: for a
-  decided claim the fewest that would have decided it;
+  prior, and whether it lies inside +-margin: an equivalence test (two one-sided tests), which is
+  the verdict on the simulated finding (:func:`analysis.verdict.claim_verdict`);
+* where the testbed repeated seeds, whether it repeats itself within the margin
+  (:func:`analysis.verdict.repeat_verdict` of the repeated cells of the claim's metric and kind of
+  fault): a claim whose testbed does not cannot carry over, and says so;
+* the seeds that give the equivalence test 80% power where the worlds agree (a planning difference
+  of 0), the pooled standard deviation as the planning one (:func:`analysis.verdict.seeds_for_power`);
 * for a ratio claim, mean(a) / mean(b) per world with its Fieller interval (:func:`fieller`): NaN
   where mean(b) is 0 (the baseline never fails), unbounded (NaN bounds) where b's interval holds 0.
   The verdict judges the difference, which is defined either way.
@@ -37,8 +39,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.verdict import (ALPHA, DIRECTIONS, NO_SPREAD, RULE_VERSION, UNDECIDED_CLAIM, Interval, Spread,
-                              claim_seeds_needed, claim_verdict, inside, interval, world_status)
+from analysis.verdict import (ALPHA, CARRIES, DIRECTIONS, MIN_SEEDS, NO_PRIOR, PASS, RULE_VERSION, UNDECIDED_CLAIM,
+                              Interval, Prior, claim_verdict, inside, interval, no_effect, pooled_sd,
+                              seeds_for_power, world_status)
 
 WORLDS = ("sim", "testbed", "repeat")
 COLUMNS = ("claim", "world", "seed", "value", "a", "b")
@@ -47,22 +50,25 @@ TABLE_COLUMNS = (
     "claim", "direction", "measure", "margin",
     "sim_mean", "sim_low", "sim_high", "sim_n", "sim_status",
     "tb_mean", "tb_low", "tb_high", "tb_n", "tb_status",
-    "paired_mean", "paired_low", "paired_high", "n_seeds", "equivalence",
-    "spread_sigma", "spread_pairs", "effect_floor", "margin_below_floor",
+    "paired_mean", "paired_low", "paired_high", "n_seeds", "equivalence", "no_effect_either",
+    "kind", "prior_sigma", "prior_df", "pooled_sd",
+    "repeat", "repeat_mean", "repeat_low", "repeat_high", "repeat_n",
     "ratio_sim", "ratio_sim_low", "ratio_sim_high", "ratio_tb", "ratio_tb_low", "ratio_tb_high",
     "verdict", "reason", "seeds_needed", "rule")
 
 
 @dataclass(frozen=True)
 class ClaimRule:
-    """What judges one claim: its metric (whose spread floors it), direction, margin, measure, and how
-    many cells its effect is made of (1, or 2 with ``vs``)."""
+    """What judges one claim: its metric, direction, margin, measure, how many cells its effect is
+    made of (1, or 2 with ``vs``), its kind of fault and the prior of one run of its metric there."""
 
     metric: str
     direction: str
     margin: float
     measure: str = "difference"
     cells: int = 2
+    kind: str = "none"
+    prior: Prior = NO_PRIOR
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -88,28 +94,24 @@ def check_effects(effects: pd.DataFrame) -> None:
         raise ValueError(f"claim {r['claim']!r} has two values for world={r['world']} seed={r['seed']}")
 
 
-def fieller(a: np.ndarray, b: np.ndarray, floor: Spread = NO_SPREAD) -> tuple[float, float, float]:
+def fieller(a: np.ndarray, b: np.ndarray, prior: Prior = NO_PRIOR) -> tuple[float, float, float]:
     """(ratio, low, high) of mean(a) / mean(b) over paired seeds, with Fieller's interval at the rule's
     confidence (Fieller, J. R. Stat. Soc. B 16, 1954): the ratios R for which mean(a) - R mean(b) is
     not distinguishable from 0, i.e. (a - R b)^2 <= t^2 var(a - R b) / n, a quadratic in R. Each cell's
-    variance is floored by ``floor`` (one testbed run's spread of the metric). NaN ratio where mean(b)
-    = 0; NaN bounds where the interval is unbounded (b's own interval holds 0) or with fewer than 2
-    seeds and no floor."""
+    variance is pooled with ``prior`` (one run of the metric) as the rule pools it. NaN ratio where
+    mean(b) = 0; NaN bounds where the interval is unbounded (b's own interval holds 0) or with fewer
+    than MIN_SEEDS seeds (one seed decides nothing)."""
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
     n = a.size
     if n == 0 or abs(float(b.mean())) < 1e-15:
         return math.nan, math.nan, math.nan
     ma, mb = float(a.mean()), float(b.mean())
-    f2 = floor.sigma ** 2 if floor.known else 0.0
-    if n >= 2:
-        va, vb = max(float(a.var(ddof=1)), f2), max(float(b.var(ddof=1)), f2)
-        cab, df = float(np.cov(a, b, ddof=1)[0, 1]), n - 1
-    elif floor.known:
-        va = vb = f2
-        cab, df = 0.0, floor.pairs
-    else:
+    if n < MIN_SEEDS:
         return ma / mb, math.nan, math.nan
+    (sa, df), (sb, _) = pooled_sd(float(a.var(ddof=1)), n, prior), pooled_sd(float(b.var(ddof=1)), n, prior)
+    va, vb = sa * sa, sb * sb
+    cab = float(np.cov(a, b, ddof=1)[0, 1]) * (n - 1) / df  # the covariance shrunk as the variances are
     t2 = float(stats.t.ppf(1.0 - ALPHA, df)) ** 2 / n
     qa, qb, qc = mb * mb - t2 * vb, ma * mb - t2 * cab, ma * ma - t2 * va
     disc = qb * qb - qa * qc
@@ -123,41 +125,43 @@ def _world(g: pd.DataFrame, world: str) -> pd.DataFrame:
     return g.loc[g["world"] == world].set_index("seed")[["value", "a", "b"]].astype(float).dropna(subset=["value"])
 
 
-def effect_floor(spread: Spread, rule: ClaimRule) -> Spread:
-    """The floor of a claim's intervals: the testbed's spread of one run of its metric, times
-    sqrt(the cells its effect is made of); none where the spread is unknown."""
-    return spread.times(rule.cells) if spread.known else NO_SPREAD
+def effect_prior(rule: ClaimRule) -> Prior:
+    """The prior of a claim's effect: one run's prior times sqrt(the cells its effect is made of)."""
+    return rule.prior.times(rule.cells) if rule.prior.known else NO_PRIOR
 
 
-def claim_row(g: pd.DataFrame, rule: ClaimRule, spread: Spread = NO_SPREAD) -> dict[str, object]:
-    """The verdict of one claim from its (checked) rows, ``spread`` being the testbed's spread of one run
-    of its metric: see the module docstring."""
+def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | None = None) -> dict[str, object]:
+    """The verdict of one claim from its (checked) rows; ``repeat``, where the testbed repeated seeds,
+    its :func:`analysis.verdict.repeat_verdict` for the claim's metric and kind of fault: see the
+    module docstring."""
     sim, tb = _world(g, "sim"), _world(g, "testbed")
-    floor = effect_floor(spread, rule)
-    s, t = interval(sim["value"], floor), interval(tb["value"], floor)
+    prior = effect_prior(rule)
+    s, t = interval(sim["value"], prior), interval(tb["value"], prior)
     both = tb.index.intersection(sim.index)
-    p = interval(tb.loc[both, "value"] - sim.loc[both, "value"], floor)
+    p = interval(tb.loc[both, "value"] - sim.loc[both, "value"], prior)
     verdict, reason = claim_verdict(s, t, p, rule.direction, rule.margin)
     if not (s.n and t.n):
         reason = "no value " + ("in either world" if not (s.n or t.n) else "in the simulator" if not s.n else
                                 "on the testbed")
-    below = bool(floor.known and rule.margin < floor.sigma)
-    if below:
-        reason += f" (the margin {rule.margin:g} is below one run's spread of this effect, {floor.sigma:.3g})"
-    needed = claim_seeds_needed(s, t, p, rule.direction, rule.margin)
-    if needed is None and verdict != UNDECIDED_CLAIM:  # decided on the spread's degrees of freedom
-        needed = max(s.n, t.n)
+    rep_verdict, rep = repeat if repeat is not None else ("not run", interval([]))
+    if verdict == CARRIES and repeat is not None and rep_verdict != PASS:
+        verdict = UNDECIDED_CLAIM
+        reason = (f"the testbed does not repeat itself within ±{rule.margin:g} (its repeat: {rep_verdict}, "
+                  f"{rep.why_not or f'[{rep.low:.3g}, {rep.high:.3g}]'}); " + reason)
+    needed = seeds_for_power(p.sd, -rule.margin, rule.margin, 0.0, prior) if p.n and not math.isnan(p.sd) else None
     ratios: dict[str, float] = {}
     for key, w in (("sim", sim), ("tb", tb)):
-        r = fieller(w["a"].to_numpy(), w["b"].to_numpy(), spread) if rule.measure == "ratio" else (math.nan,) * 3
+        r = fieller(w["a"].to_numpy(), w["b"].to_numpy(), rule.prior) if rule.measure == "ratio" else (math.nan,) * 3
         ratios.update({f"ratio_{key}": r[0], f"ratio_{key}_low": r[1], f"ratio_{key}_high": r[2]})
     return {"direction": rule.direction, "measure": rule.measure, "margin": rule.margin,
             **_iv("sim", s, world_status(s, rule.direction, rule.margin)),
             **_iv("tb", t, world_status(t, rule.direction, rule.margin)),
             "paired_mean": p.mean, "paired_low": p.low, "paired_high": p.high, "n_seeds": p.n,
             "equivalence": inside(p, -rule.margin, rule.margin),
-            "spread_sigma": spread.sigma, "spread_pairs": spread.pairs, "effect_floor": floor.sigma,
-            "margin_below_floor": below, **ratios, "verdict": verdict, "reason": reason,
+            "no_effect_either": no_effect(s, rule.margin) and no_effect(t, rule.margin),
+            "kind": rule.kind, "prior_sigma": prior.sigma, "prior_df": prior.df, "pooled_sd": p.sd,
+            "repeat": rep_verdict, "repeat_mean": rep.mean, "repeat_low": rep.low, "repeat_high": rep.high,
+            "repeat_n": rep.n, **ratios, "verdict": verdict, "reason": reason,
             "seeds_needed": needed if needed is not None else math.nan, "rule": RULE_VERSION}
 
 
@@ -167,15 +171,15 @@ def _iv(key: str, iv: Interval, status: str) -> dict[str, object]:
 
 
 def claim_table(effects: pd.DataFrame, rules: Mapping[str, ClaimRule],
-                spreads: Mapping[str, Spread] | None = None) -> pd.DataFrame:
+                repeats: Mapping[tuple[str, str], tuple[str, Interval]] | None = None) -> pd.DataFrame:
     """One row per claim of ``rules`` (in its order; :data:`TABLE_COLUMNS`), each judged by
-    :func:`claim_row` with the spread of its metric from ``spreads`` (none where absent). A claim
-    without a row in ``effects`` is undecided, with nothing measured. A malformed table raises a
-    one-line ValueError."""
+    :func:`claim_row` with the repeat's verdict of its (metric, kind of fault) from ``repeats`` (not
+    run where absent). A claim without a row in ``effects`` is undecided, with nothing measured. A
+    malformed table raises a one-line ValueError."""
     check_effects(effects)
-    spreads = spreads or {}
+    repeats = repeats or {}
     rows = []
     for name, rule in rules.items():
         g = effects.loc[effects["claim"] == name]
-        rows.append({"claim": name, **claim_row(g, rule, spreads.get(rule.metric, NO_SPREAD))})
+        rows.append({"claim": name, **claim_row(g, rule, repeats.get((rule.metric, rule.kind)))})
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))

@@ -7,11 +7,13 @@ failure composition by stage. Each is the mean over the seeds of the sim's, the 
 repeat (``testbed compare --repeat``), the repeat's runs, and is judged by the rule of
 analysis/verdict.py on the per-seed deviation testbed - sim: "pass" when its interval lies inside the
 margin of :func:`margins` (the spec's ``metrics.fidelity``), "fail" when wholly outside, "undecided"
-otherwise. The interval's floor is the testbed's spread of the quantity: from the repeat (pooled over
-its policies and seeds), at least the spread shipped for it (core/defaults/fits.yaml), and for
-engine_down_s at least the fitted notice's standard deviation times the share of the averaged deaths
-that were a core's (the most the notice can move the mean by, in spread). The table exists where a
-run of either world had an engine fault's kill.
+otherwise (one seed always). The seeds' variance is pooled with a prior fixed before the runs: for
+engine_down_s the fitted notice's standard deviation times the share of the averaged deaths that
+were a core's, with the fit's degrees of freedom; for the failure rate and the composition's shares
+core/defaults/priors.yaml's under an engine fault (none shipped for a share or engine_up_s: their
+seeds must vary to decide). With a repeat, the testbed is judged against itself per quantity
+(analysis.verdict.repeat_verdict): a quantity it does not repeat within the margin cannot pass. The
+table exists where a run of either world had an engine fault's kill.
 
 The dead core's notice (``engine.core_death_notice_s``, the simulator's one value) is a parameter
 fitted on named runs (core/defaults/fits.yaml, core/fits.py) and frozen. :func:`notice_table` judges
@@ -33,8 +35,9 @@ from rich.table import Table
 from analysis.metric_names import Metric as M, fail_share
 from analysis.run_data import RunData, load_run
 from analysis.summary import mean_ci
-from analysis.verdict import (FAIL, NO_SPREAD, PASS, RULE_VERSION, Spread, check_seeds_needed, inside, interval,
-                              prediction_interval)
+from analysis.verdict import (FAIL, NO_PRIOR, PASS, RULE_VERSION, UNDECIDED, Prior, inside, interval,
+                              prediction_interval, repeat_verdict, seeds_for_power, shipped_prior)
+from core.priors import ENGINE
 from core.fits import fit
 from core.metrics_spec import FidelityTolerances
 from core.stages import FAILURE_STAGES
@@ -68,39 +71,31 @@ def _mean(values: pd.Series) -> float:
     return mean_ci(values.to_numpy(dtype=float))[0]
 
 
-def notice_spread(core_share: float) -> Spread:
-    """The fitted notice's spread in engine_down_s: its samples' standard deviation times the share of
-    the averaged deaths that were a core's, with the fit's degrees of freedom; none where unknown."""
+def notice_prior(core_share: float) -> Prior:
+    """The fitted notice's spread in engine_down_s as a prior: its samples' standard deviation times
+    the share of the averaged deaths that were a core's, with the fit's degrees of freedom; none where
+    unknown."""
     if math.isnan(core_share) or core_share <= 0:
-        return NO_SPREAD
+        return NO_PRIOR
     f = fit(NOTICE)
-    return Spread(float(np.std(f.samples, ddof=1)) * core_share, len(f.samples) - 1)
-
-
-def _larger(a: Spread, b: Spread) -> Spread:
-    if not a.known:
-        return b
-    return b if b.known and b.sigma > a.sigma else a
+    return Prior(float(np.std(f.samples, ddof=1)) * core_share, len(f.samples) - 1, f"fit {NOTICE}")
 
 
 def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies: Sequence[str],
-                 tol: FidelityTolerances | None = None,
-                 shipped: Mapping[str, Spread] | None = None) -> pd.DataFrame | None:
+                 tol: FidelityTolerances | None = None, kind: str = ENGINE,
+                 requests: float = math.nan) -> pd.DataFrame | None:
     """One row per policy and quantity of :data:`ROWS` (module docstring): sim, testbed and repeat
     means, diff = testbed - sim, repeatability = testbed - repeat over the repeated seeds, the
-    deviation's interval (dev_low, dev_high, n_seeds), its floor (spread_sigma, spread_pairs), the
-    margin, the verdict and the seeds a decision needs. None where no run has an engine killed by a
-    fault (engine_down_s NaN in every run)."""
+    deviation's interval (dev_low, dev_high, n_seeds), its prior (prior_sigma, prior_df), the margin,
+    the verdict, why it decides nothing where it does not, the repeat's verdict and the seeds that give
+    the test 80% power. None where no run has an engine killed by a fault (engine_down_s NaN in every
+    run)."""
     if M.ENGINE_DOWN_S not in runs.columns or runs[M.ENGINE_DOWN_S].isna().all():
         return None
     tol = tol or FidelityTolerances()
     margin = margins(tol)
     both = pd.concat([runs[runs["world"] == "testbed"], repeat_runs], ignore_index=True) \
         if repeat_runs is not None else None
-    own: dict[str, Spread] = {}
-    for metric in ROWS:  # the repeat's distance from the testbed, pooled over every policy and seed
-        d = [(_values(both, "testbed", p, metric) - _values(both, "repeat", p, metric)).dropna() for p in policies]
-        own[metric] = Spread.of(pd.concat(d).to_numpy()) if both is not None and d else NO_SPREAD
     rows = []
     for policy in policies:
         shares = [_mean(_values(runs, w, policy, M.ENGINE_CORE_SHARE)) for w in ("sim", "testbed")]
@@ -108,19 +103,26 @@ def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies:
         for metric in ROWS:
             sim, tb = _values(runs, "sim", policy, metric), _values(runs, "testbed", policy, metric)
             rep = _values(repeat_runs, "repeat", policy, metric) if repeat_runs is not None else pd.Series(dtype=float)
-            spread = _larger(own[metric], (shipped or {}).get(metric, NO_SPREAD))
-            if metric == M.ENGINE_DOWN_S:
-                spread = _larger(spread, notice_spread(share))
+            prior = notice_prior(share) if metric == M.ENGINE_DOWN_S else shipped_prior(metric, kind, requests)
             seeds = tb.index.intersection(sim.index)
-            iv = interval((tb[seeds] - sim[seeds]).to_numpy(), spread)
+            iv = interval((tb[seeds] - sim[seeds]).to_numpy(), prior)
             again = tb.index.intersection(rep.index)
-            needed = check_seeds_needed(iv, -margin[metric], margin[metric])
+            verdict, why = inside(iv, -margin[metric], margin[metric]), iv.why_not
+            repeated = "not run"
+            if both is not None:
+                d = pd.concat([(_values(both, "testbed", p, metric) - _values(both, "repeat", p, metric)).dropna()
+                               for p in policies])
+                repeated = repeat_verdict(d.to_numpy(), margin[metric], prior.times(2) if prior.known else prior)[0]
+                if verdict == PASS and repeated != PASS:
+                    verdict, why = UNDECIDED, "the testbed does not repeat itself within the margin"
+            needed = seeds_for_power(iv.sd, -margin[metric], margin[metric], 0.0, prior) \
+                if iv.n and not math.isnan(iv.sd) else None
             rows.append({"policy": policy, "metric": metric, "sim": _mean(sim), "testbed": _mean(tb),
                          "repeat": _mean(rep), "diff": _mean(tb) - _mean(sim),
                          "repeatability": _mean(tb[again] - rep[again]) if len(again) else math.nan,
                          "deviation": iv.mean, "dev_low": iv.low, "dev_high": iv.high, "n_seeds": iv.n,
-                         "spread_sigma": spread.sigma, "spread_pairs": spread.pairs, "margin": margin[metric],
-                         "verdict": inside(iv, -margin[metric], margin[metric]),
+                         "prior_sigma": prior.sigma, "prior_df": prior.df, "margin": margin[metric],
+                         "verdict": verdict, "why": why, "repeat_verdict": repeated,
                          "seeds_needed": math.nan if needed is None else needed, "rule": RULE_VERSION})
     return pd.DataFrame(rows)
 

@@ -6,10 +6,10 @@ world) is the reference. Each world's "mean" is the mean over seeds and "CI" its
 the testbed runs' spec (``core.metrics_spec.FidelityTolerances``): the difference that matters.
 
 Every check is judged by the rule of analysis/verdict.py (docs/verdicts.md) on the deviation it
-names, one value per seed both worlds ran (the seeds' workloads are the same in both), its interval
-floored by the testbed's spread of that deviation (below): "pass" when the interval lies inside the
-tolerance, "fail" when it lies wholly outside, "undecided" when the seeds cannot tell, with how many
-seeds would (analysis/fidelity_checks.py):
+names, one value per seed both worlds ran (the seeds' workloads are the same in both), its seeds'
+variance pooled with the check's prior (below): "pass" when the interval lies inside the tolerance,
+"fail" when it lies wholly outside, "undecided" when the seeds cannot tell (one seed never can),
+with the seeds that would give the test 80% power (analysis/fidelity_checks.py):
 
 * failure rate: diff = testbed - sim (absolute; printed in percentage points), inside
   +-failure_rate_abs.
@@ -27,7 +27,8 @@ seeds would (analysis/fidelity_checks.py):
 * rank: for every pair of policies, whether the worlds order them alike (``pair_table``: each world's
   order of the pair from its interval of the failure-rate difference, "=" within failure_rate_abs;
   "agree" when the worlds' per-seed deviation in that difference lies within it or both worlds decide
-  the same order, "disagree" when both decide different orders, else "open"). The Kendall tau
+  the same order, "disagree" when its deviation lies wholly outside it and both decide different
+  orders, else "open"). The Kendall tau
   verdict counts agreeing pairs as concordant (2 C / P - 1) against kendall_tau_min, the open pairs
   counted both ways; the order verdict asks every pair of the named policies (rank_policies) to agree. Kendall tau-b of the
   worlds' mean failure rates and each world's order of the named policies (ties within 1e-12 written
@@ -39,10 +40,12 @@ seeds would (analysis/fidelity_checks.py):
   clean_failure_share(sim), where clean_failure_share = failed clean requests / all requests: the part
   of the failure-rate difference made of failures that no fault explains.
 
-The spread floor of a check: the testbed's own, given a second set of testbed runs (``--repeat``):
-every check's deviation with the repeat in the simulator's place, pooled over its policies and seeds
-(analysis.verdict.Spread); and the spread shipped in core/defaults/fits.yaml (fitted on named runs of
-the twin), the larger of the two. The paired report (analysis/paired.py): per request, outcome
+The prior of a check: core/defaults/priors.yaml's for its metric under the testbed spec's kind of
+fault and run size (core/priors.py), fixed before the runs. Given a second set of testbed runs
+(``--repeat``), the testbed is judged against itself: every check's deviation with the repeat in the
+simulator's place, pooled over its policies and seeds, inside the check's tolerance; a check whose
+testbed does not repeat itself cannot pass (``repeat`` in fidelity.csv); the repeat's spread
+(analysis.verdict.Spread) is written as a description (fidelity_spread.csv). The paired report (analysis/paired.py): per request, outcome
 confusion, per-stage latency errors, where the E2E gap comes from inside and outside the fault window,
 MAPE. Comparisons allow 1e-12 of float rounding.
 """
@@ -64,12 +67,13 @@ from analysis.calibration_check import calibration_check
 from analysis.host_demand import host_demand_check
 from analysis.host_window import host_window_table
 from analysis.metrics import fault_window, latency_percentiles
-from analysis.fidelity_checks import (REPEAT, WORLDS, Rank, calibration_spreads, check_spreads, composition_table,
-                                      fidelity_table, noise_table, pair_table, rank_agreement, repeat_spreads, repeat_table,
-                                      seed_mean, shipped_spreads)
+from analysis.fidelity_checks import (REPEAT, WORLDS, Rank, calibration_spreads, check_priors, composition_table,
+                                      fidelity_table, noise_table, pair_table, rank_agreement, repeat_checks,
+                                      repeat_spreads, repeat_table, seed_mean)
 from analysis.paired import PairedReport, concat_frames, paired_from_frames, request_frame
 from analysis.repeatability import add_repeatability
-from analysis.verdict import FAIL, PASS, UNDECIDED, Spread
+from analysis.verdict import FAIL, NO_PRIOR, PASS, UNDECIDED, Interval, Prior, Spread
+from core.priors import expected_requests, fault_kind
 from analysis.run_data import RunData, load_run
 from analysis.run_metrics import run_metrics
 from analysis.plots import RunCurves, run_curves
@@ -261,8 +265,9 @@ class Fidelity:
     paired: PairedReport | None = None  # the testbed against the sim, request by request
     repeat: PairedReport | None = None  # the testbed against its repeat (None without one)
     repeatability: pd.DataFrame | None = None  # repeat_table: fidelity_repeatability.csv
-    spreads: dict[str, Spread] | None = None  # the floor of each check's interval (module docstring)
-    spread_source: str = ""  # where the floor came from, in words
+    priors: dict[str, Prior] | None = None  # each check's prior (module docstring)
+    prior_source: str = ""  # which priors, in words
+    repeats: dict[str, tuple[str, Interval]] | None = None  # the testbed against its repeat, judged per check
     calibrations: int = 0  # the calibrations the simulator ran under, its own among them (0: one, no spread)
     calibration_spreads: dict[str, Spread] | None = None  # the simulator's spread over them, per check
     own_spreads: dict[str, Spread] | None = None  # the repeat's alone: fidelity_spread.csv
@@ -301,15 +306,11 @@ class Measured(NamedTuple):
     frames: dict[str, pd.DataFrame]
 
 
-def spread_source(own: Mapping[str, Spread], shipped: Mapping[str, Spread], fitted_on: str) -> str:
-    """Where the checks' floor came from, in words."""
-    parts = []
-    if own:
-        k = max((s.pairs for s in own.values()), default=0)
-        parts.append(f"this comparison's repeat ({k} pairs a check at most)")
-    if shipped:
-        parts.append(f"the spread shipped in core/defaults/fits.yaml ({fitted_on}) where larger")
-    return "; ".join(parts) if parts else "none measured: one seed without a repeat cannot be judged"
+def prior_source(kind: str, requests: float) -> str:
+    """Which priors the checks' intervals pool with, in words."""
+    size = "" if math.isnan(requests) else f", {requests:.0f} requests a run"
+    return f"core/defaults/priors.yaml for a {kind.replace('_', ' ')} fault{size}" if kind != "none" else \
+        f"core/defaults/priors.yaml without a fault{size}"
 
 
 def calibration_noise(calibration: Mapping[str, Any] | None) -> dict[str, float]:
@@ -376,22 +377,24 @@ def measure(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
     means = {w: {p: seed_mean(runs, w, p, M.FAILURE_RATE)[0] for p in policies} for w in WORLDS}
     tb_frame = concat_frames(frames["testbed"])
     paired = paired_from_frames(tb_frame, concat_frames(frames["sim"]), "sim", policies)
-    repeat, rep_table, own = None, None, {}
+    tb_spec = _spec_of(*metas["testbed"][0])
+    kind, requests = fault_kind(tb_spec.get("faults") or []), expected_requests(tb_spec.get("workload") or {})
+    priors = check_priors(tol, kind, requests)
+    repeat, rep_table, own, repeats = None, None, {}, None
     repeat_runs = runs_frame(repeat_rows) if repeat_rows else None
     if repeat_rows:
         repeat = paired_from_frames(tb_frame, concat_frames(frames[REPEAT]), REPEAT, policies)
         own = repeat_spreads(runs, repeat_runs, policies, tol, repeat.agreement_seeds)
+        repeats = repeat_checks(runs, repeat_runs, policies, tol, repeat.agreement_seeds, priors)
         rep_table = repeat_table(runs, repeat_runs, policies, tol, {p: repeat.agreement_of(p) for p in policies},
                                  repeat.agreement_seeds)
-    shipped, fitted_on = shipped_spreads()
-    spreads = check_spreads(own, shipped)
     calibrated, common = _calibrated(runs, tb_frame, calibration_sims, metas["testbed"], policies, tol,
                                      paired.agreement_seeds)
     table = fidelity_table(runs, policies, tol, {p: paired.agreement_of(p) for p in policies},
-                           agreement_by_seed=paired.agreement_seeds, spreads=spreads, common=common,
-                           calibrated=calibrated)
-    pairs = pair_table(runs, policies, tol.failure_rate_abs, spreads.get(M.FAILURE_RATE, Spread.of([])))
-    engines = engine_table(runs, repeat_runs, policies, tol, shipped)
+                           agreement_by_seed=paired.agreement_seeds, priors=priors, common=common,
+                           calibrated=calibrated, repeats=repeats)
+    pairs = pair_table(runs, policies, tol.failure_rate_abs, priors.get(M.FAILURE_RATE, NO_PRIOR))
+    engines = engine_table(runs, repeat_runs, policies, tol, kind, requests)
     fid = Fidelity(
         scenario=scenario,
         policies=policies,
@@ -407,8 +410,9 @@ def measure(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
         paired=paired,
         repeat=repeat,
         repeatability=rep_table,
-        spreads=spreads,
-        spread_source=spread_source(own, shipped, fitted_on),
+        priors=priors,
+        prior_source=prior_source(kind, requests),
+        repeats=repeats,
         calibrations=len(calibrated),
         calibration_spreads=common,
         own_spreads=own,

@@ -16,9 +16,8 @@ from scipy import stats
 from analysis.metric_names import Metric as M, latency
 from analysis.paired import OUTCOME_AGREEMENT
 from analysis.summary import mean_ci
-from analysis.verdict import (FAIL, NO_SPREAD, PASS, RULE_VERSION, UNDECIDED, Spread, check_seeds_needed, inside,
-                              interval)
-from core.fits import shipped_spread
+from analysis.verdict import (FAIL, NO_PRIOR, NO_SPREAD, PASS, RULE_VERSION, UNDECIDED, Interval, Prior, Spread,
+                              inside, interval, seeds_for_power, shipped_prior)
 from core.metrics_spec import FidelityTolerances
 from core.stages import FAILURE_STAGES
 
@@ -92,13 +91,25 @@ def repeat_spreads(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequ
     return out
 
 
-def check_spreads(own: Mapping[str, Spread], shipped: Mapping[str, Spread]) -> dict[str, Spread]:
-    """Per metric the larger of the comparison's own spread and the shipped one (core/fits.py): the
-    floor is the least spread the testbed is known to have."""
-    out = dict(own)
-    for metric, s in shipped.items():
-        if not out.get(metric, NO_SPREAD).known or (s.known and s.sigma > out[metric].sigma):
-            out[metric] = s
+def check_priors(tol: FidelityTolerances, kind: str, requests: float) -> dict[str, Prior]:
+    """The prior of each check's deviation for a run of ``requests`` under a kind of fault
+    (core/defaults/priors.yaml); NO_PRIOR where none is shipped."""
+    return {metric: shipped_prior(metric, kind, requests) for metric, _, _ in _checks(tol)}
+
+
+def repeat_checks(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
+                  agreement_by_seed: pd.DataFrame | None,
+                  priors: Mapping[str, Prior]) -> dict[str, tuple[str, Interval]]:
+    """Does the testbed repeat itself, check by check: the deviation of each check with the repeat in
+    the simulator's place, pooled over every policy and seed the repeat holds (the pair is the unit),
+    judged inside the check's own bounds by the rule with the prior of a difference of two runs."""
+    both = pd.concat([runs[runs["world"] == "testbed"], repeat_runs], ignore_index=True)
+    out = {}
+    for metric, kind, limit in _checks(tol):
+        d = [deviations(both, p, metric, kind, REPEAT, agreement_by_seed) for p in policies]
+        prior = priors.get(metric, NO_PRIOR)
+        iv = interval(pd.concat(d).to_numpy() if d else [], prior.times(2) if prior.known else prior)
+        out[metric] = (inside(iv, *bounds(kind, limit)), iv)
     return out
 
 
@@ -135,35 +146,34 @@ def calibration_range(calibrated: Sequence[pd.DataFrame], policy: str, metric: s
     return (min(means), max(means)) if means else (NAN, NAN)
 
 
-def shipped_spreads() -> tuple[dict[str, Spread], str]:
-    """The testbed spread shipped in core/defaults/fits.yaml, as Spreads, and where it was fitted."""
-    raw, where = shipped_spread()
-    return {m: Spread(sigma, pairs) for m, (sigma, pairs) in raw.items()}, where
-
-
 def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTolerances,
                    agreement: Mapping[str, tuple[float, int]] | None = None, other: str = "sim",
                    agreement_by_seed: pd.DataFrame | None = None,
-                   spreads: Mapping[str, Spread] | None = None,
+                   priors: Mapping[str, Prior] | None = None,
                    common: Mapping[str, Spread] | None = None,
-                   calibrated: Sequence[pd.DataFrame] = ()) -> pd.DataFrame:
+                   calibrated: Sequence[pd.DataFrame] = (),
+                   repeats: Mapping[str, tuple[str, Interval]] | None = None) -> pd.DataFrame:
     """One row per policy and checked metric (failure_rate, TTFT/E2E p50/p90, traffic_deflection_ratio,
     outcome_agreement), the testbed against ``other`` (a world of ``runs``: "sim", or "repeat"): other's
     and the testbed's mean, 95% CI half-width and n (columns <other>, <other>_ci, <other>_n, testbed,
     ...), diff = testbed - other and rel_error = (other - testbed) / testbed of the means (NaN where the
     testbed's is 0 or NaN), and the verdict by the rule of analysis/verdict.py: the per-seed
-    :func:`deviations`' mean (``deviation``), its interval floored by ``spreads[metric]`` (dev_low,
-    dev_high, n_seeds, spread_sigma, spread_pairs), the tolerance and its kind, the ``verdict`` (pass:
-    the interval inside :func:`bounds`; fail: wholly outside; undecided: neither) and how many seeds a
-    decision needs. ``agreement`` maps a policy to its pooled (outcome agreement, matched requests)
+    :func:`deviations`' mean (``deviation``), its interval with the seeds' variance pooled with
+    ``priors[metric]`` (dev_low, dev_high, n_seeds, prior_sigma, prior_df), the tolerance and its kind,
+    the ``verdict`` (pass: the interval inside :func:`bounds`; fail: wholly outside; undecided:
+    neither, or the interval decides nothing: ``why``), and the seeds that give the test 80% power
+    where the worlds agree (planning deviation 0, the pooled standard deviation). ``repeats``
+    (:func:`repeat_checks`) judge the testbed against its repeat: a check whose testbed does not repeat
+    itself within its bounds cannot pass (``repeat``: pass, fail, undecided, or "not run"). ``agreement`` maps a policy to its pooled (outcome agreement, matched requests)
     (:meth:`analysis.paired.PairedReport.agreement_of`): its row holds the agreement as <other>, the
     matched requests as both n, and diff = 1 - agreement. ``common`` (the simulator's spread over
     calibrations, :func:`calibration_spreads`) widens each interval by a spread every seed shares
     (cal_sigma, cal_df); ``calibrated``, the sim's runs under each calibration, gives the sim's range
     of means over them (sim_cal_low, sim_cal_high; NaN without)."""
     rows = []
-    spreads = spreads or {}
+    priors = priors or {}
     common = common or {}
+    repeats = repeats or {}
     for policy in policies:
         for metric, kind, limit in _checks(tol):
             if kind == "min":
@@ -174,17 +184,22 @@ def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTol
                 tm, th, tn = seed_mean(runs, "testbed", policy, metric)
                 diff = tm - om
                 rel = (om - tm) / tm if tm != 0 and not math.isnan(tm) else NAN
-            spread, shared = spreads.get(metric, NO_SPREAD), common.get(metric, NO_SPREAD)
-            iv = interval(deviations(runs, policy, metric, kind, other, agreement_by_seed), spread, shared)
+            prior, shared = priors.get(metric, NO_PRIOR), common.get(metric, NO_SPREAD)
+            iv = interval(deviations(runs, policy, metric, kind, other, agreement_by_seed), prior, shared)
             low, high = calibration_range(calibrated, policy, metric) if calibrated and kind != "min" else (NAN, NAN)
             lo, hi = bounds(kind, limit)
-            needed = check_seeds_needed(iv, lo, hi)
+            verdict, why = inside(iv, lo, hi), iv.why_not
+            rep = repeats.get(metric)
+            if verdict == PASS and rep is not None and rep[0] != PASS:
+                verdict, why = UNDECIDED, f"the testbed does not repeat itself within the tolerance (its repeat: {rep[0]})"
+            needed = _seeds_needed(iv, lo, hi, prior, shared)
             rows.append({"policy": policy, "metric": metric, other: om, f"{other}_ci": oh, f"{other}_n": on,
                          "testbed": tm, "testbed_ci": th, "testbed_n": tn, "diff": diff, "rel_error": rel,
                          "deviation": iv.mean, "dev_low": iv.low, "dev_high": iv.high, "n_seeds": iv.n,
-                         "spread_sigma": spread.sigma, "spread_pairs": spread.pairs,
+                         "prior_sigma": prior.sigma, "prior_df": prior.df,
                          "cal_sigma": shared.sigma, "cal_df": shared.pairs, "sim_cal_low": low, "sim_cal_high": high,
-                         "tolerance": limit, "tolerance_kind": kind, "verdict": inside(iv, lo, hi),
+                         "tolerance": limit, "tolerance_kind": kind, "verdict": verdict, "why": why,
+                         "repeat": "not run" if rep is None else rep[0],
                          "seeds_needed": NAN if needed is None else needed, "rule": RULE_VERSION})
     return pd.DataFrame(rows)
 
@@ -199,8 +214,17 @@ def repeat_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequen
     tb = tb[pd.MultiIndex.from_frame(tb[["policy", "seed"]]).isin(held)]
     table = fidelity_table(pd.concat([tb, repeat_runs], ignore_index=True), policies, tol, agreement, REPEAT,
                            agreement_by_seed)
-    return table.drop(columns=["tolerance", "verdict", "dev_low", "dev_high", "spread_sigma", "spread_pairs",
-                               "cal_sigma", "cal_df", "sim_cal_low", "sim_cal_high", "seeds_needed", "rule"])
+    return table.drop(columns=["tolerance", "verdict", "why", "repeat", "dev_low", "dev_high", "prior_sigma",
+                               "prior_df", "cal_sigma", "cal_df", "sim_cal_low", "sim_cal_high", "seeds_needed",
+                               "rule"])
+
+
+def _seeds_needed(iv: Interval, lo: float, hi: float, prior: Prior, common: Spread) -> int | None:
+    """The seeds that give the check 80% power where the deviation is truly 0 (or, for a one-sided
+    bound, at its midpoint's side: 0 too), the pooled standard deviation as the planning one."""
+    if not iv.n or math.isnan(iv.sd):
+        return None
+    return seeds_for_power(iv.sd, lo, hi, 0.0, prior, common)
 
 
 def composition_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
@@ -270,13 +294,14 @@ def pair_order(iv: Any, margin: float) -> str:
     return "?"
 
 
-def pair_table(runs: pd.DataFrame, policies: Sequence[str], margin: float, spread: Spread = NO_SPREAD) -> pd.DataFrame:
+def pair_table(runs: pd.DataFrame, policies: Sequence[str], margin: float, prior: Prior = NO_PRIOR) -> pd.DataFrame:
     """Every pair (a, b) of ``policies``: in each world the mean failure-rate difference a - b over
-    seeds, its interval floored by two runs' ``spread``, and its order (:func:`pair_order`); and the
-    per-seed deviation of that difference across the worlds (testbed - sim, floored likewise). The
-    pair "agree"s when the deviation lies inside +-margin (the worlds separate the pair alike) or both
-    worlds decide the same order, "disagree"s when both decide different orders, and is "open"
-    otherwise."""
+    seeds, its interval pooled with two runs' ``prior``, and its order (:func:`pair_order`); and the
+    per-seed deviation of that difference across the worlds (testbed - sim, pooled likewise), judged by
+    its equivalence test. The pair "agree"s when the deviation lies inside +-margin (the worlds separate
+    the pair alike) or both worlds decide the same order; it "disagree"s only when its equivalence
+    test fails (the deviation wholly outside +-margin) and both worlds decide different orders; it is
+    "open" otherwise."""
     rows = []
     for i, a in enumerate(policies):
         for b in policies[i + 1:]:
@@ -284,16 +309,16 @@ def pair_table(runs: pd.DataFrame, policies: Sequence[str], margin: float, sprea
             orders, diffs = [], {}
             for w in WORLDS:
                 diffs[w] = (seed_values(runs, w, a, M.FAILURE_RATE) - seed_values(runs, w, b, M.FAILURE_RATE)).dropna()
-                iv = interval(diffs[w].to_numpy(), spread.times(2))
+                iv = interval(diffs[w].to_numpy(), prior.times(2))
                 orders.append(pair_order(iv, margin))
                 row.update({f"{w}_diff": iv.mean, f"{w}_low": iv.low, f"{w}_high": iv.high, f"{w}_order": orders[-1]})
             seeds = diffs["testbed"].index.intersection(diffs["sim"].index)
-            dev = interval((diffs["testbed"][seeds] - diffs["sim"][seeds]).to_numpy(), spread.times(2))
+            dev = interval((diffs["testbed"][seeds] - diffs["sim"][seeds]).to_numpy(), prior.times(2))
             row.update({"deviation": dev.mean, "dev_low": dev.low, "dev_high": dev.high})
-            alike = inside(dev, -margin, margin) == PASS
+            eq = inside(dev, -margin, margin)
             decided = "?" not in orders
-            row["agreement"] = AGREE if alike or (decided and orders[0] == orders[1]) else \
-                DISAGREE if decided else OPEN_PAIR
+            row["agreement"] = AGREE if eq == PASS or (decided and orders[0] == orders[1]) else \
+                DISAGREE if eq == FAIL and decided else OPEN_PAIR
             rows.append(row)
     return pd.DataFrame(rows, columns=list(PAIR_COLUMNS))
 

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from analysis.metric_names import Metric as M, latency
 from analysis.paired import OUTCOME_AGREEMENT
-from analysis.verdict import RULE_VERSION
+from analysis.verdict import RULE_VERSION, wrong_to_expect
 
 if TYPE_CHECKING:
     from analysis.fidelity import Fidelity
@@ -155,6 +155,8 @@ def verdict_lines(fid: Fidelity) -> list[tuple[str, list[str]]]:
     if max(n["fail"], n["undecided"]) > NAMED_MAX:
         lines.append(("each check with its interval and the seeds it would need: fidelity.csv (the rank's: "
                       "fidelity_rank.csv)", []))
+    if n["pass"] + n["fail"]:
+        lines.append((wrong_to_expect(n["pass"] + n["fail"], "checks"), []))
     return lines
 
 
@@ -189,7 +191,7 @@ def command_lines(argv: Sequence[str], width: int) -> list[str]:
 
 def print_compact(fid: Fidelity, console: Console, full_command: Sequence[str] | None = None) -> None:
     """The verdict in at most COMPACT_WIDTH columns (fewer on a narrower console): the table, the rank's
-    lines, the notes on missing policies and unfinished runs, what floored the intervals, the verdict,
+    lines, the notes on missing policies and unfinished runs, the priors the intervals pool with, the verdict,
     and where the rest is: the files written, and ``full_command``, the command that prints every
     table (default: the same command with --full)."""
     width = min(console.width, COMPACT_WIDTH)
@@ -209,7 +211,7 @@ def print_compact(fid: Fidelity, console: Console, full_command: Sequence[str] |
         say(f"[yellow]note:[/] {len(unfinished)} run(s) did not finish; their rows up to the stop are included")
     cals = (f"; widened by the simulator's spread over {fid.calibrations} calibrations" if fid.calibrations > 1
             else "")
-    say(f"intervals floored by: {escape(fid.spread_source)}{cals}")
+    say(f"priors: {escape(fid.prior_source)}{cals}")
     (head, _), *rest = verdict_lines(fid)
     say(head)
     for head, items in rest:

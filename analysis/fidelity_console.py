@@ -28,7 +28,7 @@ from analysis.host_window import print_host_window, write_host_window
 from analysis.metric_names import LATENCIES, Metric as M, latency
 from analysis.paired import ALL, OUTCOME_AGREEMENT, SPAN_NAMES, PairedReport
 from analysis.paired_stats import SUMMARY_STATS
-from analysis.verdict import RULE_VERSION
+from analysis.verdict import NO_PRIOR, RULE_VERSION
 from core.stages import FAILURE_STAGES
 
 LABEL = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
@@ -373,7 +373,11 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
         "; ".join(x for x in ("mismatch: " + ", ".join(failed) if failed else "",
                               "undecided: " + ", ".join(open_) if open_ else "") if x)
         or "nothing could be checked")
-    console.print(f"spread (the floor of every interval): {escape(fid.spread_source)}")
+    console.print(f"priors (pooled with every interval's seeds): {escape(fid.prior_source)}")
+    if fid.repeats:
+        bad = [m for m, (v, _) in fid.repeats.items() if v != "pass"]
+        console.print("the testbed against its repeat: " + ("every check repeats within its tolerance" if not bad
+                      else f"does not repeat within the tolerance in {', '.join(bad)}: those checks cannot pass"))
     if fid.calibrations > 1:
         console.print(f"the simulator's spread over {fid.calibrations} calibrations widens every interval "
                       "(analysis/verdict.py, common spread; cal_sigma in fidelity.csv)")
@@ -403,7 +407,7 @@ def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
     fidelity_confusion.csv (the confusion matrix beside each policy's agreement), fidelity_stages.csv
     and fidelity_mape.csv (each with a column versus: "sim", or "repeat"), and with a repeat
     fidelity_repeatability.csv and fidelity_spread.csv (the testbed's spread per check from the repeat,
-    and the floor used), into ``out_dir``; returns the paths."""
+    the check's prior and whether the testbed repeated itself), into ``out_dir``; returns the paths."""
     rk = fid.rank
     rank = pd.DataFrame([{
         "n_policies": len(rk.policies), "policies": ",".join(rk.policies), "kendall_tau": rk.kendall_tau,
@@ -417,9 +421,10 @@ def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
               **_paired_frames(fid)}
     if fid.repeatability is not None:
         frames["fidelity_repeatability.csv"] = fid.repeatability
-    if fid.own_spreads:  # the testbed's spread from this comparison's repeat: what core/defaults/fits.yaml ships
+    if fid.own_spreads:  # the testbed's spread from this comparison's repeat, a description of the instrument
         frames["fidelity_spread.csv"] = pd.DataFrame(
-            [{"metric": m, "sigma": v.sigma, "pairs": v.pairs, "floor_sigma": (fid.spreads or {})[m].sigma}
+            [{"metric": m, "sigma": v.sigma, "pairs": v.pairs, "prior_sigma": (fid.priors or {}).get(m, NO_PRIOR).sigma,
+              "repeat": (fid.repeats or {}).get(m, ("not run",))[0]}
              for m, v in fid.own_spreads.items()])
     paths = []
     for name, df in frames.items():

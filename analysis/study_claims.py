@@ -6,8 +6,11 @@ Input: each world's cells table (:func:`analysis.study.load_study` of ``STUDY/si
 and, where the testbed ran seeds twice, ``STUDY/repeat``) and the claims resolved to points
 (:func:`core.study.claim_sides`). A claim's value in a world and seed is ``metric`` of its (point,
 policy) cell, minus that of its ``vs`` cell on the same seed where it has one; a seed with either cell
-missing or NaN gives no value (the claim's ``n`` says how many did). The testbed's spread of a metric
-(:func:`testbed_spreads`) comes from every cell the repeat holds, whatever claim it serves.
+missing or NaN gives no value (the claim's ``n`` says how many did). Each claim's kind of fault and
+the size of its runs come from its cells' run.json (:func:`point_conditions`), and with them its prior
+(core/defaults/priors.yaml). The testbed's spread of a metric (:func:`testbed_spreads`) comes from
+every cell the repeat holds, whatever claim it serves, and describes the instrument; the repeat is
+judged per metric and kind of fault (:func:`repeat_verdicts`).
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.claims import COLUMNS, WORLDS, ClaimRule, claim_table, effect_floor
+from analysis.claims import COLUMNS, WORLDS, ClaimRule, claim_table, effect_prior
 from analysis.metric_names import Metric as M, check_metric
 from analysis.plots import _save, _slug
 from analysis.study import STUDY_FILE, StudyError, load_study
-from analysis.verdict import CARRIES, CONFIDENCE, DOES_NOT, NO_SPREAD, RULE_VERSION, Spread, interval
+from analysis.verdict import (CARRIES, CONFIDENCE, DOES_NOT, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior, Spread,
+                              interval, repeat_verdict, shipped_prior, wrong_to_expect)
+from core.priors import NONE, expected_requests, fault_kind, widest
+from core.records import read_meta
 from core.spec import SpecError
 from core.study import ClaimSides, claim_sides
 from core.study_spec import StudySpec
@@ -87,12 +93,67 @@ def _sides_values(cells: pd.DataFrame, s: ClaimSides) -> pd.DataFrame:
     return both.assign(value=both["a"] - both["b"])
 
 
-def claim_rules(sides: Sequence[ClaimSides]) -> dict[str, ClaimRule]:
-    """Each claim's judging rule as its spec fixed it, in the claims' order."""
+Conditions = Mapping[str, tuple[str, float]]  # point -> (kind of fault, requests a run holds)
+
+
+def point_conditions(cells: pd.DataFrame) -> dict[str, tuple[str, float]]:
+    """Per point of a world's cells table: the kind of fault of its spec (core.priors.fault_kind) and
+    the requests a run holds, read from the run.json of one of its runs."""
+    out: dict[str, tuple[str, float]] = {}
+    if cells.empty or "run_dir" not in cells.columns:
+        return out
+    for point, run_dir in cells.drop_duplicates("point")[["point", "run_dir"]].itertuples(index=False):
+        spec = read_meta(run_dir).get("spec") or {}
+        out[str(point)] = (fault_kind(spec.get("faults") or []), expected_requests(spec.get("workload") or {}))
+    return out
+
+
+def _points(s: ClaimSides) -> list[str]:
+    return [s.point, *([s.vs[0]] if s.vs is not None else []), *(_points(s.minus) if s.minus is not None else [])]
+
+
+def claim_rules(sides: Sequence[ClaimSides], conditions: Conditions | None = None) -> dict[str, ClaimRule]:
+    """Each claim's judging rule as its spec fixed it, in the claims' order: its kind of fault is the
+    widest of its points' (core.priors.widest) and its prior that kind's for its metric, at the
+    fewest requests of its points' runs."""
+    conditions = conditions or {}
+
     def cells(s: ClaimSides) -> int:
         return (1 if s.vs is None else 2) + (cells(s.minus) if s.minus is not None else 0)
 
-    return {s.name: ClaimRule(s.metric, s.direction, s.margin, s.measure, cells(s)) for s in sides}
+    rules = {}
+    for s in sides:
+        known = [conditions[p] for p in _points(s) if p in conditions]
+        kind = widest(k for k, _ in known) if known else NONE
+        requests = min((n for _, n in known if not math.isnan(n)), default=math.nan)
+        rules[s.name] = ClaimRule(s.metric, s.direction, s.margin, s.measure, cells(s), kind,
+                                  shipped_prior(s.metric, kind, requests))
+    return rules
+
+
+def repeat_verdicts(testbed: pd.DataFrame, repeat: pd.DataFrame | None, rules: Mapping[str, ClaimRule],
+                    conditions: Conditions) -> dict[tuple[str, str], tuple[str, Interval]]:
+    """Per (metric, kind of fault) the claims judge: :func:`analysis.verdict.repeat_verdict` of the
+    differences first - repeat over every repeated run of a point of that kind (each distinct run
+    once), against the smallest margin of the claims it serves, with the prior of a difference of two
+    runs; empty without a repeat."""
+    if repeat is None or repeat.empty or testbed.empty:
+        return {}
+    key = ["point", "policy", "seed"]
+    a = testbed.drop_duplicates("run_dir") if "run_dir" in testbed.columns else testbed
+    m = a.merge(repeat, on=key, suffixes=("", "_rep"))
+    kinds = m["point"].map(lambda p: conditions.get(p, (NONE, math.nan))[0])
+    out = {}
+    for (metric, kind), group in pd.DataFrame([(r.metric, r.kind, r.margin, r.prior) for r in rules.values()],
+                                              columns=["metric", "kind", "margin", "prior"]).groupby(["metric", "kind"]):
+        if metric not in m.columns:
+            continue
+        sel = m[kinds == kind]
+        d = (sel[metric].astype(float) - sel[f"{metric}_rep"].astype(float)).dropna()
+        prior: Prior = group["prior"].iloc[0]
+        out[(metric, kind)] = repeat_verdict(d.to_numpy(), float(group["margin"].min()),
+                                             prior.times(2) if prior.known else prior)
+    return out
 
 
 def testbed_spreads(testbed: pd.DataFrame, repeat: pd.DataFrame | None, metrics: Sequence[str]) -> dict[str, Spread]:
@@ -112,15 +173,18 @@ def testbed_spreads(testbed: pd.DataFrame, repeat: pd.DataFrame | None, metrics:
 
 
 def claims_frame(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides],
-                 spreads: Mapping[str, Spread] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 conditions: Conditions | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(verdict table, effects): :func:`analysis.claims.claim_table` of :func:`claim_effects`, in the
-    claims' own order, with what each claim reads (metric, policy, point, vs) and says. ``spreads``
-    default to :func:`testbed_spreads` of the frames' testbed and repeat."""
+    claims' own order, with what each claim reads (metric, policy, point, vs) and says. ``conditions``
+    (each point's kind of fault and run size) default to :func:`point_conditions` of the testbed's
+    cells (else the simulator's); the repeat, where there is one, is judged by :func:`repeat_verdicts`."""
     effects = claim_effects(frames, sides)
-    if spreads is None:
-        tb = frames.get("testbed", pd.DataFrame())
-        spreads = testbed_spreads(tb, frames.get("repeat"), [s.metric for s in sides])
-    table = claim_table(effects, claim_rules(sides), spreads).set_index("claim")
+    tb = frames.get("testbed", pd.DataFrame())
+    if conditions is None:
+        conditions = point_conditions(tb if not tb.empty else frames.get("sim", pd.DataFrame()))
+    rules = claim_rules(sides, conditions)
+    repeats = repeat_verdicts(tb, frames.get("repeat"), rules, conditions)
+    table = claim_table(effects, rules, repeats).set_index("claim")
     info = pd.DataFrame([{"claim": s.name, "says": s.says, "metric": s.metric, "policy": s.policy,
                           "point": s.point, "vs": "" if s.vs is None else f"{s.vs[1]} @ {s.vs[0]}",
                           "minus": "" if s.minus is None else s.minus.name} for s in sides])
@@ -161,8 +225,8 @@ def _claimed(r: Any) -> str:
 
 def claims_console_table(table: pd.DataFrame) -> Table:
     pct = f"{100 * CONFIDENCE:.0f}%"
-    t = Table(title=f"claims: simulator vs testbed (mean [{pct} CI] over seeds, floored by the testbed's spread; "
-                    f"rule {RULE_VERSION})")
+    t = Table(title=f"claims: simulator vs testbed (mean [{pct} CI] over seeds, the seeds' variance pooled with "
+                    f"its prior; rule {RULE_VERSION})")
     for c in ("claim", "claimed, margin", "simulator", "testbed", "tb - sim paired", "verdict", "seeds"):
         t.add_column(c, justify="left" if c in ("claim", "verdict") else "right")
     for r in table.itertuples():
@@ -180,11 +244,11 @@ def claims_console_table(table: pd.DataFrame) -> Table:
     return t
 
 
-def claim_figure(row: pd.Series, effects: pd.DataFrame, floor: Spread, path: Path) -> Path:
+def claim_figure(row: pd.Series, effects: pd.DataFrame, prior: Prior, path: Path) -> Path:
     """One claim, the two worlds and their paired difference side by side: each seed's value (the
-    testbed's repeat hollow), the mean and its floored interval, the claimed side of 0 shaded (for a
-    null claim the band +-margin), the +-margin band around the paired difference; verdict and reason
-    in the title. ``floor``: the testbed's spread of the claim's effect (analysis/claims.py)."""
+    testbed's repeat hollow), the mean and its interval, the claimed side of 0 shaded (for a null claim
+    the band +-margin), the +-margin band around the paired difference; verdict and reason in the
+    title. ``prior``: the prior of the claim's effect (analysis/claims.py effect_prior)."""
     fig = Figure(figsize=(5.6, 3.8))
     ax = fig.add_subplot(1, 1, 1)
     mine = effects.loc[effects["claim"] == row["claim"]]
@@ -200,12 +264,12 @@ def claim_figure(row: pd.Series, effects: pd.DataFrame, floor: Spread, path: Pat
             if len(rep):
                 ax.scatter(np.full(len(rep), x + 0.18), rep, facecolors="none", edgecolors=WORLD_COLORS[world],
                            zorder=3, label="testbed repeat")
-        _mean_and_interval(ax, x, interval(w.to_numpy(), floor))
+        _mean_and_interval(ax, x, interval(w.to_numpy(), prior))
     both = per_world["testbed"].index.intersection(per_world["sim"].index)
     paired = (per_world["testbed"][both] - per_world["sim"][both]).to_numpy()
     ax.scatter(2 + (np.linspace(-0.12, 0.12, len(paired)) if len(paired) > 1 else np.zeros(len(paired))), paired,
                color="tab:gray", zorder=3, label="testbed − sim (per seed)")
-    _mean_and_interval(ax, 2, interval(paired, floor))
+    _mean_and_interval(ax, 2, interval(paired, prior))
     ax.fill_between([1.6, 2.4], -m, m, color="tab:green", alpha=0.15, lw=0, label=f"±margin {m:g}")
     lo, hi = ax.get_ylim()
     claimed = {"increase": (0, max(hi, m)), "decrease": (min(lo, -m), 0), "none": (-m, m)}[row["direction"]]
@@ -243,7 +307,8 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
     out.mkdir(parents=True, exist_ok=True)
     tb = frames.get("testbed", pd.DataFrame())
     spreads = testbed_spreads(tb, frames.get("repeat"), [s.metric for s in sides])
-    table, effects = claims_frame(frames, sides, spreads)
+    conditions = point_conditions(tb if not tb.empty else frames.get("sim", pd.DataFrame()))
+    table, effects = claims_frame(frames, sides, conditions)
     note = fixed_note(fixed)
     table["claims_as_fixed"] = note is None
     table.to_csv(out / "claims.csv", index=False)
@@ -252,11 +317,12 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
                  columns=["metric", "sigma", "pairs"]).to_csv(out / "claim_spreads.csv", index=False)
     rc = reaction_cost(frames, axes)
     rc.to_csv(out / "reaction_cost.csv", index=False)
-    rules = claim_rules(sides)
-    figures = [claim_figure(r, effects, effect_floor(spreads.get(r["metric"], NO_SPREAD), rules[r["claim"]]),
+    rules = claim_rules(sides, conditions)
+    figures = [claim_figure(r, effects, effect_prior(rules[r["claim"]]),
                             out / f"claim_{_slug(r['claim'])}.png") for _, r in table.iterrows()]
     console.print(claims_console_table(table))
     counts = table["verdict"].value_counts().to_dict()
+    console.print(wrong_to_expect(int((table["verdict"] != UNDECIDED_CLAIM).sum()), "claims"))
     console.print(f"{len(table)} claim(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
                   + f"; wrote claims.csv, claim_effects.csv, claim_spreads.csv, reaction_cost.csv and "
                     f"{len(figures)} figure(s) to {out}")

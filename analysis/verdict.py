@@ -5,69 +5,82 @@ compare` / `testbed twin` (analysis/fidelity.py) and the engine-death comparison
 
 * **Values.** One number per seed: a claim's effect in one world, or one world's deviation from the
   other (testbed minus simulator, paired by seed: the seeds' workloads are the same in both worlds).
+  The seed is the unit: a repeat of one seed measures the instrument, not how the worlds' difference
+  varies over workloads, so **one seed decides nothing** (``MIN_SEEDS``).
 * **Interval.** The mean over the n seeds with a Student-t interval at confidence 1 - 2 ALPHA (90 %):
-  mean -+ t(1 - ALPHA, df) * s / sqrt(n), so that every test below is one-sided at ALPHA = 5 % and an
-  equivalence test is the interval form of two one-sided tests (Schuirmann, J. Pharmacokin.
+  mean -+ t(1 - ALPHA, df) * s_p / sqrt(n), so that every test below is one-sided at ALPHA = 5 % and
+  an equivalence test is the interval form of two one-sided tests (Schuirmann, J. Pharmacokin.
   Biopharm. 15, 1987). Why the t interval with 3 to 5 seeds: a bootstrap of 3 values has 10 distinct
   resamples, and a sign or signed-rank test of 3 values cannot reach 5 % (its smallest one-sided p is
   1/8); the t interval can, on the assumption that each seed's value, a mean over a run's requests,
   is roughly normal.
-* **Floor.** s = max(the seeds' sample standard deviation, the spread the testbed is measured to have
-  in that quantity) (:class:`Spread`). A cell that never varies over 3 seeds (a failure count of 0 in
-  every seed) gives s = 0 and an interval of zero width, a certainty the instrument does not have:
-  the testbed's own run-to-run spread is the least it can be. df = n - 1; with one seed the interval
-  is the spread's alone, with the spread's degrees of freedom (its pairs); with one seed and no
-  spread there is no interval.
+* **Variance pooled with a prior** (:class:`Prior`). s_p^2 = (d0 s0^2 + (n - 1) s^2) / (d0 + n - 1)
+  with df = d0 + n - 1: the seeds' sample variance s^2 moderated by a prior variance s0^2 worth d0
+  degrees of freedom, fixed in advance per metric and kind of fault from the studies on record
+  (core/defaults/priors.yaml; the scaled-inverse-chi-square prior of the normal model, whose
+  posterior for the mean is exactly this t; Gelman et al., Bayesian Data Analysis, 3rd ed., 3.3;
+  Smyth, Stat. Appl. Genet. Mol. Biol. 3, 2004, for the same moderation). Seeds that never vary get
+  the prior's width, not zero; seeds that vary more than the prior widen it. A width of exactly 0
+  (no prior, seeds equal) is no interval: **nothing is decided on an interval of zero width**.
 * **Common spread.** A spread shared by every seed, not drawn anew per seed: the simulator's
   calibration, one measurement that every simulated seed uses, so its error does not average out
   over seeds. Measured by simulating the same seeds under k calibrations made on engines started
   anew (sigma_c: the standard deviation over the calibrations of the seeds' mean deviation, df
-  k - 1), it adds to the mean's variance whole: half-width t(1 - ALPHA, df) * sqrt(s^2 / n +
-  sigma_c^2), df by Welch-Satterthwaite ((a + b)^2 / (a^2 / df_s + b^2 / df_c), a = s^2 / n,
+  k - 1), it adds to the mean's variance whole: half-width t(1 - ALPHA, df) * sqrt(s_p^2 / n +
+  sigma_c^2), df by Welch-Satterthwaite ((a + b)^2 / (a^2 / df_s + b^2 / df_c), a = s_p^2 / n,
   b = sigma_c^2). Without it the interval is the one above.
 * **Spread** of the testbed in one metric, from duplicate runs: k pairs of a first and a repeated
   testbed run of the same cell (scenario, policy, seed), d their difference; sigma = sqrt(sum d^2 / 2k)
-  (the error of a single measurement from duplicates, Dahlberg 1940), pooled over every repeated
-  seed, policy and point of that metric. An effect made of r testbed runs (a difference of two cells:
-  r = 2) has sigma * sqrt(r).
+  (the error of a single measurement from duplicates, Dahlberg 1940). It describes the instrument;
+  the repeat itself is judged by the rule (:func:`repeat_verdict`): a check or claim whose testbed
+  does not repeat itself within its margin cannot pass.
 * **Inside a region** (:func:`inside`): "pass" when the interval lies inside [lo, hi], "fail" when it
-  lies wholly outside, "undecided" when it straddles a bound or there is no interval.
+  lies wholly outside, "undecided" when it straddles a bound or cannot decide (:attr:`Interval.why_not`).
 
-What is judged against what is the caller's: a claim's world holds when its interval lies on the
-claimed side of 0 (:func:`world_status`), the worlds agree when the paired difference lies inside
-+-margin (:func:`inside`), and a claim's verdict combines the three (:func:`claim_verdict`). A
-parameter fitted from testbed runs is judged on other runs against its prediction interval
-(:func:`prediction_interval`), where an observation inside passes and one outside fails.
+A claim (:func:`claim_verdict`) is a verdict on the **simulated finding**: it carries over when the
+seed-paired difference testbed - simulator lies inside +-margin, does not when it lies wholly
+outside, and is undecided otherwise. Beside it each world's status of the claim
+(:func:`world_status`). How many seeds a decision needs is a power computation
+(:func:`tost_power`, :func:`seeds_for_power`): exact, integrating the t statistic's variance
+estimate over its chi-square law, at a stated planning difference and standard deviation. A parameter
+fitted from testbed runs is judged on other runs against its prediction interval
+(:func:`prediction_interval`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy import stats
+from scipy import integrate, stats
+
+from core.priors import NONE, prior_of
 
 # Recorded with every verdict table (claims.csv, fidelity.csv, fidelity_engines.csv): a change to the
-# rule or to ALPHA changes it, and verdicts judged by another rule are not comparable.
-RULE_VERSION = "tost-floor-1"  # a common spread (below) widens the same rule; none given, it is the same
+# rule, its priors' meaning or ALPHA changes it, and verdicts judged by another rule are not comparable.
+RULE_VERSION = "tost-prior-2"
 ALPHA = 0.05  # one-sided, every test; intervals are shown at 1 - 2 ALPHA
 CONFIDENCE = 1.0 - 2.0 * ALPHA
+POWER = 0.8  # the power a plan sizes a study for
 EPS = 1e-12  # float rounding at a bound
-MAX_SEEDS = 100  # seeds_to_decide looks no further
+MIN_SEEDS = 2  # one seed is one workload: no replication, no decision
+MAX_SEEDS = 100  # seeds_for_power looks no further
 
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
-HOLDS, FAILS, OPEN = "holds", "does not hold", "open"
+HOLDS, REFUTED, OPEN = "holds", "refuted", "open"
 CARRIES, DOES_NOT, UNDECIDED_CLAIM = "carries over", "does not carry over", "undecided"
 DIRECTIONS = ("increase", "decrease", "none")
+ONE_SEED = "one seed: a repeat of one workload is not replication"
+ZERO_WIDTH = "an interval of zero width: the seeds never varied and no prior gives the instrument's spread"
 
 
 @dataclass(frozen=True)
 class Spread:
     """The testbed's run-to-run spread of one quantity: ``sigma`` per run, and ``pairs``, the repeated
-    runs it was pooled from, which are its degrees of freedom (a spread from n samples' standard
-    deviation has n - 1)."""
+    runs it was pooled from (its degrees of freedom); or a spread every seed shares (the simulator's
+    over calibrations), ``pairs`` then its degrees of freedom."""
 
     sigma: float
     pairs: int
@@ -95,9 +108,38 @@ NO_SPREAD = Spread(math.nan, 0)
 
 
 @dataclass(frozen=True)
+class Prior:
+    """A prior for the seeds' variance of one quantity, fixed before the runs: standard deviation
+    ``sigma`` per seed worth ``df`` degrees of freedom (module docstring), and where it comes from. A
+    prior of zero width or no degrees of freedom is no prior: it must never make an interval narrow."""
+
+    sigma: float
+    df: float
+    source: str = ""
+
+    @property
+    def known(self) -> bool:
+        return self.df > 0 and math.isfinite(self.sigma) and self.sigma > 0
+
+    def times(self, runs: float) -> Prior:
+        """The prior of a quantity made of ``runs`` independent runs (a difference of two cells: 2)."""
+        return replace(self, sigma=self.sigma * math.sqrt(runs))
+
+
+NO_PRIOR = Prior(math.nan, 0.0)
+
+
+def shipped_prior(metric: str, kind: str = NONE, requests: float = math.nan) -> Prior:
+    """The prior of one run of ``metric`` under a kind of fault (core/defaults/priors.yaml), scaled to
+    a run of ``requests`` where it is a share of them; NO_PRIOR where none is shipped."""
+    p = prior_of(metric, kind, requests)
+    return NO_PRIOR if p is None else Prior(p[0], p[1], f"core/defaults/priors.yaml {metric} ({kind})")
+
+
+@dataclass(frozen=True)
 class Interval:
-    """A mean over seeds and its interval (module docstring). ``sd`` is the standard deviation the
-    interval used (the seeds' or the floor), ``floored`` whether the floor set it."""
+    """A mean over seeds and its interval (module docstring). ``sd`` is the pooled standard deviation
+    the interval used and ``df`` its degrees of freedom (before a common spread's Welch correction)."""
 
     mean: float
     low: float
@@ -105,53 +147,79 @@ class Interval:
     n: int
     sd: float
     df: float
-    floored: bool
+    prior: Prior = NO_PRIOR
     common: Spread = NO_SPREAD  # shared by every seed (module docstring)
 
     @property
     def defined(self) -> bool:
         return not (math.isnan(self.low) or math.isnan(self.high))
 
-    def at(self, n: int) -> Interval:
-        """The interval the same mean and standard deviation would have over ``n`` seeds (df n - 1):
-        how many seeds a decision needs."""
-        return _make(self.mean, self.sd, n, n - 1, self.floored, self.common)
+    @property
+    def why_not(self) -> str:
+        """Why this interval decides nothing ("" where it may): no value, one seed, no interval, or
+        an interval of zero width."""
+        if self.n == 0:
+            return "no value"
+        if self.n < MIN_SEEDS:
+            return ONE_SEED
+        if not self.defined:
+            return "no interval"
+        if self.high - self.low <= EPS:
+            return ZERO_WIDTH
+        return ""
+
+    @property
+    def decidable(self) -> bool:
+        return not self.why_not
 
 
-def _make(mean: float, sd: float, n: int, df: float, floored: bool, common: Spread = NO_SPREAD) -> Interval:
-    if n < 1 or math.isnan(sd) or df < 1:
-        return Interval(mean, math.nan, math.nan, n, sd, df, floored, common)
+def pooled_sd(s2: float, n: int, prior: Prior = NO_PRIOR) -> tuple[float, float]:
+    """(s_p, df) of the seeds' sample variance ``s2`` over ``n`` seeds moderated by ``prior`` (module
+    docstring); (NaN, 0) with no degrees of freedom at all."""
+    d0 = prior.df if prior.known else 0.0
+    df = d0 + n - 1
+    if df <= 0:
+        return math.nan, 0.0
+    v = ((d0 * prior.sigma ** 2 if d0 else 0.0) + (n - 1) * (s2 if n > 1 else 0.0)) / df
+    return math.sqrt(v), df
+
+
+def half_width(sd: float, n: int, df: float, common: Spread = NO_SPREAD) -> tuple[float, float]:
+    """(half-width, df) of the interval of a mean over ``n`` seeds of pooled standard deviation ``sd``
+    with ``df`` degrees of freedom, widened by a spread every seed shares (Welch-Satterthwaite)."""
     a = sd * sd / n
     b = common.sigma ** 2 if common.known else 0.0
     dfe = df
-    if b > 0:  # Welch-Satterthwaite; a = 0 (seeds that never varied, no floor) leaves the common df
+    if b > 0:  # a = 0 (seeds that never varied, no prior) leaves the common df
         dfe = (a + b) ** 2 / ((a * a / df if a > 0 else 0.0) + b * b / common.pairs)
-    half = float(stats.t.ppf(1.0 - ALPHA, dfe)) * math.sqrt(a + b)
-    return Interval(mean, mean - half, mean + half, n, sd, df, floored, common)
+    return float(stats.t.ppf(1.0 - ALPHA, dfe)) * math.sqrt(a + b), dfe
 
 
-def interval(values: Iterable[float], spread: Spread = NO_SPREAD, common: Spread = NO_SPREAD) -> Interval:
-    """The interval of the non-NaN ``values`` (one per seed) with ``spread`` as its floor and
+def _make(mean: float, sd: float, n: int, df: float, prior: Prior, common: Spread) -> Interval:
+    if n < 1 or math.isnan(sd) or df <= 0:
+        return Interval(mean, math.nan, math.nan, n, sd, df, prior, common)
+    half, _ = half_width(sd, n, df, common)
+    return Interval(mean, mean - half, mean + half, n, sd, df, prior, common)
+
+
+def interval(values: Iterable[float], prior: Prior = NO_PRIOR, common: Spread = NO_SPREAD) -> Interval:
+    """The interval of the non-NaN ``values`` (one per seed), their variance pooled with ``prior`` and
     ``common``, a spread shared by every seed, added whole (module docstring). No values: everything
-    NaN; one value and no known spread: NaN bounds."""
+    NaN; one value: the prior's interval, shown but deciding nothing (NaN bounds without a prior)."""
     x = np.asarray(list(values), dtype=float)
     x = x[~np.isnan(x)]
     n = int(x.size)
     if n == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, math.nan, 0, False, common)
-    mean = float(x.mean())
-    floor = spread.sigma if spread.known else 0.0
-    if n == 1:
-        return (_make(mean, floor, 1, spread.pairs, True, common) if spread.known
-                else _make(mean, math.nan, 1, 0, False, common))
-    s = float(x.std(ddof=1))
-    return _make(mean, max(s, floor), n, n - 1, floor > s, common)
+        return Interval(math.nan, math.nan, math.nan, 0, math.nan, 0, prior, common)
+    s2 = float(x.var(ddof=1)) if n > 1 else 0.0
+    sd, df = pooled_sd(s2, n, prior)
+    return _make(float(x.mean()), sd, n, df, prior, common)
 
 
 def inside(iv: Interval, lo: float, hi: float) -> str:
     """"pass" when the interval lies inside [lo, hi], "fail" when wholly outside it, "undecided" when
-    it straddles a bound or is undefined (bounds may be infinite)."""
-    if not iv.defined:
+    it straddles a bound or decides nothing (:attr:`Interval.why_not`; bounds may be infinite)."""
+    if not iv.decidable:
         return UNDECIDED
     if iv.low >= lo - EPS and iv.high <= hi + EPS:
         return PASS
@@ -166,81 +234,128 @@ def oriented(iv: Interval, direction: str) -> tuple[float, float]:
 
 
 def world_status(iv: Interval, direction: str, margin: float) -> str:
-    """Whether a claim holds in one world. A directional claim (increase, decrease) holds when its
-    interval lies on the claimed side of 0, and does not hold when it shows the effect smaller than
-    the smallest effect that matters (its upper end, the claimed direction positive, below
-    ``margin``: no effect, or the opposite); a null claim (none) holds when its interval lies inside
-    +-``margin`` and does not when it lies wholly outside. Otherwise "open"."""
+    """A claim's status in one world. Directional (increase, decrease): "refuted" when the interval's
+    upper end, the claimed direction positive, is below ``margin`` (no effect that matters, or the
+    opposite); "holds" when its lower end is above 0 and it is not refuted; "open" otherwise. Null
+    (none): "holds" inside +-``margin``, "refuted" wholly outside, "open" otherwise. An interval
+    that decides nothing is "open"."""
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown direction {direction!r} (known: {', '.join(DIRECTIONS)})")
-    if not iv.defined:
+    if not iv.decidable:
         return OPEN
     if direction == "none":
-        return {PASS: HOLDS, FAIL: FAILS, UNDECIDED: OPEN}[inside(iv, -margin, margin)]
+        return {PASS: HOLDS, FAIL: REFUTED, UNDECIDED: OPEN}[inside(iv, -margin, margin)]
     lo, hi = oriented(iv, direction)
-    if lo > EPS:
-        return HOLDS
     if hi < margin - EPS:
-        return FAILS
-    return OPEN
+        return REFUTED
+    return HOLDS if lo > EPS else OPEN
+
+
+def no_effect(iv: Interval, margin: float) -> bool:
+    """The world shows no effect that matters: its interval decides and lies inside +-``margin``."""
+    return inside(iv, -margin, margin) == PASS
+
+
+_SAID = {HOLDS: "holds", REFUTED: "is refuted", OPEN: "is open"}
+
+
+def claim_status(sim: Interval, tb: Interval, direction: str, margin: float) -> str:
+    """The claim's status in the two worlds in words, and "no effect in either world" where each
+    world's interval lies inside +-``margin``."""
+    s, t = world_status(sim, direction, margin), world_status(tb, direction, margin)
+    said = f"the claim {_SAID[s]} in both worlds" if s == t else \
+        f"the claim {_SAID[s]} in the simulator and {_SAID[t]} on the testbed"
+    if no_effect(sim, margin) and no_effect(tb, margin):
+        said += " (no effect in either world)"
+    return said
 
 
 def claim_verdict(sim: Interval, tb: Interval, paired: Interval, direction: str,
                   margin: float) -> tuple[str, str]:
-    """(verdict, reason) of a claim from its interval in each world and the paired difference (testbed
-    - simulator): "carries over" when it holds in both worlds and the paired difference lies inside
-    +-margin; "does not carry over" when it does not hold in a world (holds in one only, in opposite
-    directions, in neither) or the paired difference lies wholly outside +-margin; "undecided"
-    otherwise, naming the intervals too wide to tell."""
-    s, t = world_status(sim, direction, margin), world_status(tb, direction, margin)
+    """(verdict, reason) on the simulated finding: "carries over" when the seed-paired difference
+    (testbed - simulator) lies inside +-margin (two one-sided tests), "does not carry over" when it
+    lies wholly outside, "undecided" otherwise; the reason says why, then the claim's status in each
+    world (:func:`claim_status`)."""
     eq = inside(paired, -margin, margin)
-    if s == HOLDS and t == HOLDS and eq == PASS:
-        return CARRIES, f"holds in both worlds; their paired difference lies within ±{margin:g}"
-    why: list[str] = []
-    if s == FAILS and t == FAILS:
-        why.append("holds in neither world")
-    elif HOLDS in (s, t) and FAILS in (s, t):
-        failing = tb if t == FAILS else sim
-        if direction != "none" and oriented(failing, direction)[1] < -EPS:
-            why.append("holds in opposite directions")
+    if eq == PASS:
+        verdict, why = CARRIES, f"the paired difference lies within ±{margin:g}"
+    elif eq == FAIL:
+        verdict, why = DOES_NOT, f"the worlds differ by more than ±{margin:g}"
+    else:
+        verdict, why = UNDECIDED_CLAIM, paired.why_not or f"the paired difference's interval straddles ±{margin:g}"
+    return verdict, f"{why}; {claim_status(sim, tb, direction, margin)}"
+
+
+def repeat_verdict(differences: Iterable[float], margin: float, prior: Prior = NO_PRIOR) -> tuple[str, Interval]:
+    """Does the testbed repeat itself: the differences between a first and a repeated run of the same
+    cells (the pair is the unit), their variance pooled with the ``prior`` of a difference of two
+    runs, judged inside +-``margin`` by the rule. A check or claim whose testbed does not repeat
+    itself ("fail", or "undecided") cannot pass."""
+    iv = interval(differences, prior)
+    return inside(iv, -margin, margin), iv
+
+
+def wrong_to_expect(decided: int, what: str = "verdicts") -> str:
+    """A line saying how many of ``decided`` verdicts are expected wrong at the rule's level: each
+    decision is a one-sided test at ALPHA where it errs (its interval lands wholly on the wrong side
+    of a bound), so at most ALPHA of them, without an adjustment for the table's many tests."""
+    return (f"{decided} {what} decided; at the rule's level ({ALPHA:g} a decision) about {ALPHA * decided:.1f} "
+            f"of them may be wrong (no adjustment for the table's many tests)")
+
+
+# --------------------------------------------------------------------------- power and planning
+
+
+def tost_power(n: int, sigma: float, lo: float, hi: float, delta: float = 0.0, prior: Prior = NO_PRIOR,
+               common: Spread = NO_SPREAD) -> float:
+    """The probability that :func:`inside` says "pass" for [lo, hi] over ``n`` seeds whose values are
+    normal with mean ``delta`` and standard deviation ``sigma``, pooled with ``prior`` and widened by
+    ``common`` as :func:`interval` does. Exact: the mean and the sample variance are independent,
+    (n - 1) s^2 / sigma^2 is chi-square with n - 1 df, and for each s the pass region of the mean
+    is an interval, so the power is the integral over the chi-square law of the normal probability
+    of that region (the integral Owen's Q computes for a plain TOST; Owen, Biometrika 52, 1965).
+    The mean's own variance is sigma^2 / n plus the common spread's square (one draw per study)."""
+    if n < MIN_SEEDS or not (sigma >= 0):
+        return 0.0
+    k = n - 1
+    c2 = common.sigma ** 2 if common.known else 0.0
+    se = math.sqrt(sigma * sigma / n + c2)
+
+    def given(w: float) -> float:
+        sd, df = pooled_sd(sigma * sigma * w / k, n, prior)
+        half, _ = half_width(sd, n, df, common)
+        if not half > EPS:
+            return 0.0
+        up, down = hi - half, lo + half
+        if up <= down:
+            return 0.0
+        if se == 0:
+            return float(down <= delta <= up)
+        return max(0.0, float(stats.norm.cdf((up - delta) / se) - stats.norm.cdf((down - delta) / se)))
+
+    law = stats.chi2(k)
+    hi_w = float(law.ppf(1 - 1e-10))
+    value, _ = integrate.quad(lambda w: given(w) * law.pdf(w), 0.0, hi_w, limit=200)
+    return min(1.0, max(0.0, value))
+
+
+def seeds_for_power(sigma: float, lo: float, hi: float, delta: float = 0.0, prior: Prior = NO_PRIOR,
+                    common: Spread = NO_SPREAD, power: float = POWER, n_max: int = MAX_SEEDS) -> int | None:
+    """The fewest seeds (from MIN_SEEDS) at which :func:`tost_power` reaches ``power``; None where
+    not within ``n_max`` (a common spread can cap the power below it however many seeds run)."""
+    def enough(n: int) -> bool:
+        return tost_power(n, sigma, lo, hi, delta, prior, common) >= power
+
+    if not enough(n_max):
+        return None
+    a, b = MIN_SEEDS, n_max  # power grows with n: bisect for the first n that is enough
+    while a < b:
+        mid = (a + b) // 2
+        if enough(mid):
+            b = mid
         else:
-            why.append("holds in the simulator only" if s == HOLDS else "holds on the testbed only")
-    elif FAILS in (s, t):
-        why.append("does not hold " + ("in the simulator" if s == FAILS else "on the testbed"))
-    if eq == FAIL:
-        why.append(f"the worlds differ by more than ±{margin:g}")
-    if why:
-        return DOES_NOT, "; ".join(why)
-    wide = [name for name, st in (("the simulator's", s), ("the testbed's", t)) if st == OPEN]
-    if eq == UNDECIDED:
-        wide.append("the paired difference's")
-    return UNDECIDED_CLAIM, " and ".join(wide) + " interval too wide to tell"
-
-
-def seeds_to_decide(decided: Callable[[int], bool], n_max: int = MAX_SEEDS) -> int | None:
-    """The fewest seeds (from 2) at which ``decided(n)`` is true, the means and standard deviations
-    staying as measured; None if not within ``n_max``."""
-    for n in range(2, n_max + 1):
-        if decided(n):
-            return n
-    return None
-
-
-def claim_seeds_needed(sim: Interval, tb: Interval, paired: Interval, direction: str, margin: float) -> int | None:
-    """How many seeds in both worlds :func:`claim_verdict` needs to decide, if the means and standard
-    deviations stayed as measured (None: more than MAX_SEEDS, or nothing to project from)."""
-    if not (sim.n and tb.n and paired.n) or any(math.isnan(iv.sd) for iv in (sim, tb, paired)):
-        return None
-    return seeds_to_decide(lambda n: claim_verdict(sim.at(n), tb.at(n), paired.at(n), direction, margin)[0]
-                           != UNDECIDED_CLAIM)
-
-
-def check_seeds_needed(iv: Interval, lo: float, hi: float) -> int | None:
-    """How many seeds :func:`inside` needs to decide for this interval, its mean and standard
-    deviation staying as measured (None: more than MAX_SEEDS, or nothing to project from)."""
-    if not iv.n or math.isnan(iv.sd):
-        return None
-    return seeds_to_decide(lambda n: inside(iv.at(n), lo, hi) != UNDECIDED)
+            a = mid + 1
+    return a
 
 
 def prediction_interval(samples: Iterable[float]) -> tuple[float, float, float]:

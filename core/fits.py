@@ -2,9 +2,9 @@
 with the prediction interval new runs are judged against (analysis/verdict.py
 ``prediction_interval``; docs/verdicts.md "Fitting apart from judging").
 
-A fit is read, never made here: refitting is naming a new set of runs in the file. The testbed's
-run-to-run spread shipped for comparisons without a repeat of their own (``testbed_spread``) is one
-too: per metric, sigma and the pairs it was pooled from.
+A fit is read, never made here: refitting is naming a new set of runs in the file. The file also
+records the testbed's run-to-run spread of the twin's checks (``testbed_spread``), which the verdict
+rule's latency priors cite (core/defaults/priors.yaml).
 """
 
 from __future__ import annotations
@@ -50,11 +50,3 @@ def fit(name: str) -> Fit:
     if f["statistic"] not in STATISTICS:
         raise ValueError(f"fit {name}: unknown statistic {f['statistic']!r} (known: {', '.join(STATISTICS)})")
     return Fit(name, f["what"], f["fitted_on"], tuple(float(x) for x in f["samples"]), f["statistic"])
-
-
-def shipped_spread() -> tuple[dict[str, tuple[float, int]], str]:
-    """({metric: (sigma, pairs)}, where it was fitted) of the testbed's run-to-run spread shipped for
-    comparisons without a repeat; empty where none is shipped."""
-    s = _raw().get("testbed_spread") or {}
-    return ({str(k): (float(v["sigma"]), int(v["pairs"])) for k, v in (s.get("metrics") or {}).items()},
-            str(s.get("fitted_on", "")))

@@ -4,6 +4,7 @@ intervals and answers are worked out here from the inputs with numpy and scipy."
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -11,12 +12,13 @@ import pytest
 from scipy import stats
 
 from analysis.claims import ClaimRule, claim_table, fieller
-from analysis.verdict import RULE_VERSION, Spread
+from analysis.verdict import ONE_SEED, RULE_VERSION, Prior, interval as rule_interval, seeds_for_power
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
 T3 = stats.t.ppf(0.95, 2)  # 3 seeds, one-sided 5 %: the 90 % interval
 FR = "failure_rate"
+PRIOR = Prior(0.01, 2)  # one run's prior, as core/defaults/priors.yaml would give it
 
 
 def effects(claim: str, sim=(), tb=(), rep=(), a=None, b=None) -> pd.DataFrame:
@@ -30,90 +32,78 @@ def effects(claim: str, sim=(), tb=(), rep=(), a=None, b=None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["claim", "world", "seed", "value", "a", "b"])
 
 
-def judge(eff: pd.DataFrame, rule: ClaimRule, spread: Spread | None = None) -> pd.Series:
+def judge(eff: pd.DataFrame, rule: ClaimRule, repeat=None) -> pd.Series:
     name = eff["claim"].iloc[0]
-    return claim_table(eff, {name: rule}, {rule.metric: spread} if spread else {}).set_index("claim").loc[name]
+    repeats = {(rule.metric, rule.kind): repeat} if repeat is not None else {}
+    return claim_table(eff, {name: rule}, repeats).set_index("claim").loc[name]
 
 
-def interval(x, floor: float = 0.0) -> tuple[float, float, float]:
+def interval(x, prior: Prior = PRIOR, cells: int = 2) -> tuple[float, float, float]:
+    """By hand: the seeds' variance pooled with the prior of an effect of ``cells`` runs."""
     x = np.asarray(x, dtype=float)
-    s = max(x.std(ddof=1), floor)
-    half = stats.t.ppf(0.95, x.size - 1) * s / math.sqrt(x.size)
+    s0, d0 = prior.sigma * math.sqrt(cells), prior.df
+    df = d0 + x.size - 1
+    s = math.sqrt((d0 * s0 ** 2 + (x.size - 1) * x.var(ddof=1)) / df)
+    half = stats.t.ppf(0.95, df) * s / math.sqrt(x.size)
     return x.mean(), x.mean() - half, x.mean() + half
 
 
-DECREASE = ClaimRule(FR, "decrease", 0.03)
-NONE = ClaimRule(FR, "none", 0.03)
+DECREASE = ClaimRule(FR, "decrease", 0.03, prior=PRIOR)
+NONE = ClaimRule(FR, "none", 0.03, prior=PRIOR)
 
 
-def test_equal_effects_with_a_small_spread_carry_over():
-    sim, tb = [-0.10, -0.125, -0.10], [-0.10, -0.125, -0.10]
-    spread = Spread(0.005, 15)
-    r = judge(effects("c", sim, tb), DECREASE, spread)
-    floor = 0.005 * math.sqrt(2)
-    assert (r.sim_mean, r.sim_low, r.sim_high) == pytest.approx(interval(sim, floor))
-    assert (r.tb_mean, r.tb_low, r.tb_high) == pytest.approx(interval(tb, floor))
-    # the worlds agree seed by seed: the paired interval is the floor's (zero-width without it)
-    assert (r.paired_mean, r.paired_low, r.paired_high) == pytest.approx(interval(np.subtract(tb, sim), floor))
-    assert r.tb_high < 0 and r.sim_high < 0 and -0.03 < r.paired_low and r.paired_high < 0.03  # the case is so
+def test_equal_effects_carry_over_and_hold_in_both_worlds():
+    sim, tb = [-0.10, -0.125, -0.10], [-0.10, -0.125, -0.125]
+    r = judge(effects("cut", sim, tb), DECREASE)
+    assert (r.sim_mean, r.sim_low, r.sim_high) == pytest.approx(interval(sim))
+    assert (r.tb_mean, r.tb_low, r.tb_high) == pytest.approx(interval(tb))
+    assert (r.paired_mean, r.paired_low, r.paired_high) == pytest.approx(interval(np.subtract(tb, sim)))
     assert (r.sim_status, r.tb_status, r.equivalence) == ("holds", "holds", "pass")
-    assert r.verdict == "carries over" and "holds in both worlds" in r.reason
-    assert r.rule == RULE_VERSION and r.n_seeds == 3
+    assert r.verdict == "carries over" and r.reason.endswith("the claim holds in both worlds")
+    assert r.rule == RULE_VERSION and r.n_seeds == 3 and r.prior_sigma == pytest.approx(0.01 * math.sqrt(2))
 
 
-def test_zero_in_both_worlds_carries_over_only_as_a_null_claim():
-    zeros = effects("z", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
-    spread = Spread.of([0.025, 0.0, 0.0, 0.0])  # one request in 40 once, in four repeated runs
-    r = judge(zeros, DECREASE, spread)
-    floor = spread.sigma * math.sqrt(2)  # a difference of two cells
-    assert r.effect_floor == pytest.approx(floor)
-    assert (r.tb_low, r.tb_high) == pytest.approx(interval([0, 0, 0], floor)[1:])  # floored, not zero-width
-    assert (r.sim_status, r.tb_status) == ("does not hold", "does not hold")
-    assert r.verdict == "does not carry over" and r.reason == "holds in neither world"
-    n = judge(zeros, NONE, spread)
-    assert (n.sim_status, n.tb_status, n.equivalence) == ("holds", "holds", "pass")
-    assert n.verdict == "carries over"
+def test_no_effect_in_either_world_carries_the_finding_over_and_refutes_the_claim_in_both():
+    r = judge(effects("zero", [0, 0, 0], [0, 0, 0]), DECREASE)
+    assert (r.tb_low, r.tb_high) == pytest.approx(interval([0, 0, 0])[1:])  # the prior's width, never zero
+    assert r.tb_high > r.tb_low
+    assert (r.sim_status, r.tb_status) == ("refuted", "refuted") and r.no_effect_either
+    assert r.verdict == "carries over" and "refuted in both worlds (no effect in either world)" in r.reason
+    n = judge(effects("zero", [0, 0, 0], [0, 0, 0]), NONE)
+    assert (n.sim_status, n.tb_status, n.equivalence, n.verdict) == ("holds", "holds", "pass", "carries over")
+    # without a prior, seeds that never vary decide nothing
+    bare = judge(effects("zero", [0, 0, 0], [0, 0, 0]), replace(NONE, prior=Prior(0.0, 0)))
+    assert bare.verdict == "undecided" and "zero width" in bare.reason and bare.sim_status == "open"
 
 
 def test_an_effect_in_one_world_only_does_not_carry_over():
-    r = judge(effects("one", [-0.10, -0.125, -0.10], [0.0, 0.0, 0.0]), DECREASE, Spread.of([0.0, 0.025]))
-    assert (r.sim_status, r.tb_status) == ("holds", "does not hold")
-    assert r.verdict == "does not carry over" and "holds in the simulator only" in r.reason
-    assert "the worlds differ by more than ±0.03" in r.reason  # the paired difference is 0.108 [..] too
-    other = judge(effects("other", [0.0, 0.0, 0.0], [-0.10, -0.125, -0.10]), DECREASE, Spread.of([0.0, 0.025]))
-    assert other.verdict == "does not carry over" and "holds on the testbed only" in other.reason
+    r = judge(effects("one", [-0.10, -0.125, -0.10], [0.0, 0.0, 0.025]), DECREASE)
+    assert (r.sim_status, r.tb_status) == ("holds", "refuted")
+    assert r.verdict == "does not carry over" and r.reason.startswith("the worlds differ by more than ±0.03")
+    assert "holds in the simulator and is refuted on the testbed" in r.reason
+    assert not r.no_effect_either
 
 
-def test_opposite_directions_do_not_carry_over():
-    r = judge(effects("opp", [-0.10, -0.125, -0.10], [0.10, 0.075, 0.10]), DECREASE)
-    assert (r.sim_status, r.tb_status) == ("holds", "does not hold")
-    assert r.verdict == "does not carry over" and r.reason.startswith("holds in opposite directions")
-
-
-def test_a_huge_spread_is_undecided_with_the_seeds_a_decision_needs():
-    sim, tb = [-0.10, 0.05, -0.15], [-0.125, 0.075, -0.125]
+def test_a_huge_spread_is_undecided_with_the_seeds_80_percent_power_needs():
+    sim, tb = [-0.1, 0.0, 0.05], [-0.05, -0.05, 0.05]
     r = judge(effects("wide", sim, tb), DECREASE)
     assert (r.sim_status, r.tb_status, r.equivalence) == ("open", "open", "undecided")
-    assert r.verdict == "undecided"
-    assert "the simulator's and the testbed's and the paired difference's interval too wide to tell" == r.reason
-    # the seeds it needs: the fewest n at which the same means and deviations would decide
-    need = int(r.seeds_needed)
-    assert 3 < need <= 100
+    assert r.verdict == "undecided" and r.reason.startswith("the paired difference's interval straddles ±0.03")
+    paired = rule_interval(np.subtract(tb, sim), PRIOR.times(2))
+    assert r.pooled_sd == pytest.approx(paired.sd)
+    need = seeds_for_power(paired.sd, -0.03, 0.03, 0.0, PRIOR.times(2))
+    assert r.seeds_needed == need and need > 3
 
-    def decided(n: int) -> bool:
-        """The rule by hand for a decrease: a world holds when its interval lies below 0 and does not
-        when its lower end lies above -margin; the worlds agree inside +-margin, differ outside."""
-        ivs = []
-        for x in (sim, tb, np.subtract(tb, sim)):
-            m, s = np.mean(x), np.std(x, ddof=1)
-            half = stats.t.ppf(0.95, n - 1) * s / math.sqrt(n)
-            ivs.append((m - half, m + half))
-        holds = [hi < 0 for _, hi in ivs[:2]]
-        fails = [lo > -0.03 and not ok for (lo, _), ok in zip(ivs[:2], holds)]
-        lo, hi = ivs[2]
-        return (all(holds) and -0.03 <= lo and hi <= 0.03) or any(fails) or hi < -0.03 or lo > 0.03
 
-    assert decided(need) and not decided(need - 1)
+def test_a_testbed_that_does_not_repeat_itself_cannot_carry_over():
+    sim, tb = [-0.10, -0.125, -0.10], [-0.10, -0.125, -0.125]
+    drift = ("fail", rule_interval([0.1, 0.125], PRIOR.times(2)))
+    r = judge(effects("cut", sim, tb), DECREASE, drift)
+    assert r.verdict == "undecided" and r.reason.startswith("the testbed does not repeat itself within ±0.03")
+    assert r["repeat"] == "fail" and r.equivalence == "pass"
+    steady = judge(effects("cut", sim, tb), DECREASE, ("pass", rule_interval([0.0, 0.0], PRIOR.times(2))))
+    assert steady.verdict == "carries over" and steady["repeat"] == "pass"
+    assert judge(effects("cut", sim, tb), DECREASE)["repeat"] == "not run"
 
 
 def test_a_ratio_claim_is_judged_on_its_difference_and_reports_the_fieller_interval():
@@ -121,15 +111,20 @@ def test_a_ratio_claim_is_judged_on_its_difference_and_reports_the_fieller_inter
     b = {"sim": [0.10, 0.125, 0.10], "testbed": [0.10, 0.10, 0.125]}  # FaultAwareLC
     sim = np.subtract(a["sim"], b["sim"])
     tb = np.subtract(a["testbed"], b["testbed"])
-    rule = ClaimRule(FR, "decrease", 0.03, "ratio")
+    rule = ClaimRule(FR, "decrease", 0.03, "ratio", prior=PRIOR)
     r = judge(effects("ratio", sim, tb, a=a, b=b), rule)
     assert r.verdict == "carries over"
     assert r.ratio_sim == pytest.approx(np.mean(a["sim"]) / np.mean(b["sim"]))
-    # Fieller by hand: the R where (mean a - R mean b)^2 = t^2 var(a - R b) / n
+    # Fieller by hand: the R where (mean a - R mean b)^2 = t^2 var(a - R b) / n, each cell's variance and
+    # their covariance pooled with one run's prior (df 2 + 2)
     x, y = np.asarray(a["testbed"]), np.asarray(b["testbed"])
+    t4 = stats.t.ppf(0.95, 4)
 
     def g(R: float) -> float:
-        return (x.mean() - R * y.mean()) ** 2 - T3 ** 2 * np.var(x - R * y, ddof=1) / 3
+        va = (2 * 0.01 ** 2 + 2 * x.var(ddof=1)) / 4
+        vb = (2 * 0.01 ** 2 + 2 * y.var(ddof=1)) / 4
+        cab = np.cov(x, y, ddof=1)[0, 1] * 2 / 4
+        return (x.mean() - R * y.mean()) ** 2 - t4 ** 2 * (va - 2 * R * cab + R * R * vb) / 3
 
     lo, hi = r.ratio_tb_low, r.ratio_tb_high
     assert lo < r.ratio_tb < hi and g(lo) == pytest.approx(0, abs=1e-12) and g(hi) == pytest.approx(0, abs=1e-12)
@@ -142,21 +137,11 @@ def test_fieller_is_undefined_where_the_baseline_never_fails_and_unbounded_where
     assert ratio == pytest.approx(2.0) and math.isnan(lo) and math.isnan(hi)
 
 
-def test_one_seed_is_judged_by_the_spread_alone_and_without_one_is_undecided():
-    eff = effects("one", [-0.10], [-0.10])
-    none = judge(eff, DECREASE)
-    assert none.verdict == "undecided" and math.isnan(none.tb_low)
-    spread = Spread(0.01, 15)  # the per-run spread from 15 repeated runs
-    r = judge(eff, DECREASE, spread)
-    half = stats.t.ppf(0.95, 15) * 0.01 * math.sqrt(2)
+def test_one_seed_decides_nothing_and_a_missing_claim_is_undecided():
+    r = judge(effects("one", [-0.10], [-0.10]), DECREASE)
+    assert r.verdict == "undecided" and r.reason.startswith(ONE_SEED)
+    half = stats.t.ppf(0.95, 2) * 0.01 * math.sqrt(2)  # shown with the prior's width
     assert (r.tb_low, r.tb_high) == pytest.approx((-0.10 - half, -0.10 + half))
-    assert r.verdict == "carries over"
-
-
-def test_a_margin_below_the_instruments_spread_is_said_and_a_missing_claim_is_undecided():
-    r = judge(effects("m", [-0.10, -0.125, -0.10], [-0.10, -0.125, -0.125]), ClaimRule(FR, "decrease", 0.01),
-              Spread(0.02, 10))
-    assert r.margin_below_floor and "below one run's spread of this effect" in r.reason
     t = claim_table(effects("other", [0.1], [0.1]), {"absent": DECREASE})
     assert t.loc[0, "verdict"] == "undecided" and t.loc[0, "sim_n"] == 0
 

@@ -19,8 +19,9 @@ from scipy import stats
 import analysis.fidelity as fidelity_module
 from analysis.fidelity import Fidelity, fingerprint_difference, scenario_fingerprint
 from analysis.fidelity_console import compare
-from analysis.fidelity_checks import pair_table, policy_order, rank_agreement
-from analysis.verdict import Spread
+from analysis.fidelity_checks import _checks, pair_table, policy_order, rank_agreement
+from analysis.fidelity_checks import check_priors as shipped_check_priors
+from analysis.verdict import RULE_VERSION, Prior, pooled_sd, seeds_for_power
 from core.calibration import save_calibration
 from core.metrics_spec import FidelityTolerances, MetricsSpec
 from core.records import RunWriter
@@ -117,29 +118,40 @@ def ttft_p90(world: str, policy: str) -> float:
     return statistics.mean(np.percentile([ttft] * (N - ft - fc - 2) + [2 * ttft] * 2, 90) for ft, fc in seeds)
 
 
-def by_rule(devs, lo: float, hi: float, sigma: float = 0.0) -> str:
-    """The verdict rule by hand: the 90% t interval of the per-seed deviations, its standard deviation
-    at least ``sigma``, inside [lo, hi] (pass), wholly outside (fail), or neither (undecided)."""
+# The prior every check of a hand-built comparison pools with (instead of core/defaults/priors.yaml's):
+# small, so the hand-built seeds decide as their own values say, and never of zero width.
+HAND_PRIOR = Prior(0.004, 4)
+
+
+def by_rule(devs, lo: float, hi: float, prior: Prior = HAND_PRIOR) -> str:
+    """The verdict rule by hand: the 90% t interval of the per-seed deviations, their variance pooled
+    with ``prior`` ((d0 s0^2 + (n - 1) s^2) / (d0 + n - 1), df d0 + n - 1), inside [lo, hi] (pass),
+    wholly outside (fail), or neither (undecided)."""
     x = np.asarray(devs, dtype=float)
-    s = max(x.std(ddof=1), sigma)
-    half = stats.t.ppf(0.95, x.size - 1) * s / math.sqrt(x.size)
+    df = prior.df + x.size - 1
+    s = math.sqrt((prior.df * prior.sigma ** 2 + (x.size - 1) * x.var(ddof=1)) / df)
+    half = stats.t.ppf(0.95, df) * s / math.sqrt(x.size)
     low, high = x.mean() - half, x.mean() + half
     return "pass" if lo - 1e-12 <= low and high <= hi + 1e-12 else "fail" if high < lo or low > hi else "undecided"
 
 
+def _hand_priors(*_args) -> dict[str, Prior]:
+    return {metric: HAND_PRIOR for metric, _, _ in _checks(FidelityTolerances())}
+
+
 @pytest.fixture(autouse=True)
-def no_shipped_spread(monkeypatch):
-    """The hand-built comparisons are judged on their own seeds (and repeat), not on the testbed spread
-    core/defaults/fits.yaml ships; test_the_shipped_spread_floors_a_comparison_without_a_repeat uses it."""
-    monkeypatch.setattr(fidelity_module, "shipped_spreads", lambda: ({}, ""))
+def hand_priors(monkeypatch):
+    """The hand-built comparisons are judged with HAND_PRIOR, not core/defaults/priors.yaml's;
+    test_the_shipped_prior_pools_with_the_seeds uses those."""
+    monkeypatch.setattr(fidelity_module, "check_priors", _hand_priors)
 
 
 def compared_worlds(tmp_path_factory, **kw) -> Fidelity:
-    """build_worlds compared (files in its ``out``), judged on their own seeds, not the shipped spread."""
+    """build_worlds compared (files in its ``out``), judged with HAND_PRIOR."""
     root = tmp_path_factory.mktemp("worlds")
     sim, tb = build_worlds(root)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fidelity_module, "shipped_spreads", lambda: ({}, ""))
+        mp.setattr(fidelity_module, "check_priors", _hand_priors)
         return compare([sim], [tb], root / "out", console=quiet(), **kw)
 
 
@@ -167,7 +179,10 @@ def test_failure_rate_means_ci_diff_and_verdicts(fid):
     # +10, +15, +15: wholly outside (fail)
     assert [t.loc[(p, "failure_rate"), "verdict"] for p in POLICIES] == ["undecided", "fail", "undecided"]
     assert t.loc[("OTF-R", "failure_rate"), "diff"] == pytest.approx(0.25 - 0.35 / 3)
-    assert t.loc[("LC", "failure_rate"), "seeds_needed"] > 3
+    # the seeds that give 80% power where the worlds agree exactly, LC's pooled deviation the planning one
+    devs = np.subtract(rates("testbed", "LC"), rates("sim", "LC"))
+    sd = pooled_sd(devs.var(ddof=1), 3, HAND_PRIOR)[0]
+    assert t.loc[("LC", "failure_rate"), "seeds_needed"] == seeds_for_power(sd, -0.03, 0.03, 0.0, HAND_PRIOR)
 
 
 def test_latency_relative_errors_and_p90(fid):
@@ -263,7 +278,8 @@ def test_outcome_agreement_check(fid):
     per_seed = {"LC": [0, 1, 2], "OTF-R": [2, 3, 3], "OracleAvoidance": [1, 2, 1]}
     for policy, differ in per_seed.items():
         assert t.loc[(policy, "outcome_agreement"), "verdict"] == by_rule(np.divide(differ, 20), -math.inf, 0.03)
-    assert [t.loc[(p, "outcome_agreement"), "verdict"] for p in POLICIES] == ["undecided", "fail", "undecided"]
+    # LC straddles 3%; OTF-R's 10-15% and the oracle's 5-10% lie wholly above it
+    assert [t.loc[(p, "outcome_agreement"), "verdict"] for p in POLICIES] == ["undecided", "fail", "fail"]
     assert fid.paired.confusion.query("policy == 'LC' and testbed == 'given_up:prefill' and other == 'ok'")["n"].item() == 2
 
 
@@ -271,7 +287,7 @@ def test_files_are_written(fid):
     out = fid.out_dir
     csv = pd.read_csv(out / "fidelity.csv")
     assert len(csv) == 3 * 7 and set(csv["policy"]) == set(POLICIES)
-    assert csv["repeatability"].isna().all() and (csv["rule"] == "tost-floor-1").all()  # no repeat given
+    assert csv["repeatability"].isna().all() and (csv["rule"] == RULE_VERSION).all()  # no repeat given
     assert len(pd.read_csv(out / "fidelity_pairs.csv")) == 3
     for name in ("fidelity_paired.csv", "fidelity_confusion.csv", "fidelity_stages.csv", "fidelity_mape.csv"):
         assert set(pd.read_csv(out / name)["policy"]) >= set(POLICIES)
@@ -475,16 +491,26 @@ def test_compare_cli_refusals(sim_pair, tmp_path, capsys):
     assert not (tb.parent / "fidelity").exists()  # refused before anything was written
 
 
-def test_the_shipped_spread_floors_a_comparison_without_a_repeat(tmp_path, monkeypatch):
+def test_the_shipped_prior_pools_with_the_seeds_and_a_check_without_one_decides_nothing_on_zero_width(
+        tmp_path, monkeypatch):
     sim, tb = build_worlds(tmp_path)
-    monkeypatch.setattr(fidelity_module, "shipped_spreads",
-                        lambda: ({"ttft_p50_s": Spread(0.2, 15)}, "the twin's repeats at some commit"))
+    monkeypatch.setattr(fidelity_module, "check_priors", shipped_check_priors)  # the shipped ones, this once
     f = compare([sim], [tb], tmp_path / "out", console=quiet())
-    row = f.table.set_index(["policy", "metric"]).loc[("LC", "ttft_p50_s")]
-    # LC's TTFT p50 is 9% low in every seed: exact without a floor (pass), a 0.2 spread makes it undecided
-    assert row["deviation"] == pytest.approx((0.5 - 0.55) / 0.55) and row["spread_sigma"] == 0.2
-    assert row["verdict"] == by_rule([row["deviation"]] * 3, -0.15, 0.15, sigma=0.2) == "undecided"
-    assert "the twin's repeats at some commit" in f.spread_source
+    t = f.table.set_index(["policy", "metric"])
+    row = t.loc[("LC", "ttft_p50_s")]
+    # LC's TTFT p50 is 9% low in every seed: core/defaults/priors.yaml's 0.1024 (df 2) pooled with three
+    # equal seeds is too wide to say it lies within 15%
+    assert row["deviation"] == pytest.approx((0.5 - 0.55) / 0.55) and row["prior_sigma"] == pytest.approx(0.1024)
+    assert row["verdict"] == by_rule([row["deviation"]] * 3, -0.15, 0.15, Prior(0.1024, 2)) == "undecided"
+    assert "core/defaults/priors.yaml for a link fault, 20 requests a run" in f.prior_source
+    # the failure rate's prior scales with the run's 20 requests (40 in the file): sqrt(2) wider
+    assert t.loc[("LC", "failure_rate"), "prior_sigma"] == pytest.approx(0.013 * math.sqrt(2))
+    # OracleAvoidance's deflection is 0 in both worlds, every seed: never "pass" on zero width
+    monkeypatch.setattr(fidelity_module, "check_priors", lambda *a: {})
+    bare = compare([sim], [tb], tmp_path / "bare", console=quiet()).table.set_index(["policy", "metric"])
+    flat = bare.loc[("OracleAvoidance", "traffic_deflection_ratio")]
+    assert flat["dev_low"] == flat["dev_high"] and flat["verdict"] == "undecided" and "zero width" in flat["why"]
+
 
 
 def _calibrated_worlds(root: Path, sims: dict[str, float], testbed_ttft: float = 1.0) -> dict[str, Path]:
@@ -506,12 +532,14 @@ def test_the_simulators_spread_over_calibrations_widens_every_interval(tmp_path)
                 calibration_sims=[[w["cal-2"]], [w["cal-3"]]])
     key = ("LC", "ttft_p50_s")
     one, row = alone.table.set_index(["policy", "metric"]).loc[key], f.table.set_index(["policy", "metric"]).loc[key]
-    # under its own calibration the sim is 10% fast in every seed: an interval of no width, a pass
+    # under its own calibration the sim is 10% fast in every seed: the prior's narrow width, a pass
     assert one["deviation"] == pytest.approx(-0.1) and one["verdict"] == "pass"
     # the seeds' mean deviation under the three calibrations: -0.1, +0.1, 0, so sigma 0.1 on 2 df,
-    # added whole (the seeds never varied): -0.1 -+ t(0.95, 2) x 0.1 straddles -0.15
+    # added whole to the seeds' (the prior's alone: they never varied), df by Welch-Satterthwaite:
+    # -0.1 -+ about t(0.95, 2) x 0.1 straddles -0.15
     assert (row["cal_sigma"], row["cal_df"]) == pytest.approx((0.1, 2))
-    half = stats.t.ppf(0.95, 2) * 0.1
+    a, b = HAND_PRIOR.sigma ** 2 * 4 / 6 / 3, 0.1 ** 2
+    half = stats.t.ppf(0.95, (a + b) ** 2 / (a * a / 6 + b * b / 2)) * math.sqrt(a + b)
     assert (row["dev_low"], row["dev_high"]) == pytest.approx((-0.1 - half, -0.1 + half))
     assert row["verdict"] == "undecided" and row["deviation"] == pytest.approx(-0.1)
     assert (row["sim_cal_low"], row["sim_cal_high"]) == pytest.approx((0.9, 1.1))

@@ -17,6 +17,7 @@ from analysis.fidelity_console import compare
 from analysis.paired import outcome_class, paired_report
 from analysis.paired_stats import quantile_ci
 from analysis.repeatability import add_repeatability
+from analysis.verdict import ONE_SEED, shipped_prior
 from cli.main import main
 from core.records import RequestRecord, RunWriter
 from test_analysis import link_fault
@@ -224,40 +225,39 @@ def worlds(tmp_path) -> tuple[Path, Path, Path]:
     return tmp_path / "sim", tmp_path / "testbed", tmp_path / "repeat"
 
 
-def test_the_repeats_spread_floors_the_verdict(worlds, tmp_path):
+def test_one_seed_with_a_repeat_decides_nothing_and_the_repeat_is_judged_and_described(worlds, tmp_path):
     sim, tb, rep = worlds
     f = compare([sim], [tb], tmp_path / "out", console=quiet(), repeat_paths=[rep])
     t = f.table.set_index(["policy", "metric"])
-    # the testbed's spread of the failure rate: LC's repeat 2 requests off (0.1), OTF-R's 0: pooled
-    # sqrt((0.1^2 + 0^2) / 4) = 0.05, from 2 pairs
-    assert f.spreads["failure_rate"].pairs == 2 and f.spreads["failure_rate"].sigma == pytest.approx(0.05)
+    # the testbed's spread of the failure rate, a description: LC's repeat 2 requests off (0.1), OTF-R's
+    # 0: pooled sqrt((0.1^2 + 0^2) / 4) = 0.05, from 2 pairs
+    assert f.own_spreads["failure_rate"].pairs == 2 and f.own_spreads["failure_rate"].sigma == pytest.approx(0.05)
     assert t.loc[("LC", "failure_rate"), ["deviation", "repeatability"]].tolist() == pytest.approx([-0.05, -0.1])
-    # one seed: the interval is the spread's alone, t(0.95, 2 pairs) x 0.05 about each deviation
-    half = stats.t.ppf(0.95, 2) * 0.05
+    # one seed: the interval is the prior's alone, shown, and no check is decided
     lc = t.loc[("LC", "failure_rate")]
+    prior = shipped_prior("failure_rate", "link", 20)
+    half = stats.t.ppf(0.95, prior.df) * prior.sigma
     assert (lc["dev_low"], lc["dev_high"]) == pytest.approx((-0.05 - half, -0.05 + half))
-    assert lc["verdict"] == "undecided"  # the sim one request off, inside the testbed's own spread
-    # two requests off (+0.1) is no fail either: 0.1 - half is below the 0.03 tolerance, within what the
-    # testbed's own spread, from two pairs, allows
-    otf = t.loc[("OTF-R", "failure_rate")]
-    assert otf["deviation"] == pytest.approx(0.1) and otf["dev_low"] < 0.03 and otf["verdict"] == "undecided"
+    assert set(f.table["verdict"]) == {"undecided"} and ONE_SEED in set(f.table["why"]) <= {ONE_SEED, "no value"}
+    # the repeat judged: LC -0.1 and OTF-R 0 over two pairs straddle +-0.03, so no check could pass
+    assert f.repeats["failure_rate"][0] == "undecided" and lc["repeat"] == "undecided"
     # outcomes: LC's sim ends request 4 differently (1 of 20), its repeat 4 and 5 (2 of 20)
     agree = t.loc[("LC", "outcome_agreement")]
     assert (agree["sim"], agree["diff"], agree["repeatability"]) == pytest.approx((19 / 20, 1 / 20, 2 / 20))
-    assert agree["verdict"] == "undecided"
     r = pd.read_csv(tmp_path / "out" / "fidelity_repeatability.csv").set_index(["policy", "metric"])
     assert r.loc[("LC", "outcome_agreement"), "repeat"] == pytest.approx(18 / 20)
     assert r.loc[("LC", "failure_rate"), "deviation"] == pytest.approx(-0.1)
+    spread = pd.read_csv(tmp_path / "out" / "fidelity_spread.csv").set_index("metric")
+    assert spread.loc["failure_rate", "repeat"] == "undecided"
     confusion = pd.read_csv(tmp_path / "out" / "fidelity_confusion.csv")
     assert set(confusion["versus"]) == {"sim", "repeat"}
 
 
-def test_without_a_repeat_or_a_shipped_spread_one_seed_is_undecided(worlds, tmp_path, monkeypatch):
+def test_without_a_repeat_one_seed_is_undecided(worlds, tmp_path):
     sim, tb, _ = worlds
-    monkeypatch.setattr(fidelity_module, "shipped_spreads", lambda: ({}, ""))
     f = compare([sim], [tb], tmp_path / "out", console=quiet())
-    assert set(f.table["verdict"]) == {"undecided"} and f.repeat is None
-    assert "one seed without a repeat cannot be judged" in f.spread_source
+    assert set(f.table["verdict"]) == {"undecided"} and f.repeat is None and set(f.table["repeat"]) == {"not run"}
+    assert "core/defaults/priors.yaml for a link fault, 20 requests a run" == f.prior_source
     assert not (tmp_path / "out" / "fidelity_repeatability.csv").exists()
     for name in ("fidelity_paired.csv", "fidelity_confusion.csv", "fidelity_stages.csv", "fidelity_mape.csv"):
         assert (tmp_path / "out" / name).exists()
@@ -290,36 +290,48 @@ def test_compare_cli_repeat(worlds, tmp_path, capsys):
     sim, tb, rep = worlds
     assert main(["compare", str(sim), str(tb), "--out", str(tmp_path / "out"), "--repeat", str(rep), "--full"]) == 0
     printed = capsys.readouterr().out
-    assert "Repeatability" in printed and "undecided" in printed and "this comparison's repeat" in printed
+    assert "Repeatability" in printed and "undecided" in printed and "the testbed against its repeat" in printed
     assert (tmp_path / "out" / "fidelity_repeatability.csv").exists()
 
 
-def test_the_engine_table_judges_each_quantity_by_the_rule_with_the_notices_spread_as_floor():
-    from analysis.engine_death import engine_table, notice_spread
+def test_the_engine_table_judges_each_quantity_by_the_rule_with_the_notices_spread_as_prior():
+    from analysis.engine_death import engine_table, notice_prior
     from analysis.metric_names import Metric as M
     from core.fits import fit
 
-    def runs(world: str, down: float, rate: float, share: float = 0.5) -> dict:
-        return {"world": world, "policy": "LC", "seed": 0, M.ENGINE_DOWN_S: down, M.FAILURE_RATE: rate,
-                M.ENGINE_CORE_SHARE: share}
+    def runs(world: str, downs: list[float], rates: list[float], share: float = 0.5) -> pd.DataFrame:
+        return pd.DataFrame([{"world": world, "policy": "LC", "seed": i, M.ENGINE_DOWN_S: d, M.FAILURE_RATE: r,
+                              M.ENGINE_CORE_SHARE: share} for i, (d, r) in enumerate(zip(downs, rates))])
 
     # half the deaths a core's: the fitted notices' spread, halved, with the fit's degrees of freedom
     samples = fit("core_death_notice_s").samples
-    assert notice_spread(0.5).sigma == pytest.approx(np.std(samples, ddof=1) / 2)
-    assert notice_spread(0.5).pairs == len(samples) - 1 and not notice_spread(math.nan).known
-    both = pd.DataFrame([runs("sim", 0.45, 0.05), runs("testbed", 0.5, 0.05)])
-    rep = pd.DataFrame([runs("repeat", 0.499, 0.05)])
+    assert notice_prior(0.5).sigma == pytest.approx(np.std(samples, ddof=1) / 2)
+    assert notice_prior(0.5).df == len(samples) - 1 and not notice_prior(math.nan).known
+    tb = runs("testbed", [0.5, 0.5, 0.5], [0.05] * 3)
+    both = pd.concat([runs("sim", [0.45, 0.46, 0.44], [0.05] * 3), tb])
+    rep = runs("repeat", [0.499, 0.5, 0.501], [0.05] * 3)
     t = engine_table(both, rep, ["LC"]).set_index("metric")
     down = t.loc[M.ENGINE_DOWN_S]
-    assert down["repeatability"] == pytest.approx(0.001) and down["spread_sigma"] == pytest.approx(notice_spread(0.5).sigma)
-    half = stats.t.ppf(0.95, len(samples) - 1) * notice_spread(0.5).sigma
+    assert down["repeatability"] == pytest.approx(0.0) and down["prior_sigma"] == pytest.approx(notice_prior(0.5).sigma)
+    p = notice_prior(0.5)
+    devs = np.array([0.05, 0.04, 0.06])
+    df = p.df + 2
+    half = stats.t.ppf(0.95, df) * math.sqrt((p.df * p.sigma ** 2 + 2 * devs.var(ddof=1)) / df / 3)
     assert (down["dev_low"], down["dev_high"]) == pytest.approx((0.05 - half, 0.05 + half))
     assert down["margin"] == 1.0 and down["verdict"] == "pass"  # 50 ms off, against the 1 s that matters
-    # the same rate in all three: a spread of 0 from one pair, and a deviation of 0: pass
-    assert t.loc[M.FAILURE_RATE, "verdict"] == "pass"
-    # a simulator 2 s late, whatever the floor: fail
-    late = pd.DataFrame([runs("sim", 0.5 - 2.0, 0.05), runs("testbed", 0.5, 0.05)])
+    assert down["repeat_verdict"] == "pass"  # the testbed repeated its notices within the margin
+    # the same rate in all three, every seed: the prior's width (core/defaults/priors.yaml), a pass
+    assert t.loc[M.FAILURE_RATE, "verdict"] == "pass" and t.loc[M.FAILURE_RATE, "prior_sigma"] > 0
+    # a simulator 2 s late: fail
+    late = pd.concat([runs("sim", [-1.5] * 3, [0.05] * 3), tb])
     assert engine_table(late, rep, ["LC"]).set_index("metric").loc[M.ENGINE_DOWN_S, "verdict"] == "fail"
-    # one request of 20 apart in the rate, with a repeat that moved none: outside +-0.03 exactly
-    off = pd.DataFrame([runs("sim", 0.5, 0.10), runs("testbed", 0.5, 0.05)])
+    # one request of 20 apart in the rate, every seed: wholly outside +-0.03
+    off = pd.concat([runs("sim", [0.5] * 3, [0.10] * 3), tb])
     assert engine_table(off, rep, ["LC"]).set_index("metric").loc[M.FAILURE_RATE, "verdict"] == "fail"
+    # a testbed that does not repeat itself: its pass is withheld, and said
+    drift = runs("repeat", [0.5] * 3, [0.25] * 3)
+    row = engine_table(both, drift, ["LC"]).set_index("metric").loc[M.FAILURE_RATE]
+    assert (row["verdict"], row["repeat_verdict"]) == ("undecided", "fail") and "does not repeat" in row["why"]
+    # one seed decides nothing
+    one = engine_table(pd.concat([runs("sim", [0.45], [0.05]), runs("testbed", [0.5], [0.05])]), None, ["LC"])
+    assert set(one["verdict"]) == {"undecided"}

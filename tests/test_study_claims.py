@@ -16,6 +16,7 @@ from rich.console import Console
 
 from analysis.study_claims import (check_claim_metrics, claim_effects, claim_rules, claims_frame, claims_report,
                                   reaction_cost)
+from analysis.verdict import shipped_prior
 from core.spec import SpecError, load_spec, parse_spec
 from core.study import ClaimSides, claim_sides, expand_study
 
@@ -114,21 +115,25 @@ def test_the_claims_table_keeps_the_claims_order_and_says_what_each_reads():
                   for s in range(3)})
     tb = sim.copy()
     rep = sim.loc[sim["seed"] == 0].assign(failure_rate=lambda d: d["failure_rate"] + 0.01)
-    table, effects = claims_frame({"sim": sim, "testbed": tb, "repeat": rep}, SIDES)
+    link = {"p1": ("link", 40.0), "p2": ("link", 40.0)}  # each point's kind of fault and run size
+    table, effects = claims_frame({"sim": sim, "testbed": tb, "repeat": rep}, SIDES, link)
     assert list(table["claim"]) == ["cut", "cross", "plain"]
     r = table.set_index("claim")
     assert r.loc["cut", "vs"] == "A @ p1" and r.loc["plain", "vs"] == ""
     assert r.loc["cut", "sim_mean"] == pytest.approx(-0.1) and r.loc["cut", "tb_mean"] == pytest.approx(-0.1)
-    # the spread of failure_rate: 4 repeated cells, each 0.01 off: sqrt(4 x 0.01^2 / 8); a claim of two
-    # cells floors its interval at sqrt(2) times it
-    sigma = math.sqrt(4 * 0.01 ** 2 / 8)
-    assert r.loc["cut", "spread_sigma"] == pytest.approx(sigma) and r.loc["cut", "spread_pairs"] == 4
-    assert r.loc["cut", "effect_floor"] == pytest.approx(sigma * math.sqrt(2))
+    # each claim's prior: its metric's under a degraded link (core/defaults/priors.yaml), times sqrt(2)
+    # for an effect of two cells
+    fr = shipped_prior("failure_rate", "link", 40.0)
+    assert r.loc["cut", "kind"] == "link" and r.loc["cut", "prior_sigma"] == pytest.approx(fr.sigma * math.sqrt(2))
+    # the repeat: 4 repeated cells, each 0.01 off, well inside ±0.03: the testbed repeats itself
+    assert r.loc["cut", "repeat"] == "pass" and r.loc["cut", "repeat_n"] == 4
+    assert r.loc["cut", "repeat_mean"] == pytest.approx(-0.01)
     assert r.loc["cut", "verdict"] == "carries over"  # equal worlds, well below 0, within ±0.03
     assert r.loc["cut", "ratio_sim"] == pytest.approx(np.mean([0.0, 0.01, 0.02]) / np.mean([0.1, 0.11, 0.12]))
     assert r.loc["cross", "sim_mean"] == pytest.approx(0.0) and r.loc["cross", "verdict"] == "carries over"
-    # the repeat moved no reaction time: a spread of 0 from 4 pairs, and equal worlds agree exactly
-    assert (r.loc["plain", "spread_sigma"], r.loc["plain", "spread_pairs"]) == (0.0, 4)
+    # the repeat moved no reaction time, and equal worlds agree within the prior's width (one cell)
+    assert r.loc["plain", "repeat"] == "pass" and r.loc["plain", "prior_sigma"] == pytest.approx(
+        shipped_prior("reaction_s", "link").sigma)
     assert r.loc["plain", "verdict"] == "carries over"
 
 
@@ -141,6 +146,15 @@ def test_a_difference_of_two_claims_subtracts_the_other_effect_seed_by_seed():
     # (B - A at p2) - (B - A at p1) = -0.3 - (-0.1)
     assert eff.xs("gain", level="claim").tolist() == pytest.approx([-0.2, -0.2, -0.2])
     assert claim_rules([base, gain])["gain"].cells == 4
+
+
+def test_a_claims_kind_of_fault_is_the_widest_of_its_points_and_its_prior_follows_the_run_size():
+    cond = {"p1": ("link", 80.0), "p2": ("link_down", 40.0)}
+    rules = claim_rules(SIDES, cond)
+    assert rules["cut"].kind == "link" and rules["cross"].kind == "link_down"  # cross reads p1 and p2
+    assert rules["cut"].prior.sigma == pytest.approx(shipped_prior("failure_rate", "link", 40).sigma / math.sqrt(2))
+    assert rules["cross"].prior.sigma == pytest.approx(shipped_prior("failure_rate", "link_down", 40).sigma)
+    assert claim_rules(SIDES)["cut"].kind == "none"  # nothing known of its points
 
 
 def test_a_claim_without_values_is_undecided():

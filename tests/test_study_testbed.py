@@ -146,8 +146,11 @@ def test_testbed_report_on_a_study_of_both_worlds_gives_the_claims_again(tmp_pat
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "again")]) == 0
     row = pd.read_csv(tmp_path / "again" / "claims.csv").set_index("claim").loc["price-cuts-failures"]
     assert row["sim_mean"] == row["tb_mean"] and row["sim_n"] == row["tb_n"] == 2
-    # seed 0's three distinct runs run twice (LC at telemetry none shares its severe run)
-    assert row["spread_pairs"] == 3
+    # seed 0's three distinct runs run twice (LC at telemetry none shares its severe run): the repeat
+    # judged over its three pairs, and the spread they describe
+    assert row["repeat_n"] == 3 and row["repeat"] in ("pass", "fail", "undecided")
+    spreads = pd.read_csv(tmp_path / "again" / "claim_spreads.csv").set_index("metric")
+    assert spreads.loc["failure_rate", "pairs"] == 3
     assert (tmp_path / "again" / "claim_price-cuts-failures.png").is_file()
     (tmp_path / "testbed" / "study.json").write_text("{}")
     assert main(["report", str(tmp_path)]) == 2
@@ -179,7 +182,7 @@ def test_the_command_runs_both_worlds_and_the_claims_with_the_default_repeat_see
     assert sorted({s for j in call["jobs"] if "repeat" in str(j.out_dir) for s in j.seeds}) == [0]
     root = tmp_path / "runs" / spec.name
     row = pd.read_csv(root / "claims" / "claims.csv").set_index("claim").loc["price-cuts-failures"]
-    assert (row["sim_n"], row["tb_n"], row["spread_pairs"]) == (2, 2, 3) and bool(row["claims_as_fixed"])
+    assert (row["sim_n"], row["tb_n"], row["repeat_n"]) == (2, 2, 3) and bool(row["claims_as_fixed"])
     assert len(load_study(root / "sim")) == 8
     fixed = json.loads((root / "testbed" / "study.json").read_text())["claims_fixed"]
     shutil.rmtree(root / "claims")

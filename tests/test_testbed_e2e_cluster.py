@@ -239,6 +239,7 @@ def test_engine_death_in_the_simulator_ends_the_same_requests_the_same_way_and_t
     spread, inside its margin; and each dead core's notice lies in the fitted prediction interval or
     is reported outside it."""
     import pandas as pd
+    from analysis.verdict import ONE_SEED
     from e2e_cluster import _cli
 
     out = testbed_runs[0]
@@ -255,10 +256,15 @@ def test_engine_death_in_the_simulator_ends_the_same_requests_the_same_way_and_t
     assert (table.loc["failure_rate", ["sim", "testbed", "repeat"]] > 0).all(), table
     judged = table[table[["sim", "testbed"]].notna().all(axis=1)]
     assert {"engine_down_s", "failure_rate"} <= set(judged.index)
-    assert (judged.verdict == "pass").all(), f"not passed:\n{judged.to_string()}\n{cmp.stdout[-3000:]}"
-    # the core killed with a decode on it gave a notice in each testbed run, judged against the fit
+    # one seed decides nothing (analysis/verdict.py): each quantity undecided for that reason, and its
+    # deviation inside the margin that matters
+    assert (judged.verdict == "undecided").all() and (judged.why == ONE_SEED).all(), judged.to_string()
+    assert (judged.deviation.abs() <= judged.margin).all(), f"outside:\n{judged.to_string()}\n{cmp.stdout[-3000:]}"
+    # the core killed with a decode on it gave a notice in each testbed run, judged against the fit:
+    # "pass" exactly where the notice lies inside the fit's prediction interval
     notices = pd.read_csv(fid / "fidelity_notices.csv")
-    assert len(notices) >= 1 and set(notices.verdict) <= {"pass", "fail"} and (notices.notice_s > 0).all()
+    assert len(notices) >= 1 and (notices.notice_s > 0).all()
+    assert ((notices.verdict == "pass") == notices.notice_s.between(notices.low, notices.high)).all(), notices
 
 
 def _new_leftovers(cli: dict) -> list[str]:

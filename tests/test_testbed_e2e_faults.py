@@ -124,6 +124,7 @@ def test_every_engine_accounts_for_its_cpu_and_each_request_is_marked_for_host_s
 
 def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_fault(testbed_runs, tmp_path):
     from analysis.fidelity_console import compare
+    from analysis.verdict import ONE_SEED
     from core.calibration import apply_calibration, load_calibration
     from simulator.run import run_sim
 
@@ -180,17 +181,20 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     # the engines ran the uni executor: no worker spins after a call, in either world
     assert throttled.testbed.executor == "uni" and cal.host.spin_s == calibrated.engine.host_spin_s == 0.0
     # The twin: the same spec in the calibrated simulator; requests pulled from pod 0 during the
-    # fault time out in kv_transfer there too, and the comparison passes on what the fault decides:
-    # the failure rate and the requests' outcomes, one by one, judged by the rule with the testbed's
-    # spread shipped in core/defaults/fits.yaml (one seed, no repeat of its own).
+    # fault time out in kv_transfer there too, and the comparison agrees on what the fault decides:
+    # the failure rate and the requests' outcomes, one by one (one seed: shown, not decided).
     sim_dir = run_sim(calibrated, "Random", 0, tmp_path / "sim")
     sim = read_table(sim_dir, "requests")
     hit = sim[(sim.prefill_pod == 0) & (sim.kv_start_s > 0.5)]
     assert len(hit) > 0 and (hit.outcome == "timeout").all() and (hit.failed_stage == "kv_transfer").all()
     fid = compare([sim_dir], [out / "e2e_link_fault" / "Random" / "seed-0"], tmp_path / "fidelity",
                   cal.model_dump())
-    verdicts = fid.table.set_index("metric")["verdict"]
-    assert verdicts["failure_rate"] == "pass" and verdicts["outcome_agreement"] == "pass", fid.table.to_string()
+    # one seed decides nothing (analysis/verdict.py); what the fault decides lies inside the tolerance:
+    # the failure rate within 3 points, at most 3% of the requests ended differently
+    checks = fid.table.set_index("metric")
+    assert (checks["verdict"] == "undecided").all() and (checks["why"].isin([ONE_SEED, "no value"])).all()
+    assert abs(checks.loc["failure_rate", "deviation"]) <= 0.03 and checks.loc["outcome_agreement", "deviation"] <= 0.03, \
+        fid.table.to_string()
     assert (tmp_path / "fidelity" / "fidelity.csv").exists()
     # the run's own demand by state beside the calibration's
     states = fid.host_demand[fid.host_demand.policy == "all"].set_index("state")
