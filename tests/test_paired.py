@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-import analysis.fidelity as fidelity_module
 from analysis.fidelity_console import compare
 from analysis.paired import outcome_class, paired_report
 from analysis.paired_stats import quantile_ci
