@@ -51,6 +51,14 @@ Residuals are relative to the measured value, ``(predicted - measured) / measure
 report's errors are (relative to the testbed's). Per run (policy, seed) and pooled over runs, per
 stage: ``n_ok`` (ok requests that measured the stage), ``n_quiet`` (of them, those checked), the medians of measured and predicted, the median relative residual, the p90
 of its absolute value, and ``flag``: the median misses by more than :data:`CALIBRATION_MISS`.
+
+**Fitting apart from judging.** A calibration under the run's conditions names the runs it was
+fitted on (``source.conditions.runs``); on them its median residual is 0 by construction, so such a
+run is marked (``fitted_on``), never flagged and left out of the pooled row. The pooled row is judged
+with the run as the unit, by the rule of analysis/verdict.py: each judged run's median residual
+is one value, and ``verdict`` says whether their interval lies inside +-:data:`CALIBRATION_MISS`
+(pass), wholly outside (fail: ``flag``) or neither (undecided); the median over the requests of
+every run (``rel_residual_p50``) is shown beside it as a description.
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ from analysis.host import timed_out_at
 from analysis.metrics import ok_mask
 from analysis.run_data import RunData, load_run
 from analysis.summary import discover_runs
+from analysis.verdict import FAIL, inside, interval
 from core.calibration import EngineCalibration, NetworkCalibration
 from core.engine_timing import decode_step_s, lone_pull_s, prefill_s
 from core.topology import GBPS
@@ -86,7 +95,7 @@ CHECKED = (*FITS, *LEGS)
 CSV_NAME = "calibration_check.csv"
 POOLED = "all"  # the policy column of the rows pooled over every run
 COLUMNS = ("policy", "seed", "stage", "n_ok", "n_quiet", "measured_p50_s", "predicted_p50_s",
-           "rel_residual_p50", "abs_rel_residual_p90", "flag")
+           "rel_residual_p50", "abs_rel_residual_p90", "fitted_on", "n_runs", "verdict", "flag")
 
 
 def _models(calibration: Mapping[str, Any] | BaseModel) -> tuple[EngineCalibration, NetworkCalibration]:
@@ -380,30 +389,52 @@ def _summary(rows: pd.DataFrame, n_ok: int) -> dict[str, Any]:
             "abs_rel_residual_p90": float(np.percentile(np.abs(rel), 90)), "flag": abs(p50) > CALIBRATION_MISS}
 
 
+def fitted_runs(calibration: Mapping[str, Any] | BaseModel) -> set[Path]:
+    """The run directories a calibration under the run's conditions was fitted on
+    (``source.conditions.runs``), resolved; empty for an engines-alone calibration."""
+    source = calibration.get("source") if isinstance(calibration, Mapping) else getattr(calibration, "source", None)
+    conditions = (source or {}).get("conditions") if isinstance(source, Mapping) else None
+    runs = conditions.get("runs") if isinstance(conditions, Mapping) else None
+    return {Path(r).resolve() for r in runs or ()}
+
+
 def calibration_check(testbed_dirs: Sequence[Path | str], calibration: Mapping[str, Any] | BaseModel) -> pd.DataFrame:
     """The check's table (module docstring) for the runs in or below ``testbed_dirs``: one row per
-    run (policy, seed) and stage, then one per stage pooled over every run (policy ``"all"``, seed
-    NA); columns :data:`COLUMNS`."""
+    run (policy, seed) and stage, then one per stage pooled over every run the calibration was not
+    fitted on (policy ``"all"``, seed NA); columns :data:`COLUMNS`."""
     _models(calibration)  # a bad calibration fails before any run is read
+    fitted = fitted_runs(calibration)
     rows: list[dict[str, Any]] = []
     pooled: list[pd.DataFrame] = []
     pooled_ok = dict.fromkeys(CHECKED, 0)
+    medians: dict[str, list[float]] = {stage: [] for stage in CHECKED}
     for d in discover_runs(testbed_dirs):
         run = load_run(d)
         res = quiet_residuals(run, calibration)
-        pooled.append(res)
+        mine = Path(d).resolve() in fitted
+        if not mine:
+            pooled.append(res)
         for stage in CHECKED:
             n_ok = res.attrs["n_ok"][stage]
-            pooled_ok[stage] += n_ok
-            rows.append({"policy": run.policy, "seed": run.seed, "stage": stage,
-                         **_summary(res[res["stage"] == stage], n_ok)})
+            row = _summary(res[res["stage"] == stage], n_ok)
+            if mine:  # fitted on it: a residual of 0 by construction, not judged
+                row.update(flag=False)
+            else:
+                pooled_ok[stage] += n_ok
+                if row["n_quiet"]:
+                    medians[stage].append(row["rel_residual_p50"])
+            rows.append({"policy": run.policy, "seed": run.seed, "stage": stage, **row, "fitted_on": mine,
+                         "n_runs": 1, "verdict": "fitted on" if mine else ""})
     every = pd.concat(pooled, ignore_index=True) if pooled else pd.DataFrame(columns=["stage", "rel_residual"])
     for stage in CHECKED:
+        verdict = inside(interval(medians[stage]), -CALIBRATION_MISS, CALIBRATION_MISS)
         rows.append({"policy": POOLED, "seed": pd.NA, "stage": stage,
-                     **_summary(every[every["stage"] == stage], pooled_ok[stage])})
+                     **_summary(every[every["stage"] == stage], pooled_ok[stage]), "fitted_on": False,
+                     "n_runs": len(medians[stage]), "verdict": verdict, "flag": verdict == FAIL})
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     table["seed"] = table["seed"].astype("Int64")
     table["flag"] = table["flag"].astype(bool)
+    table["fitted_on"] = table["fitted_on"].astype(bool)
     return table
 
 
@@ -428,13 +459,17 @@ def _fmt(x: Any, spec: str) -> str:
 def print_calibration_check(table: pd.DataFrame, console: Console) -> None:
     """The table on the console; a flagged row (the fit misses the quiet requests' median by more
     than CALIBRATION_MISS) in red and marked MISS, the pooled rows in bold."""
-    t = Table(title=escape(f"Calibration checked against the run's quiet requests "
-                           f"(flag: |median residual| > {CALIBRATION_MISS:.0%})"))
+    t = Table(title=escape(f"Calibration checked against the run's quiet requests (flag: |median residual| > "
+                           f"{CALIBRATION_MISS:.0%}; over runs: the rule, the run as the unit)"))
     for h in ("policy", "seed", "stage", "quiet / ok", "measured p50", "predicted p50", "residual p50",
               "|residual| p90", "flag"):
         t.add_column(h, no_wrap=h in ("policy", "stage"))
     for _, r in table.iterrows():
         flag = "[bold red]MISS[/]" if r["flag"] else ("–" if r["n_quiet"] == 0 else "[green]ok[/]")
+        if r["fitted_on"]:
+            flag = "fitted on"
+        elif r["policy"] == POOLED:
+            flag = f"{flag} ({r['verdict']}, {r['n_runs']} runs)"
         cells = [escape(str(r["policy"])), _fmt(r["seed"], "d"), r["stage"], f"{r['n_quiet']} / {r['n_ok']}",
                  _fmt(r["measured_p50_s"], ".4f") + " s" * pd.notna(r["measured_p50_s"]),
                  _fmt(r["predicted_p50_s"], ".4f") + " s" * pd.notna(r["predicted_p50_s"]),

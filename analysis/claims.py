@@ -39,9 +39,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.verdict import (ALPHA, CARRIES, DIRECTIONS, MIN_SEEDS, NO_PRIOR, PASS, RULE_VERSION, UNDECIDED_CLAIM,
-                              Interval, Prior, claim_verdict, inside, interval, no_effect, pooled_sd,
-                              seeds_for_power, world_status)
+from analysis.verdict import (ALPHA, DIRECTIONS, MIN_SEEDS, NO_PRIOR, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior,
+                              claim_verdict, inside, interval, no_effect, pooled_sd, seeds_for_power, with_repeat,
+                              world_status)
 
 WORLDS = ("sim", "testbed", "repeat")
 COLUMNS = ("claim", "world", "seed", "value", "a", "b")
@@ -144,7 +144,7 @@ def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | N
         reason = "no value " + ("in either world" if not (s.n or t.n) else "in the simulator" if not s.n else
                                 "on the testbed")
     rep_verdict, rep = repeat if repeat is not None else ("not run", interval([]))
-    if verdict == CARRIES and repeat is not None and rep_verdict != PASS:
+    if with_repeat(verdict, None if repeat is None else rep_verdict) != verdict:
         verdict = UNDECIDED_CLAIM
         reason = (f"the testbed does not repeat itself within ±{rule.margin:g} (its repeat: {rep_verdict}, "
                   f"{rep.why_not or f'[{rep.low:.3g}, {rep.high:.3g}]'}); " + reason)

@@ -35,7 +35,7 @@ from rich.table import Table
 from analysis.metric_names import Metric as M, fail_share
 from analysis.run_data import RunData, load_run
 from analysis.summary import mean_ci
-from analysis.verdict import (FAIL, NO_PRIOR, PASS, RULE_VERSION, UNDECIDED, Prior, inside, interval,
+from analysis.verdict import (CONFIDENCE, FAIL, NO_PRIOR, PASS, RULE_VERSION, UNDECIDED, Prior, inside, interval,
                               prediction_interval, repeat_verdict, seeds_for_power, shipped_prior)
 from core.priors import ENGINE
 from core.fits import fit
@@ -158,8 +158,9 @@ def core_death_notices(run: RunData) -> list[float]:
 
 def notice_table(run_dirs: Iterable[Path | str]) -> pd.DataFrame | None:
     """Each dead core's notice in the given testbed runs against the fitted notice's prediction
-    interval (analysis.verdict.prediction_interval of core/defaults/fits.yaml's samples): run_dir,
-    notice_s, low, high, coverage, verdict (pass inside, fail outside). None where the runs hold none."""
+    interval at the rule's level (analysis.verdict.prediction_interval of core/defaults/fits.yaml's
+    samples): run_dir, notice_s, low, high, coverage, verdict (pass inside, fail outside; undecided
+    where the fit has too few samples for the rule's level). None where the runs hold none."""
     f = fit(NOTICE)
     low, high, coverage = prediction_interval(f.samples)
     rows = []
@@ -167,7 +168,8 @@ def notice_table(run_dirs: Iterable[Path | str]) -> pd.DataFrame | None:
         run = load_run(d)
         for x in core_death_notices(run):
             rows.append({"run_dir": str(d), "notice_s": x, "fitted_median_s": f.value, "low": low, "high": high,
-                         "coverage": coverage, "verdict": PASS if low <= x <= high else FAIL, "rule": RULE_VERSION})
+                         "coverage": coverage, "rule": RULE_VERSION,
+                         "verdict": UNDECIDED if coverage < CONFIDENCE else PASS if low <= x <= high else FAIL})
     return pd.DataFrame(rows) if rows else None
 
 

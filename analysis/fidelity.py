@@ -73,7 +73,8 @@ from analysis.fidelity_checks import (REPEAT, WORLDS, Rank, calibration_spreads,
 from analysis.paired import PairedReport, concat_frames, paired_from_frames, request_frame
 from analysis.repeatability import add_repeatability
 from analysis.verdict import FAIL, NO_PRIOR, PASS, UNDECIDED, Interval, Prior, Spread
-from core.priors import expected_requests, fault_kind
+from core.priors import fault_kind
+from core.sizes import workload_requests
 from analysis.run_data import RunData, load_run
 from analysis.run_metrics import run_metrics
 from analysis.plots import RunCurves, run_curves
@@ -378,7 +379,8 @@ def measure(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
     tb_frame = concat_frames(frames["testbed"])
     paired = paired_from_frames(tb_frame, concat_frames(frames["sim"]), "sim", policies)
     tb_spec = _spec_of(*metas["testbed"][0])
-    kind, requests = fault_kind(tb_spec.get("faults") or []), expected_requests(tb_spec.get("workload") or {})
+    kind, requests = fault_kind(tb_spec.get("faults") or []), workload_requests(tb_spec.get("workload") or {})
+    requests = math.nan if requests is None else requests
     priors = check_priors(tol, kind, requests)
     repeat, rep_table, own, repeats = None, None, {}, None
     repeat_runs = runs_frame(repeat_rows) if repeat_rows else None

@@ -241,13 +241,32 @@ def _check_cache(cell: dict[str, Any], metrics: dict[str, Any], run_dir: Path) -
 
 def cell_finished(run_dir: Path, run_id: str) -> bool:
     """A cell has finished when its run directory holds cell.json, a JSON object (the runner writes it
-    last), that names the cell's run id: a cell.json of another id is a run of an older version of the
-    spec at the same place, not this one. The runner (study/runner.py) skips runs by this same check."""
+    last), that names the cell's run id, or names another id but holds a run whose inputs are this
+    cell's under the code of today (:func:`recorded_run_id`: a spec field added since, at its
+    default, changes every id but no record). A run of other inputs at the same place is not this
+    cell's. The runner (study/runner.py) and the testbed's side skip runs by this same check."""
     try:
         marker = json.loads((run_dir / CELL_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(marker, dict) and marker.get("run", marker.get("cell")) == run_id
+    if not isinstance(marker, dict):
+        return False
+    return marker.get("run", marker.get("cell")) == run_id or recorded_run_id(run_dir, marker) == run_id
+
+
+def recorded_run_id(run_dir: Path, marker: dict[str, Any]) -> str | None:
+    """The id the run recorded in ``run_dir`` has under the code of today: its run.json's spec parsed
+    again, a field added since taking its default, a field whose value was recorded keeping it (a
+    default changed since is then a difference), with cell.json's policy and seed. None where the
+    record no longer parses (a field renamed or removed since: the cell runs again)."""
+    from core.spec import parse_spec
+    from core.study import run_digest
+
+    try:
+        spec = read_meta(run_dir).get("spec")
+        return run_digest(parse_spec(spec, str(run_dir)), str(marker["policy"]), int(marker["seed"]))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def load_study(study_dir: Path | str) -> pd.DataFrame:

@@ -34,12 +34,13 @@ from analysis.claims import COLUMNS, WORLDS, ClaimRule, claim_table, effect_prio
 from analysis.metric_names import Metric as M, check_metric
 from analysis.plots import _save, _slug
 from analysis.study import STUDY_FILE, StudyError, load_study
-from analysis.verdict import (CARRIES, CONFIDENCE, DOES_NOT, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior, Spread,
-                              interval, repeat_verdict, shipped_prior, wrong_to_expect)
-from core.priors import NONE, expected_requests, fault_kind, widest
+from analysis.verdict import (CARRIES, CONFIDENCE, DOES_NOT, FINDING, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior,
+                              Spread, interval, repeat_verdict, shipped_prior, with_repeat, wrong_to_expect)
+from core.priors import NONE, fault_kind, widest
 from core.records import read_meta
+from core.sizes import workload_requests
 from core.spec import SpecError
-from core.study import ClaimSides, claim_sides
+from core.study import ClaimSides, claim_cells, claim_points, claim_sides
 from core.study_spec import StudySpec
 
 # What "reaction and cost" shows per world, point and policy (mean over seeds).
@@ -104,12 +105,9 @@ def point_conditions(cells: pd.DataFrame) -> dict[str, tuple[str, float]]:
         return out
     for point, run_dir in cells.drop_duplicates("point")[["point", "run_dir"]].itertuples(index=False):
         spec = read_meta(run_dir).get("spec") or {}
-        out[str(point)] = (fault_kind(spec.get("faults") or []), expected_requests(spec.get("workload") or {}))
+        requests = workload_requests(spec.get("workload") or {})
+        out[str(point)] = (fault_kind(spec.get("faults") or []), math.nan if requests is None else requests)
     return out
-
-
-def _points(s: ClaimSides) -> list[str]:
-    return [s.point, *([s.vs[0]] if s.vs is not None else []), *(_points(s.minus) if s.minus is not None else [])]
 
 
 def claim_rules(sides: Sequence[ClaimSides], conditions: Conditions | None = None) -> dict[str, ClaimRule]:
@@ -117,16 +115,12 @@ def claim_rules(sides: Sequence[ClaimSides], conditions: Conditions | None = Non
     widest of its points' (core.priors.widest) and its prior that kind's for its metric, at the
     fewest requests of its points' runs."""
     conditions = conditions or {}
-
-    def cells(s: ClaimSides) -> int:
-        return (1 if s.vs is None else 2) + (cells(s.minus) if s.minus is not None else 0)
-
     rules = {}
     for s in sides:
-        known = [conditions[p] for p in _points(s) if p in conditions]
+        known = [conditions[p] for p in claim_points(s) if p in conditions]
         kind = widest(k for k, _ in known) if known else NONE
         requests = min((n for _, n in known if not math.isnan(n)), default=math.nan)
-        rules[s.name] = ClaimRule(s.metric, s.direction, s.margin, s.measure, cells(s), kind,
+        rules[s.name] = ClaimRule(s.metric, s.direction, s.margin, s.measure, claim_cells(s), kind,
                                   shipped_prior(s.metric, kind, requests))
     return rules
 
@@ -170,6 +164,32 @@ def testbed_spreads(testbed: pd.DataFrame, repeat: pd.DataFrame | None, metrics:
         if metric in m.columns and f"{metric}_rep" in m.columns:
             out[metric] = Spread.of((m[metric].astype(float) - m[f"{metric}_rep"].astype(float)).to_numpy())
     return out
+
+
+def leave_one_pair_out(table: pd.DataFrame, frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides],
+                       conditions: Conditions) -> pd.DataFrame:
+    """The same runs judged again with each repeated pair (a distinct run and its repeat) left out in
+    turn: per pair, how many claims' verdicts move and which. Under this rule the repeat sets no
+    interval's width, only whether the testbed repeats itself, so a pair moves a verdict only through
+    its (metric, kind of fault)'s repeat verdict (analysis.verdict.with_repeat); a design whose
+    verdicts hang on one pair shows it here. Empty without a repeat."""
+    repeat, tb = frames.get("repeat"), frames.get("testbed", pd.DataFrame())
+    cols = ["point", "policy", "seed", "moved", "claims"]
+    if repeat is None or repeat.empty or tb.empty:
+        return pd.DataFrame(columns=cols)
+    rules = claim_rules(sides, conditions)
+    base = table.set_index("claim")
+    first = {c: FINDING[e] for c, e in base["equivalence"].items()}
+    rows = []
+    for key, _ in repeat.groupby(["point", "policy", "seed"], sort=True):
+        keep = ~((repeat["point"] == key[0]) & (repeat["policy"] == key[1]) & (repeat["seed"] == key[2]))
+        reps = repeat_verdicts(tb, repeat[keep], rules, conditions)
+        moved = [name for name, r in rules.items()
+                 if with_repeat(first[name], reps[(r.metric, r.kind)][0] if (r.metric, r.kind) in reps else None)
+                 != base.loc[name, "verdict"]]
+        rows.append({"point": key[0], "policy": key[1], "seed": key[2], "moved": len(moved),
+                     "claims": ", ".join(moved)})
+    return pd.DataFrame(rows, columns=cols)
 
 
 def claims_frame(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides],
@@ -296,7 +316,8 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
                   out_dir: Path, console: Console | None = None, fixed: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Write claims.csv (one row per claim: its rule, both worlds' intervals, the paired difference,
     the verdict and its reason), claim_effects.csv (the values behind it), claim_spreads.csv (the
-    testbed's spread per metric), reaction_cost.csv and one figure per claim into ``out_dir``; print
+    testbed's spread per metric), reaction_cost.csv, claims_leave_one_out.csv (:func:`leave_one_pair_out`)
+    and one figure per claim into ``out_dir``; print
     the table. ``fixed``: the claims record the runs began with (study.json), compared with the claims
     judged now. Returns the claims table."""
     unknown = sorted(set(frames) - set(WORLDS))
@@ -317,14 +338,21 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
                  columns=["metric", "sigma", "pairs"]).to_csv(out / "claim_spreads.csv", index=False)
     rc = reaction_cost(frames, axes)
     rc.to_csv(out / "reaction_cost.csv", index=False)
+    loo = leave_one_pair_out(table, frames, sides, conditions)
+    loo.to_csv(out / "claims_leave_one_out.csv", index=False)
     rules = claim_rules(sides, conditions)
     figures = [claim_figure(r, effects, effect_prior(rules[r["claim"]]),
                             out / f"claim_{_slug(r['claim'])}.png") for _, r in table.iterrows()]
     console.print(claims_console_table(table))
     counts = table["verdict"].value_counts().to_dict()
     console.print(wrong_to_expect(int((table["verdict"] != UNDECIDED_CLAIM).sum()), "claims"))
+    if len(loo):
+        console.print(f"each of the {len(loo)} repeated pairs left out in turn: verdicts move with "
+                      f"{int((loo['moved'] > 0).sum())} of them (at most {int(loo['moved'].max())} claims; "
+                      "claims_leave_one_out.csv)")
     console.print(f"{len(table)} claim(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
-                  + f"; wrote claims.csv, claim_effects.csv, claim_spreads.csv, reaction_cost.csv and "
+                  + f"; wrote claims.csv, claim_effects.csv, claim_spreads.csv, reaction_cost.csv, "
+                    f"claims_leave_one_out.csv and "
                     f"{len(figures)} figure(s) to {out}")
     if note:
         console.print(f"[yellow]note:[/] {escape(note)}")

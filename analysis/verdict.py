@@ -270,6 +270,16 @@ def claim_status(sim: Interval, tb: Interval, direction: str, margin: float) -> 
     return said
 
 
+# The verdict on a simulated finding from its paired difference's equivalence test.
+FINDING = {PASS: CARRIES, FAIL: DOES_NOT, UNDECIDED: UNDECIDED_CLAIM}
+
+
+def with_repeat(verdict: str, repeat: str | None) -> str:
+    """A finding's verdict once the testbed's repeat is judged: "carries over" stands only where the
+    testbed repeats itself ("pass"), or where no repeat was run (None)."""
+    return UNDECIDED_CLAIM if verdict == CARRIES and repeat is not None and repeat != PASS else verdict
+
+
 def claim_verdict(sim: Interval, tb: Interval, paired: Interval, direction: str,
                   margin: float) -> tuple[str, str]:
     """(verdict, reason) on the simulated finding: "carries over" when the seed-paired difference
@@ -277,13 +287,10 @@ def claim_verdict(sim: Interval, tb: Interval, paired: Interval, direction: str,
     lies wholly outside, "undecided" otherwise; the reason says why, then the claim's status in each
     world (:func:`claim_status`)."""
     eq = inside(paired, -margin, margin)
-    if eq == PASS:
-        verdict, why = CARRIES, f"the paired difference lies within ±{margin:g}"
-    elif eq == FAIL:
-        verdict, why = DOES_NOT, f"the worlds differ by more than ±{margin:g}"
-    else:
-        verdict, why = UNDECIDED_CLAIM, paired.why_not or f"the paired difference's interval straddles ±{margin:g}"
-    return verdict, f"{why}; {claim_status(sim, tb, direction, margin)}"
+    why = {PASS: f"the paired difference lies within ±{margin:g}",
+           FAIL: f"the worlds differ by more than ±{margin:g}"}.get(eq) or paired.why_not or \
+        f"the paired difference's interval straddles ±{margin:g}"
+    return FINDING[eq], f"{why}; {claim_status(sim, tb, direction, margin)}"
 
 
 def repeat_verdict(differences: Iterable[float], margin: float, prior: Prior = NO_PRIOR) -> tuple[str, Interval]:
@@ -360,12 +367,15 @@ def seeds_for_power(sigma: float, lo: float, hi: float, delta: float = 0.0, prio
 
 def prediction_interval(samples: Iterable[float]) -> tuple[float, float, float]:
     """(low, high, coverage) of a distribution-free prediction interval for one new draw from the
-    distribution ``samples`` were drawn from: [min, max], which holds a new draw with probability
-    (n - 1) / (n + 1) whatever the distribution (n independent samples; Wilks 1941). A fitted
-    parameter is judged on runs it was not fitted on: a new value outside this interval is a fail to
-    explain, not a reason to refit."""
+    distribution ``samples`` were drawn from: [x_(k), x_(n+1-k)] of the n sorted samples holds a new
+    draw with probability (n + 1 - 2k) / (n + 1) whatever the distribution (Wilks 1941); k is the
+    largest that keeps it at the rule's level (CONFIDENCE) or above, 1 ([min, max]) where none does,
+    and the coverage says so. A fitted parameter is judged on runs it was not fitted on: a new value
+    outside this interval is a fail to explain, not a reason to refit."""
     x = np.sort(np.asarray(list(samples), dtype=float))
     x = x[np.isfinite(x)]
-    if x.size < 2:
-        raise ValueError(f"a prediction interval needs at least 2 samples, got {x.size}")
-    return float(x[0]), float(x[-1]), (x.size - 1) / (x.size + 1)
+    n = int(x.size)
+    if n < 2:
+        raise ValueError(f"a prediction interval needs at least 2 samples, got {n}")
+    k = max(1, int(math.floor((n + 1) * (1.0 - CONFIDENCE) / 2.0 + EPS)))
+    return float(x[k - 1]), float(x[n - k]), (n + 1 - 2 * k) / (n + 1)

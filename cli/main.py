@@ -5,7 +5,7 @@
     testbed run [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1]
     testbed calibrate [SPEC] [--out FILE] [--isolated] [--times N] [--fit-runs DIR --calibration FILE] [--address ADDR]
     testbed study SPEC [--world sim|testbed|both] [--out DIR] [--sweeps A,B] [--repeat-seeds 0] [--rerun]
-                       [--calibration FILE]
+                       [--calibration FILE] [--plan]
     testbed sim [SPEC] [--out DIR] [--policies A,B] [--seeds 0,1] [--calibration FILE]
     testbed cluster up|down|status
     testbed faults clear
@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--workers", type=int, help="local Ray: cells at once (default: every CPU)")
     st.add_argument("--rerun", action="store_true", help="run finished cells again")
     st.add_argument("--sweeps", help="comma-separated subset of the study's sweeps (default: all)")
+    st.add_argument("--plan", action="store_true",
+                    help="run nothing: print the seeds each claim needs for 80%% power, and the runs and wall time "
+                         "of the spec's design and of the one the claims need (docs/study.md \"Sizing a study\")")
     st.add_argument("--max-hours", type=float, default=24.0,
                     help="refuse a study whose runs are estimated to take longer here (default 24; core/sizes.py)")
     st.set_defaults(fn=cmd_study)

@@ -16,11 +16,58 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     sweeps = csv(args.sweeps) if args.sweeps else None
+    if args.plan:
+        return _plan(spec, args, sweeps)
     if args.world == "sim" and args.calibration:
         return _resimulate(spec, args, sweeps)
     if args.world == "sim":
         return _sim(spec, args, sweeps, Path(args.out), study_dir=None, calibration=None)
     return _both(spec, args, sweeps)
+
+
+def _repeat_seeds(args: argparse.Namespace, seeds: list[int]) -> list[int]:
+    """The seeds the testbed runs twice: --repeat-seeds, default the first; one not in the study refused."""
+    asked = [str(seeds[0])] if args.repeat_seeds is None else csv(args.repeat_seeds)
+    wrong = [s for s in asked if s not in {str(x) for x in seeds}]
+    if wrong:
+        raise ValueError(f"--repeat-seeds: {wrong[0]} is not a seed of the study's cells ({', '.join(map(str, seeds))})")
+    return [int(s) for s in asked]
+
+
+def _plan(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
+    """`--plan`: the seeds each claim needs for 80% power, and the runs and wall time of the spec as it
+    stands and of the seeds the claims need (analysis/study_plan.py); nothing runs."""
+    from analysis.study_plan import plan_console_table, plan_table, study_cost
+    from analysis.study_claims import check_claim_metrics
+    from core.sizes import duration_text
+    from core.study import choose_sweeps, claim_sides, distinct_runs, expand_study
+
+    cells = expand_study(spec, args.spec)
+    sides = claim_sides(spec, cells, args.spec)
+    if not sides:
+        raise ValueError(f"{args.spec}: --plan sizes a study's claims, and its study has none")
+    check_claim_metrics(sides)
+    chosen = choose_sweeps(spec, cells, sweeps, args.spec)
+    seeds = sorted({c.seed for c in chosen})
+    runs_per_seed = len(distinct_runs(cells, chosen)) // len(seeds)
+    repeats = len(_repeat_seeds(args, seeds))
+    plan = plan_table(sides, {c.point: c.spec for c in cells}, len(seeds))
+    out_console().print(plan_console_table(plan, len(seeds)))
+    run_spec = cells[0].spec
+    runs, wall = study_cost(runs_per_seed, repeats, len(seeds), run_spec)
+    reached = int((plan["power_at_spec_seeds"] >= 0.8).sum())
+    console.print(f"as the spec stands ({len(seeds)} seeds, {repeats} repeated): {runs} testbed runs, about "
+                  f"{duration_text(wall)} on the testbed; {reached} of {len(plan)} claims at 80% power or more")
+    needed = plan["seeds_needed"].dropna()
+    if len(needed):
+        most = int(needed.max())
+        runs, wall = study_cost(runs_per_seed, repeats, most, run_spec)
+        console.print(f"for every claim with a finite need ({len(needed)} of {len(plan)}) at 80% power: {most} seeds, "
+                      f"{runs} testbed runs, about {duration_text(wall)}")
+    left = plan.loc[plan["seeds_needed"].isna(), "claim"].tolist()
+    if left:
+        console.print(f"more than 100 seeds (or no prior): {', '.join(left)}")
+    return 0
 
 
 def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
@@ -85,11 +132,7 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     check_claim_metrics(sides)
     chosen = choose_sweeps(spec, cells, sweeps, args.spec)
     seeds = sorted({c.seed for c in chosen})
-    asked = [str(seeds[0])] if args.repeat_seeds is None else csv(args.repeat_seeds)
-    wrong = [s for s in asked if s not in {str(x) for x in seeds}]
-    if wrong:
-        raise ValueError(f"--repeat-seeds: {wrong[0]} is not a seed of the study's cells ({', '.join(map(str, seeds))})")
-    repeat_seeds = [int(s) for s in asked]
+    repeat_seeds = _repeat_seeds(args, seeds)
     runs = distinct_runs(cells, chosen)
     check_fits(runs[0].spec, "testbed", len(runs) + sum(c.seed in repeat_seeds for c in runs),
                max_hours=args.max_hours)

@@ -1,5 +1,6 @@
 """The verdict rule's priors for the seeds' variance (core/defaults/priors.yaml; analysis/verdict.py
-``Prior``, docs/verdicts.md): per metric and kind of fault, fixed before the runs they judge.
+``Prior``, docs/verdicts.md): per metric and kind of fault, fixed before the runs they judge; a run's
+size, which scales a share's prior, is core.sizes.workload_requests.
 
 The kind of fault of a run is what its spec's faults are (:func:`fault_kind`): a study's cells of
 one kind pool their repeat, and a claim reading cells of several kinds takes the widest prior among
@@ -40,17 +41,6 @@ def widest(kinds: Iterable[str]) -> str:
     """The first of ``kinds`` in the order :func:`fault_kind` takes them ("none" for none)."""
     have = set(kinds)
     return next((k for k in _ORDER if k in have), NONE)
-
-
-def expected_requests(workload: Any) -> float:
-    """The requests a run of ``workload`` (workloads.spec.WorkloadSpec, or its dict) holds:
-    max_requests, else the arrival rate times the duration; NaN where neither says (a trace without a
-    cut)."""
-    most = _field(workload, "max_requests")
-    if most is not None:
-        return float(most)
-    rate, duration = _field(_field(workload, "arrival") or {}, "rate_rps"), _field(workload, "duration_s")
-    return float(rate * duration) if rate and duration else math.nan
 
 
 @lru_cache(maxsize=1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from .spec import ExperimentSpec
@@ -59,12 +59,22 @@ def expected_requests(spec: "ExperimentSpec") -> float | None:
     """Requests one run is expected to hold: a synthetic stream's rate x duration, capped by
     max_requests; a trace's max_requests (else unknown before the file is read, and then
     bounded by the file itself)."""
-    w = spec.workload
-    cap = float(w.max_requests) if w.max_requests is not None else math.inf
-    rate = getattr(w.arrival, "rate_rps", None)
+    return workload_requests(spec.workload)
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def workload_requests(workload: Any) -> float | None:
+    """:func:`expected_requests` of a workload: a workloads.spec.WorkloadSpec, or its dict as a run's
+    run.json holds it (so records of a run can be sized without parsing their spec again)."""
+    most = _field(workload, "max_requests")
+    cap = float(most) if most is not None else math.inf
+    rate, duration = _field(_field(workload, "arrival") or {}, "rate_rps"), _field(workload, "duration_s")
     if rate is None:  # a trace
         return cap if math.isfinite(cap) else None
-    return min(cap, rate * w.duration_s if w.duration_s is not None else math.inf)
+    return min(cap, rate * duration if duration is not None else math.inf)
 
 
 def _run_wall_s(spec: "ExperimentSpec", requests: float | None) -> float | None:
@@ -115,7 +125,7 @@ def _size(b: float) -> str:
     return f"{b:,.0f} B"
 
 
-def _duration(s: float) -> str:
+def duration_text(s: float) -> str:
     return f"{s / 3600:,.1f} h" if s >= 3600 else f"{s / 60:,.1f} min"
 
 
@@ -138,7 +148,7 @@ def check_fits(spec: "ExperimentSpec", world: Literal["sim", "testbed"], runs: i
         if total > max_hours * 3600:
             kind = "CPU time" if world == "sim" else "wall time"
             raise SizeError(f"{spec.name}: too long to run {where} ({what}): {runs} run(s) need about "
-                            f"{_duration(total)} of {kind}, over the {max_hours:g} h allowed (--max-hours; "
+                            f"{duration_text(total)} of {kind}, over the {max_hours:g} h allowed (--max-hours; "
                             f"estimate: core/sizes.py)")
     return fp
 
@@ -161,6 +171,6 @@ def check_study_fits(specs: list["ExperimentSpec"], parallel: int, max_hours: fl
     known = [p.seconds for p in prints if p.seconds is not None]
     total = sum(known) / n
     if total > max_hours * 3600:
-        raise SizeError(f"{specs[0].name}: too long: its {len(specs)} runs need about {_duration(sum(known))} of CPU "
-                        f"time, {_duration(total)} on {n} workers, over the {max_hours:g} h allowed (--max-hours; "
+        raise SizeError(f"{specs[0].name}: too long: its {len(specs)} runs need about {duration_text(sum(known))} of CPU "
+                        f"time, {duration_text(total)} on {n} workers, over the {max_hours:g} h allowed (--max-hours; "
                         "estimate: core/sizes.py)")

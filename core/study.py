@@ -114,6 +114,11 @@ def run_inputs(point_spec: Any, policy: str, seed: int) -> dict[str, Any]:
     return {"spec": inputs, "weights": weights.model_dump(mode="json"), "policy": policy, "seed": seed}
 
 
+def run_digest(point_spec: Any, policy: str, seed: int) -> str:
+    """A run's id: the digest of :func:`run_inputs`."""
+    return _digest(run_inputs(point_spec, policy, seed))
+
+
 def expand_study(spec: Any, source: str = "<spec>") -> list[Cell]:
     """Every cell of ``spec.study``: per sweep, the product of its axes, then policies, then seeds. A cell
     whose run an earlier cell already has (same run id) gets that cell's ``run_dir``.
@@ -157,7 +162,7 @@ def expand_study(spec: Any, source: str = "<spec>") -> list[Cell]:
             for p in policies:
                 for s in seeds:
                     cell = Cell(_cell_id(resolved, p, s), name, sw.name, axes, p, s, point_spec,
-                                run=_digest(run_inputs(point_spec, p, s)))
+                                run=run_digest(point_spec, p, s))
                     first = runs.setdefault(cell.run, cell)  # the first cell of a run holds it
                     cells.append(cell if first is cell else replace(cell, run_dir=first.run_dir))
     return cells
@@ -196,6 +201,16 @@ class ClaimSides:
     margin: float
     measure: str
     minus: "ClaimSides | None" = None  # the claim whose effect is subtracted seed by seed
+
+
+def claim_cells(s: ClaimSides) -> int:
+    """The cells a claim's effect is made of: 1, or 2 with ``vs``, plus those of its ``minus``."""
+    return (1 if s.vs is None else 2) + (claim_cells(s.minus) if s.minus is not None else 0)
+
+
+def claim_points(s: ClaimSides) -> list[str]:
+    """Every point a claim's effect reads, its ``minus``'s included."""
+    return [s.point, *([s.vs[0]] if s.vs is not None else []), *(claim_points(s.minus) if s.minus is not None else [])]
 
 
 _NO_AXIS = object()  # a cell's sweep does not vary the axis a claim names

@@ -250,3 +250,24 @@ def test_the_simulators_own_run_of_the_calibration_checks_out(tmp_path):
     # and the same run judged against a calibration without the legs misses them whole
     without = calibration_check([tmp_path], calibration()).query("policy == 'all'").set_index("stage")
     assert (without.loc[["prefill_call", "decode_call"], "rel_residual_p50"] == -1.0).all()
+
+
+def test_a_run_the_calibration_was_fitted_on_is_marked_and_never_judged(runs):
+    """A calibration under the run's conditions names its fitting runs (source.conditions.runs): its
+    residual there is 0 by construction, so that run is marked and left out of the pooled row."""
+    cal = calibration().model_dump()
+    cal["source"] = {**(cal.get("source") or {}), "conditions": {"kind": "run", "runs": [str(runs / "LC" / "seed-0")]}}
+    t = calibration_check([runs], cal)
+    lc = t[t["policy"] == "LC"]
+    assert lc["fitted_on"].all() and not lc["flag"].any() and (lc["verdict"] == "fitted on").all()
+    pooled = row(t, "all", "prefill")
+    # only OTF-R's quiet request judged: its +50%, one run (the unit), which decides nothing
+    assert pooled["n_quiet"] == 1 and pooled["rel_residual_p50"] == pytest.approx(0.5)
+    assert pooled["n_runs"] == 1 and pooled["verdict"] == "undecided" and not pooled["flag"]
+
+
+def test_the_pooled_flag_is_the_rules_verdict_over_the_runs_medians(table):
+    # two runs' median prefill residuals, +20% and +50%: two values cannot place their mean (t(0.95, 1))
+    pooled = row(table, "all", "prefill")
+    assert pooled["n_runs"] == 2 and pooled["verdict"] == "undecided" and not pooled["flag"]
+    assert not table.loc[table["policy"] != "all", "fitted_on"].any()

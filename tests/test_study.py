@@ -302,3 +302,31 @@ def test_a_cell_whose_worker_dies_leaves_no_scratch_behind(tmp_path):
         assert not list(scratch.iterdir()), list(scratch.rglob("*"))[:5]
     finally:
         worker.kill()
+
+
+def test_a_run_recorded_before_a_spec_field_was_added_at_its_default_still_counts_as_finished(tmp_path):
+    """A new spec field with a default changes every cell's run id but no record: the run recorded
+    before it, its run.json's spec parsed again today, is the cell's run; a recorded value that
+    differs (or a field that no longer parses) is not."""
+    from analysis.study import cell_finished
+    from simulator.run import run_sim
+
+    spec = _spec({"sweeps": [{"name": "s", "axes": {"severity": [0.01]}}]})
+    cell = expand_study(spec)[0]
+    run_dir = run_sim(cell.spec, cell.policy, cell.seed, tmp_path)
+    meta_path = run_dir / "run.json"
+    meta = json.loads(meta_path.read_text())
+    router = meta["spec"]["router"]
+    dropped = next(iter(router))  # a field the spec leaves at its default: as if recorded before it existed
+    del router[dropped]
+    meta_path.write_text(json.dumps(meta))
+    (run_dir / "cell.json").write_text(json.dumps({"run": "recorded-under-an-older-id", "policy": cell.policy,
+                                                   "seed": cell.seed}))
+    assert cell_finished(run_dir, cell.run)
+    meta["spec"]["deadline_s"] = meta["spec"]["deadline_s"] + 1.0  # another run's inputs
+    meta_path.write_text(json.dumps(meta))
+    assert not cell_finished(run_dir, cell.run)
+    meta["spec"]["deadline_s"] -= 1.0
+    meta["spec"]["router"]["a_field_renamed_since"] = 1  # no longer parses: runs again
+    meta_path.write_text(json.dumps(meta))
+    assert not cell_finished(run_dir, cell.run)

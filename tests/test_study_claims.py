@@ -15,7 +15,7 @@ import yaml
 from rich.console import Console
 
 from analysis.study_claims import (check_claim_metrics, claim_effects, claim_rules, claims_frame, claims_report,
-                                  reaction_cost)
+                                  leave_one_pair_out, reaction_cost)
 from analysis.verdict import shipped_prior
 from core.spec import SpecError, load_spec, parse_spec
 from core.study import ClaimSides, claim_sides, expand_study
@@ -148,6 +148,25 @@ def test_a_difference_of_two_claims_subtracts_the_other_effect_seed_by_seed():
     assert claim_rules([base, gain])["gain"].cells == 4
 
 
+def test_each_repeated_pair_left_out_in_turn_shows_the_verdicts_that_hang_on_it():
+    sim = _cells({(p, q, s): (0.1 * (q == "A") + 0.01 * s, 5.0 + s) for p in ("p1", "p2") for q in ("A", "B")
+                  for s in range(3)})
+    rep = sim.loc[sim["seed"] == 0].copy()
+    rep.loc[(rep["point"] == "p2") & (rep["policy"] == "B"), "failure_rate"] += 0.3  # one pair far off
+    link = {"p1": ("link", 40.0), "p2": ("link", 40.0)}
+    frames = {"sim": sim, "testbed": sim.copy(), "repeat": rep}
+    table, _ = claims_frame(frames, SIDES, link)
+    r = table.set_index("claim")
+    # the failure-rate claims cannot carry over: their testbed did not repeat itself
+    assert r.loc["cut", "repeat"] != "pass" and r.loc["cut", "verdict"] == "undecided"
+    loo = leave_one_pair_out(table, frames, SIDES, link).set_index(["point", "policy"])
+    # leaving the far pair out lets the two failure-rate claims carry over; and the reaction claim's
+    # repeat, four pairs that never moved, passes its 5 s margin only with all four (with three, its
+    # prior's 2 df and 3 pairs give an interval of +-6.5 s): every pair moves it
+    assert len(loo) == 4 and loo.loc[("p2", "B"), "claims"] == "cut, cross, plain"
+    assert (loo.drop(("p2", "B"))["claims"] == "plain").all()
+
+
 def test_a_claims_kind_of_fault_is_the_widest_of_its_points_and_its_prior_follows_the_run_size():
     cond = {"p1": ("link", 80.0), "p2": ("link_down", 40.0)}
     rules = claim_rules(SIDES, cond)
@@ -205,7 +224,7 @@ def test_reaction_and_cost_of_an_empty_world_is_an_empty_table():
     ({"name": "x", "metric": "fail_rate", "policy": "LC", "at": {"sweep": "severe"}, **JUDGED},
      "claim x: unknown metric"),
     ({"name": "x", "metric": "failure_rate", "policy": "LC", "at": {"sweep": "severe"}}, "direction: Field required"),
-    (None, "--repeat-seeds: 7 is not a seed of the study's cells (0, 1, 2)"),
+    (None, "--repeat-seeds: 7 is not a seed of the study's cells (0, 1, 2, 3, 4, 5)"),
 ])
 def test_the_command_refuses_a_bad_claim_in_one_line_before_any_engine_starts(tmp_path, capsys, claim, needle):
     from cli.main import main

@@ -150,7 +150,7 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     # this machine's engines calibrate 3-4.5x faster than them (decode step base 2.0-3.6 ms against
     # 9.1, prefill 11,100-14,900 tokens/s against 4,100, six calibrations on 2026-11-27), and a
     # suite at 830c35c failed a 4x bound on them with 2.24 ms.
-    from analysis.calibration_check import CHECKED, FITS, quiet_residuals
+    from analysis.calibration_check import CHECKED, FITS, LEGS, quiet_residuals
     from analysis.calibration_fit import fit_run_conditions
     from analysis.run_data import load_run
 
@@ -161,11 +161,18 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     assert medians.between(-0.5, 1.0).all(), medians
     # Under the run's conditions: the levels and the control path's legs fitted on half of these
     # runs (analysis/calibration_fit.py) carry to the other half, which they were not fitted on.
-    # The engines-alone calibration has no legs (each misses by -100%); within half, since one
-    # run's median of a leg moved by up to 34% on a loaded host (docs/twin.md).
+    # The engine models within half (one run's median moved by up to 34% on a loaded host,
+    # docs/twin.md). The legs in absolute terms, within one decode step: an engine admits a call at
+    # its next scheduler step, so a leg is 0 to 1 step long and its relative miss can be anything
+    # (decode_call read 2-3 ms for some policies and 6-9 ms for others against a 7.6 ms step, -55%
+    # once with nothing else running). Rule fixed before the next run, at the commit that says so.
     fitted = fit_run_conditions(runs[::2], cal)
-    held = pd.concat([quiet_residuals(load_run(d), fitted) for d in runs[1::2]]).groupby("stage")["rel_residual"]
-    assert set(held.median().index) == set(CHECKED) and held.median().abs().max() < 0.5, held.median()
+    held = pd.concat([quiet_residuals(load_run(d), fitted) for d in runs[1::2]])
+    rel = held.groupby("stage")["rel_residual"].median()
+    assert set(rel.index) == set(CHECKED) and rel[list(FITS)].abs().max() < 0.5, rel
+    miss_s = (held["predicted_s"] - held["measured_s"]).groupby(held["stage"]).median()
+    step = fitted.engine.decode_step_base_s
+    assert miss_s[list(LEGS)].abs().max() <= step, (miss_s, step)
     assert cal.noise["n_steps"] > 100 and len(cal.handshake_s) == 4  # every (prefill, decode) pair warmed
     # every run on these engines records it: its host-stall marks hold prefills against these speeds
     recorded = read_meta(out / "e2e_link_fault" / "Random" / "seed-0")["calibration"]

@@ -193,8 +193,10 @@ def test_the_shipped_priors_are_positive_scale_with_the_runs_size_and_differ_by_
         shipped_prior("failure_rate", "meteor")
 
 
-def test_a_prediction_interval_is_the_samples_range_with_its_coverage():
+def test_a_prediction_interval_is_the_narrowest_order_statistics_at_the_rules_level():
     lo, hi, cov = prediction_interval([0.3, 0.1, 0.2, math.nan, 0.25])
-    assert (lo, hi) == (0.1, 0.3) and cov == pytest.approx(3 / 5)
+    assert (lo, hi) == (0.1, 0.3) and cov == pytest.approx(3 / 5)  # too few for 90%: [min, max], said
+    assert prediction_interval(range(21)) == (0, 20, pytest.approx(20 / 22))  # [min, max]: 91% >= 90%
+    assert prediction_interval(range(40)) == (1, 38, pytest.approx(37 / 41))  # one in from each end: 90.2%
     with pytest.raises(ValueError, match="at least 2 samples"):
         prediction_interval([0.1])

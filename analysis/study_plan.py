@@ -1,0 +1,83 @@
+"""A carry-over study sized before it runs: per claim, the seeds its equivalence test needs for 80%
+power, and what the study's design then costs in runs and wall time on the testbed
+(`testbed study SPEC --plan`; docs/study.md "Sizing a study before it runs").
+
+Per claim, fixed before any run and computed from the spec alone:
+
+* its kind of fault and run size: the widest kind (core.priors.widest) among the points it reads and
+  the fewest requests their runs hold (core.sizes.expected_requests);
+* the planning standard deviation of its seed-paired difference: the shipped prior of its metric
+  there (core/defaults/priors.yaml) times sqrt(the cells of its effect), which the rule also pools
+  with (a fixed planning value, not a plug-in from a few seeds);
+* the planning difference: 0, the worlds agreeing exactly; at 0 both one-sided tests bind, which is
+  why the one-sided shortcut t(1 - alpha) + t(1 - beta) undersizes the study (analysis.verdict.tost_power);
+* the seeds that give 80% power (analysis.verdict.seeds_for_power) and the power at the spec's own
+  seed count.
+
+The study needs the most any claim needs, since every claim reads the same seeds: its runs are the
+distinct runs of one seed (cells that cannot differ share a run, core.study.distinct_runs) times
+the seeds, plus the repeated seeds' runs; its wall time each run's (core.sizes footprint: the
+arrivals' span and the deadline) plus the engines' start (core.sizes.ENGINE_START_S).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from rich.table import Table
+
+from analysis.verdict import NO_PRIOR, POWER, seeds_for_power, shipped_prior, tost_power
+from core.priors import fault_kind, widest
+from core.sizes import ENGINE_START_S, expected_requests, footprint
+from core.study import ClaimSides, claim_cells, claim_points
+
+PLAN_COLUMNS = ("claim", "metric", "kind", "cells", "requests", "margin", "planning_sd", "prior_df",
+                "power_at_spec_seeds", "seeds_needed")
+
+
+def plan_table(sides: Sequence[ClaimSides], point_specs: dict[str, Any], spec_seeds: int) -> pd.DataFrame:
+    """One row per claim (:data:`PLAN_COLUMNS`; module docstring): ``point_specs`` maps each point to its
+    resolved spec, ``spec_seeds`` is the seeds the spec runs."""
+    rows = []
+    for s in sides:
+        specs = [point_specs[p] for p in claim_points(s) if p in point_specs]
+        kind = widest(fault_kind(sp.faults) for sp in specs)
+        sizes = [n for n in (expected_requests(sp) for sp in specs) if n is not None]
+        requests = min(sizes) if sizes else math.nan
+        cells = claim_cells(s)
+        prior = shipped_prior(s.metric, kind, requests)
+        effect = prior.times(cells) if prior.known else NO_PRIOR
+        sd = effect.sigma if effect.known else math.nan
+        need = seeds_for_power(sd, -s.margin, s.margin, 0.0, effect) if effect.known else None
+        power = tost_power(spec_seeds, sd, -s.margin, s.margin, 0.0, effect) if effect.known else math.nan
+        rows.append({"claim": s.name, "metric": s.metric, "kind": kind, "cells": cells, "requests": requests,
+                     "margin": s.margin, "planning_sd": sd, "prior_df": effect.df, "power_at_spec_seeds": power,
+                     "seeds_needed": math.nan if need is None else need})
+    return pd.DataFrame(rows, columns=list(PLAN_COLUMNS))
+
+
+def study_cost(runs_per_seed: int, repeat_seeds: int, seeds: int, run_spec: Any) -> tuple[int, float]:
+    """(runs, wall seconds) of a testbed study of ``seeds`` seeds: each seed's distinct runs, the
+    repeated seeds' runs again, each run's wall time (core.sizes footprint) and the engines' start."""
+    runs = runs_per_seed * (seeds + repeat_seeds)
+    per_run = footprint(run_spec, "testbed").seconds or math.nan
+    return runs, runs * per_run + ENGINE_START_S
+
+
+def _num(x: float, fmt: str) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def plan_console_table(plan: pd.DataFrame, spec_seeds: int) -> Table:
+    t = Table(title=f"plan: seeds each claim needs for {100 * POWER:.0f}% power where the worlds agree exactly "
+                    "(planning difference 0, the shipped prior as planning sd)")
+    for c in ("claim", "metric", "kind", "planning sd", "margin", f"power at {spec_seeds} seeds", "seeds needed"):
+        t.add_column(c, justify="left" if c in ("claim", "metric", "kind") else "right")
+    for r in plan.itertuples():
+        t.add_row(r.claim, r.metric, r.kind, _num(r.planning_sd, ".3g"), _num(r.margin, "g"),
+                  _num(r.power_at_spec_seeds, ".2f"),
+                  "> 100" if math.isnan(r.seeds_needed) else f"{r.seeds_needed:.0f}")
+    return t

@@ -1,0 +1,74 @@
+"""`testbed study SPEC --plan` (analysis/study_plan.py): each claim's seeds for 80% power from the spec
+alone, worked out here from the shipped priors and the exact power, and the design's runs and time."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from analysis.study_plan import plan_table, study_cost
+from analysis.verdict import seeds_for_power, shipped_prior, tost_power
+from cli.main import main
+from core.sizes import ENGINE_START_S, footprint
+from core.spec import load_spec
+from core.study import claim_sides, distinct_runs, expand_study
+
+pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
+
+CARRYOVER = Path(__file__).resolve().parents[1] / "experiments" / "carryover.yaml"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    spec = load_spec(CARRYOVER)
+    cells = expand_study(spec, str(CARRYOVER))
+    return spec, cells, claim_sides(spec, cells, str(CARRYOVER))
+
+
+def test_each_claim_is_sized_by_the_exact_power_of_its_equivalence_test_at_its_prior(shipped):
+    spec, cells, sides = shipped
+    plan = plan_table(sides, {c.point: c.spec for c in cells}, 6).set_index("claim")
+    assert list(plan.index) == [s.name for s in sides]
+    # a failure-rate claim of two cells on the degraded link, 40 requests a run
+    row = plan.loc["price-cuts-failures"]
+    prior = shipped_prior("failure_rate", "link", 40).times(2)
+    assert (row["kind"], row["cells"], row["requests"]) == ("link", 2, 40)
+    assert row["planning_sd"] == pytest.approx(prior.sigma) and row["prior_df"] == prior.df
+    assert row["seeds_needed"] == seeds_for_power(prior.sigma, -0.03, 0.03, 0.0, prior)
+    assert row["power_at_spec_seeds"] == pytest.approx(tost_power(6, prior.sigma, -0.03, 0.03, 0.0, prior))
+    # the link-down claim takes the link down's wider prior; the compute claims theirs
+    assert plan.loc["price-cuts-failures-when-down", "kind"] == "link_down"
+    assert plan.loc["price-cuts-failures-when-down", "seeds_needed"] > row["seeds_needed"]
+    assert plan.loc["least-load-handles-compute", "kind"] == "compute"
+    # a difference of two claims is four cells: twice the variance of two
+    assert plan.loc["late-labels-widen-the-price-gain", "cells"] == 4
+    assert plan.loc["late-labels-widen-the-price-gain", "planning_sd"] == pytest.approx(prior.sigma * math.sqrt(2))
+
+
+def test_the_designs_cost_is_its_runs_times_a_runs_wall_time_and_the_engines_start(shipped):
+    spec, cells, _ = shipped
+    per_seed = len(distinct_runs(cells, cells)) // 6
+    runs, wall = study_cost(per_seed, 1, 5, cells[0].spec)
+    assert runs == per_seed * 6
+    assert wall == pytest.approx(runs * footprint(cells[0].spec, "testbed").seconds + ENGINE_START_S)
+
+
+def test_the_plan_command_prints_the_plan_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["study", str(CARRYOVER), "--plan"]) == 0
+    said = capsys.readouterr()
+    out = " ".join((said.out + said.err).split())
+    assert "plan: seeds each claim needs for 80% power" in out and "price-cuts-failures-when-down" in out
+    assert "as the spec stands (6 seeds, 1 repeated): 133 testbed runs" in out
+    assert "at 80% power:" in out and not (tmp_path / "runs").exists()
+
+
+def test_a_study_without_claims_cannot_be_planned_and_says_so_in_one_line(tmp_path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("extends: testbed.yaml\nname: s\nstudy:\n  seeds: [0]\n  sweeps:\n"
+                    "    - name: a\n      axes: {severity: [0.01]}\n")
+    assert main(["study", str(spec), "--plan"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--plan sizes a study's claims, and its study has none" in err[0]
