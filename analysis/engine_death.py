@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,7 +42,7 @@ from core.priors import ENGINE
 from core.fits import fit
 from core.metrics_spec import FidelityTolerances
 from core.stages import FAILURE_STAGES
-from vocab import DECODE, PREFILL, ROLE_DECODE, ROLE_PREFILL
+from vocab import DECODE, KV_TRANSFER, PREFILL, ROLE_DECODE, ROLE_PREFILL
 
 ROWS: tuple[str, ...] = (M.ENGINE_DOWN_S, M.ENGINE_UP_S, M.FAILURE_RATE, *(fail_share(s) for s in FAILURE_STAGES))
 FILE = "fidelity_engines.csv"
@@ -170,6 +171,58 @@ def notice_table(run_dirs: Iterable[Path | str]) -> pd.DataFrame | None:
             rows.append({"run_dir": str(d), "notice_s": x, "fitted_median_s": f.value, "low": low, "high": high,
                          "coverage": coverage, "rule": RULE_VERSION,
                          "verdict": UNDECIDED if coverage < CONFIDENCE else PASS if low <= x <= high else FAIL})
+    return pd.DataFrame(rows) if rows else None
+
+
+# --------------------------------------------------------------------------- the fitted heal disconnect, judged
+
+HEAL = "kv_heal_disconnect_s"  # the fit's name in core/defaults/fits.yaml
+HEAL_FILE = "heal_disconnect.csv"
+
+
+def heal_brackets(run: RunData) -> list[dict[str, Any]]:
+    """Per link down that healed in one run (a link fault applied at severity 0 and cleared): the KV
+    pulls across the pod's link (its prefill or decode pod the fault's) started after the heal, those
+    that failed (``error`` in kv_transfer) and those that ended ok. The simulator's model
+    (``engine.kv_heal_disconnect_s`` = d) fails every pull started within d of the heal and lets
+    every later one through, so the run brackets d: after the last failed start, up to the first ok
+    start (times from the heal)."""
+    faults, req = run.faults, run.requests
+    if faults.empty or req.empty or "kv_start_s" not in req.columns:
+        return []
+    out = []
+    downs = faults[(faults["kind"] == "link") & (faults["event"] == "apply") & (faults["severity"] == 0)]
+    for f in downs.itertuples():
+        clears = faults[(faults["fault_id"] == f.fault_id) & (faults["event"] == "clear")]
+        if clears.empty:
+            continue
+        heal = float(clears["time_s"].min())
+        across = req[((req["prefill_pod"] == f.pod) | (req["decode_pod"] == f.pod)) & (req["kv_start_s"] >= heal)]
+        failed = across[(across["outcome"] == "error") & (across["failed_stage"] == KV_TRANSFER)]
+        ok = across[across["outcome"] == "ok"]
+        out.append({"pod": int(f.pod), "heal_s": heal, "failed_starts_s": (failed["kv_start_s"] - heal).tolist(),
+                    "ok_starts_s": (ok["kv_start_s"] - heal).tolist()})
+    return out
+
+
+def heal_table(run_dirs: Iterable[Path | str]) -> pd.DataFrame | None:
+    """Each healed link down of the given testbed runs against the fitted disconnect d
+    (core/defaults/fits.yaml ``kv_heal_disconnect_s``, fitted on the runs it names, none of these):
+    run_dir, pod, heal_s, the bracket the run gives (low: the last failed start after the
+    heal, 0 without; high: the first ok start, inf without), the pulls the model with d would end
+    otherwise (``mispredicted``), and the verdict: pass where none is, fail where one is, undecided
+    where no pull started after the heal. None where the runs hold no healed link down."""
+    d = fit(HEAL).value
+    rows = []
+    for run_dir in run_dirs:
+        for b in heal_brackets(load_run(run_dir)):
+            failed, ok = b["failed_starts_s"], b["ok_starts_s"]
+            wrong = sum(x > d for x in failed) + sum(x < d for x in ok)
+            verdict = UNDECIDED if not (failed or ok) else FAIL if wrong else PASS
+            rows.append({"run_dir": str(run_dir), "pod": b["pod"], "heal_s": b["heal_s"],
+                         "low_s": max(failed, default=0.0), "high_s": min(ok, default=math.inf), "fitted_s": d,
+                         "pulls": len(failed) + len(ok), "mispredicted": wrong, "verdict": verdict,
+                         "rule": RULE_VERSION})
     return pd.DataFrame(rows) if rows else None
 
 

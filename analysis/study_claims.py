@@ -36,7 +36,8 @@ from analysis.plots import _save, _slug
 from analysis.study import STUDY_FILE, StudyError, load_study
 from analysis.verdict import (CARRIES, CONFIDENCE, DOES_NOT, FINDING, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior,
                               Spread, interval, repeat_verdict, shipped_prior, with_repeat, wrong_to_expect)
-from core.priors import NONE, fault_kind, widest
+from analysis.engine_death import HEAL_FILE, heal_table
+from core.priors import LINK_DOWN, NONE, fault_kind, widest
 from core.records import read_meta
 from core.sizes import workload_requests
 from core.spec import SpecError
@@ -164,6 +165,14 @@ def testbed_spreads(testbed: pd.DataFrame, repeat: pd.DataFrame | None, metrics:
         if metric in m.columns and f"{metric}_rep" in m.columns:
             out[metric] = Spread.of((m[metric].astype(float) - m[f"{metric}_rep"].astype(float)).to_numpy())
     return out
+
+
+def _run_dirs(cells: pd.DataFrame | None, conditions: Conditions, kind: str) -> list[str]:
+    """The distinct run directories of a world's cells whose point is of ``kind``."""
+    if cells is None or cells.empty or "run_dir" not in cells.columns:
+        return []
+    mine = cells[cells["point"].map(lambda p: conditions.get(p, (NONE, math.nan))[0] == kind)]
+    return list(dict.fromkeys(mine["run_dir"].astype(str)))
 
 
 def leave_one_pair_out(table: pd.DataFrame, frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides],
@@ -316,8 +325,9 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
                   out_dir: Path, console: Console | None = None, fixed: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Write claims.csv (one row per claim: its rule, both worlds' intervals, the paired difference,
     the verdict and its reason), claim_effects.csv (the values behind it), claim_spreads.csv (the
-    testbed's spread per metric), reaction_cost.csv, claims_leave_one_out.csv (:func:`leave_one_pair_out`)
-    and one figure per claim into ``out_dir``; print
+    testbed's spread per metric), reaction_cost.csv, claims_leave_one_out.csv (:func:`leave_one_pair_out`),
+    heal_disconnect.csv (the fitted heal disconnect judged on the link-down runs:
+    analysis.engine_death.heal_table) and one figure per claim into ``out_dir``; print
     the table. ``fixed``: the claims record the runs began with (study.json), compared with the claims
     judged now. Returns the claims table."""
     unknown = sorted(set(frames) - set(WORLDS))
@@ -340,12 +350,20 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
     rc.to_csv(out / "reaction_cost.csv", index=False)
     loo = leave_one_pair_out(table, frames, sides, conditions)
     loo.to_csv(out / "claims_leave_one_out.csv", index=False)
+    heal = heal_table([rd for w in ("testbed", "repeat") for rd in _run_dirs(frames.get(w), conditions, LINK_DOWN)])
+    if heal is not None:
+        heal.to_csv(out / HEAL_FILE, index=False)
     rules = claim_rules(sides, conditions)
     figures = [claim_figure(r, effects, effect_prior(rules[r["claim"]]),
                             out / f"claim_{_slug(r['claim'])}.png") for _, r in table.iterrows()]
     console.print(claims_console_table(table))
     counts = table["verdict"].value_counts().to_dict()
     console.print(wrong_to_expect(int((table["verdict"] != UNDECIDED_CLAIM).sum()), "claims"))
+    if heal is not None:
+        n = heal["verdict"].value_counts().to_dict()
+        console.print(f"the fitted heal disconnect ({heal['fitted_s'].iloc[0]:g} s, core/defaults/fits.yaml) on the "
+                      f"{len(heal)} link down(s) of these runs: " + ", ".join(f"{k} {v}" for k, v in n.items())
+                      + f" ({HEAL_FILE})")
     if len(loo):
         console.print(f"each of the {len(loo)} repeated pairs left out in turn: verdicts move with "
                       f"{int((loo['moved'] > 0).sum())} of them (at most {int(loo['moved'].max())} claims; "

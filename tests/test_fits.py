@@ -141,3 +141,40 @@ def load_run(d: Path):
     from analysis.run_data import load_run as load
 
     return load(d)
+
+
+def _heal_run(d: Path, failed_after: list[float], ok_after: list[float]) -> Path:
+    """A testbed run: pod 0's link down from 10 s, healed at 30 s; pulls across it (prefill on pod 0)
+    that started ``failed_after`` seconds after the heal failed in kv_transfer, ``ok_after`` ones
+    ended ok; a pull between pods 1 and 2 after the heal failed (not across the healed link)."""
+    w = RunWriter(d, {"world": "testbed", "scenario": "down", "policy": "LC", "seed": 0, "spec": {}}, flush_s=1e9)
+    rid = 0
+    for after, ok in [*((a, False) for a in failed_after), *((a, True) for a in ok_after)]:
+        start = 30.0 + after
+        w.write(RequestRecord(rid, start - 1, 500, 16, 0, 6, 0, 3, routed_s=start - 1, kv_start_s=start,
+                              kv_end_s=start + 0.1 if ok else None, first_token_s=start + 0.2 if ok else None,
+                              end_s=start + 1 if ok else None, outcome="ok" if ok else "error",
+                              failed_stage=None if ok else "kv_transfer"))
+        rid += 1
+    w.write(RequestRecord(rid, 35.0, 500, 16, 2, 4, 1, 2, routed_s=35.0, kv_start_s=36.0, outcome="error",
+                          failed_stage="kv_transfer"))
+    w.write(FaultEvent(10.0, 0, "apply", "link", 0, "pod0:eth0", 0.0, 0.0))
+    w.write(FaultEvent(30.0, 0, "clear", "link", 0, "pod0:eth0", 1.0, 1.0))
+    w.close()
+    return d
+
+
+def test_the_heal_disconnect_fit_is_judged_on_link_down_runs_it_was_not_fitted_on(tmp_path):
+    from analysis.engine_death import heal_brackets, heal_table
+
+    d = fit("kv_heal_disconnect_s").value  # 2.77 s
+    agrees = _heal_run(tmp_path / "agrees", [0.5, 2.0], [3.0, 5.0])  # fails up to 2 s, works from 3 s
+    early = _heal_run(tmp_path / "early", [0.5], [1.0, 4.0])  # a pull at 1 s worked: the model fails it
+    (b,) = heal_brackets(load_run(agrees))
+    assert b["heal_s"] == 30.0 and b["failed_starts_s"] == [0.5, 2.0] and b["ok_starts_s"] == [3.0, 5.0]
+    t = heal_table([agrees, early]).set_index("run_dir")
+    assert t.loc[str(agrees), ["low_s", "high_s", "mispredicted", "verdict"]].tolist() == [2.0, 3.0, 0, "pass"]
+    assert t.loc[str(early), ["mispredicted", "verdict"]].tolist() == [1, "fail"] and d > 1.0
+    quiet = _heal_run(tmp_path / "quiet", [], [])
+    assert heal_table([quiet])["verdict"].tolist() == ["undecided"]  # no pull after the heal
+    assert heal_table([_death_run(tmp_path / "death", 0.1)]) is None  # no link down
