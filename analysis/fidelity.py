@@ -44,7 +44,7 @@ The prior of a check: core/defaults/priors.yaml's for its metric under the testb
 fault and run size (core/priors.py), fixed before the runs. Given a second set of testbed runs
 (``--repeat``), the testbed is judged against itself: every check's deviation with the repeat in the
 simulator's place, pooled over its policies and seeds, inside the check's tolerance; a check whose
-testbed does not repeat itself cannot pass (``repeat`` in fidelity.csv); the repeat's spread
+testbed does not repeat itself cannot pass (``repeat_verdict`` in fidelity.csv); the repeat's spread
 (analysis.verdict.Spread) is written as a description (fidelity_spread.csv). The paired report (analysis/paired.py): per request, outcome
 confusion, per-stage latency errors, where the E2E gap comes from inside and outside the fault window,
 MAPE. Comparisons allow 1e-12 of float rounding.

@@ -164,7 +164,7 @@ def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTol
     neither, or the interval decides nothing: ``why``), and the seeds that give the test 80% power
     where the worlds agree (planning deviation 0, the pooled standard deviation). ``repeats``
     (:func:`repeat_checks`) judge the testbed against its repeat: a check whose testbed does not repeat
-    itself within its bounds cannot pass (``repeat``: pass, fail, undecided, or "not run"). ``agreement`` maps a policy to its pooled (outcome agreement, matched requests)
+    itself within its bounds cannot pass (``repeat_verdict``: pass, fail, undecided, or "not run"). ``agreement`` maps a policy to its pooled (outcome agreement, matched requests)
     (:meth:`analysis.paired.PairedReport.agreement_of`): its row holds the agreement as <other>, the
     matched requests as both n, and diff = 1 - agreement. ``common`` (the simulator's spread over
     calibrations, :func:`calibration_spreads`) widens each interval by a spread every seed shares
@@ -199,7 +199,7 @@ def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTol
                          "prior_sigma": prior.sigma, "prior_df": prior.df,
                          "cal_sigma": shared.sigma, "cal_df": shared.pairs, "sim_cal_low": low, "sim_cal_high": high,
                          "tolerance": limit, "tolerance_kind": kind, "verdict": verdict, "why": why,
-                         "repeat": "not run" if rep is None else rep[0],
+                         "repeat_verdict": "not run" if rep is None else rep[0],
                          "seeds_needed": NAN if needed is None else needed, "rule": RULE_VERSION})
     return pd.DataFrame(rows)
 
@@ -214,7 +214,7 @@ def repeat_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequen
     tb = tb[pd.MultiIndex.from_frame(tb[["policy", "seed"]]).isin(held)]
     table = fidelity_table(pd.concat([tb, repeat_runs], ignore_index=True), policies, tol, agreement, REPEAT,
                            agreement_by_seed)
-    return table.drop(columns=["tolerance", "verdict", "why", "repeat", "dev_low", "dev_high", "prior_sigma",
+    return table.drop(columns=["tolerance", "verdict", "why", "repeat_verdict", "dev_low", "dev_high", "prior_sigma",
                                "prior_df", "cal_sigma", "cal_df", "sim_cal_low", "sim_cal_high", "seeds_needed",
                                "rule"])
 

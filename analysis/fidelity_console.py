@@ -424,7 +424,7 @@ def write_fidelity(fid: Fidelity, out_dir: Path) -> list[Path]:
     if fid.own_spreads:  # the testbed's spread from this comparison's repeat, a description of the instrument
         frames["fidelity_spread.csv"] = pd.DataFrame(
             [{"metric": m, "sigma": v.sigma, "pairs": v.pairs, "prior_sigma": (fid.priors or {}).get(m, NO_PRIOR).sigma,
-              "repeat": (fid.repeats or {}).get(m, ("not run",))[0]}
+              "repeat_verdict": (fid.repeats or {}).get(m, ("not run",))[0]}
              for m, v in fid.own_spreads.items()])
     paths = []
     for name, df in frames.items():

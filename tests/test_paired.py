@@ -239,7 +239,7 @@ def test_one_seed_with_a_repeat_decides_nothing_and_the_repeat_is_judged_and_des
     assert (lc["dev_low"], lc["dev_high"]) == pytest.approx((-0.05 - half, -0.05 + half))
     assert set(f.table["verdict"]) == {"undecided"} and ONE_SEED in set(f.table["why"]) <= {ONE_SEED, "no value"}
     # the repeat judged: LC -0.1 and OTF-R 0 over two pairs straddle +-0.03, so no check could pass
-    assert f.repeats["failure_rate"][0] == "undecided" and lc["repeat"] == "undecided"
+    assert f.repeats["failure_rate"][0] == "undecided" and lc["repeat_verdict"] == "undecided"
     # outcomes: LC's sim ends request 4 differently (1 of 20), its repeat 4 and 5 (2 of 20)
     agree = t.loc[("LC", "outcome_agreement")]
     assert (agree["sim"], agree["diff"], agree["repeatability"]) == pytest.approx((19 / 20, 1 / 20, 2 / 20))
@@ -247,7 +247,7 @@ def test_one_seed_with_a_repeat_decides_nothing_and_the_repeat_is_judged_and_des
     assert r.loc[("LC", "outcome_agreement"), "repeat"] == pytest.approx(18 / 20)
     assert r.loc[("LC", "failure_rate"), "deviation"] == pytest.approx(-0.1)
     spread = pd.read_csv(tmp_path / "out" / "fidelity_spread.csv").set_index("metric")
-    assert spread.loc["failure_rate", "repeat"] == "undecided"
+    assert spread.loc["failure_rate", "repeat_verdict"] == "undecided"
     confusion = pd.read_csv(tmp_path / "out" / "fidelity_confusion.csv")
     assert set(confusion["versus"]) == {"sim", "repeat"}
 
@@ -255,7 +255,7 @@ def test_one_seed_with_a_repeat_decides_nothing_and_the_repeat_is_judged_and_des
 def test_without_a_repeat_one_seed_is_undecided(worlds, tmp_path):
     sim, tb, _ = worlds
     f = compare([sim], [tb], tmp_path / "out", console=quiet())
-    assert set(f.table["verdict"]) == {"undecided"} and f.repeat is None and set(f.table["repeat"]) == {"not run"}
+    assert set(f.table["verdict"]) == {"undecided"} and f.repeat is None and set(f.table["repeat_verdict"]) == {"not run"}
     assert "core/defaults/priors.yaml for a link fault, 20 requests a run" == f.prior_source
     assert not (tmp_path / "out" / "fidelity_repeatability.csv").exists()
     for name in ("fidelity_paired.csv", "fidelity_confusion.csv", "fidelity_stages.csv", "fidelity_mape.csv"):
