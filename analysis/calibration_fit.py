@@ -137,6 +137,18 @@ def fit_run_conditions(run_dirs: Sequence[Path | str], isolated: Calibration) ->
                                        "conditions": "run" if fits else isolated.conditions})
 
 
+def fit_under_run(isolated: Path, load_dir: Path, out: Path, console: Console) -> Path:
+    """The calibration under the run's conditions: ``isolated``'s fits with each stage's level and the
+    control path's legs fitted on the runs in ``load_dir`` (:func:`fit_run_conditions`), written to
+    ``out`` and shown on ``console``."""
+    from core.calibration import load_calibration, save_calibration
+
+    cal = fit_run_conditions([load_dir], load_calibration(isolated))
+    save_calibration(cal, out)
+    print_levels(cal, console)
+    return out
+
+
 def print_levels(cal: Calibration, console: Console) -> None:
     """What the fit changed: per stage and leg, the isolated value, the one fitted under the run,
     the quiet samples and the median residual on them before and after."""

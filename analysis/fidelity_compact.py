@@ -189,6 +189,15 @@ def command_lines(argv: Sequence[str], width: int) -> list[str]:
     return [*lines, line] if line else lines
 
 
+def repeat_line(fid: Fidelity) -> str:
+    """The testbed judged against its repeat, in one line: which checks it repeated within their
+    tolerance, and which cannot pass because it did not."""
+    bad = [m for m, (v, _) in (fid.repeats or {}).items() if v != "pass"]
+    return "the testbed against its repeat: " + (
+        "every check within its tolerance" if not bad else
+        f"not shown within the tolerance in {', '.join(bad)}: those checks cannot pass")
+
+
 def print_compact(fid: Fidelity, console: Console, full_command: Sequence[str] | None = None) -> None:
     """The verdict in at most COMPACT_WIDTH columns (fewer on a narrower console): the table, the rank's
     lines, the notes on missing policies and unfinished runs, the priors the intervals pool with, the verdict,
@@ -212,6 +221,8 @@ def print_compact(fid: Fidelity, console: Console, full_command: Sequence[str] |
     cals = (f"; widened by the simulator's spread over {fid.calibrations} calibrations" if fid.calibrations > 1
             else "")
     say(f"priors: {escape(fid.prior_source)}{cals}")
+    if fid.repeats:
+        say(repeat_line(fid))
     (head, _), *rest = verdict_lines(fid)
     say(head)
     for head, items in rest:

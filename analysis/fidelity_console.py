@@ -21,7 +21,7 @@ from analysis.calibration_check import print_calibration_check, write_calibratio
 from analysis.engine_death import print_engine_table, write_engine_table
 from analysis.fidelity import Fidelity, measure
 from analysis.fidelity_compact import (format_order, is_nan as _nan, mark as _mark, num as _num, print_compact,
-                                       rank_lines)
+                                       rank_lines, repeat_line)
 from analysis.fidelity_plots import plot_latency_overlay, plot_price_overlay, plot_success_overlay
 from analysis.host_demand import print_host_demand, write_host_demand
 from analysis.host_window import print_host_window, write_host_window
@@ -375,9 +375,7 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
         or "nothing could be checked")
     console.print(f"priors (pooled with every interval's seeds): {escape(fid.prior_source)}")
     if fid.repeats:
-        bad = [m for m, (v, _) in fid.repeats.items() if v != "pass"]
-        console.print("the testbed against its repeat: " + ("every check repeats within its tolerance" if not bad
-                      else f"does not repeat within the tolerance in {', '.join(bad)}: those checks cannot pass"))
+        console.print(repeat_line(fid))
     if fid.calibrations > 1:
         console.print(f"the simulator's spread over {fid.calibrations} calibrations widens every interval "
                       "(analysis/verdict.py, common spread; cal_sigma in fidelity.csv)")

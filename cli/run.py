@@ -9,8 +9,12 @@ from pathlib import Path
 from cli.common import check_sizes, console, out_console, selection
 from cli.sim import simulate
 
-LOAD_DIR = "calibration-load"  # the calibration load's runs
 
+def fit_under_run(isolated: Path, load_dir: Path, out: Path) -> Path:
+    """analysis.calibration_fit.fit_under_run, shown on the command's console."""
+    from analysis.calibration_fit import fit_under_run as fit
+
+    return fit(isolated, load_dir, out, out_console())
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.runs.launch import run_testbed
@@ -28,25 +32,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def isolated_of(path: Path) -> Path:
-    """Where the engines-alone calibration goes beside the calibration fitted under the run at ``path``."""
-    return path.with_name(f"{path.stem}-isolated{path.suffix}")
-
-
-def fit_under_run(isolated: Path, load_dir: Path, out: Path) -> Path:
-    """The calibration under the run's conditions (analysis/calibration_fit.py): ``isolated``'s fits
-    with each stage's level and the control path's legs fitted on the runs in ``load_dir``, written
-    to ``out`` and shown."""
-    from analysis.calibration_fit import fit_run_conditions, print_levels
-    from core.calibration import load_calibration, save_calibration
-
-    cal = fit_run_conditions([load_dir], load_calibration(isolated))
-    save_calibration(cal, out)
-    print_levels(cal, out_console())
-    return out
-
-
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from core.calibration import LOAD_DIR, isolated_of
     from testbed.runs.launch import run_testbed
     from core.spec import load_spec
 
@@ -94,7 +81,7 @@ def cmd_twin(args: argparse.Namespace) -> int:
     ``--calibrations``, then the comparison, judged with the simulator's spread over them."""
     from analysis.fidelity_console import compare
     from analysis.report import report
-    from core.calibration import load_calibration
+    from core.calibration import LOAD_DIR, isolated_of, load_calibration
     from core.spec import load_spec
     from testbed.runs.launch import run_testbed
 

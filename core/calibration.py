@@ -58,6 +58,12 @@ OUTLIER_FLOOR_S = 0.1
 # The calibration load's seeds: far from any seed a twin or a study names (0, 1, 2, ...), so the
 # runs a calibration is fitted on are never the runs it is judged on.
 LOAD_SEEDS = (1000, 1001)
+LOAD_DIR = "calibration-load"  # beside a calibration under the run's conditions: the load's runs
+
+
+def isolated_of(path: Path) -> Path:
+    """Where the engines-alone calibration goes beside the calibration fitted under the run at ``path``."""
+    return path.with_name(f"{path.stem}-isolated{path.suffix}")
 # With no fault the policies route by load (the price adds utilisation, which load already orders):
 # LC, the baseline, where the spec has it.
 LOAD_POLICY = "LC"

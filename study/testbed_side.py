@@ -3,7 +3,9 @@ simulator's on the same cells with the testbed's calibration; then the verdict p
 
 The study directory of both worlds (docs/study.md "Carrying a claim to the testbed")::
 
-    STUDY/calibration.json     the testbed's engines and links, measured once (or the file given)
+    STUDY/calibration.json     the testbed's engines and links, measured once and fitted under the run's
+                               conditions on the calibration load (or the file given)
+    STUDY/calibration-isolated.json, STUDY/calibration-load/   the engines alone, and the load's runs
     STUDY/testbed/             a study directory (analysis/study.py): study.json, cells/<point>/<policy>/seed-<n>/
     STUDY/repeat/              the repeated seeds' runs, on the same engines with the same workloads
     STUDY/sim/                 the simulator's cells, calibrated
@@ -102,6 +104,9 @@ def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_roo
     """The testbed's runs of the chosen cells that are not finished (then the repeated seeds'), on one
     set of engines (``keep_engines``: testbed/runs/kept_engines.py); returns the calibration file and
     the plan it ran."""
+    from analysis.calibration_fit import fit_under_run
+    from core.calibration import LOAD_DIR, calibration_load, isolated_of
+    from testbed.runs.jobs import prepare_jobs
     from testbed.runs.launch import launch_jobs
 
     p = plan(cells, chosen, study_root, repeat_seeds, rerun)
@@ -131,13 +136,23 @@ def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_roo
     # The repeat pass runs last, with the same workloads (generated from the point's spec and the seed
     # alone: testbed/runs/jobs.py), so what differs between the passes is the testbed's own doing.
     jobs = jobs_for(p.todo, study_root / TESTBED / "cells") + jobs_for(p.repeat_todo, study_root / REPEAT / "cells")
+    # Measured here, as the twin measures it: the engines alone (the file each run records), then the
+    # calibration load, the scenario's workload without its faults, whose quiet requests the
+    # simulator's levels and legs are fitted on (docs/twin.md "A calibration under the run's
+    # conditions"); the simulator's side then runs under the run's conditions.
+    isolated = isolated_of(cal_path)
+    if measure:
+        load, = prepare_jobs([calibration_load(chosen[0].spec)])
+        jobs.insert(0, replace(load, out_dir=(study_root / LOAD_DIR).resolve()))
     t0 = time.monotonic()
     try:
         launch_jobs(jobs, study_root / TESTBED / "cells", address=address,
-                    calibrate_to=cal_path if measure else None, calibration=None if measure else cal_path,
+                    calibrate_to=isolated if measure else None, calibration=None if measure else cal_path,
                     keep_engines=keep_engines)
     finally:
         done = mark_finished(study_root / TESTBED, p.runs) + mark_finished(study_root / REPEAT, p.repeat)
         console.print(f"testbed: {done} of {len(p.runs) + len(p.repeat)} runs finished "
                       f"({time.monotonic() - t0:.0f} s this call)")
+    if measure:
+        fit_under_run(isolated, study_root / LOAD_DIR, cal_path, console)
     return cal_path, p

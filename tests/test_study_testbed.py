@@ -14,6 +14,7 @@ from rich.console import Console
 import study.testbed_side as st
 from analysis.study import cell_finished, load_study
 from builders import shipped_spec_dict
+from core.calibration import load_calibration
 from core.records import read_meta
 from core.spec import parse_spec
 from core.study import expand_study
@@ -45,6 +46,11 @@ class FakeLaunch:
 
     def __call__(self, jobs, out, **kw):
         self.calls.append({"jobs": jobs, "out": out, **kw})
+        if kw.get("calibrate_to") is not None:  # the engines alone, as the driver measures them first
+            from core.calibration import save_calibration
+            from test_calibration import _calibration
+
+            save_calibration(_calibration(), kw["calibrate_to"])
         n = 0
         for job in jobs:
             for policy in job.policies:
@@ -73,8 +79,13 @@ def test_each_distinct_run_is_one_job_run_on_one_set_of_engines_then_the_repeate
     # 8 cells, LC's telemetry-none cells share its severe runs: 6 runs; seed 0's 3 again
     assert (len(cells), len(plan.runs), len(plan.todo), len(plan.repeat)) == (8, 6, 6, 3)
     [call] = launch.calls
-    assert call["calibrate_to"] == cal == tmp_path / "calibration.json" and call["calibration"] is None
-    jobs = call["jobs"]
+    # the engines alone measured first, then the calibration load (the scenario without its faults)
+    # whose runs the calibration under the run's conditions is fitted on: the simulator's side uses it
+    assert call["calibrate_to"] == tmp_path / "calibration-isolated.json" and call["calibration"] is None
+    load, *jobs = call["jobs"]
+    assert load.out_dir == (tmp_path / "calibration-load").resolve() and load.seeds == [1000, 1001]
+    assert not load.spec.faults
+    assert cal == tmp_path / "calibration.json" and load_calibration(cal).source["conditions"]["kind"] == "run"
     assert [(j.spec.name, j.policies, j.seeds) for j in jobs] == [
         ("severe__severity-0.01", ["LC"], [0, 1]), ("severe__severity-0.01", ["OTF-R"], [0, 1]),
         ("telemetry__telemetry-none", ["OTF-R"], [0, 1]),
