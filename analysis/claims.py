@@ -22,8 +22,9 @@ Per claim (:func:`claim_row`):
 * where the testbed repeated seeds, whether it repeats itself within the margin
   (:func:`analysis.verdict.repeat_verdict` of the repeated cells of the claim's metric and kind of
   fault): a claim whose testbed does not cannot carry over, and says so;
-* the seeds that give the equivalence test 80% power where the worlds agree (a planning difference
-  of 0), the pooled standard deviation as the planning one (:func:`analysis.verdict.seeds_for_power`);
+* the seeds at which the equivalence test would decide, either way, with 80% probability, were the
+  paired difference's mean and pooled standard deviation (prior and seeds, not the seeds' alone) as
+  measured (:func:`analysis.verdict.seeds_for_power`; a mean on a bound never decides: NaN);
 * for a ratio claim, mean(a) / mean(b) per world with its Fieller interval (:func:`fieller`): NaN
   where mean(b) is 0 (the baseline never fails), unbounded (NaN bounds) where b's interval holds 0.
   The verdict judges the difference, which is defined either way.
@@ -148,7 +149,8 @@ def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | N
         verdict = UNDECIDED_CLAIM
         reason = (f"the testbed does not repeat itself within ±{rule.margin:g} (its repeat: {rep_verdict}, "
                   f"{rep.why_not or f'[{rep.low:.3g}, {rep.high:.3g}]'}); " + reason)
-    needed = seeds_for_power(p.sd, -rule.margin, rule.margin, 0.0, prior) if p.n and not math.isnan(p.sd) else None
+    needed = seeds_for_power(p.sd, -rule.margin, rule.margin, p.mean, prior, either=True) \
+        if p.n and not math.isnan(p.sd) else None
     ratios: dict[str, float] = {}
     for key, w in (("sim", sim), ("tb", tb)):
         r = fieller(w["a"].to_numpy(), w["b"].to_numpy(), rule.prior) if rule.measure == "ratio" else (math.nan,) * 3

@@ -88,8 +88,8 @@ def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies:
     """One row per policy and quantity of :data:`ROWS` (module docstring): sim, testbed and repeat
     means, diff = testbed - sim, repeatability = testbed - repeat over the repeated seeds, the
     deviation's interval (dev_low, dev_high, n_seeds), its prior (prior_sigma, prior_df), the margin,
-    the verdict, why it decides nothing where it does not, the repeat's verdict and the seeds that give
-    the test 80% power. None where no run has an engine killed by a fault (engine_down_s NaN in every
+    the verdict, why it decides nothing where it does not, the repeat's verdict and the seeds at which
+    it would decide with 80% probability. None where no run has an engine killed by a fault (engine_down_s NaN in every
     run)."""
     if M.ENGINE_DOWN_S not in runs.columns or runs[M.ENGINE_DOWN_S].isna().all():
         return None
@@ -116,7 +116,7 @@ def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies:
                 repeated = repeat_verdict(d.to_numpy(), margin[metric], prior.times(2) if prior.known else prior)[0]
                 if verdict == PASS and repeated != PASS:
                     verdict, why = UNDECIDED, "the testbed does not repeat itself within the margin"
-            needed = seeds_for_power(iv.sd, -margin[metric], margin[metric], 0.0, prior) \
+            needed = seeds_for_power(iv.sd, -margin[metric], margin[metric], iv.mean, prior, either=True) \
                 if iv.n and not math.isnan(iv.sd) else None
             rows.append({"policy": policy, "metric": metric, "sim": _mean(sim), "testbed": _mean(tb),
                          "repeat": _mean(rep), "diff": _mean(tb) - _mean(sim),

@@ -161,8 +161,8 @@ def fidelity_table(runs: pd.DataFrame, policies: Sequence[str], tol: FidelityTol
     :func:`deviations`' mean (``deviation``), its interval with the seeds' variance pooled with
     ``priors[metric]`` (dev_low, dev_high, n_seeds, prior_sigma, prior_df), the tolerance and its kind,
     the ``verdict`` (pass: the interval inside :func:`bounds`; fail: wholly outside; undecided:
-    neither, or the interval decides nothing: ``why``), and the seeds that give the test 80% power
-    where the worlds agree (planning deviation 0, the pooled standard deviation). ``repeats``
+    neither, or the interval decides nothing: ``why``), and the seeds at which the check would decide,
+    either way, with 80% probability, were its mean and pooled standard deviation as measured. ``repeats``
     (:func:`repeat_checks`) judge the testbed against its repeat: a check whose testbed does not repeat
     itself within its bounds cannot pass (``repeat_verdict``: pass, fail, undecided, or "not run"). ``agreement`` maps a policy to its pooled (outcome agreement, matched requests)
     (:meth:`analysis.paired.PairedReport.agreement_of`): its row holds the agreement as <other>, the
@@ -220,11 +220,11 @@ def repeat_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequen
 
 
 def _seeds_needed(iv: Interval, lo: float, hi: float, prior: Prior, common: Spread) -> int | None:
-    """The seeds that give the check 80% power where the deviation is truly 0 (or, for a one-sided
-    bound, at its midpoint's side: 0 too), the pooled standard deviation as the planning one."""
+    """The seeds at which the check would decide, either way, with 80% probability, were its mean and
+    pooled standard deviation as measured (None: not within 100, or nothing measured)."""
     if not iv.n or math.isnan(iv.sd):
         return None
-    return seeds_for_power(iv.sd, lo, hi, 0.0, prior, common)
+    return seeds_for_power(iv.sd, lo, hi, iv.mean, prior, common, either=True)
 
 
 def composition_table(runs: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:

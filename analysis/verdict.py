@@ -314,14 +314,16 @@ def wrong_to_expect(decided: int, what: str = "verdicts") -> str:
 
 
 def tost_power(n: int, sigma: float, lo: float, hi: float, delta: float = 0.0, prior: Prior = NO_PRIOR,
-               common: Spread = NO_SPREAD) -> float:
+               common: Spread = NO_SPREAD, either: bool = False) -> float:
     """The probability that :func:`inside` says "pass" for [lo, hi] over ``n`` seeds whose values are
     normal with mean ``delta`` and standard deviation ``sigma``, pooled with ``prior`` and widened by
     ``common`` as :func:`interval` does. Exact: the mean and the sample variance are independent,
     (n - 1) s^2 / sigma^2 is chi-square with n - 1 df, and for each s the pass region of the mean
     is an interval, so the power is the integral over the chi-square law of the normal probability
     of that region (the integral Owen's Q computes for a plain TOST; Owen, Biometrika 52, 1965).
-    The mean's own variance is sigma^2 / n plus the common spread's square (one draw per study)."""
+    The mean's own variance is sigma^2 / n plus the common spread's square (one draw per study).
+    ``either``: the probability of a decision either way, "pass" or "fail" (the interval wholly
+    outside [lo, hi]), which is what a study still undecided needs."""
     if n < MIN_SEEDS or not (sigma >= 0):
         return 0.0
     k = n - 1
@@ -334,11 +336,14 @@ def tost_power(n: int, sigma: float, lo: float, hi: float, delta: float = 0.0, p
         if not half > EPS:
             return 0.0
         up, down = hi - half, lo + half
-        if up <= down:
-            return 0.0
         if se == 0:
-            return float(down <= delta <= up)
-        return max(0.0, float(stats.norm.cdf((up - delta) / se) - stats.norm.cdf((down - delta) / se)))
+            inside_p = float(down <= delta <= up)
+            outside_p = float(delta > hi + half or delta < lo - half)
+        else:
+            inside_p = max(0.0, float(stats.norm.cdf((up - delta) / se) - stats.norm.cdf((down - delta) / se))) \
+                if up > down else 0.0
+            outside_p = float(stats.norm.sf((hi + half - delta) / se) + stats.norm.cdf((lo - half - delta) / se))
+        return inside_p + (outside_p if either else 0.0)
 
     law = stats.chi2(k)
     hi_w = float(law.ppf(1 - 1e-10))
@@ -347,11 +352,13 @@ def tost_power(n: int, sigma: float, lo: float, hi: float, delta: float = 0.0, p
 
 
 def seeds_for_power(sigma: float, lo: float, hi: float, delta: float = 0.0, prior: Prior = NO_PRIOR,
-                    common: Spread = NO_SPREAD, power: float = POWER, n_max: int = MAX_SEEDS) -> int | None:
-    """The fewest seeds (from MIN_SEEDS) at which :func:`tost_power` reaches ``power``; None where
-    not within ``n_max`` (a common spread can cap the power below it however many seeds run)."""
+                    common: Spread = NO_SPREAD, power: float = POWER, n_max: int = MAX_SEEDS,
+                    either: bool = False) -> int | None:
+    """The fewest seeds (from MIN_SEEDS) at which :func:`tost_power` (``either``: of a decision either
+    way) reaches ``power``; None where not within ``n_max`` (a common spread can cap the power below
+    it however many seeds run, and a true difference on a bound never decides)."""
     def enough(n: int) -> bool:
-        return tost_power(n, sigma, lo, hi, delta, prior, common) >= power
+        return tost_power(n, sigma, lo, hi, delta, prior, common, either) >= power
 
     if not enough(n_max):
         return None

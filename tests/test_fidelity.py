@@ -179,10 +179,11 @@ def test_failure_rate_means_ci_diff_and_verdicts(fid):
     # +10, +15, +15: wholly outside (fail)
     assert [t.loc[(p, "failure_rate"), "verdict"] for p in POLICIES] == ["undecided", "fail", "undecided"]
     assert t.loc[("OTF-R", "failure_rate"), "diff"] == pytest.approx(0.25 - 0.35 / 3)
-    # the seeds that give 80% power where the worlds agree exactly, LC's pooled deviation the planning one
+    # the seeds at which LC's check would decide 80% of the time, its mean and pooled deviation as measured
     devs = np.subtract(rates("testbed", "LC"), rates("sim", "LC"))
     sd = pooled_sd(devs.var(ddof=1), 3, HAND_PRIOR)[0]
-    assert t.loc[("LC", "failure_rate"), "seeds_needed"] == seeds_for_power(sd, -0.03, 0.03, 0.0, HAND_PRIOR)
+    need = seeds_for_power(sd, -0.03, 0.03, devs.mean(), HAND_PRIOR, either=True)
+    assert t.loc[("LC", "failure_rate"), "seeds_needed"] == need and need > 3
 
 
 def test_latency_relative_errors_and_p90(fid):

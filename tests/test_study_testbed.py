@@ -118,8 +118,8 @@ def test_the_same_call_again_starts_nothing_and_a_given_calibration_is_used(tmp_
 
 def test_an_interrupted_study_keeps_its_finished_runs_and_reruns_the_rest_from_an_empty_directory(tmp_path,
                                                                                                 monkeypatch):
-    with pytest.raises(KeyboardInterrupt):
-        _side(tmp_path, monkeypatch, FakeLaunch(stop_after=2))
+    with pytest.raises(KeyboardInterrupt):  # the calibration load's 2 runs, then 2 of the grid's
+        _side(tmp_path, monkeypatch, FakeLaunch(stop_after=4))
     spec = _spec()
     cells = expand_study(spec, "t")
     p = st.plan(cells, cells, tmp_path, [0])
@@ -128,7 +128,9 @@ def test_an_interrupted_study_keeps_its_finished_runs_and_reruns_the_rest_from_a
     assert read_meta(half)["status"] == "running" and not cell_finished(half, p.todo[0].run)
     resumed = FakeLaunch()
     _side(tmp_path, monkeypatch, resumed)
-    assert sum(len(j.seeds) for j in resumed.calls[0]["jobs"]) == 4 + 3
+    # interrupted before its calibration was fitted: measured again, its load first, then the rest
+    load, *jobs = resumed.calls[0]["jobs"]
+    assert load.seeds == [1000, 1001] and sum(len(j.seeds) for j in jobs) == 4 + 3
     assert read_meta(half)["status"] == "finished"
     assert len(load_study(tmp_path / "testbed")) == 8
 

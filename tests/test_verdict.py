@@ -174,6 +174,17 @@ def test_the_power_at_a_true_difference_of_zero_is_not_the_one_sided_shortcut():
     assert need > shortcut_n and tost_power(need, sigma, -m, m) >= 0.8 > tost_power(need - 1, sigma, -m, m)
 
 
+def test_a_decision_either_way_counts_the_fail_too_and_a_mean_on_a_bound_never_decides():
+    # 10 sd beyond the bound: "fail" almost surely, which the equivalence power alone does not count
+    assert tost_power(5, 0.02, -0.03, 0.03, 0.1, Prior(0.02, 2), either=True) > 0.99
+    assert tost_power(5, 0.02, -0.03, 0.03, 0.1, Prior(0.02, 2)) < 1e-6
+    rng = np.random.default_rng(3)
+    x = rng.normal(0.04, 0.02, (4000, 5))  # near the bound: some pass, some fail, many straddle
+    decided = np.mean([inside(interval(row, Prior(0.02, 2)), -0.03, 0.03) != "undecided" for row in x])
+    assert tost_power(5, 0.02, -0.03, 0.03, 0.04, Prior(0.02, 2), either=True) == pytest.approx(decided, abs=0.025)
+    assert seeds_for_power(0.02, -0.03, 0.03, 0.03, Prior(0.02, 2), either=True) is None
+
+
 def test_the_seeds_for_power_are_the_fewest_that_reach_it_and_none_where_a_common_spread_caps_it():
     need = seeds_for_power(0.02, -0.03, 0.03, 0.0, Prior(0.02, 2))
     assert tost_power(need, 0.02, -0.03, 0.03, 0.0, Prior(0.02, 2)) >= 0.8
