@@ -190,8 +190,12 @@ def leave_one_pair_out(table: pd.DataFrame, frames: Mapping[str, pd.DataFrame], 
     base = table.set_index("claim")
     first = {c: FINDING[e] for c, e in base["equivalence"].items()}
     rows = []
-    for key, _ in repeat.groupby(["point", "policy", "seed"], sort=True):
-        keep = ~((repeat["point"] == key[0]) & (repeat["policy"] == key[1]) & (repeat["seed"] == key[2]))
+    # each distinct repeated run once (cells that share a run list it under each of their points)
+    runs = repeat.drop_duplicates("run_dir") if "run_dir" in repeat.columns else repeat
+    for r in runs.sort_values(["point", "policy", "seed"]).itertuples():
+        key = (r.point, r.policy, r.seed)
+        keep = repeat["run_dir"] != r.run_dir if "run_dir" in repeat.columns else \
+            ~((repeat["point"] == key[0]) & (repeat["policy"] == key[1]) & (repeat["seed"] == key[2]))
         reps = repeat_verdicts(tb, repeat[keep], rules, conditions)
         moved = [name for name, r in rules.items()
                  if with_repeat(first[name], reps[(r.metric, r.kind)][0] if (r.metric, r.kind) in reps else None)
