@@ -12,8 +12,9 @@ failure rate of requests that touched no degraded pod.
   for a "min" check (outcome agreement) 1 - agreement, the share of matched requests that ended
   differently. Per seed, and its mean over seeds.
 * repeatability of a check: the mean deviation of the same check with the repeat as the other side,
-  a description beside the simulator's. What judges the simulator is the testbed's spread, pooled
-  from these deviations seed by seed (analysis/verdict.py ``Spread``), the floor of every interval.
+  a description beside the simulator's. The same deviations, pooled over the repeated policies and
+  seeds, judge the testbed against itself by the verdict rule (analysis/fidelity_checks.py
+  ``repeat_checks``): a check whose testbed does not repeat itself cannot pass.
 """
 
 from __future__ import annotations
