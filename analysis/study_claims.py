@@ -138,16 +138,17 @@ def repeat_verdicts(testbed: pd.DataFrame, repeat: pd.DataFrame | None, rules: M
     a = testbed.drop_duplicates("run_dir") if "run_dir" in testbed.columns else testbed
     m = a.merge(repeat, on=key, suffixes=("", "_rep"))
     kinds = m["point"].map(lambda p: conditions.get(p, (NONE, math.nan))[0])
+    judged: dict[tuple[str, str], tuple[float, Prior]] = {}  # the smallest margin a (metric, kind) serves
+    for r in rules.values():
+        margin = min(r.margin, judged.get((r.metric, r.kind), (math.inf, r.prior))[0])
+        judged[(r.metric, r.kind)] = (margin, r.prior)
     out = {}
-    for (metric, kind), group in pd.DataFrame([(r.metric, r.kind, r.margin, r.prior) for r in rules.values()],
-                                              columns=["metric", "kind", "margin", "prior"]).groupby(["metric", "kind"]):
+    for (metric, kind), (margin, prior) in judged.items():
         if metric not in m.columns:
             continue
         sel = m[kinds == kind]
         d = (sel[metric].astype(float) - sel[f"{metric}_rep"].astype(float)).dropna()
-        prior: Prior = group["prior"].iloc[0]
-        out[(metric, kind)] = repeat_verdict(d.to_numpy(), float(group["margin"].min()),
-                                             prior.times(2) if prior.known else prior)
+        out[(metric, kind)] = repeat_verdict(d.to_numpy(), margin, prior.times(2) if prior.known else prior)
     return out
 
 

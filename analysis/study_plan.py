@@ -4,8 +4,8 @@ power, and what the study's design then costs in runs and wall time on the testb
 
 Per claim, fixed before any run and computed from the spec alone:
 
-* its kind of fault and run size: the widest kind (core.priors.widest) among the points it reads and
-  the fewest requests their runs hold (core.sizes.expected_requests);
+* its kind of fault and prior as the study's report judges it (analysis.study_claims.claim_rules:
+  the widest kind among the points it reads, the fewest requests their runs hold);
 * the planning standard deviation of its seed-paired difference: the shipped prior of its metric
   there (core/defaults/priors.yaml) times sqrt(the cells of its effect), which the rule also pools
   with (a fixed planning value, not a plug-in from a few seeds);
@@ -29,10 +29,12 @@ from typing import Any
 import pandas as pd
 from rich.table import Table
 
-from analysis.verdict import NO_PRIOR, POWER, seeds_for_power, shipped_prior, tost_power
-from core.priors import fault_kind, widest
+from analysis.claims import effect_prior
+from analysis.study_claims import claim_rules
+from analysis.verdict import POWER, seeds_for_power, tost_power
+from core.priors import fault_kind
 from core.sizes import ENGINE_START_S, expected_requests, footprint
-from core.study import ClaimSides, claim_cells, claim_points
+from core.study import ClaimSides, claim_points
 
 PLAN_COLUMNS = ("claim", "metric", "kind", "cells", "requests", "margin", "planning_sd", "prior_df",
                 "power_at_spec_seeds", "seeds_needed")
@@ -41,15 +43,13 @@ PLAN_COLUMNS = ("claim", "metric", "kind", "cells", "requests", "margin", "plann
 def plan_table(sides: Sequence[ClaimSides], point_specs: dict[str, Any], spec_seeds: int) -> pd.DataFrame:
     """One row per claim (:data:`PLAN_COLUMNS`; module docstring): ``point_specs`` maps each point to its
     resolved spec, ``spec_seeds`` is the seeds the spec runs."""
+    conditions = {p: (fault_kind(sp.faults), expected_requests(sp) or math.nan) for p, sp in point_specs.items()}
+    rules = claim_rules(sides, conditions)  # the kind and prior each claim is judged with
     rows = []
     for s in sides:
-        specs = [point_specs[p] for p in claim_points(s) if p in point_specs]
-        kind = widest(fault_kind(sp.faults) for sp in specs)
-        sizes = [n for n in (expected_requests(sp) for sp in specs) if n is not None]
-        requests = min(sizes) if sizes else math.nan
-        cells = claim_cells(s)
-        prior = shipped_prior(s.metric, kind, requests)
-        effect = prior.times(cells) if prior.known else NO_PRIOR
+        rule = rules[s.name]
+        kind, cells, effect = rule.kind, rule.cells, effect_prior(rule)
+        requests = min((conditions[p][1] for p in claim_points(s) if p in conditions), default=math.nan)
         sd = effect.sigma if effect.known else math.nan
         need = seeds_for_power(sd, -s.margin, s.margin, 0.0, effect) if effect.known else None
         power = tost_power(spec_seeds, sd, -s.margin, s.margin, 0.0, effect) if effect.known else math.nan

@@ -17,13 +17,11 @@ from typing import Any
 
 import yaml
 
+from .sizes import field_of
+
 # The kinds of fault a prior may differ by, in the order :func:`fault_kind` takes the first present.
 NONE, LINK, LINK_DOWN, COMPUTE, ENGINE = KINDS = ("none", "link", "link_down", "compute", "engine")
 _ORDER = (LINK_DOWN, ENGINE, LINK, COMPUTE)
-
-
-def _field(f: Any, name: str) -> Any:
-    return f.get(name) if isinstance(f, dict) else getattr(f, name, None)
 
 
 def fault_kind(faults: Iterable[Any]) -> str:
@@ -32,8 +30,8 @@ def fault_kind(faults: Iterable[Any]) -> str:
     engine; "none" without faults."""
     kinds: set[str] = set()
     for f in faults or ():
-        kind = _field(f, "kind")
-        kinds.add(LINK_DOWN if kind == "link" and _field(f, "residual_bw") == 0 else kind)
+        kind = field_of(f, "kind")
+        kinds.add(LINK_DOWN if kind == "link" and field_of(f, "residual_bw") == 0 else kind)
     return next((k for k in _ORDER if k in kinds), NONE)
 
 

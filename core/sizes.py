@@ -62,16 +62,17 @@ def expected_requests(spec: "ExperimentSpec") -> float | None:
     return workload_requests(spec.workload)
 
 
-def _field(obj: Any, name: str) -> Any:
+def field_of(obj: Any, name: str) -> Any:
+    """A field of a spec part: a pydantic model's attribute, or its dict's key as run.json holds it."""
     return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
 def workload_requests(workload: Any) -> float | None:
     """:func:`expected_requests` of a workload: a workloads.spec.WorkloadSpec, or its dict as a run's
     run.json holds it (so records of a run can be sized without parsing their spec again)."""
-    most = _field(workload, "max_requests")
+    most = field_of(workload, "max_requests")
     cap = float(most) if most is not None else math.inf
-    rate, duration = _field(_field(workload, "arrival") or {}, "rate_rps"), _field(workload, "duration_s")
+    rate, duration = field_of(field_of(workload, "arrival") or {}, "rate_rps"), field_of(workload, "duration_s")
     if rate is None:  # a trace
         return cap if math.isfinite(cap) else None
     return min(cap, rate * duration if duration is not None else math.inf)
