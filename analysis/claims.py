@@ -7,7 +7,8 @@ it) and its margin: the smallest effect that matters, and for a null claim the b
 effect" holds. Its effect is one number per world and seed: the metric of its cell (``a``) minus that
 of its ``vs`` cell (``b``) on the same seed, or ``a`` alone without ``vs``. The input is a long table
 (:data:`COLUMNS`): claim, world ("sim", "testbed", or "repeat": the testbed's second run of a seed,
-shown, not judged), seed, value = a - b, a, b (NaN without ``vs``).
+shown, not judged), seed, value = a - b, a, b (NaN without ``vs``); a NaN value is a seed that ran
+where the metric is undefined (no value, but the seed counts as run for a look).
 
 Per claim (:func:`claim_row`):
 
@@ -28,18 +29,23 @@ Per claim (:func:`claim_row`):
 * for a ratio claim, mean(a) / mean(b) per world with its Fieller interval (:func:`fieller`): NaN
   where mean(b) is 0 (the baseline never fails), unbounded (NaN bounds) where b's interval holds 0.
   The verdict judges the difference, which is defined either way.
+
+A study with looks (analysis/looks.py) judges each claim look after look, each look's seeds at its
+share of the level, and keeps the first look that decides; ``look`` and ``alpha`` say which and at
+what level, and everything in the row is that look's.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis.looks import first_decided
 from analysis.verdict import (ALPHA, DIRECTIONS, MIN_SEEDS, NO_PRIOR, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior,
                               claim_verdict, inside, interval, no_effect, pooled_sd, seeds_for_power, with_repeat,
                               world_status)
@@ -55,7 +61,7 @@ TABLE_COLUMNS = (
     "kind", "prior_sigma", "prior_df", "pooled_sd",
     "repeat", "repeat_mean", "repeat_low", "repeat_high", "repeat_n",
     "ratio_sim", "ratio_sim_low", "ratio_sim_high", "ratio_tb", "ratio_tb_low", "ratio_tb_high",
-    "verdict", "reason", "seeds_needed", "rule")
+    "verdict", "reason", "seeds_needed", "look", "alpha", "rule")
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ def check_effects(effects: pd.DataFrame) -> None:
         raise ValueError(f"claim {r['claim']!r} has two values for world={r['world']} seed={r['seed']}")
 
 
-def fieller(a: np.ndarray, b: np.ndarray, prior: Prior = NO_PRIOR) -> tuple[float, float, float]:
+def fieller(a: np.ndarray, b: np.ndarray, prior: Prior = NO_PRIOR, alpha: float = ALPHA) -> tuple[float, float, float]:
     """(ratio, low, high) of mean(a) / mean(b) over paired seeds, with Fieller's interval at the rule's
     confidence (Fieller, J. R. Stat. Soc. B 16, 1954): the ratios R for which mean(a) - R mean(b) is
     not distinguishable from 0, i.e. (a - R b)^2 <= t^2 var(a - R b) / n, a quadratic in R. Each cell's
@@ -113,7 +119,7 @@ def fieller(a: np.ndarray, b: np.ndarray, prior: Prior = NO_PRIOR) -> tuple[floa
     (sa, df), (sb, _) = pooled_sd(float(a.var(ddof=1)), n, prior), pooled_sd(float(b.var(ddof=1)), n, prior)
     va, vb = sa * sa, sb * sb
     cab = float(np.cov(a, b, ddof=1)[0, 1]) * (n - 1) / df  # the covariance shrunk as the variances are
-    t2 = float(stats.t.ppf(1.0 - ALPHA, df)) ** 2 / n
+    t2 = float(stats.t.ppf(1.0 - alpha, df)) ** 2 / n
     qa, qb, qc = mb * mb - t2 * vb, ma * mb - t2 * cab, ma * ma - t2 * va
     disc = qb * qb - qa * qc
     if qa <= 0 or disc < 0:
@@ -131,29 +137,51 @@ def effect_prior(rule: ClaimRule) -> Prior:
     return rule.prior.times(rule.cells) if rule.prior.known else NO_PRIOR
 
 
-def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | None = None) -> dict[str, object]:
+def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | None = None,
+              looks: Sequence[int] | None = None, seeds: Sequence[int] | None = None) -> dict[str, object]:
     """The verdict of one claim from its (checked) rows; ``repeat``, where the testbed repeated seeds,
-    its :func:`analysis.verdict.repeat_verdict` for the claim's metric and kind of fault: see the
-    module docstring."""
+    its :func:`analysis.verdict.repeat_verdict` for the claim's metric and kind of fault; ``looks``
+    (seed counts) over the study's ``seeds`` in order, a group-sequential design (analysis/looks.py):
+    see the module docstring."""
     sim, tb = _world(g, "sim"), _world(g, "testbed")
     prior = effect_prior(rule)
-    s, t = interval(sim["value"], prior), interval(tb["value"], prior)
-    both = tb.index.intersection(sim.index)
-    p = interval(tb.loc[both, "value"] - sim.loc[both, "value"], prior)
+    if not looks:  # one look: every seed either world has
+        seeds = sorted(set(sim.index) | set(tb.index))
+    ran = set(g.loc[g["world"] == "sim", "seed"]) & set(g.loc[g["world"] == "testbed", "seed"])
+
+    def judge(chosen: list[int], alpha: float) -> tuple[str, tuple[Interval, Interval, Interval, float, list[int]]]:
+        if looks and not set(chosen) <= ran:
+            return "", None  # this look's seeds are not all run in both worlds
+        s_, t_ = sim.loc[sim.index.isin(chosen)], tb.loc[tb.index.isin(chosen)]
+        both = t_.index.intersection(s_.index)
+        p_ = interval(t_.loc[both, "value"] - s_.loc[both, "value"], prior, alpha=alpha)
+        got = (interval(s_["value"], prior, alpha=alpha), interval(t_["value"], prior, alpha=alpha), p_, alpha, chosen)
+        return inside(p_, -rule.margin, rule.margin), got
+
+    look, kept, waiting = first_decided(looks, seeds or [], judge)
+    if kept is None:  # look 1 not reached: nothing judged yet
+        alpha = ALPHA / (len(looks) if looks else 1)
+        kept = (interval([], prior), interval([], prior), interval([], prior), alpha, [])
+    s, t, p, alpha, chosen = kept
     verdict, reason = claim_verdict(s, t, p, rule.direction, rule.margin)
     if not (s.n and t.n):
         reason = "no value " + ("in either world" if not (s.n or t.n) else "in the simulator" if not s.n else
                                 "on the testbed")
+    if waiting and verdict == UNDECIDED_CLAIM:
+        reason = f"{waiting}; {reason}"
     rep_verdict, rep = repeat if repeat is not None else ("not run", interval([]))
     if with_repeat(verdict, None if repeat is None else rep_verdict) != verdict:
         verdict = UNDECIDED_CLAIM
         reason = (f"the testbed does not repeat itself within ±{rule.margin:g} (its repeat: {rep_verdict}, "
                   f"{rep.why_not or f'[{rep.low:.3g}, {rep.high:.3g}]'}); " + reason)
-    needed = seeds_for_power(p.sd, -rule.margin, rule.margin, p.mean, prior, either=True) \
+    # at the last look's level: where a design with looks would have to go on
+    needed = seeds_for_power(p.sd, -rule.margin, rule.margin, p.mean, prior, either=True, alpha=alpha) \
         if p.n and not math.isnan(p.sd) else None
     ratios: dict[str, float] = {}
     for key, w in (("sim", sim), ("tb", tb)):
-        r = fieller(w["a"].to_numpy(), w["b"].to_numpy(), rule.prior) if rule.measure == "ratio" else (math.nan,) * 3
+        w = w.loc[w.index.isin(chosen)]
+        r = fieller(w["a"].to_numpy(), w["b"].to_numpy(), rule.prior, alpha) if rule.measure == "ratio" \
+            else (math.nan,) * 3
         ratios.update({f"ratio_{key}": r[0], f"ratio_{key}_low": r[1], f"ratio_{key}_high": r[2]})
     return {"direction": rule.direction, "measure": rule.measure, "margin": rule.margin,
             **_iv("sim", s, world_status(s, rule.direction, rule.margin)),
@@ -164,7 +192,8 @@ def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | N
             "kind": rule.kind, "prior_sigma": prior.sigma, "prior_df": prior.df, "pooled_sd": p.sd,
             "repeat": rep_verdict, "repeat_mean": rep.mean, "repeat_low": rep.low, "repeat_high": rep.high,
             "repeat_n": rep.n, **ratios, "verdict": verdict, "reason": reason,
-            "seeds_needed": needed if needed is not None else math.nan, "rule": RULE_VERSION}
+            "seeds_needed": needed if needed is not None else math.nan, "look": look, "alpha": alpha,
+            "rule": RULE_VERSION}
 
 
 def _iv(key: str, iv: Interval, status: str) -> dict[str, object]:
@@ -173,15 +202,17 @@ def _iv(key: str, iv: Interval, status: str) -> dict[str, object]:
 
 
 def claim_table(effects: pd.DataFrame, rules: Mapping[str, ClaimRule],
-                repeats: Mapping[tuple[str, str], tuple[str, Interval]] | None = None) -> pd.DataFrame:
+                repeats: Mapping[tuple[str, str], tuple[str, Interval]] | None = None,
+                looks: Sequence[int] | None = None, seeds: Sequence[int] | None = None) -> pd.DataFrame:
     """One row per claim of ``rules`` (in its order; :data:`TABLE_COLUMNS`), each judged by
     :func:`claim_row` with the repeat's verdict of its (metric, kind of fault) from ``repeats`` (not
-    run where absent). A claim without a row in ``effects`` is undecided, with nothing measured. A
-    malformed table raises a one-line ValueError."""
+    run where absent), at the study's ``looks`` over its ``seeds`` where it has looks. A claim
+    without a row in ``effects`` is undecided, with nothing measured. A malformed table raises a
+    one-line ValueError."""
     check_effects(effects)
     repeats = repeats or {}
     rows = []
     for name, rule in rules.items():
         g = effects.loc[effects["claim"] == name]
-        rows.append({"claim": name, **claim_row(g, rule, repeats.get((rule.metric, rule.kind)))})
+        rows.append({"claim": name, **claim_row(g, rule, repeats.get((rule.metric, rule.kind)), looks, seeds)})
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))

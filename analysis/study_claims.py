@@ -31,17 +31,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from analysis.claims import COLUMNS, WORLDS, ClaimRule, claim_table, effect_prior
+from analysis.looks import look_seeds
 from analysis.metric_names import Metric as M, check_metric
 from analysis.plots import _save, _slug
 from analysis.study import STUDY_FILE, StudyError, load_study
-from analysis.verdict import (CARRIES, CONFIDENCE, DOES_NOT, FINDING, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior,
+from analysis.verdict import (ALPHA, CARRIES, CONFIDENCE, DOES_NOT, FINDING, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior,
                               Spread, interval, repeat_verdict, shipped_prior, with_repeat, wrong_to_expect)
 from analysis.engine_death import HEAL_FILE, heal_table
 from core.priors import LINK_DOWN, NONE, fault_kind, widest
 from core.records import read_meta
 from core.sizes import workload_requests
 from core.spec import SpecError
-from core.study import ClaimSides, claim_cells, claim_points, claim_sides
+from core.study import ClaimSides, claim_cells, claim_points, claim_reads, claim_sides
 from core.study_spec import StudySpec
 
 # What "reaction and cost" shows per world, point and policy (mean over seeds).
@@ -71,7 +72,9 @@ def _values(cells: pd.DataFrame, point: str, policy: str, metric: str) -> pd.Ser
 
 def claim_effects(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides]) -> pd.DataFrame:
     """The long table analysis.claims reads (claim, world, seed, value, a, b), from each world's cells
-    table (``frames``: world -> load_study frame; worlds as analysis.claims.WORLDS)."""
+    table (``frames``: world -> load_study frame; worlds as analysis.claims.WORLDS): a row per seed
+    whose every cell the claim reads has finished, its value NaN where the metric is undefined there
+    (so a look of a group-sequential design knows its seeds ran: analysis/looks.py)."""
     rows = []
     for world, cells in frames.items():
         for s in sides:
@@ -79,9 +82,21 @@ def claim_effects(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
             value = both["value"]
             if s.minus is not None:  # a difference of two claims' effects, seed by seed
                 value = value - _sides_values(cells, s.minus)["value"]
+            ran = _finished_seeds(cells, s)
             rows += [(s.name, world, int(seed), float(v), float(both.at[seed, "a"]), float(both.at[seed, "b"]))
-                     for seed, v in value.dropna().items()]
+                     for seed, v in value.items() if seed in ran]
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _finished_seeds(cells: pd.DataFrame, s: ClaimSides) -> set[int]:
+    """The seeds at which every cell ``s`` reads (core.study.claim_reads) has a row: has finished."""
+    if cells.empty:
+        return set()
+    out = None
+    for point, policy in claim_reads(s):
+        mine = set(cells.loc[(cells["point"] == point) & (cells["policy"] == policy), "seed"].astype(int))
+        out = mine if out is None else out & mine
+    return out or set()
 
 
 def _sides_values(cells: pd.DataFrame, s: ClaimSides) -> pd.DataFrame:
@@ -207,18 +222,20 @@ def leave_one_pair_out(table: pd.DataFrame, frames: Mapping[str, pd.DataFrame], 
 
 
 def claims_frame(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides],
-                 conditions: Conditions | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 conditions: Conditions | None = None, looks: Sequence[int] | None = None,
+                 seeds: Sequence[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(verdict table, effects): :func:`analysis.claims.claim_table` of :func:`claim_effects`, in the
     claims' own order, with what each claim reads (metric, policy, point, vs) and says. ``conditions``
     (each point's kind of fault and run size) default to :func:`point_conditions` of the testbed's
-    cells (else the simulator's); the repeat, where there is one, is judged by :func:`repeat_verdicts`."""
+    cells (else the simulator's); the repeat, where there is one, is judged by :func:`repeat_verdicts`;
+    ``looks`` over the study's ``seeds``: a group-sequential design (analysis/looks.py)."""
     effects = claim_effects(frames, sides)
     tb = frames.get("testbed", pd.DataFrame())
     if conditions is None:
         conditions = point_conditions(tb if not tb.empty else frames.get("sim", pd.DataFrame()))
     rules = claim_rules(sides, conditions)
     repeats = repeat_verdicts(tb, frames.get("repeat"), rules, conditions)
-    table = claim_table(effects, rules, repeats).set_index("claim")
+    table = claim_table(effects, rules, repeats, looks, seeds).set_index("claim")
     info = pd.DataFrame([{"claim": s.name, "says": s.says, "metric": s.metric, "policy": s.policy,
                           "point": s.point, "vs": "" if s.vs is None else f"{s.vs[1]} @ {s.vs[0]}",
                           "minus": "" if s.minus is None else s.minus.name} for s in sides])
@@ -258,10 +275,13 @@ def _claimed(r: Any) -> str:
 
 
 def claims_console_table(table: pd.DataFrame) -> Table:
-    pct = f"{100 * CONFIDENCE:.0f}%"
+    alphas = sorted(set(table["alpha"].dropna())) if "alpha" in table.columns else []
+    pct = f"{100 * (1 - 2 * alphas[0]):.0f}%" if len(alphas) == 1 else f"{100 * CONFIDENCE:.0f}%"
+    looked = bool(len(table)) and "look" in table.columns and len(alphas) == 1 and alphas[0] < ALPHA - 1e-12
     t = Table(title=f"claims: simulator vs testbed (mean [{pct} CI] over seeds, the seeds' variance pooled with "
-                    f"its prior; rule {RULE_VERSION})")
-    for c in ("claim", "claimed, margin", "simulator", "testbed", "tb - sim paired", "verdict", "seeds"):
+                    f"its prior{', at the look that decided' if looked else ''}; rule {RULE_VERSION})")
+    for c in ("claim", "claimed, margin", "simulator", "testbed", "tb - sim paired", "verdict", "seeds",
+              *(("look",) if looked else ())):
         t.add_column(c, justify="left" if c in ("claim", "verdict") else "right")
     for r in table.itertuples():
         style = VERDICT_STYLE.get(r.verdict, "yellow")
@@ -274,18 +294,24 @@ def claims_console_table(table: pd.DataFrame) -> Table:
                   f"{_span(r.sim_mean, r.sim_low, r.sim_high)} n={r.sim_n:.0f}\n{r.sim_status}",
                   f"{_span(r.tb_mean, r.tb_low, r.tb_high)} n={r.tb_n:.0f}\n{r.tb_status}",
                   f"{_span(r.paired_mean, r.paired_low, r.paired_high)}\n{r.equivalence}",
-                  f"[{style}]{escape(r.verdict)}[/]: {escape(r.reason)}{escape(ratio)}", seeds)
+                  f"[{style}]{escape(r.verdict)}[/]: {escape(r.reason)}{escape(ratio)}", seeds,
+                  *((f"{r.look:.0f}",) if looked else ()))
     return t
 
 
-def claim_figure(row: pd.Series, effects: pd.DataFrame, prior: Prior, path: Path) -> Path:
+def claim_figure(row: pd.Series, effects: pd.DataFrame, prior: Prior, path: Path,
+                 seeds_read: Sequence[int] | None = None) -> Path:
     """One claim, the two worlds and their paired difference side by side: each seed's value (the
     testbed's repeat hollow), the mean and its interval, the claimed side of 0 shaded (for a null claim
     the band +-margin), the +-margin band around the paired difference; verdict and reason in the
-    title. ``prior``: the prior of the claim's effect (analysis/claims.py effect_prior)."""
+    title. ``prior``: the prior of the claim's effect (analysis/claims.py effect_prior); ``seeds_read``:
+    the seeds of the look that judged it (all without looks), intervals at that look's level."""
     fig = Figure(figsize=(5.6, 3.8))
     ax = fig.add_subplot(1, 1, 1)
     mine = effects.loc[effects["claim"] == row["claim"]]
+    if seeds_read is not None:
+        mine = mine.loc[mine["seed"].isin(seeds_read)]
+    alpha = float(row["alpha"]) if "alpha" in row and not pd.isna(row["alpha"]) else ALPHA
     m = float(row["margin"])
     per_world = {}
     for x, world in enumerate(("sim", "testbed")):
@@ -298,12 +324,12 @@ def claim_figure(row: pd.Series, effects: pd.DataFrame, prior: Prior, path: Path
             if len(rep):
                 ax.scatter(np.full(len(rep), x + 0.18), rep, facecolors="none", edgecolors=WORLD_COLORS[world],
                            zorder=3, label="testbed repeat")
-        _mean_and_interval(ax, x, interval(w.to_numpy(), prior))
+        _mean_and_interval(ax, x, interval(w.to_numpy(), prior, alpha=alpha))
     both = per_world["testbed"].index.intersection(per_world["sim"].index)
     paired = (per_world["testbed"][both] - per_world["sim"][both]).to_numpy()
     ax.scatter(2 + (np.linspace(-0.12, 0.12, len(paired)) if len(paired) > 1 else np.zeros(len(paired))), paired,
                color="tab:gray", zorder=3, label="testbed − sim (per seed)")
-    _mean_and_interval(ax, 2, interval(paired, prior))
+    _mean_and_interval(ax, 2, interval(paired, prior, alpha=alpha))
     ax.fill_between([1.6, 2.4], -m, m, color="tab:green", alpha=0.15, lw=0, label=f"±margin {m:g}")
     lo, hi = ax.get_ylim()
     claimed = {"increase": (0, max(hi, m)), "decrease": (min(lo, -m), 0), "none": (-m, m)}[row["direction"]]
@@ -327,14 +353,15 @@ def _mean_and_interval(ax: Any, x: float, iv: Any) -> None:
 
 
 def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides], axes: Sequence[str],
-                  out_dir: Path, console: Console | None = None, fixed: Mapping[str, Any] | None = None) -> pd.DataFrame:
+                  out_dir: Path, console: Console | None = None, fixed: Mapping[str, Any] | None = None,
+                  looks: Sequence[int] | None = None, seeds: Sequence[int] | None = None) -> pd.DataFrame:
     """Write claims.csv (one row per claim: its rule, both worlds' intervals, the paired difference,
     the verdict and its reason), claim_effects.csv (the values behind it), claim_spreads.csv (the
     testbed's spread per metric), reaction_cost.csv, claims_leave_one_out.csv (:func:`leave_one_pair_out`),
     heal_disconnect.csv (the fitted heal disconnect judged on the link-down runs:
     analysis.engine_death.heal_table) and one figure per claim into ``out_dir``; print
     the table. ``fixed``: the claims record the runs began with (study.json), compared with the claims
-    judged now. Returns the claims table."""
+    judged now; ``looks`` over ``seeds``: the study's group-sequential design. Returns the claims table."""
     unknown = sorted(set(frames) - set(WORLDS))
     if unknown:
         raise ValueError(f"unknown world(s) {', '.join(unknown)} (known: {', '.join(WORLDS)})")
@@ -344,7 +371,7 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
     tb = frames.get("testbed", pd.DataFrame())
     spreads = testbed_spreads(tb, frames.get("repeat"), [s.metric for s in sides])
     conditions = point_conditions(tb if not tb.empty else frames.get("sim", pd.DataFrame()))
-    table, effects = claims_frame(frames, sides, conditions)
+    table, effects = claims_frame(frames, sides, conditions, looks, seeds)
     note = fixed_note(fixed)
     table["claims_as_fixed"] = note is None
     table.to_csv(out / "claims.csv", index=False)
@@ -359,11 +386,17 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
     if heal is not None:
         heal.to_csv(out / HEAL_FILE, index=False)
     rules = claim_rules(sides, conditions)
-    figures = [claim_figure(r, effects, effect_prior(rules[r["claim"]]),
-                            out / f"claim_{_slug(r['claim'])}.png") for _, r in table.iterrows()]
+    per_look = look_seeds(looks, seeds or []) if looks else None
+    figures = [claim_figure(r, effects, effect_prior(rules[r["claim"]]), out / f"claim_{_slug(r['claim'])}.png",
+                            per_look[int(r["look"]) - 1] if per_look and r["look"] >= 1 else None)
+               for _, r in table.iterrows()]
     console.print(claims_console_table(table))
     counts = table["verdict"].value_counts().to_dict()
     console.print(wrong_to_expect(int((table["verdict"] != UNDECIDED_CLAIM).sum()), "claims"))
+    if looks:
+        at = table.loc[table["equivalence"] != "undecided", "look"].value_counts().to_dict()
+        console.print(f"looks at {', '.join(map(str, looks))} seeds, each test at {ALPHA / len(looks):g}: "
+                      + (", ".join(f"{at.get(k, 0)} decided at look {k}" for k in range(1, len(looks) + 1))))
     if heal is not None:
         n = heal["verdict"].value_counts().to_dict()
         console.print(f"the fitted heal disconnect ({heal['fitted_s'].iloc[0]:g} s, core/defaults/fits.yaml) on the "
@@ -463,5 +496,13 @@ def carryover_report(root: Path | str, out_dir: Path | str | None = None,
     fixed = _index(root)[1].get(CLAIMS_FIXED)
     frames = {w: load_study(root / w) for w in (SIM, TESTBED, REPEAT) if (root / w / STUDY_FILE).is_file()}
     axes = list(frames[TESTBED].attrs["axes"])
+    looks, seeds = carryover_looks(root)
     return claims_report(frames, sides, axes, Path(out_dir) if out_dir is not None else root / CLAIMS, console,
-                         fixed)
+                         fixed, looks, seeds)
+
+
+def carryover_looks(root: Path | str) -> tuple[list[int] | None, list[int] | None]:
+    """(looks, the study's seeds in order) of a carry-over study's index; (None, None) without looks."""
+    f, raw = _index(root)
+    study = StudySpec.model_validate(raw["study"])
+    return (study.looks, study.seeds) if study.looks else (None, None)

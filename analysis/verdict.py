@@ -34,6 +34,8 @@ compare` / `testbed twin` (analysis/fidelity.py) and the engine-death comparison
   (the error of a single measurement from duplicates, Dahlberg 1940). It describes the instrument;
   the repeat itself is judged by the rule (:func:`repeat_verdict`): a check or claim whose testbed
   does not repeat itself within its margin cannot pass.
+* **Looks.** A study may judge its claims at two or three looks, every test of each at ALPHA / K
+  (analysis/looks.py); the functions here take that level as ``alpha``.
 * **Inside a region** (:func:`inside`): "pass" when the interval lies inside [lo, hi], "fail" when it
   lies wholly outside, "undecided" when it straddles a bound or cannot decide (:attr:`Interval.why_not`).
 
@@ -149,6 +151,7 @@ class Interval:
     df: float
     prior: Prior = NO_PRIOR
     common: Spread = NO_SPREAD  # shared by every seed (module docstring)
+    alpha: float = ALPHA  # each one-sided test's level: the interval is at 1 - 2 alpha
 
     @property
     def defined(self) -> bool:
@@ -184,36 +187,39 @@ def pooled_sd(s2: float, n: int, prior: Prior = NO_PRIOR) -> tuple[float, float]
     return math.sqrt(v), df
 
 
-def half_width(sd: float, n: int, df: float, common: Spread = NO_SPREAD) -> tuple[float, float]:
+def half_width(sd: float, n: int, df: float, common: Spread = NO_SPREAD, alpha: float = ALPHA) -> tuple[float, float]:
     """(half-width, df) of the interval of a mean over ``n`` seeds of pooled standard deviation ``sd``
-    with ``df`` degrees of freedom, widened by a spread every seed shares (Welch-Satterthwaite)."""
+    with ``df`` degrees of freedom, widened by a spread every seed shares (Welch-Satterthwaite), for
+    one-sided tests at ``alpha`` (a look of a group-sequential design uses its share: analysis/looks.py)."""
     a = sd * sd / n
     b = common.sigma ** 2 if common.known else 0.0
     dfe = df
     if b > 0:  # a = 0 (seeds that never varied, no prior) leaves the common df
         dfe = (a + b) ** 2 / ((a * a / df if a > 0 else 0.0) + b * b / common.pairs)
-    return float(stats.t.ppf(1.0 - ALPHA, dfe)) * math.sqrt(a + b), dfe
+    return float(stats.t.ppf(1.0 - alpha, dfe)) * math.sqrt(a + b), dfe
 
 
-def _make(mean: float, sd: float, n: int, df: float, prior: Prior, common: Spread) -> Interval:
+def _make(mean: float, sd: float, n: int, df: float, prior: Prior, common: Spread, alpha: float) -> Interval:
     if n < 1 or math.isnan(sd) or df <= 0:
-        return Interval(mean, math.nan, math.nan, n, sd, df, prior, common)
-    half, _ = half_width(sd, n, df, common)
-    return Interval(mean, mean - half, mean + half, n, sd, df, prior, common)
+        return Interval(mean, math.nan, math.nan, n, sd, df, prior, common, alpha)
+    half, _ = half_width(sd, n, df, common, alpha)
+    return Interval(mean, mean - half, mean + half, n, sd, df, prior, common, alpha)
 
 
-def interval(values: Iterable[float], prior: Prior = NO_PRIOR, common: Spread = NO_SPREAD) -> Interval:
+def interval(values: Iterable[float], prior: Prior = NO_PRIOR, common: Spread = NO_SPREAD,
+             alpha: float = ALPHA) -> Interval:
     """The interval of the non-NaN ``values`` (one per seed), their variance pooled with ``prior`` and
     ``common``, a spread shared by every seed, added whole (module docstring). No values: everything
-    NaN; one value: the prior's interval, shown but deciding nothing (NaN bounds without a prior)."""
+    NaN; one value: the prior's interval, shown but deciding nothing (NaN bounds without a prior).
+    ``alpha``: each one-sided test's level (the interval is at 1 - 2 alpha)."""
     x = np.asarray(list(values), dtype=float)
     x = x[~np.isnan(x)]
     n = int(x.size)
     if n == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, math.nan, 0, prior, common)
+        return Interval(math.nan, math.nan, math.nan, 0, math.nan, 0, prior, common, alpha)
     s2 = float(x.var(ddof=1)) if n > 1 else 0.0
     sd, df = pooled_sd(s2, n, prior)
-    return _make(float(x.mean()), sd, n, df, prior, common)
+    return _make(float(x.mean()), sd, n, df, prior, common, alpha)
 
 
 def inside(iv: Interval, lo: float, hi: float) -> str:
@@ -314,7 +320,7 @@ def wrong_to_expect(decided: int, what: str = "verdicts") -> str:
 
 
 def tost_power(n: int, sigma: float, lo: float, hi: float, delta: float = 0.0, prior: Prior = NO_PRIOR,
-               common: Spread = NO_SPREAD, either: bool = False) -> float:
+               common: Spread = NO_SPREAD, either: bool = False, alpha: float = ALPHA) -> float:
     """The probability that :func:`inside` says "pass" for [lo, hi] over ``n`` seeds whose values are
     normal with mean ``delta`` and standard deviation ``sigma``, pooled with ``prior`` and widened by
     ``common`` as :func:`interval` does. Exact: the mean and the sample variance are independent,
@@ -323,7 +329,7 @@ def tost_power(n: int, sigma: float, lo: float, hi: float, delta: float = 0.0, p
     of that region (the integral Owen's Q computes for a plain TOST; Owen, Biometrika 52, 1965).
     The mean's own variance is sigma^2 / n plus the common spread's square (one draw per study).
     ``either``: the probability of a decision either way, "pass" or "fail" (the interval wholly
-    outside [lo, hi]), which is what a study still undecided needs."""
+    outside [lo, hi]), which is what a study still undecided needs. ``alpha``: each test's level."""
     if n < MIN_SEEDS or not (sigma >= 0):
         return 0.0
     k = n - 1
@@ -332,7 +338,7 @@ def tost_power(n: int, sigma: float, lo: float, hi: float, delta: float = 0.0, p
 
     def given(w: float) -> float:
         sd, df = pooled_sd(sigma * sigma * w / k, n, prior)
-        half, _ = half_width(sd, n, df, common)
+        half, _ = half_width(sd, n, df, common, alpha)
         if not half > EPS:
             return 0.0
         up, down = hi - half, lo + half
@@ -353,12 +359,12 @@ def tost_power(n: int, sigma: float, lo: float, hi: float, delta: float = 0.0, p
 
 def seeds_for_power(sigma: float, lo: float, hi: float, delta: float = 0.0, prior: Prior = NO_PRIOR,
                     common: Spread = NO_SPREAD, power: float = POWER, n_max: int = MAX_SEEDS,
-                    either: bool = False) -> int | None:
+                    either: bool = False, alpha: float = ALPHA) -> int | None:
     """The fewest seeds (from MIN_SEEDS) at which :func:`tost_power` (``either``: of a decision either
     way) reaches ``power``; None where not within ``n_max`` (a common spread can cap the power below
     it however many seeds run, and a true difference on a bound never decides)."""
     def enough(n: int) -> bool:
-        return tost_power(n, sigma, lo, hi, delta, prior, common, either) >= power
+        return tost_power(n, sigma, lo, hi, delta, prior, common, either, alpha) >= power
 
     if not enough(n_max):
         return None

@@ -39,7 +39,7 @@ def _plan(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     stands and of the seeds the claims need (analysis/study_plan.py); nothing runs."""
     from analysis.study_plan import plan_console_table, plan_table, study_cost
     from analysis.study_claims import check_claim_metrics
-    from core.sizes import duration_text
+    from core.sizes import ENGINE_START_S, duration_text
     from core.study import choose_sweeps, claim_sides, distinct_runs, expand_study
 
     cells = expand_study(spec, args.spec)
@@ -51,13 +51,23 @@ def _plan(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     seeds = sorted({c.seed for c in chosen})
     runs_per_seed = len(distinct_runs(cells, chosen)) // len(seeds)
     repeats = len(_repeat_seeds(args, seeds))
-    plan = plan_table(sides, {c.point: c.spec for c in cells}, len(seeds))
-    out_console().print(plan_console_table(plan, len(seeds)))
+    looks = spec.study.looks
+    plan = plan_table(sides, {c.point: c.spec for c in cells}, len(seeds), looks)
+    out_console().print(plan_console_table(plan, len(seeds), looks))
     run_spec = cells[0].spec
     runs, wall = study_cost(runs_per_seed, repeats, len(seeds), run_spec)
-    reached = int((plan["power_at_spec_seeds"] >= 0.8).sum())
-    console.print(f"as the spec stands ({len(seeds)} seeds, {repeats} repeated): {runs} testbed runs, about "
-                  f"{duration_text(wall)} on the testbed; {reached} of {len(plan)} claims at 80% power or more")
+    power = plan["power_with_looks" if looks else "power_at_spec_seeds"]
+    reached = int((power >= 0.8).sum())
+    if looks:
+        first, first_wall = study_cost(runs_per_seed, repeats, looks[0], run_spec)
+        wall += (len(looks) - 1) * ENGINE_START_S  # the engines start again for each later look
+        console.print(f"as the spec stands (looks at {', '.join(map(str, looks))} of {len(seeds)} seeds, {repeats} "
+                      f"repeated): {first} to {runs} testbed runs, about {duration_text(first_wall)} to "
+                      f"{duration_text(wall)} on the testbed; {reached} of {len(plan)} claims at 80% power or more "
+                      "over the looks")
+    else:
+        console.print(f"as the spec stands ({len(seeds)} seeds, {repeats} repeated): {runs} testbed runs, about "
+                      f"{duration_text(wall)} on the testbed; {reached} of {len(plan)} claims at 80% power or more")
     needed = plan["seeds_needed"].dropna()
     if len(needed):
         most = int(needed.max())
@@ -92,7 +102,7 @@ def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int
 
 
 def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, study_dir: Path | None,
-         calibration) -> int:
+         calibration, only: set[tuple[str, str, int]] | None = None) -> int:
     from study.runner import run_study
 
     if calibration is not None:
@@ -103,7 +113,8 @@ def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, st
     try:
         res = run_study(spec, out, address=None if calibration is not None else args.address, workers=args.workers,
                         rerun=args.rerun, sweeps=sweeps, base_dir=Path(args.spec).resolve().parent,
-                        source=args.spec, console=console, max_hours=args.max_hours, study_dir=study_dir)
+                        source=args.spec, console=console, max_hours=args.max_hours, study_dir=study_dir,
+                        only=only)
     except KeyboardInterrupt:
         done = sum(1 for _ in where.rglob("cell.json"))
         console.print(f"interrupted: the {done} finished run(s) are kept; the same command runs the rest")
@@ -120,12 +131,14 @@ def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, st
 
 def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     """The testbed's runs of the grid (study/testbed_side.py), then, with ``--world both``, the calibrated
-    simulator's and the verdict per claim (analysis/study_claims.py)."""
+    simulator's and the verdict per claim (analysis/study_claims.py). A study with looks
+    (analysis/looks.py) does this look by look: look 1's seeds for every claim, then each further
+    look's seeds only for the cells of the claims still undecided."""
     from analysis.study_claims import CLAIMS, SIM, TESTBED, carryover_report, check_claim_metrics
     from study.testbed_side import run_testbed_side
     from core.calibration import load_calibration
     from core.sizes import check_fits
-    from core.study import choose_sweeps, claim_sides, distinct_runs, expand_study
+    from core.study import choose_sweeps, claim_reads, claim_sides, distinct_runs, expand_study
 
     cells = expand_study(spec, args.spec)  # every point validated, every claim resolved, before any engine starts
     sides = claim_sides(spec, cells, args.spec)
@@ -140,19 +153,54 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     if calibration is not None:
         load_calibration(calibration)  # a bad file is refused before minutes of engine start-up
     root = Path(args.out) / spec.name
-    try:
-        cal_path, _ = run_testbed_side(spec, cells, chosen, root, address=args.address, calibration=calibration,
-                                       repeat_seeds=repeat_seeds, rerun=args.rerun, console=console,
-                                       keep_engines=args.keep_engines)
-    except KeyboardInterrupt:
-        console.print("interrupted: the finished runs are kept (cell.json); the same command runs the rest")
-        return 130
-    if args.world == "testbed":
-        console.print(f"report: testbed report {root / TESTBED}")
-        return 0
-    rc = _sim(spec, args, sweeps, Path(args.out), root / SIM, load_calibration(cal_path))
-    if rc != 0:
-        return rc
-    carryover_report(root, root / CLAIMS, out_console())
+    looks = spec.study.looks or [len(seeds)]
+    order = spec.study.seeds if spec.study.looks else seeds
+    open_claims = list(sides)
+    for k, n in enumerate(looks, start=1):
+        reads = {cell for s in open_claims for cell in claim_reads(s)}
+        mine = [c for c in chosen if c.seed in order[:n] and (k == 1 or (c.point, c.policy) in reads)]
+        if len(looks) > 1:
+            console.print(f"look {k} of {len(looks)}: seeds {', '.join(map(str, order[:n]))} for "
+                          f"{len(open_claims)} claim(s), {len(distinct_runs(cells, mine))} runs")
+        try:
+            cal_path, _ = run_testbed_side(spec, cells, mine, root, address=args.address, calibration=calibration,
+                                           repeat_seeds=repeat_seeds, rerun=args.rerun, console=console,
+                                           keep_engines=args.keep_engines)
+        except KeyboardInterrupt:
+            console.print("interrupted: the finished runs are kept (cell.json); the same command runs the rest")
+            return 130
+        if args.world == "testbed":
+            later = "; looks after the first are judged with --world both" if len(looks) > 1 else ""
+            console.print(f"report: testbed report {root / TESTBED}{later}")
+            return 0
+        rc = _sim(spec, args, sweeps, Path(args.out), root / SIM, load_calibration(cal_path),
+                  only={(c.point, c.policy, c.seed) for c in mine})
+        if rc != 0:
+            return rc
+        last = k == len(looks)
+        table = carryover_report(root, root / CLAIMS, out_console() if last else _quiet())
+        if last:
+            break
+        mine_rows = table[table["claim"].isin({s.name for s in open_claims})]
+        short = mine_rows.loc[mine_rows["look"] < k, "claim"].tolist()
+        if short:  # a run of this look did not finish: judging on would read another design
+            console.print(f"[red]look {k} not reached[/] by {', '.join(short)}: a run of its seeds is missing; "
+                          "the same command runs it")
+            return 1
+        going_on = set(mine_rows.loc[mine_rows["equivalence"] == "undecided", "claim"])
+        console.print(f"look {k}: {len(open_claims) - len(going_on)} of {len(open_claims)} claim(s) decided; "
+                      f"{len(going_on)} go on to look {k + 1}")
+        open_claims = [s for s in open_claims if s.name in going_on]
+        if not open_claims:
+            carryover_report(root, root / CLAIMS, out_console())
+            break
     console.print(f"report again: testbed report {root}")
     return 0
+
+
+def _quiet():
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO())

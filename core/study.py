@@ -213,6 +213,11 @@ def claim_points(s: ClaimSides) -> list[str]:
     return [s.point, *([s.vs[0]] if s.vs is not None else []), *(claim_points(s.minus) if s.minus is not None else [])]
 
 
+def claim_reads(s: ClaimSides) -> list[tuple[str, str]]:
+    """Every (point, policy) cell a claim's effect reads, its ``minus``'s included."""
+    return [(s.point, s.policy), *([s.vs] if s.vs is not None else []), *(claim_reads(s.minus) if s.minus else [])]
+
+
 _NO_AXIS = object()  # a cell's sweep does not vary the axis a claim names
 
 

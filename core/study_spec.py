@@ -33,6 +33,13 @@ __all__ = ["NAMED_AXES", "AxisValue", "ClaimSideSpec", "ClaimSpec", "StudySpec",
            "field_setter"]
 
 
+# A group-sequential design's limits (analysis/looks.py): each look costs every test a share of the
+# level, so more than three looks cost more power than they save seeds; a look reads at least two seeds
+# (one seed decides nothing: analysis/verdict.py MIN_SEEDS, which tests/test_looks.py holds equal).
+MAX_LOOKS = 3
+LOOK_MIN_SEEDS = 2
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -111,6 +118,25 @@ class StudySpec(_Spec):
     seeds: list[int] | None = Field(None, min_length=1)  # default: the spec's seeds
     sweeps: list[SweepSpec] = Field(min_length=1)
     claims: list[ClaimSpec] = Field(default_factory=list)
+    # A group-sequential design (analysis/looks.py): the seed counts at which the claims are judged,
+    # the last all of ``seeds``; a claim undecided at a look runs the next look's seeds. None: one look.
+    looks: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _looks_fit_the_seeds(self) -> "StudySpec":
+        if self.looks is None:
+            return self
+        if not self.claims:
+            raise ValueError("looks judge claims, and the study has none")
+        if self.seeds is None:
+            raise ValueError("looks read the first seeds of study.seeds in order: list them")
+        if not 2 <= len(self.looks) <= MAX_LOOKS:
+            raise ValueError(f"looks: two or {MAX_LOOKS} looks (each look costs the tests a share of the level), "
+                             f"got {len(self.looks)}")
+        if self.looks != sorted(set(self.looks)) or self.looks[0] < LOOK_MIN_SEEDS or self.looks[-1] != len(self.seeds):
+            raise ValueError(f"looks {self.looks} must rise from at least {LOOK_MIN_SEEDS} seeds to the "
+                             f"{len(self.seeds)} of study.seeds")
+        return self
 
     @field_validator("sweeps", "claims")
     @classmethod

@@ -132,21 +132,25 @@ def _commit(study_dir: Path, cell: Cell, result: dict[str, Any]) -> None:
 def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int | None = None,
               rerun: bool = False, sweeps: list[str] | None = None, base_dir: Path | None = None,
               source: str = "<spec>", console: Console | None = None,
-              max_hours: float = DEFAULT_MAX_HOURS, study_dir: Path | None = None) -> StudyResult:
+              max_hours: float = DEFAULT_MAX_HOURS, study_dir: Path | None = None,
+              only: set[tuple[str, str, int]] | None = None) -> StudyResult:
     """Run every unfinished cell of ``spec.study`` under ``out/<spec name>``; returns what was done.
 
     ``address``: a Ray cluster to run on (None: a local Ray with ``workers`` CPUs, default all);
     ``max_hours``: refuse (core/sizes.py) a study whose runs would take longer on this machine;
     ``study_dir``: instead of ``out/<spec name>``;
     ``rerun``: run finished cells again; ``sweeps``: run only these sweeps' cells (the index
-    still lists every cell, so a report counts the others as unfinished). Ctrl-C cancels the cells in flight and keeps every
-    finished one; the same command resumes.
+    still lists every cell, so a report counts the others as unfinished); ``only``: of those, only the
+    cells whose (point, policy, seed) it holds (a look of a group-sequential design: cli/study.py).
+    Ctrl-C cancels the cells in flight and keeps every finished one; the same command resumes.
     """
     import ray
 
     console = console or Console()
     cells = expand_study(spec, source)  # every point validated before anything runs
     chosen = choose_sweeps(spec, cells, sweeps, source)
+    if only is not None:
+        chosen = [c for c in chosen if (c.point, c.policy, c.seed) in only]
     study_dir = Path(study_dir) if study_dir is not None else Path(out) / spec.name
     runs = distinct_runs(cells, chosen)
     todo = [c for c in runs if rerun or not cell_is_done(study_dir, c)]

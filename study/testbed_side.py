@@ -119,7 +119,10 @@ def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_roo
         previous = json.loads(index.read_text()).get(CLAIMS_FIXED) if index.is_file() else None
     except (OSError, ValueError):  # a torn index: the runs' cell.json files still say what is finished
         previous = None
-    fixed = fixed_record(previous, spec.study.claims, datetime.now(timezone.utc).isoformat())
+    # the looks, where the study has them, are fixed with the claims (a design changed after its first
+    # look is not the design its level split was made for)
+    judged = [*spec.study.claims, *([{"looks": spec.study.looks}] if spec.study.looks else [])]
+    fixed = fixed_record(previous, judged, datetime.now(timezone.utc).isoformat())
     write_index(study_root / TESTBED, spec, cells, {CLAIMS_FIXED: fixed})
     write_index(study_root / REPEAT, spec, [c for c in cells if c.seed in repeat_seeds])
     cal_path = calibration or study_root / CALIBRATION_FILE

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from analysis.study_plan import plan_table, study_cost
+from analysis.looks import simulate
+from analysis.study_plan import PLAN_REPS, plan_table, study_cost
 from analysis.verdict import seeds_for_power, shipped_prior, tost_power
 from cli.main import main
+from core.calibration import LOAD_SEEDS
 from core.sizes import ENGINE_START_S, footprint
 from core.spec import load_spec
 from core.study import claim_sides, distinct_runs, expand_study
@@ -52,7 +54,35 @@ def test_the_designs_cost_is_its_runs_times_a_runs_wall_time_and_the_engines_sta
     per_seed = len(distinct_runs(cells, cells)) // 6
     runs, wall = study_cost(per_seed, 1, 5, cells[0].spec)
     assert runs == per_seed * 6
-    assert wall == pytest.approx(runs * footprint(cells[0].spec, "testbed").seconds + ENGINE_START_S)
+    # the calibration load's runs come first, on the same engines
+    assert wall == pytest.approx((runs + len(LOAD_SEEDS)) * footprint(cells[0].spec, "testbed").seconds
+                                 + ENGINE_START_S)
+
+
+def test_a_design_with_looks_is_planned_by_simulating_it(shipped, tmp_path, capsys, monkeypatch):
+    """Looks at 3 and 6 seeds: each claim's power over the looks by simulation (analysis/looks.py),
+    below the one-look power at 6 seeds where that is short of 1 (each test at half the level), its
+    mean seeds between 3 and 6; the command prints the range of runs the design can cost."""
+    import yaml
+
+    spec, cells, sides = shipped
+    plan = plan_table(sides, {c.point: c.spec for c in cells}, 6, looks=[3, 6]).set_index("claim")
+    row = plan.loc["price-cuts-failures"]
+    prior = shipped_prior("failure_rate", "link", 40).times(2)
+    want = simulate([3, 6], prior.sigma, -0.03, 0.03, 0.0, prior, reps=PLAN_REPS)
+    assert (row["power_with_looks"], row["mean_seeds"]) == pytest.approx((want["pass"], want["mean_seeds"]))
+    assert row["power_with_looks"] < row["power_at_spec_seeds"] and 3 < row["mean_seeds"] < 6
+    data = yaml.safe_load(CARRYOVER.read_text())
+    data["study"]["looks"] = [3, 6]
+    path = tmp_path / "looks.yaml"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    assert main(["study", str(path), "--plan"]) == 0
+    said = capsys.readouterr()
+    out = " ".join((said.out + said.err).split())
+    assert "power, looks 3, 6" in out and "mean seeds" in out
+    per_seed = len(distinct_runs(cells, cells)) // 6
+    assert f"(looks at 3, 6 of 6 seeds, 1 repeated): {per_seed * 4} to {per_seed * 7} testbed runs" in out
 
 
 def test_the_plan_command_prints_the_plan_and_runs_nothing(tmp_path, capsys, monkeypatch):

@@ -251,3 +251,53 @@ def test_the_simulators_side_again_under_another_calibration_judges_the_same_tes
     bare = tmp_path / "bare"
     assert main(["study", str(path), "--world", "sim", "--out", str(bare), "--calibration", str(again)]) == 0
     assert not (bare / spec.name / "claims").exists() and len(load_study(bare / spec.name / "sim")) == 8
+
+
+def test_a_study_with_looks_runs_later_seeds_only_for_the_claims_still_undecided(tmp_path, monkeypatch):
+    """A group-sequential design (analysis/looks.py) through `testbed study --world both`: look 1 runs
+    seeds 0, 1 for every cell; a claim with a wide margin is decided there; look 2 runs seeds 2, 3 only
+    for the cells of the claim still undecided (its margin below what four seeds can show), in both
+    worlds; claims.csv says which look judged each."""
+    import json
+
+    import pandas as pd
+    import yaml
+
+    from cli.main import main
+    from core.calibration import save_calibration
+    from test_calibration import _calibration
+
+    data = json.loads(_spec().model_dump_json())
+    data["study"]["seeds"], data["study"]["looks"] = [0, 1, 2, 3], [2, 4]
+    # decided at look 1: OTF-R's and LC's latency are one in these short runs, in either world, well
+    # inside 10 s (the repeat is judged against that margin: another metric than the other claim's)
+    data["study"]["claims"] = [
+        {"name": "same-latency", "metric": "ttft_p50_s", "policy": "OTF-R", "at": {"sweep": "severe"},
+         "vs": {"policy": "LC"}, "direction": "none", "margin": 10.0},
+        # undecided at every look: no failure either way, and four seeds cannot show 0.001
+        {"name": "no-telemetry-no-change", "metric": "failure_rate", "policy": "OTF-R",
+         "at": {"sweep": "telemetry"}, "vs": {"policy": "LC"}, "direction": "none", "margin": 0.001}]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    launch = FakeLaunch()
+    monkeypatch.setattr("testbed.runs.launch.launch_jobs", launch)
+    cal = save_calibration(_calibration(), tmp_path / "cal.json")
+    out = tmp_path / "runs"
+    args = ["study", str(path), "--world", "both", "--out", str(out), "--calibration", str(cal)]
+    assert main(args) == 0
+    first, second = launch.calls
+    assert {s for j in first["jobs"] for s in j.seeds} == {0, 1}
+    ran = {(j.spec.name, p, s) for j in second["jobs"] for p in j.policies for s in j.seeds}
+    # LC's telemetry cell shares its severe run (same records): that run is the one look 2 adds
+    assert ran == {(pt, p, s) for pt, p in (("telemetry__telemetry-none", "OTF-R"), ("severe__severity-0.01", "LC"))
+                   for s in (2, 3)}
+    root = out / data["name"]
+    rows = pd.read_csv(root / "claims" / "claims.csv").set_index("claim")
+    assert (rows.loc["same-latency", "look"], rows.loc["same-latency", "n_seeds"]) == (1, 2)
+    assert rows.loc["same-latency", "verdict"] == "carries over"
+    assert (rows.loc["no-telemetry-no-change", "look"], rows.loc["no-telemetry-no-change", "n_seeds"]) == (2, 4)
+    assert set(rows["alpha"]) == {0.025}
+    sim_seeds = {(r.point, r.policy, r.seed) for r in load_study(root / "sim").dropna(subset=["run_dir"]).itertuples()}
+    assert ("severe__severity-0.01", "OTF-R", 2) not in sim_seeds  # decided at look 1: never run further
+    assert ("telemetry__telemetry-none", "OTF-R", 3) in sim_seeds
+    assert main(args) == 0 and len(launch.calls) == 2  # everything finished: nothing launched again
