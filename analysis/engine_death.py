@@ -12,7 +12,10 @@ engine_down_s the fitted notice's standard deviation times the share of the aver
 were a core's, with the fit's degrees of freedom; for the failure rate and the composition's shares
 core/defaults/priors.yaml's under an engine fault (none shipped for a share or engine_up_s: their
 seeds must vary to decide). With a repeat, the testbed is judged against itself per quantity
-(analysis.verdict.repeat_verdict): a quantity it does not repeat within the margin cannot pass. The
+(analysis.verdict.repeat_verdict): a quantity it does not repeat within the margin cannot pass. Where
+the simulator ran the same seeds under several calibrations (``testbed compare --calibration-sims``),
+the spread of its mean over them is the calibration's error every seed shares (:func:`engine_common`)
+and widens each interval as it does the twin's checks ("Common spread" in analysis/verdict.py). The
 table exists where a run of either world had an engine fault's kill.
 
 The dead core's notice (``engine.core_death_notice_s``, the simulator's one value) is a parameter
@@ -24,7 +27,7 @@ passes, outside fails, a fail to explain.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +39,8 @@ from rich.table import Table
 from analysis.metric_names import Metric as M, fail_share
 from analysis.run_data import RunData, load_run
 from analysis.summary import mean_ci
-from analysis.verdict import (CONFIDENCE, FAIL, NO_PRIOR, PASS, RULE_VERSION, UNDECIDED, Prior, inside, interval,
-                              prediction_interval, repeat_verdict, seeds_for_power, shipped_prior)
+from analysis.verdict import (CONFIDENCE, FAIL, NO_PRIOR, NO_SPREAD, PASS, RULE_VERSION, UNDECIDED, Prior, Spread,
+                              inside, interval, prediction_interval, repeat_verdict, seeds_for_power, shipped_prior)
 from core.priors import ENGINE
 from core.fits import fit
 from core.metrics_spec import FidelityTolerances
@@ -82,15 +85,35 @@ def notice_prior(core_share: float) -> Prior:
     return Prior(float(np.std(f.samples, ddof=1)) * core_share, len(f.samples) - 1, f"fit {NOTICE}")
 
 
+def engine_common(calibrated: Sequence[pd.DataFrame], policies: Sequence[str]) -> dict[str, Spread]:
+    """Per quantity of :data:`ROWS`, the simulator's spread over calibrations: ``calibrated`` holds
+    one runs frame of sim runs per calibration (the same policies and seeds); per policy the variance
+    over calibrations of the mean over seeds, pooled as the mean over policies, df k - 1 (as the
+    twin's analysis.fidelity_checks.calibration_spreads). Empty with fewer than two calibrations."""
+    if len(calibrated) < 2:
+        return {}
+    out = {}
+    for metric in ROWS:
+        variances = []
+        for policy in policies:
+            means = [m for m in (_mean(_values(r, "sim", policy, metric)) for r in calibrated) if not math.isnan(m)]
+            if len(means) >= 2:
+                variances.append(float(np.var(means, ddof=1)))
+        if variances:
+            out[metric] = Spread(math.sqrt(sum(variances) / len(variances)), len(calibrated) - 1)
+    return out
+
+
 def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies: Sequence[str],
                  tol: FidelityTolerances | None = None, kind: str = ENGINE,
-                 requests: float = math.nan) -> pd.DataFrame | None:
+                 requests: float = math.nan, common: Mapping[str, Spread] | None = None) -> pd.DataFrame | None:
     """One row per policy and quantity of :data:`ROWS` (module docstring): sim, testbed and repeat
     means, diff = testbed - sim, repeatability = testbed - repeat over the repeated seeds, the
     deviation's interval (dev_low, dev_high, n_seeds), its prior (prior_sigma, prior_df), the margin,
     the verdict, why it decides nothing where it does not, the repeat's verdict and the seeds at which
-    it would decide with 80% probability. None where no run has an engine killed by a fault
-    (engine_down_s NaN in every run)."""
+    it would decide with 80% probability; ``common``: the calibration's spread per quantity
+    (:func:`engine_common`), in the interval and the seeds needed. None where no run has an engine
+    killed by a fault (engine_down_s NaN in every run)."""
     if M.ENGINE_DOWN_S not in runs.columns or runs[M.ENGINE_DOWN_S].isna().all():
         return None
     tol = tol or FidelityTolerances()
@@ -118,18 +141,20 @@ def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies:
             rep = _values(repeat_runs, "repeat", policy, metric) if repeat_runs is not None else pd.Series(dtype=float)
             prior = prior_of(metric, shares[policy])
             seeds = tb.index.intersection(sim.index)
-            iv = interval((tb[seeds] - sim[seeds]).to_numpy(), prior)
+            shared = (common or {}).get(metric, NO_SPREAD)
+            iv = interval((tb[seeds] - sim[seeds]).to_numpy(), prior, shared)
             again = tb.index.intersection(rep.index)
             verdict, why = inside(iv, -margin[metric], margin[metric]), iv.why_not
             if verdict == PASS and repeated.get(metric, PASS) != PASS:
                 verdict, why = UNDECIDED, "the testbed does not repeat itself within the margin"
-            needed = seeds_for_power(iv.sd, -margin[metric], margin[metric], iv.mean, prior, either=True) \
+            needed = seeds_for_power(iv.sd, -margin[metric], margin[metric], iv.mean, prior, shared, either=True) \
                 if iv.n and not math.isnan(iv.sd) else None
             rows.append({"policy": policy, "metric": metric, "sim": _mean(sim), "testbed": _mean(tb),
                          "repeat": _mean(rep), "diff": _mean(tb) - _mean(sim),
                          "repeatability": _mean(tb[again] - rep[again]) if len(again) else math.nan,
                          "deviation": iv.mean, "dev_low": iv.low, "dev_high": iv.high, "n_seeds": iv.n,
-                         "prior_sigma": prior.sigma, "prior_df": prior.df, "margin": margin[metric],
+                         "prior_sigma": prior.sigma, "prior_df": prior.df, "cal_sigma": shared.sigma,
+                         "margin": margin[metric],
                          "verdict": verdict, "why": why, "repeat_verdict": repeated.get(metric, "not run"),
                          "seeds_needed": math.nan if needed is None else needed, "rule": RULE_VERSION})
     return pd.DataFrame(rows)

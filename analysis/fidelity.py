@@ -62,7 +62,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.metric_names import Metric as M
-from analysis.engine_death import engine_table, notice_table
+from analysis.engine_death import engine_common, engine_table, notice_table
 from analysis.calibration_check import calibration_check
 from analysis.host_demand import host_demand_check
 from analysis.host_window import host_window_table
@@ -396,7 +396,7 @@ def measure(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
                            agreement_by_seed=paired.agreement_seeds, priors=priors, common=common,
                            calibrated=calibrated, repeats=repeats)
     pairs = pair_table(runs, policies, tol.failure_rate_abs, priors.get(M.FAILURE_RATE, NO_PRIOR))
-    engines = engine_table(runs, repeat_runs, policies, tol, kind, requests)
+    engines = engine_table(runs, repeat_runs, policies, tol, kind, requests, engine_common(calibrated, policies))
     fid = Fidelity(
         scenario=scenario,
         policies=policies,

@@ -334,3 +334,29 @@ def test_the_engine_table_judges_each_quantity_by_the_rule_with_the_notices_spre
     # one seed decides nothing
     one = engine_table(pd.concat([runs("sim", [0.45], [0.05]), runs("testbed", [0.5], [0.05])]), None, ["LC"])
     assert set(one["verdict"]) == {"undecided"}
+
+
+def test_the_engine_table_widens_by_the_calibrations_shared_error_where_several_calibrations_ran():
+    """The simulator's seeds under two calibrations whose mean notice differs by 1.2 s: that spread
+    every seed shares (engine_common, as the twin's checks) joins the interval whole, by
+    Welch-Satterthwaite, so 50 ms off no longer passes against the 1 s margin: undecided."""
+    from analysis.engine_death import engine_common, engine_table, notice_prior
+    from analysis.metric_names import Metric as M
+    from analysis.verdict import interval
+
+    def runs(world: str, downs: list[float]) -> pd.DataFrame:
+        return pd.DataFrame([{"world": world, "policy": "LC", "seed": i, M.ENGINE_DOWN_S: d, M.FAILURE_RATE: 0.05,
+                              M.ENGINE_CORE_SHARE: 0.5} for i, d in enumerate(downs)])
+
+    own, other = runs("sim", [0.45, 0.46, 0.44]), runs("sim", [1.65, 1.66, 1.64])
+    both = pd.concat([own, runs("testbed", [0.5, 0.5, 0.5])])
+    common = engine_common([own, other], ["LC"])
+    assert common[M.ENGINE_DOWN_S].sigma == pytest.approx(1.2 / math.sqrt(2)) and common[M.ENGINE_DOWN_S].pairs == 1
+    assert engine_common([own], ["LC"]) == {}  # one calibration: no spread to measure
+    alone = engine_table(both, None, ["LC"]).set_index("metric").loc[M.ENGINE_DOWN_S]
+    row = engine_table(both, None, ["LC"], common=common).set_index("metric").loc[M.ENGINE_DOWN_S]
+    assert (alone["verdict"], row["verdict"]) == ("pass", "undecided")
+    want = interval([0.05, 0.04, 0.06], notice_prior(0.5), common[M.ENGINE_DOWN_S])
+    assert (row["dev_low"], row["dev_high"]) == pytest.approx((want.low, want.high))
+    assert row["cal_sigma"] == pytest.approx(1.2 / math.sqrt(2))
+    assert row["dev_high"] - row["dev_low"] > 10 * (alone["dev_high"] - alone["dev_low"])
