@@ -20,12 +20,10 @@ gets NaN.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
-from analysis.run_data import RunData, load_run
+from analysis.run_data import RunData
 
 MIN_REQUESTS = 1  # prefills on either side for a figure at all (the counts are in the table)
 OUTSIDE_MIN = 3  # the same engine at other times, preferred as the baseline from this many prefills
@@ -77,9 +75,3 @@ def run_compute_effect(run: RunData) -> pd.DataFrame:
                      "engine_slowdown": slow, "baseline": kind, "n_inside": n_in, "n_baseline": int(len(base))})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
-
-def compute_effect_table(run_dirs: list[Path | str]) -> pd.DataFrame:
-    """:func:`run_compute_effect` of every run directory, together."""
-    frames = [run_compute_effect(load_run(d)) for d in run_dirs]
-    frames = [f for f in frames if not f.empty]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))

@@ -45,6 +45,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from scipy.optimize import least_squares
 
+from core.errors import first_error
 from vocab import MeasuredDemand
 
 from .spec import ExperimentSpec
@@ -310,10 +311,8 @@ def load_calibration(path: str | Path) -> Calibration:
     try:
         return Calibration.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-        raise CalibrationError(f"{p}: invalid calibration at {loc}: {err['msg']}{more}") from None
+        loc, msg, _, more = first_error(e)
+        raise CalibrationError(f"{p}: invalid calibration at {loc}: {msg}{more}") from None
 
 
 def save_calibration(cal: Calibration, path: str | Path) -> Path:

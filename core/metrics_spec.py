@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .errors import first_error
+
 Percentile = Annotated[float, Field(gt=0.0, le=100.0)]
 
 
@@ -115,8 +117,5 @@ def parse_metrics_spec(raw: Any, where: str) -> MetricsSpec:
     try:
         return MetricsSpec(**raw)
     except ValidationError as exc:
-        errs = exc.errors()
-        e = errs[0]
-        loc = ".".join(str(p) for p in e["loc"])
-        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-        raise ValueError(f"{where}: metrics.{loc}: {e['msg']} (got {e.get('input')!r}){more}") from None
+        loc, msg, value, more = first_error(exc)
+        raise ValueError(f"{where}: metrics.{loc}: {msg} (got {value!r}){more}") from None

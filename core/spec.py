@@ -22,6 +22,7 @@ from workloads.spec import WorkloadSpec
 
 from .policies import Weights, check_policy_name
 from .study_spec import StudySpec
+from .errors import first_error
 
 
 class _Spec(BaseModel):
@@ -455,13 +456,11 @@ class SpecError(ValueError):
 
 
 def _one_line(e: ValidationError, source: str) -> str:
-    err = e.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith("function-"))
-    msg = err["msg"].removeprefix("Value error, ")
-    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    loc, msg, value, more = first_error(e)
+    kind = e.errors()[0]["type"]
     where = f" at {loc}" if loc else ""
-    got = f" (got {err['input']!r})" if err["type"] not in ("missing", "value_error") and not isinstance(err["input"], dict) else ""
-    return f"{source}: invalid spec{where}: {msg}{got}{more}".replace("\n", " ")
+    got = f" (got {value!r})" if kind not in ("missing", "value_error") and not isinstance(value, dict) else ""
+    return f"{source}: invalid spec{where}: {msg.removeprefix('Value error, ')}{got}{more}".replace("\n", " ")
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:

@@ -64,8 +64,3 @@ def blamed_pods(stage: str | None, prefill_pod: int, decode_pod: int) -> tuple[i
     pods = {"prefill": prefill_pod, "decode": decode_pod}
     return tuple(sorted({pods[e] for e in ends} - {-1}))
 
-
-def check_stage(stage: str) -> str:
-    if stage not in STAGE_START:
-        raise ValueError(f"unknown stage {stage!r} (known: {', '.join(STAGES)})")
-    return stage

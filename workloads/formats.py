@@ -126,7 +126,9 @@ def clip(text: Any, n: int = 60) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def _one_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name where it has none (the one-line
+    refusal of a trace; core/errors.py says the same for the packages above workloads)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
@@ -134,7 +136,7 @@ def _one_line(exc: BaseException) -> str:
 def _json_error(exc: BaseException) -> str:
     # json and orjson add the position within the line ("line 1 column 97 (char 96)"),
     # which reads like a line of the file; the message names the file's line instead.
-    return re.sub(r":? line \d+ column \d+ \(char \d+\)", "", _one_line(exc)).strip() or "bad JSON"
+    return re.sub(r":? line \d+ column \d+ \(char \d+\)", "", first_line(exc)).strip() or "bad JSON"
 
 
 def record_lines(path: Path, n_rows: int, header: bool) -> np.ndarray | None:
@@ -243,7 +245,7 @@ def _read_csv(path: Path, fmt: Format) -> tuple[pd.DataFrame, _Checker]:
     except pd.errors.EmptyDataError:
         raise WorkloadError(f"trace {path}: file is empty") from None
     except Exception as exc:
-        raise WorkloadError(f"trace {path}: cannot read as csv: {_one_line(exc)}") from None
+        raise WorkloadError(f"trace {path}: cannot read as csv: {first_line(exc)}") from None
     stripped = [c.strip() for c in names]
     missing = [c for c in fmt.columns if c not in stripped]
     if missing:
@@ -260,7 +262,7 @@ def _read_csv(path: Path, fmt: Format) -> tuple[pd.DataFrame, _Checker]:
     try:
         df = pd.read_csv(path, usecols=usecols, dtype=dtype)
     except Exception as exc:  # a row with too many fields, a bad quote...
-        raise WorkloadError(f"trace {path}: cannot read as csv: {_one_line(exc)}") from None
+        raise WorkloadError(f"trace {path}: cannot read as csv: {first_line(exc)}") from None
     df.columns = [c.strip() for c in df.columns]
     if len(df) == 0:
         raise WorkloadError(f"trace {path}: no rows")

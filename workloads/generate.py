@@ -117,19 +117,6 @@ class Workload:
             **({"trace": dict(self.trace)} if self.trace else {}),
         }
 
-    def to_frame(self):
-        """A pandas DataFrame with request_id, arrival_s, prompt_tokens, output_tokens."""
-        import pandas as pd
-
-        return pd.DataFrame(
-            {
-                "request_id": np.arange(len(self), dtype=np.int64),
-                "arrival_s": self.arrival_s,
-                "prompt_tokens": self.prompt_tokens,
-                "output_tokens": self.output_tokens,
-            }
-        )
-
 
 # --------------------------------------------------------------------------- lengths
 

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from workloads import formats
-from workloads.formats import FORMATS, NATIVE, Format, Rows, known_formats, record_lines
+from workloads.formats import FORMATS, NATIVE, Format, Rows, first_line, known_formats, record_lines
 from workloads.spec import TRACE_FORMATS, WorkloadError
 
 COLUMNS = NATIVE.columns
@@ -74,11 +74,6 @@ class Trace:
         return f"data row {int(self.row[i]) + 1}" if self.row is not None else f"row {i + 1}"
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def _read(path: Path, fmt: str) -> pd.DataFrame:
     try:
         if fmt == "csv":
@@ -97,7 +92,7 @@ def _read(path: Path, fmt: str) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise WorkloadError(f"trace {path}: file is empty") from None
     except Exception as exc:  # parser errors differ per format and library
-        raise WorkloadError(f"trace {path}: cannot read as {fmt}: {_one_line(exc)}") from None
+        raise WorkloadError(f"trace {path}: cannot read as {fmt}: {first_line(exc)}") from None
 
 
 def _check_columns(path: Path, names, hint: bool = False) -> None:
@@ -167,7 +162,7 @@ def _detect(p: Path, container: str) -> Format:
         except pd.errors.EmptyDataError:
             raise WorkloadError(f"trace {p}: file is empty") from None
         except Exception as exc:
-            raise WorkloadError(f"trace {p}: cannot read as csv: {_one_line(exc)}") from None
+            raise WorkloadError(f"trace {p}: cannot read as csv: {first_line(exc)}") from None
         return formats.detect(names, "csv")
     if container == "jsonl":
         first = formats.first_json_object(p)

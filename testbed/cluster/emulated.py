@@ -172,13 +172,6 @@ class EmulatedCluster(RayNodes):
         """``argv`` wrapped to run inside the head's namespace (unchanged in local mode)."""
         return nn.netns_exec_argv(self.fabric.head.netns, list(argv)) if self.mode == "netns" else list(map(str, argv))
 
-    def node_argv(self, node: str, argv: Sequence[str]) -> list[str]:
-        """``argv`` wrapped to run inside ``node``'s namespace ("head", "pod0", ...)."""
-        if self.mode == "local":
-            self.fabric.node(node)
-            return list(map(str, argv))
-        return nn.netns_exec_argv(self.fabric.node(node).netns, list(argv))
-
     @property
     def auth_env(self) -> dict[str, str]:
         """Ray token authentication with this run's own token, for every node and driver.

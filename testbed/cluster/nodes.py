@@ -157,7 +157,7 @@ class ClusterReport:
 # --------------------------------------------------------------------------- running on every node
 
 
-def _one_line(exc: BaseException) -> str:
+def _error_line(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None)  # RayTaskError: the exception the task raised
     err = cause if isinstance(cause, BaseException) else exc
     text = " ".join(str(err).split())
@@ -199,7 +199,7 @@ def _run_on(nodes: Sequence[tuple[str, str]], fn: Callable[..., Any], args: tupl
         try:
             out.append(NodeResult(node_id, ip, True, value=ray.get(ref)))
         except Exception as exc:  # the task raised, its worker died, the node went away, ...
-            out.append(NodeResult(node_id, ip, False, error=_one_line(exc)))
+            out.append(NodeResult(node_id, ip, False, error=_error_line(exc)))
     return out
 
 
@@ -315,7 +315,7 @@ def _gpus() -> tuple[tuple[Gpu, ...], str | None, list[str]]:
                                 max_sm_clock_mhz=read(lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
                                 locked_by_project=uuid in locked))
             except Exception as exc:
-                problems.append(f"GPU {i}: {_one_line(exc)}")
+                problems.append(f"GPU {i}: {_error_line(exc)}")
     finally:
         pynvml.nvmlShutdown()
     return tuple(gpus), (None if gpus else "NVML could not read any GPU"), problems
@@ -328,17 +328,17 @@ def node_report() -> NodeReport:
     try:
         ip = ray.util.get_node_ip_address()
     except Exception as exc:
-        problems.append(f"node ip: {_one_line(exc)}")
+        problems.append(f"node ip: {_error_line(exc)}")
     try:
         interfaces = _interfaces()
     except Exception as exc:
         interfaces = ()
-        problems.append(f"interfaces: {_one_line(exc)}")
+        problems.append(f"interfaces: {_error_line(exc)}")
     try:
         gpus, gpu_missing, gpu_problems = _gpus()
         problems += gpu_problems
     except Exception as exc:
-        gpus, gpu_missing = (), f"reading GPUs failed: {_one_line(exc)}"
+        gpus, gpu_missing = (), f"reading GPUs failed: {_error_line(exc)}"
     return NodeReport(hostname=socket.gethostname(), ip=ip, pid=os.getpid(), uid=os.geteuid(),
                       root=os.geteuid() == 0, net_admin=has_net_admin(), netns_missing=missing_privileges(),
                       interfaces=interfaces, gpus=gpus, gpu_missing=gpu_missing, problems=tuple(problems))

@@ -40,7 +40,7 @@ def require_root(what: str) -> None:
                                 "run the fault agent as root")
 
 
-def _one_line(text: str) -> str:
+def _squashed(text: str) -> str:
     return " ".join(text.split())
 
 
@@ -53,7 +53,7 @@ _NVML_HINTS = {"NVML_ERROR_NO_PERMISSION": "changing GPU clocks needs root",
 def _nvml_failure(nvml: Any, exc: Exception, what: str) -> ComputeFaultError:
     code = getattr(exc, "value", None)
     hint = next((h for name, h in _NVML_HINTS.items() if code is not None and code == getattr(nvml, name, None)), None)
-    return ComputeFaultError(_one_line(f"{what}: NVML: {exc}" + (f": {hint}" if hint else "")))
+    return ComputeFaultError(_squashed(f"{what}: NVML: {exc}" + (f": {hint}" if hint else "")))
 
 
 @contextmanager
@@ -66,7 +66,7 @@ def _nvml() -> Iterator[Any]:
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # NVMLError subclasses, or a missing libnvidia-ml
-        raise ComputeFaultError(_one_line(f"GPU throttle unavailable: NVML init failed: {exc}")) from None
+        raise ComputeFaultError(_squashed(f"GPU throttle unavailable: NVML init failed: {exc}")) from None
     try:
         yield pynvml
     finally:
