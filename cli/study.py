@@ -103,6 +103,7 @@ def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int
 
 def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, study_dir: Path | None,
          calibration, only: set[tuple[str, str, int]] | None = None) -> int:
+    from analysis.study import CELL_FILE
     from study.runner import run_study
 
     if calibration is not None:
@@ -116,7 +117,7 @@ def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, st
                         source=args.spec, console=console, max_hours=args.max_hours, study_dir=study_dir,
                         only=only)
     except KeyboardInterrupt:
-        done = sum(1 for _ in where.rglob("cell.json"))
+        done = sum(1 for _ in where.rglob(CELL_FILE))
         console.print(f"interrupted: the {done} finished run(s) are kept; the same command runs the rest")
         return 130
     console.print(f"{res.ran} run(s) done in {res.wall_s:.0f} s ({res.cpu_s:.0f} CPU-s), {res.skipped} were "

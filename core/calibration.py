@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from scipy.optimize import least_squares
 
 from core.errors import first_error
+from core.files import write_json_atomic
 from vocab import MeasuredDemand
 
 from .spec import ExperimentSpec
@@ -318,7 +319,7 @@ def load_calibration(path: str | Path) -> Calibration:
 def save_calibration(cal: Calibration, path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(cal.model_dump(mode="json"), indent=1))
+    write_json_atomic(p, cal.model_dump(mode="json"), indent=1)
     return p
 
 

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from analysis.study import STUDY_FILE
 from core.files import write_json_atomic
 from core.study import Cell
 
@@ -34,6 +35,6 @@ def write_index(study_dir: Path, spec: Any, cells: list[Cell], extra: dict[str, 
     axes: list[str] = []
     for sw in spec.study.sweeps:
         axes += [a for a in sw.axes if a not in axes]
-    write_json_atomic(study_dir / "study.json", {
+    write_json_atomic(study_dir / STUDY_FILE, {
         "name": spec.name, "axes": axes, "study": spec.study.model_dump(mode="json"),
         "cells": [c.index_row() for c in cells], **(extra or {})}, indent=1, default=str)

@@ -31,6 +31,7 @@ from typing import Any
 
 from rich.console import Console
 
+from analysis.study import STUDY_FILE
 from analysis.study_claims import CLAIMS_FIXED, REPEAT, TESTBED, fixed_record
 from core.study import Cell, distinct_runs
 from study.cells import write_cell, write_index
@@ -114,7 +115,7 @@ def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_roo
         (study_root / world).mkdir(parents=True, exist_ok=True)
     # How each claim is judged is fixed before the first run; a later call keeps that record and notes
     # a change, which the verdicts then carry (analysis/study_claims.py fixed_note).
-    index = study_root / TESTBED / "study.json"
+    index = study_root / TESTBED / STUDY_FILE
     try:
         previous = json.loads(index.read_text()).get(CLAIMS_FIXED) if index.is_file() else None
     except (OSError, ValueError):  # a torn index: the runs' cell.json files still say what is finished

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.files import write_json_atomic
 from testbed.machine import netns as nn
 from testbed.cluster import rayup
 from testbed.machine.netns import HEAD, Fabric, NodeLink
@@ -212,8 +213,8 @@ class RayNodes:
         """Every node's sshd, then ``ray up`` on the run's cluster file from the head's namespace."""
         root = self.temp_root
         rayup.make_keys(root, self.fabric)
-        (root / "fabric.json").write_text(json.dumps({"run_id": self.run_id, "nodes": [
-            {"name": n.name, "address": n.address} for n in self.fabric.nodes]}))
+        write_json_atomic(root / "fabric.json", {"run_id": self.run_id, "nodes": [
+            {"name": n.name, "address": n.address} for n in self.fabric.nodes]})
         rayup.write_node_commands(root, {n.name: ([a for a in self._ray_argv(n.name) if a != "--block"],
                                                   self._node_env(n.name)) for n in self.fabric.nodes})
         rayup.ensure_privsep_dir()

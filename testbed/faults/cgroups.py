@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.files import write_json_atomic
 from testbed.machine.procs import ppid
 from testbed.faults.compute_common import ComputeFaultError
 
@@ -258,13 +259,11 @@ def load_state(key: str) -> dict[str, Any]:
 def save_state(key: str, origins: Origins) -> None:
     """Record ``key``'s owner (this process) and its processes' original cgroups."""
     d = state_dir()
-    text = json.dumps({"key": key, "owner": os.getpid(), "origins": origins})
     for attempt in range(3):
         try:
             d.mkdir(parents=True, exist_ok=True)
-            tmp = d / f".{key}.{os.getpid()}.tmp"
-            tmp.write_text(text)
-            tmp.replace(state_path(key))  # atomic: a reader never sees half a file
+            # a reader never sees half a file
+            write_json_atomic(state_path(key), {"key": key, "owner": os.getpid(), "origins": origins})
             return
         except FileNotFoundError:
             if attempt == 2:  # another process keeps removing the (empty) state dir

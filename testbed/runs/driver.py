@@ -38,6 +38,7 @@ from workloads.generate import Workload
 
 from core.canary import Reference, canary_ids
 from core.experiment import run_dir_for, testbed_capacity
+from core.files import write_json_atomic
 from core.spec import ExperimentSpec
 from core.calibration import Calibration, load_calibration, save_calibration
 from core.logs import configure_from_env
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         summary_path = Path(args.out) / spec0.name / "testbed.json"
         summary_path.parent.mkdir(parents=True, exist_ok=True)
-        summary_path.write_text(json.dumps(summary, indent=2, default=str))
+        write_json_atomic(summary_path, summary, indent=2, default=str)
         try:
             if agents is not None:
                 agents.shutdown()  # every fault cleared before anything else goes
