@@ -20,7 +20,6 @@ from cli.cluster import IN_HEAD_ENV
 from cli.common import out_console
 
 Group = tuple[str, Sequence[Any]]  # a title and its checks (testbed.cluster.preflight.Check)
-_STYLE = {"ok": "green", "FAIL": "bold red", "n/a": "dim"}
 
 
 def add_doctor_parser(sub: Any) -> None:
@@ -38,21 +37,24 @@ def render(groups: Sequence[Group], console: Any) -> int:
     """Print each group's checks, one line each (never wrapped, for logs); the number of FAILs."""
     from rich.text import Text
 
+    from testbed.cluster.checks import FAIL, NA, OK
+
+    style = {OK: "green", FAIL: "bold red", NA: "dim"}
     width = max((len(c.name) for _, checks in groups for c in checks), default=0)
-    counts = {"ok": 0, "n/a": 0, "FAIL": 0}
+    counts = {OK: 0, NA: 0, FAIL: 0}
     for title, checks in groups:
         console.print(Text(title, style="bold"), soft_wrap=True)
         for c in checks:
             counts[c.status] += 1
             line = Text("  ")
-            line.append(f"{c.status:<4}", style=_STYLE[c.status])
+            line.append(f"{c.status:<4}", style=style[c.status])
             line.append(f"  {c.name:<{width}}  {c.detail}")
             if c.fix:
                 line.append(f"; fix: {c.fix}")
             console.print(line, soft_wrap=True)
-    verdict = "the testbed can run here" if not counts["FAIL"] else "fix the lines marked FAIL"
-    console.print(f"{counts['ok']} ok, {counts['n/a']} n/a, {counts['FAIL']} FAIL: {verdict}", soft_wrap=True)
-    return counts["FAIL"]
+    verdict = "the testbed can run here" if not counts[FAIL] else f"fix the lines marked {FAIL}"
+    console.print(f"{counts[OK]} {OK}, {counts[NA]} {NA}, {counts[FAIL]} {FAIL}: {verdict}", soft_wrap=True)
+    return counts[FAIL]
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
