@@ -1,5 +1,6 @@
 """A group-sequential design for a study's claims: the verdicts read at two or three looks, seeds
-added only where a claim is still undecided (docs/verdicts.md "Looks").
+added only where a claim is still undecided (docs/verdicts.md "Looks: seeds added only where claims
+are undecided").
 
 * **Looks** are seed counts n_1 < ... < n_K, the last the study's number of seeds (the spec's
   ``study.looks``); look k reads the first n_k of the study's seeds in the order ``study.seeds``

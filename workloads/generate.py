@@ -18,7 +18,6 @@ import numpy as np
 from workloads.spec import (
     ChoiceLength,
     FixedLength,
-    GammaArrival,
     LogNormalLength,
     PoissonArrival,
     TraceArrival,
