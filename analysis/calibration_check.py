@@ -82,6 +82,7 @@ from analysis.verdict import FAIL, inside, interval
 from core.calibration import EngineCalibration, NetworkCalibration
 from core.engine_timing import decode_step_s, lone_pull_s, prefill_s
 from core.topology import GBPS
+from vocab import PREFILL
 
 # A fit whose median misses the run's quiet requests by more than 15% is flagged.
 CALIBRATION_MISS = 0.15
@@ -345,7 +346,7 @@ def batch_at_join(requests: pd.DataFrame, spec: Mapping[str, Any]) -> tuple[np.n
 
 def predict(stage: str, samples: pd.DataFrame, engine: EngineCalibration, network: NetworkCalibration) -> np.ndarray:
     """The calibration's prediction for each of a stage's :func:`quiet_samples`."""
-    if stage == "prefill":
+    if stage == PREFILL:
         return predicted_prefill_s(samples["batch_tokens"].to_numpy(float), engine)
     if stage == "kv_pull":
         return predicted_pull_s(samples["kv_bytes"].to_numpy(float), engine, network)

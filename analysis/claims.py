@@ -49,6 +49,7 @@ from analysis.looks import first_decided
 from analysis.verdict import (ALPHA, DIRECTIONS, MIN_SEEDS, NO_PRIOR, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior,
                               claim_verdict, inside, interval, no_effect, pooled_sd, seeds_for_power, with_repeat,
                               world_status)
+from vocab import SIM, TESTBED
 
 WORLDS = ("sim", "testbed", "repeat")
 COLUMNS = ("claim", "world", "seed", "value", "a", "b")
@@ -147,7 +148,7 @@ def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | N
     prior = effect_prior(rule)
     if not looks:  # one look: every seed either world has
         seeds = sorted(set(sim.index) | set(tb.index))
-    ran = set(g.loc[g["world"] == "sim", "seed"]) & set(g.loc[g["world"] == "testbed", "seed"])
+    ran = set(g.loc[g["world"] == SIM, "seed"]) & set(g.loc[g["world"] == TESTBED, "seed"])
 
     def judge(chosen: list[int], alpha: float) -> tuple[str, tuple[Interval, Interval, Interval, float, list[int]]]:
         if looks and not set(chosen) <= ran:

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.run_data import RunData
+from vocab import FAULT_COMPUTE
 
 MIN_REQUESTS = 1  # prefills on either side for a figure at all (the counts are in the table)
 OUTSIDE_MIN = 3  # the same engine at other times, preferred as the baseline from this many prefills
@@ -34,7 +35,7 @@ COLUMNS = ("policy", "seed", "world", "pod", "start_s", "end_s", "asked", "measu
 def _windows(faults: pd.DataFrame) -> pd.DataFrame:
     """Each compute fault's applied span per pod: start_s, end_s (the run's end where never
     cleared), its asked factor and what the agent measured as it applied it."""
-    c = faults[faults.kind == "compute"].sort_values("time_s")
+    c = faults[faults.kind == FAULT_COMPUTE].sort_values("time_s")
     rows = []
     for (fid, pod), g in c.groupby(["fault_id", "pod"], sort=False):
         applied = g[g.event == "apply"]

@@ -45,7 +45,7 @@ from core.priors import ENGINE
 from core.fits import fit
 from core.metrics_spec import FidelityTolerances
 from core.stages import FAILURE_STAGES
-from vocab import DECODE, KV_TRANSFER, PREFILL, ROLE_DECODE, ROLE_PREFILL
+from vocab import DECODE, ERROR, FAULT_ENGINE, FAULT_LINK, KV_TRANSFER, OK, PREFILL, ROLE_DECODE, ROLE_PREFILL, TESTBED
 
 ROWS: tuple[str, ...] = (M.ENGINE_DOWN_S, M.ENGINE_UP_S, M.FAILURE_RATE, *(fail_share(s) for s in FAILURE_STAGES))
 FILE = "fidelity_engines.csv"
@@ -118,7 +118,7 @@ def engine_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame | None, policies:
         return None
     tol = tol or FidelityTolerances()
     margin = margins(tol)
-    both = pd.concat([runs[runs["world"] == "testbed"], repeat_runs], ignore_index=True) \
+    both = pd.concat([runs[runs["world"] == TESTBED], repeat_runs], ignore_index=True) \
         if repeat_runs is not None else None
     shares = {p: max((x for x in (_mean(_values(runs, w, p, M.ENGINE_CORE_SHARE)) for w in ("sim", "testbed"))
                       if not math.isnan(x)), default=math.nan) for p in policies}
@@ -172,7 +172,7 @@ def core_death_notices(run: RunData) -> list[float]:
     faults, engines, req = run.faults, run.engines, run.requests
     if faults.empty or engines.empty or req.empty:
         return []
-    kills = faults[(faults["kind"] == "engine") & (faults["event"] == "apply")
+    kills = faults[(faults["kind"] == FAULT_ENGINE) & (faults["event"] == "apply")
                    & faults["target"].astype(str).str.endswith("/core")]
     out = []
     for k in kills.itertuples():
@@ -181,7 +181,7 @@ def core_death_notices(run: RunData) -> list[float]:
                 continue
             pod_col = "prefill_pod" if role == ROLE_PREFILL else "decode_pod"
             on_it = req[(req[pod_col] == k.pod) & (req["routed_s"] < k.time_s) & (~(req["end_s"] < k.time_s))
-                        & (req["outcome"] == "error") & (req["failed_stage"] == stage)]
+                        & (req["outcome"] == ERROR) & (req["failed_stage"] == stage)]
             down = engines[(engines["pod"] == k.pod) & (engines["role"] == role) & (engines["state"] == "down")
                            & (engines["time_s"] >= k.time_s)]
             if len(on_it) and len(down):
@@ -223,15 +223,15 @@ def heal_brackets(run: RunData) -> list[dict[str, Any]]:
     if faults.empty or req.empty or "kv_start_s" not in req.columns:
         return []
     out = []
-    downs = faults[(faults["kind"] == "link") & (faults["event"] == "apply") & (faults["severity"] == 0)]
+    downs = faults[(faults["kind"] == FAULT_LINK) & (faults["event"] == "apply") & (faults["severity"] == 0)]
     for f in downs.itertuples():
         clears = faults[(faults["fault_id"] == f.fault_id) & (faults["event"] == "clear")]
         if clears.empty:
             continue
         heal = float(clears["time_s"].min())
         across = req[((req["prefill_pod"] == f.pod) | (req["decode_pod"] == f.pod)) & (req["kv_start_s"] >= heal)]
-        failed = across[(across["outcome"] == "error") & (across["failed_stage"] == KV_TRANSFER)]
-        ok = across[across["outcome"] == "ok"]
+        failed = across[(across["outcome"] == ERROR) & (across["failed_stage"] == KV_TRANSFER)]
+        ok = across[across["outcome"] == OK]
         out.append({"pod": int(f.pod), "heal_s": heal, "failed_starts_s": (failed["kv_start_s"] - heal).tolist(),
                     "ok_starts_s": (ok["kv_start_s"] - heal).tolist()})
     return out

@@ -81,7 +81,7 @@ from analysis.plots import RunCurves, run_curves
 from analysis.summary import discover_runs, runs_frame
 from core.metrics_spec import FidelityTolerances
 from core.records import read_meta
-from vocab import Outcome
+from vocab import SIM, TESTBED, Outcome
 
 NAN = math.nan
 # What defines a scenario. Engine speeds, link rates and KV parameters may differ: the simulator's side
@@ -200,7 +200,7 @@ def check_repeat(testbed: Sequence[tuple[Path, Mapping[str, Any]]],
     ref = scenario_fingerprint(_spec_of(path0, meta0))
     held = {(str(m.get("policy")), m.get("seed")) for _, m in testbed}
     for path, meta in repeat:
-        if meta.get("world") != "testbed":
+        if meta.get("world") != TESTBED:
             raise ValueError(f"compare: the repeat {path} is a {meta.get('world')!r} run; a repeat is a testbed run")
         if meta.get("scenario") != meta0.get("scenario"):
             raise ValueError(f"compare: the repeat {path} is scenario {meta.get('scenario')!r}, the testbed runs "
@@ -363,7 +363,7 @@ def measure(sim_paths: Iterable[Path | str], testbed_paths: Iterable[Path | str]
                 continue
             rows.append(run_row(run))
             curves.append(run_curves(run))
-            if tol is None and run.world == "testbed":
+            if tol is None and run.world == TESTBED:
                 tol = run.spec.fidelity
     runs = runs_frame(rows)
     tol = tol or FidelityTolerances()  # not reached: check_same_scenario refuses an empty testbed side
@@ -438,7 +438,7 @@ def _calibrated(runs: pd.DataFrame, tb_frame: pd.DataFrame, calibration_sims: Se
     same policies and seeds) and the simulator's spread over them per check; ([], {}) without any."""
     if not calibration_sims:
         return [], {}
-    own = runs[runs["world"] == "sim"]
+    own = runs[runs["world"] == SIM]
     held = set(zip(own["policy"], own["seed"]))
     frames, agreements = [own], [agreement]
     for paths in calibration_sims:

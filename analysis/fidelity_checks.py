@@ -20,6 +20,7 @@ from analysis.verdict import (FAIL, NO_PRIOR, NO_SPREAD, PASS, RULE_VERSION, UND
                               inside, interval, seeds_for_power, shipped_prior)
 from core.metrics_spec import FidelityTolerances
 from core.stages import FAILURE_STAGES
+from vocab import TESTBED
 
 NAN = math.nan
 EPS = 1e-12  # float rounding in ties
@@ -83,7 +84,7 @@ def repeat_spreads(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequ
                    agreement_by_seed: pd.DataFrame | None) -> dict[str, Spread]:
     """The testbed's spread of each check's deviation (analysis.verdict.Spread.of): the repeat in the
     simulator's place, pooled over every policy and seed the repeat holds."""
-    both = pd.concat([runs[runs["world"] == "testbed"], repeat_runs], ignore_index=True)
+    both = pd.concat([runs[runs["world"] == TESTBED], repeat_runs], ignore_index=True)
     out = {}
     for metric, kind, _ in _checks(tol):
         d = [deviations(both, p, metric, kind, REPEAT, agreement_by_seed) for p in policies]
@@ -103,7 +104,7 @@ def repeat_checks(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Seque
     """Does the testbed repeat itself, check by check: the deviation of each check with the repeat in
     the simulator's place, pooled over every policy and seed the repeat holds (the pair is the unit),
     judged inside the check's own bounds by the rule with the prior of a difference of two runs."""
-    both = pd.concat([runs[runs["world"] == "testbed"], repeat_runs], ignore_index=True)
+    both = pd.concat([runs[runs["world"] == TESTBED], repeat_runs], ignore_index=True)
     out = {}
     for metric, kind, limit in _checks(tol):
         d = [deviations(both, p, metric, kind, REPEAT, agreement_by_seed) for p in policies]
@@ -125,7 +126,7 @@ def calibration_spreads(testbed_runs: pd.DataFrame, calibrated: Sequence[pd.Data
     fewer than two calibrations."""
     if len(calibrated) < 2:
         return {}
-    tb = testbed_runs[testbed_runs["world"] == "testbed"]
+    tb = testbed_runs[testbed_runs["world"] == TESTBED]
     out = {}
     for metric, kind, _ in _checks(tol):
         variances = []
@@ -209,7 +210,7 @@ def repeat_table(runs: pd.DataFrame, repeat_runs: pd.DataFrame, policies: Sequen
     """The testbed against its repeat, check by check (:func:`fidelity_table` with the repeat as the other
     side; the testbed's runs only of the (policy, seed) pairs the repeat holds), each row's mean
     ``deviation``, without tolerance, verdict or interval: a description of the instrument."""
-    tb = runs[runs["world"] == "testbed"]
+    tb = runs[runs["world"] == TESTBED]
     held = pd.MultiIndex.from_frame(repeat_runs[["policy", "seed"]])
     tb = tb[pd.MultiIndex.from_frame(tb[["policy", "seed"]]).isin(held)]
     table = fidelity_table(pd.concat([tb, repeat_runs], ignore_index=True), policies, tol, agreement, REPEAT,

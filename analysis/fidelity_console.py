@@ -30,6 +30,7 @@ from analysis.paired import ALL, OUTCOME_AGREEMENT, SPAN_NAMES, PairedReport
 from analysis.paired_stats import SUMMARY_STATS
 from analysis.verdict import NO_PRIOR, RULE_VERSION
 from core.stages import FAILURE_STAGES
+from vocab import SIM
 
 LABEL = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
 
@@ -130,7 +131,7 @@ def _composition_table(fid: Fidelity) -> Table:
     comp = fid.composition.set_index(["policy", "stage"])
     for p in fid.policies:
         for world in ("sim", "testbed"):
-            t.add_row(escape(p) if world == "sim" else "", world,
+            t.add_row(escape(p) if world == SIM else "", world,
                       *(_pct(comp.loc[(p, s), f"{world}_share"]) for s in stages))
     return t
 

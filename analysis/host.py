@@ -28,7 +28,7 @@ import pandas as pd
 
 from core.engine_timing import prefill_s
 from core.limits import give_up_s, spec_first_token_limit
-from vocab import Outcome
+from vocab import FAULT_COMPUTE, Outcome
 
 COLUMNS = ("host_pressure", "host_cpu_s", "host_wait_s", "host_lost_wakeup_s", "prefill_slowdown", "host_stalled")
 PRESSURED = 0.5  # the share of a request's life under CPU pressure that counts as a pressured host
@@ -106,7 +106,7 @@ def request_host_stall(requests: pd.DataFrame, host: pd.DataFrame, deadline_s: f
 def _compute_faulted(requests: pd.DataFrame, faults: pd.DataFrame) -> np.ndarray:
     """Whether a compute fault was on the request's prefill pod at any time of its prefill."""
     out = np.zeros(len(requests), bool)
-    comp = faults[faults["kind"] == "compute"] if len(faults) else faults
+    comp = faults[faults["kind"] == FAULT_COMPUTE] if len(faults) else faults
     if comp.empty:
         return out
     a = requests["prefill_start_s"].to_numpy(float)

@@ -31,7 +31,7 @@ from analysis.metrics import (
 from analysis.run_data import RunData, load_run
 from core.stages import AFTER_PREFILL
 from core.records import NIXL_KV_EXPIRED, NIXL_READS_AFTER_EXPIRY
-from vocab import Outcome
+from vocab import FAULT_ENGINE, TESTBED, Outcome
 
 
 def host_stall(run: RunData) -> dict[str, float]:
@@ -74,7 +74,7 @@ def corruption(requests: pd.DataFrame, meta: dict[str, Any], world: str) -> dict
     every pull's end against its lease (engine.kv_lease_s), so every request that decoded to its
     end was checked. NaN with none checked."""
     corrupt = int(requests["outcome"].eq(Outcome.CORRUPT).sum())
-    if world == "testbed":
+    if world == TESTBED:
         c = meta.get("canaries")
         checked = int(c.get("checked", 0)) if isinstance(c, dict) else 0
     else:
@@ -127,7 +127,7 @@ def retry_work(requests: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, floa
 def _engine_lags(engines: pd.DataFrame, faults: pd.DataFrame, state: str) -> list[tuple[float, int]]:
     """(lag, fault_id) of each ``state`` record on a pod an engine fault acted on: the time from the
     pod's last engine ``apply`` (``clear`` for "up") row at or before the record to the record."""
-    acts = faults[(faults["kind"] == "engine") & (faults["event"] == ("apply" if state == "down" else "clear"))]
+    acts = faults[(faults["kind"] == FAULT_ENGINE) & (faults["event"] == ("apply" if state == "down" else "clear"))]
     lags = []
     for row in engines[engines["state"] == state].itertuples():
         at = acts[(acts["pod"] == row.pod) & (acts["time_s"] <= row.time_s)]

@@ -44,6 +44,7 @@ from core.sizes import workload_requests
 from core.spec import SpecError
 from core.study import ClaimSides, claim_cells, claim_points, claim_reads, claim_sides
 from core.study_spec import StudySpec
+from vocab import SIM, TESTBED
 
 # What "reaction and cost" shows per world, point and policy (mean over seeds).
 REACTION_COST = (M.FAILURE_RATE, M.REACTION_S, M.TRAFFIC_DEFLECTION_RATIO, M.NEEDLESS_DEFLECTION_RATIO,
@@ -319,7 +320,7 @@ def claim_figure(row: pd.Series, effects: pd.DataFrame, prior: Prior, path: Path
         per_world[world] = w
         jitter = np.linspace(-0.12, 0.12, len(w)) if len(w) > 1 else np.zeros(len(w))
         ax.scatter(x + jitter, w.to_numpy(), color=WORLD_COLORS[world], zorder=3, label=f"{world} (per seed)")
-        if world == "testbed":
+        if world == TESTBED:
             rep = mine.loc[mine["world"] == "repeat", "value"].to_numpy(dtype=float)
             if len(rep):
                 ax.scatter(np.full(len(rep), x + 0.18), rep, facecolors="none", edgecolors=WORLD_COLORS[world],
@@ -457,8 +458,9 @@ def fixed_note(fixed: Mapping[str, Any] | None) -> str | None:
 
 # --------------------------------------------------------------------------- a carry-over study directory
 
-# The worlds' study directories in a carry-over study's directory (study/testbed_side.py writes them).
-SIM, TESTBED, REPEAT, CLAIMS = "sim", "testbed", "repeat", "claims"
+# The worlds' study directories in a carry-over study's directory (study/testbed_side.py writes them):
+# each world's (vocab's SIM, TESTBED), the testbed's repeat and the claims.
+REPEAT, CLAIMS = "repeat", "claims"
 
 
 def is_carryover(path: Path | str) -> bool:

@@ -8,6 +8,7 @@ import os
 import sys
 
 from cli.common import csv, out_console
+from vocab import MODE_NETNS
 
 # Set in a command re-run inside an emulated cluster's head namespace (see in_cluster).
 IN_HEAD_ENV = "TESTBED_IN_CLUSTER_HEAD"
@@ -60,7 +61,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
               + ", ".join(f"{n.name}={n.address}" for n in info.nodes))
         env = " ".join(f"{k}={v}" for k, v in {"RAY_ADDRESS": c.address, **c.auth_env}.items())
         print(f"drivers: {env} ip netns exec {c.fabric.head.netns} python ..."
-              if c.mode == "netns" else f"drivers: {env} python ...")
+              if c.mode == MODE_NETNS else f"drivers: {env} python ...")
         print(f"stop: testbed cluster down {info.run_id}")
     elif args.action == "down":
         done = [emulated.EmulatedCluster.attach(None, r).down() or r for r in args.run_ids] if args.run_ids \

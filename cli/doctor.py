@@ -18,6 +18,7 @@ from typing import Any
 
 from cli.cluster import IN_HEAD_ENV
 from cli.common import out_console
+from vocab import MODE_NETNS
 
 Group = tuple[str, Sequence[Any]]  # a title and its checks (testbed.cluster.preflight.Check)
 
@@ -82,11 +83,11 @@ def _on_cluster(args: argparse.Namespace, params: Any, console: Any) -> int:
         c = emulated_cluster_at(address)
         if c is not None:
             failed = 0
-            if c.mode == "netns":  # a run forwards these host ports into the head (testbed/runs/launch.py)
+            if c.mode == MODE_NETNS:  # a run forwards these host ports into the head (testbed/runs/launch.py)
                 failed = render([(f"this machine, host of the emulated cluster {c.run_id}", [
                     check_port("metrics", *params.metrics), check_port("ingress", *params.ingress, " (run --serve)")])],
                     console)
-            where = f"inside its head's namespace {c.fabric.head.netns}" if c.mode == "netns" else "here (local mode)"
+            where = f"inside its head's namespace {c.fabric.head.netns}" if c.mode == MODE_NETNS else "here (local mode)"
             console.print(f"emulated cluster {c.run_id}: the checks run {where}", soft_wrap=True)
             argv = [sys.executable, "-m", "cli", "doctor", "--address", address]
             argv += [str(Path(args.spec).resolve())] if args.spec else []

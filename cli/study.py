@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from cli.common import console, csv, out_console
+from vocab import SIM, TESTBED
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -18,9 +19,9 @@ def cmd_study(args: argparse.Namespace) -> int:
     sweeps = csv(args.sweeps) if args.sweeps else None
     if args.plan:
         return _plan(spec, args, sweeps)
-    if args.world == "sim" and args.calibration:
+    if args.world == SIM and args.calibration:
         return _resimulate(spec, args, sweeps)
-    if args.world == "sim":
+    if args.world == SIM:
         return _sim(spec, args, sweeps, Path(args.out), study_dir=None, calibration=None)
     return _both(spec, args, sweeps)
 
@@ -85,7 +86,7 @@ def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int
     (a calibration fitted on the study's own runs, say), into STUDY/sim; where STUDY/testbed holds the
     testbed's runs, the claims are judged again on them (docs/study.md "Another calibration, the same
     testbed runs"). No engine starts."""
-    from analysis.study_claims import CLAIMS, SIM, TESTBED, carryover_report
+    from analysis.study_claims import CLAIMS, carryover_report
     from analysis.study import STUDY_FILE
     from core.calibration import load_calibration
 
@@ -135,7 +136,7 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     simulator's and the verdict per claim (analysis/study_claims.py). A study with looks
     (analysis/looks.py) does this look by look: look 1's seeds for every claim, then each further
     look's seeds only for the cells of the claims still undecided."""
-    from analysis.study_claims import CLAIMS, SIM, TESTBED, carryover_report, check_claim_metrics
+    from analysis.study_claims import CLAIMS, carryover_report, check_claim_metrics
     from study.testbed_side import run_testbed_side
     from core.calibration import load_calibration
     from core.sizes import check_fits
@@ -170,7 +171,7 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
         except KeyboardInterrupt:
             console.print("interrupted: the finished runs are kept (cell.json); the same command runs the rest")
             return 130
-        if args.world == "testbed":
+        if args.world == TESTBED:
             later = "; looks after the first are judged with --world both" if len(looks) > 1 else ""
             console.print(f"report: testbed report {root / TESTBED}{later}")
             return 0

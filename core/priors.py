@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from .sizes import field_of
+from vocab import FAULT_LINK
 
 # The kinds of fault a prior may differ by, in the order :func:`fault_kind` takes the first present.
 NONE, LINK, LINK_DOWN, COMPUTE, ENGINE = KINDS = ("none", "link", "link_down", "compute", "engine")
@@ -31,7 +32,7 @@ def fault_kind(faults: Iterable[Any]) -> str:
     kinds: set[str] = set()
     for f in faults or ():
         kind = field_of(f, "kind")
-        kinds.add(LINK_DOWN if kind == "link" and field_of(f, "residual_bw") == 0 else kind)
+        kinds.add(LINK_DOWN if kind == FAULT_LINK and field_of(f, "residual_bw") == 0 else kind)
     return next((k for k in _ORDER if k in kinds), NONE)
 
 

@@ -18,6 +18,7 @@ import math
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
+from vocab import SIM, TESTBED
 
 if TYPE_CHECKING:
     from .spec import ExperimentSpec
@@ -99,7 +100,7 @@ def footprint(spec: "ExperimentSpec", world: Literal["sim", "testbed"]) -> Footp
     # the simulator, or the testbed's router: the same core structures per worker and request (the
     # testbed's engines are testbed.runs.launch.check_machine's to count)
     memory = SIM_BASE_BYTES + SIM_WORKER_BYTES * workers + SIM_REQUEST_BYTES * (requests or 0) + ring
-    if world == "sim":
+    if world == SIM:
         seconds = None if requests is None else (
             SIM_CPU_PER_WORKER_S * workers + requests * (SIM_CPU_PER_REQUEST_S + SIM_CPU_PER_REQUEST_WORKER_S * workers))
     else:
@@ -140,14 +141,14 @@ def check_fits(spec: "ExperimentSpec", world: Literal["sim", "testbed"], runs: i
     what = f"{t.pods:,} pods x {t.workers_per_pod:,} workers"
     if fp.requests is not None:
         what += f", about {fp.requests:,.0f} requests a run"
-    where = "in the simulator" if world == "sim" else "on the testbed"
+    where = "in the simulator" if world == SIM else "on the testbed"
     if fp.memory_bytes > have:
         raise SizeError(f"{spec.name}: too large to run {where} ({what}): it needs about {_size(fp.memory_bytes)} "
                         f"of memory, this machine has {_size(have)} available (estimate: core/sizes.py)")
     if fp.seconds is not None:
-        total = runs * fp.seconds + (ENGINE_START_S if world == "testbed" else 0.0)
+        total = runs * fp.seconds + (ENGINE_START_S if world == TESTBED else 0.0)
         if total > max_hours * 3600:
-            kind = "CPU time" if world == "sim" else "wall time"
+            kind = "CPU time" if world == SIM else "wall time"
             raise SizeError(f"{spec.name}: too long to run {where} ({what}): {runs} run(s) need about "
                             f"{duration_text(total)} of {kind}, over the {max_hours:g} h allowed (--max-hours; "
                             f"estimate: core/sizes.py)")

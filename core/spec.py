@@ -17,7 +17,7 @@ from .host_model import worker_spin_s
 from .limits import first_token_limit
 from .metrics_spec import MetricsSpec
 from faults.spec import FaultSpec, HealthSpec, TelemetrySpec
-from vocab import ROLE_BOTH, ROLE_PREFILL, EmulatedMode, Executor
+from vocab import FAULT_ENGINE, FAULT_LINK, ROLE_BOTH, ROLE_PREFILL, EmulatedMode, Executor
 from workloads.spec import WorkloadSpec
 
 from .policies import Weights, check_policy_name
@@ -422,18 +422,18 @@ class ExperimentSpec(_Spec):
         if t.placement == "by_pod":  # whole pods are prefill or decode pods (core/topology.py)
             k = int(round(t.pods * t.prefill_fraction))
             for i, f in enumerate(self.faults):
-                for p in (f.pods if f.kind == "engine" and f.role != ROLE_BOTH else []):
+                for p in (f.pods if f.kind == FAULT_ENGINE and f.role != ROLE_BOTH else []):
                     if (p < k) != (f.role == ROLE_PREFILL):
                         raise ValueError(f"faults[{i}] kills the {f.role} engines of pod {p}, which has none "
                                          f"(placement by_pod: pods 0..{k - 1} prefill, the rest decode)")
-        restarts = [i for i, f in enumerate(self.faults) if f.kind == "engine" and f.restart_s is not None]
+        restarts = [i for i, f in enumerate(self.faults) if f.kind == FAULT_ENGINE and f.restart_s is not None]
         if restarts and self.engine.engine_start_s is None:
             raise ValueError(f"faults[{restarts[0]}] restarts engines: set engine.engine_start_s (how long an engine "
                              "takes to start, measured: docs/reliability.md \"Engine death in both worlds\")")
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policies lists a name twice: {names}")
-        links = [i for i, f in enumerate(self.faults) if f.kind == "link"]
+        links = [i for i, f in enumerate(self.faults) if f.kind == FAULT_LINK]
         if self.testbed.transport == "rdma" and links:
             raise ValueError(f"faults[{links[0]}]: a link fault shapes with tc, which RDMA bypasses (the NIC reads "
                              "and writes memory without the kernel's qdiscs); use testbed.transport: tcp")

@@ -28,6 +28,7 @@ import re
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from vocab import FAULT_LINK
 
 __all__ = ["NAMED_AXES", "AxisValue", "ClaimSideSpec", "ClaimSpec", "StudySpec", "SweepSpec", "axis_setter",
            "field_setter"]
@@ -189,7 +190,7 @@ def _set_path(spec: dict[str, Any], path: str, value: Any) -> None:
 
 def _severity(spec: dict[str, Any], r: Any) -> None:
     """Every link fault's residual bandwidth factor: one severity per run, as the study does."""
-    links = [f for f in spec.get("faults", []) if f.get("kind", "link") == "link"]
+    links = [f for f in spec.get("faults", []) if f.get("kind", FAULT_LINK) == FAULT_LINK]
     if not links:
         raise ValueError("axis severity needs a link fault in the spec (it sets every link fault's residual_bw)")
     for f in links:

@@ -22,6 +22,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from faults.spec import ComputeFault, EngineFault, FaultSpec, HealthSpec, LinkFault
+from vocab import FAULT_COMPUTE, FAULT_ENGINE, FAULT_LINK
 
 _DEFAULT_HEALTH = HealthSpec()
 
@@ -77,10 +78,10 @@ class FaultSchedule:
                 start.append(f.start_s)
                 end.append(f.end_s)
                 sev.append(f.severity)
-                is_link.append(f.kind == "link")
-                is_compute.append(f.kind == "compute")
-                up.append(f.kind == "link" and f.uplink)
-                down.append(f.kind == "link" and f.downlink)
+                is_link.append(f.kind == FAULT_LINK)
+                is_compute.append(f.kind == FAULT_COMPUTE)
+                up.append(f.kind == FAULT_LINK and f.uplink)
+                down.append(f.kind == FAULT_LINK and f.downlink)
         self._fault_id = np.asarray(fault_id, dtype=np.int64)
         self._pod = np.asarray(pod, dtype=np.int64)
         self._start = np.asarray(start, dtype=np.float64)
@@ -167,7 +168,7 @@ class FaultSchedule:
         if last is None or not ((last.uplink < 1).any() or (last.downlink < 1).any() or (last.slowdown > 1).any()):
             return None
         clears = [dataclasses.replace(ev, time_s=float(now)) for ev in self.events()  # (no engine's restart)
-                  if ev.event == "clear" and ev.kind != "engine" and ev.time_s > last.time_s
+                  if ev.event == "clear" and ev.kind != FAULT_ENGINE and ev.time_s > last.time_s
                   and self.faults[ev.fault_id].start_s <= last.time_s]
         ones = np.ones(self.n_pods)
         changed = (last.uplink != 1.0) | (last.downlink != 1.0) | (last.slowdown != 1.0)

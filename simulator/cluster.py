@@ -60,8 +60,8 @@ from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
 from faults.schedule import FaultStep, ScheduledEvent
 from faults.telemetry import link_measure_s
-from vocab import (CORRUPT, DECODE, DECODE_QUEUE, KV_TRANSFER, OK, PREFILL, PULL_CANCELLED, PULL_DONE, PULL_UNSEEN,
-                   TIMEOUT)
+from vocab import (CORRUPT, DECODE, DECODE_QUEUE, FAULT_ENGINE, KV_TRANSFER, OK, PREFILL, PULL_CANCELLED, PULL_DONE,
+                   PULL_UNSEEN, TIMEOUT)
 from workloads.generate import Workload
 
 from .control_path import ControlPath
@@ -173,7 +173,7 @@ class ClusterSim(ControlPath):
         # Engines that die (simulator/engine_deaths.py). The router asks every engine whether it is
         # down every testbed.engine_check_s from run start, and at once when a call to one raised.
         self.deaths = EngineDeaths(self)
-        if any(f.kind == "engine" for f in ctx.spec.faults):
+        if any(f.kind == FAULT_ENGINE for f in ctx.spec.faults):
             env.process(self._every(ctx.spec.testbed.engine_check_s, self.deaths.check))
         for period, fn in ctx.periodic:
             env.process(self._every(period, fn))
@@ -311,7 +311,7 @@ class ClusterSim(ControlPath):
         now, topo = self.env.now, self.topo
         self.ctx.begin_step(step, now)
         for ev in step.events:
-            if ev.kind == "engine":
+            if ev.kind == FAULT_ENGINE:
                 (self.deaths.kill if ev.event == "apply" else self.deaths.restart)(ev, now)
         before = self._applied
         for p in step.changed.tolist():
@@ -557,9 +557,9 @@ class ClusterSim(ControlPath):
                 self.net.abort(self._flows.pop(req))
             self.ctx.dead_pull(req, now, now, PULL_CANCELLED if flow is not None else PULL_DONE, 0.0)
             self._release(self.decode[req.d_idx], req, now)
-        elif stage == "decode" and req in self._joining:  # KV in, never in the batch
+        elif stage == DECODE and req in self._joining:  # KV in, never in the batch
             self._unjoin(req, now)
-        elif stage == "decode":
+        elif stage == DECODE:
             d = self.decode[req.d_idx]
             self._advance(d, now)
             self._decode_leave(d, req)

@@ -16,6 +16,7 @@ from core.spec import ExperimentSpec
 from workloads.generate import Workload
 
 from .host import HostedClusterSim, cluster_sim
+from vocab import FAULT_LINK
 
 
 # Young-generation threshold while a simulation runs (CPython's default: 700).
@@ -58,7 +59,7 @@ def run_sim(
 ) -> Path:
     """Simulate one policy and seed; returns the run directory."""
     for i, f in enumerate(spec.faults):
-        if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0):
+        if f.kind == FAULT_LINK and (f.delay_ms > 0 or f.loss > 0):
             raise ValueError(f"faults[{i}]: delay_ms and loss are testbed-only (netem); the simulator does not model them")
     wl = workload if workload is not None else seeded_workload(spec, seed, base_dir)
     with RunContext(spec, "sim", policy, seed, out, build_topology(spec), wl.summary()) as ctx:

@@ -16,10 +16,12 @@ from typing import Literal, get_args
 
 __all__ = [
     "CLUSTER_MODES", "CORRUPT", "ClusterMode", "DECODE", "DECODE_QUEUE", "DEMAND_STATES", "DemandState", "EMULATED_MODES",
-    "ENGINE_ROLES", "EmulatedMode",
-    "ERROR", "EXECUTORS", "Executor", "KV_TRANSFER", "LAUNCHERS", "Launcher", "MEASURED_DEMANDS", "MeasuredDemand", "OK", "OUTCOMES", "Outcome", "PREFILL",
-    "PREFILL_QUEUE", "PULL_CANCELLED", "PULL_DONE", "PULL_ENDINGS", "PULL_FAILED", "PULL_UNSEEN", "PullEnding", "REJECTED", "ROLES", "ROLE_BOTH", "ROLE_DECODE", "ROLE_PREFILL",
-    "Role", "STAGES", "Stage", "TIMEOUT", "WORLDS", "World",
+    "ENGINE_ROLES", "EmulatedMode", "ERROR", "EXECUTORS", "Executor", "FAULT_COMPUTE", "FAULT_ENGINE", "FAULT_KINDS",
+    "FAULT_LINK", "FaultKind", "KV_TRANSFER", "LAUNCHERS", "LAUNCH_DIRECT", "LAUNCH_RAY_UP", "Launcher",
+    "MEASURED_DEMANDS", "MODE_AUTO", "MODE_CLUSTER", "MODE_LOCAL", "MODE_NETNS", "MeasuredDemand", "OK", "OUTCOMES",
+    "Outcome", "PREFILL", "PREFILL_QUEUE", "PULL_CANCELLED", "PULL_DONE", "PULL_ENDINGS", "PULL_FAILED", "PULL_UNSEEN",
+    "PullEnding", "REJECTED", "ROLES", "ROLE_BOTH", "ROLE_DECODE", "ROLE_PREFILL", "Role", "SIM", "STAGES", "Stage",
+    "TESTBED", "TIMEOUT", "WORLDS", "World",
 ]
 
 
@@ -80,13 +82,22 @@ EXECUTORS: tuple[str, ...] = get_args(Executor)
 # allow it, else local.
 ClusterMode = Literal["netns", "local", "cluster"]
 CLUSTER_MODES: tuple[str, ...] = get_args(ClusterMode)
+MODE_NETNS, MODE_LOCAL, MODE_CLUSTER = CLUSTER_MODES
 EmulatedMode = Literal["auto", "netns", "local"]
 EMULATED_MODES: tuple[str, ...] = get_args(EmulatedMode)
+MODE_AUTO = EMULATED_MODES[0]
 
 # How an emulated cluster's Ray nodes start: "ray_up" through Ray's launcher and ssh, as a real
 # cluster's; "direct" by `ray start` from this process.
 Launcher = Literal["ray_up", "direct"]
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
+LAUNCH_RAY_UP, LAUNCH_DIRECT = LAUNCHERS
+
+# The kinds of fault a spec injects (faults/spec.py: each model's ``kind``, the discriminator of
+# FaultSpec): a link's bandwidth cut (to 0: the link down), an engine's compute slowed, an engine killed.
+FaultKind = Literal["link", "compute", "engine"]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+FAULT_LINK, FAULT_COMPUTE, FAULT_ENGINE = FAULT_KINDS
 
 # What an engine's work demands of its host's cores (core/host_model.py, the host calibration):
 # computing, holding KV for a reader, pulling KV, decoding, and the machine's other load.
@@ -101,3 +112,4 @@ assert set(MEASURED_DEMANDS) < set(DEMAND_STATES)
 # The two worlds a spec runs in.
 World = Literal["sim", "testbed"]
 WORLDS: tuple[str, ...] = get_args(World)
+SIM, TESTBED = WORLDS

@@ -49,7 +49,7 @@ from testbed.machine import netns as nn
 from testbed.machine import procs
 from testbed.machine.netns import DEFAULT_STATE_DIR, DEFAULT_SUBNET, HEAD, Fabric
 from testbed.machine.procs import RUN_MARKER_ENV, all_pids
-from vocab import EMULATED_MODES, LAUNCHERS, EmulatedMode, Launcher
+from vocab import EMULATED_MODES, LAUNCHERS, LAUNCH_RAY_UP, MODE_AUTO, MODE_LOCAL, MODE_NETNS, EmulatedMode, Launcher
 
 log = logging.getLogger(__name__)
 
@@ -113,22 +113,22 @@ class EmulatedCluster(RayNodes):
         self.run_id = nn.check_run_id(run_id if run_id is not None else uuid.uuid4().hex[:8])
         if mode not in EMULATED_MODES:
             raise ValueError(f"mode {mode!r}: expected one of {', '.join(EMULATED_MODES)}")
-        if mode == "auto":
+        if mode == MODE_AUTO:
             reason = nn.missing_privileges()
             mode = "netns" if reason is None else "local"
             if reason is not None:
                 log.warning("emulated cluster: single-node local mode (%s)", reason)
-        elif mode == "netns":
+        elif mode == MODE_NETNS:
             nn.require_privileges()
         self.mode: str = mode
         # netns: through `ray up`, as a real cluster (testbed/cluster/rayup.py); local mode has no
         # node addresses to ssh into, so its one node is started directly.
-        launcher = launcher or ("ray_up" if mode == "netns" else "direct")
+        launcher = launcher or ("ray_up" if mode == MODE_NETNS else "direct")
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
-        if launcher == "ray_up" and mode != "netns":
+        if launcher == LAUNCH_RAY_UP and mode != MODE_NETNS:
             raise ValueError("launcher ray_up needs the netns mode (a node address to ssh into per node)")
-        if launcher == "ray_up" and (why := rayup.missing_tools()):
+        if launcher == LAUNCH_RAY_UP and (why := rayup.missing_tools()):
             raise ClusterError(why)
         self.launcher: str = launcher
         self.n_pods = n_pods
@@ -153,7 +153,7 @@ class EmulatedCluster(RayNodes):
 
     @property
     def head_ip(self) -> str:
-        return self.fabric.head.address if self.mode == "netns" else "127.0.0.1"
+        return self.fabric.head.address if self.mode == MODE_NETNS else "127.0.0.1"
 
     @property
     def address(self) -> str:
@@ -163,14 +163,14 @@ class EmulatedCluster(RayNodes):
     @property
     def node_ips(self) -> dict[str, str]:
         """Each node's IP; in local mode every name maps to the one node (known after ``up``)."""
-        if self.mode == "local":
+        if self.mode == MODE_LOCAL:
             ip = self.info.nodes[0].address if self.info is not None else "127.0.0.1"
             return {n.name: ip for n in self.fabric.nodes}
         return {n.name: n.address for n in self.fabric.nodes}
 
     def head_argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` wrapped to run inside the head's namespace (unchanged in local mode)."""
-        return nn.netns_exec_argv(self.fabric.head.netns, list(argv)) if self.mode == "netns" else list(map(str, argv))
+        return nn.netns_exec_argv(self.fabric.head.netns, list(argv)) if self.mode == MODE_NETNS else list(map(str, argv))
 
     @property
     def auth_env(self) -> dict[str, str]:
@@ -229,19 +229,19 @@ class EmulatedCluster(RayNodes):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._write_auth_token()
-            if self.mode == "netns":
+            if self.mode == MODE_NETNS:
                 nn.create_fabric(self.fabric, self.state_path)
             else:
                 gcs, *rest = free_ports(5)
                 self._ports = {"gcs": gcs, "agent_http": rest[0], "agent_grpc": rest[1],
                                "runtime_env": rest[2], "metrics": rest[3]}
                 nn.update_state(self.state_path, ports=self._ports)
-            if self.launcher == "ray_up":
+            if self.launcher == LAUNCH_RAY_UP:
                 self._ray_up()
             else:
                 self._start_node(HEAD)
                 self._wait_gcs()
-                if self.mode == "netns":
+                if self.mode == MODE_NETNS:
                     for pod in self.fabric.pods:
                         self._start_node(pod.name)
             self.info = self._wait_nodes()
@@ -273,7 +273,7 @@ class EmulatedCluster(RayNodes):
                     found.add(pid)
             except OSError:
                 pass
-        if self.mode == "netns":
+        if self.mode == MODE_NETNS:
             found |= set(nn.processes_in_namespaces(self.fabric.namespaces))
         return found - procs.protected_pids()
 
@@ -284,7 +284,7 @@ class EmulatedCluster(RayNodes):
         its processes, and the agent whose time to live would remove it is gone with them).
         Idempotent; works from the state file alone (see ``attach``)."""
         state = nn.read_state(self.state_path) if self.state_path.exists() else {}
-        if self.launcher == "ray_up":
+        if self.launcher == LAUNCH_RAY_UP:
             self._ray_down()
         for p in state.get("processes", []):
             if procs.alive(p["pid"], p["start_ticks"]):
@@ -317,9 +317,9 @@ class EmulatedCluster(RayNodes):
         for proc in self._popen.values():  # reap our children (no zombies)
             proc.wait()
         self._popen.clear()
-        if self.mode == "netns":
+        if self.mode == MODE_NETNS:
             nn.destroy_fabric(self.fabric)
-        if self.launcher == "ray_up":
+        if self.launcher == LAUNCH_RAY_UP:
             rayup.remove_ssh_control_dir(self.fabric)
         if not keep_logs:
             shutil.rmtree(self.temp_root, ignore_errors=True)
@@ -332,12 +332,12 @@ class EmulatedCluster(RayNodes):
     def status(self) -> ClusterStatus:
         """Which of the run's namespaces and processes exist (from the state file)."""
         state = nn.read_state(self.state_path) if self.state_path.exists() else {}
-        namespaces = tuple(n for n in self.fabric.namespaces if nn.netns_path(n).exists()) if self.mode == "netns" else ()
+        namespaces = tuple(n for n in self.fabric.namespaces if nn.netns_path(n).exists()) if self.mode == MODE_NETNS else ()
         nodes = []
         recorded = {p["node"]: p for p in state.get("processes", [])}
-        for n in self.fabric.nodes if self.mode == "netns" else self.fabric.nodes[:1]:
+        for n in self.fabric.nodes if self.mode == MODE_NETNS else self.fabric.nodes[:1]:
             p = recorded.get(n.name)
-            ns = n.netns if self.mode == "netns" else None
+            ns = n.netns if self.mode == MODE_NETNS else None
             nodes.append(NodeStatus(name=n.name, pid=p["pid"] if p else None,
                                     alive=bool(p) and procs.alive(p["pid"], p["start_ticks"]),
                                     netns=ns, netns_exists=ns is not None and ns in namespaces))

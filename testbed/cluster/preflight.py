@@ -34,10 +34,11 @@ from typing import Any
 from testbed.machine.kv_ports import KV_PORT_BASE, KV_PORT_RANGE
 from testbed.machine.netns import NODE_IFNAME, has_net_admin, missing_privileges
 
-from testbed.cluster.checks import FAIL, NA, OK, Check, fail, na, ok  # noqa: F401 (doctor's vocabulary, re-exported)
+from testbed.cluster.checks import Check, fail, na, ok
 from testbed.machine.interfaces import interface_addresses
 from testbed.cluster.preflight_links import (  # noqa: F401 (re-exported: the checks are preflight's)
     _picked, _ray_ip, check_emulated_interfaces, check_interfaces, check_link_faults)
+from vocab import FAULT_LINK, MODE_LOCAL
 
 _MARK = "DOCTOR-PROBE "  # the line a probe subprocess answers with
 _INSTALL = "./install.sh (vLLM's CPU build, NIXL, Ray; GPU nodes: ./install.sh --gpu)"
@@ -63,7 +64,7 @@ class Params:
                    ingress=(t.ingress_host, t.ingress_port), gpus_per_engine=t.gpus_per_engine,
                    pods=spec.topology.pods,
                    link_faults=tuple((i, bool(f.kv_only), tuple(f.pods)) for i, f in enumerate(spec.faults)
-                                     if f.kind == "link"))
+                                     if f.kind == FAULT_LINK))
 
 
 @dataclass(frozen=True)
@@ -446,7 +447,7 @@ def check_rayup_tools() -> Check:
 def node_checks(params: Params, role: Role = Role()) -> list[Check]:
     """Every check, in order, for a node in ``role`` (default: this machine alone)."""
     present = [name for _, name in socket.if_nameindex()]  # this process's network namespace
-    local = not role.cluster and params.mode == "local"
+    local = not role.cluster and params.mode == MODE_LOCAL
     no_faults = "testbed.mode is local: no namespaces, and faults are refused"
     no_pod = "no pod on this node: no engine or fault agent runs here"
     device = "lo" if not role.cluster else _picked(params.fault_interfaces, present)

@@ -26,6 +26,7 @@ from testbed.machine import netns as nn
 from testbed.cluster import rayup
 from testbed.machine.netns import HEAD, Fabric, NodeLink
 from testbed.machine.procs import RUN_MARKER_ENV, proc_stat
+from vocab import LAUNCH_RAY_UP, MODE_LOCAL, MODE_NETNS
 
 log = logging.getLogger(__name__)
 
@@ -153,13 +154,13 @@ class RayNodes:
         """The environment of the node's ``ray start``. ray_up: a real node's (HEAD_ONLY_ENV's
         comment), on top of the ssh session's; direct: this process's, with NETNS_NODE_ENV."""
         root = str(Path(__file__).resolve().parents[2])  # the nodes' workers import the project's code
-        if self.launcher == "ray_up":
+        if self.launcher == LAUNCH_RAY_UP:
             env = {**NODE_ENV, **(HEAD_ONLY_ENV if name == HEAD else {}), "PYTHONPATH": root,
                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{LOGIN_PATH}"}
         else:
             env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
             env.update(NODE_ENV)
-            if self.mode == "netns":
+            if self.mode == MODE_NETNS:
                 env.update(NETNS_NODE_ENV)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         tmp = self.temp_root / name / "tmp"  # run-owned TMPDIR: engines' socket files go with the run
@@ -174,7 +175,7 @@ class RayNodes:
         node_dir = self.temp_root / name / "ray"
         argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
                 f"--object-store-memory={self.object_store_bytes}", "--disable-usage-stats", f"--temp-dir={node_dir}"]
-        if self.mode == "local":
+        if self.mode == MODE_LOCAL:
             resources = {HEAD: 1.0} | {p.name: self.pod_resource for p in self.fabric.pods}
             p = self._ports
             # No --node-ip-address: Ray replaces 127.0.0.1 with the host's routable address anyway.
@@ -193,13 +194,13 @@ class RayNodes:
 
     def _start_node(self, name: str) -> None:
         argv = self._ray_argv(name)
-        if self.mode == "netns":
+        if self.mode == MODE_NETNS:
             argv = nn.netns_exec_argv(self.fabric.node(name).netns, argv)
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(argv, env=self._node_env(name), stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=self.temp_root)
-        self._record_process(name, proc, log_path, self.fabric.node(name).netns if self.mode == "netns" else None)
+        self._record_process(name, proc, log_path, self.fabric.node(name).netns if self.mode == MODE_NETNS else None)
 
     def _record_process(self, name: str, proc: subprocess.Popen, log_path: Path, netns: str | None) -> None:
         self._popen[name] = proc
@@ -246,7 +247,7 @@ class RayNodes:
     def _ray_down(self) -> None:
         """``ray down`` on the run's cluster file (stops the head; the caller removes the rest)."""
         path = self.temp_root / rayup.CLUSTER_FILE
-        if self.mode != "netns" or not path.exists() or not nn.netns_path(self.fabric.head.netns).exists():
+        if self.mode != MODE_NETNS or not path.exists() or not nn.netns_path(self.fabric.head.netns).exists():
             return
         log_path = self.temp_root / "logs" / "ray-down.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -270,7 +271,7 @@ class RayNodes:
         while True:
             self._check_nodes_running()
             try:
-                if self.mode == "netns":
+                if self.mode == MODE_NETNS:
                     with nn.in_netns(self.fabric.head.netns):  # the socket belongs to the head's namespace
                         socket.create_connection((ip, port), timeout=1.0).close()
                 else:
@@ -296,7 +297,7 @@ class RayNodes:
 
     def _wait_nodes(self) -> ClusterInfo:
         want = [HEAD] + [p.name for p in self.fabric.pods]
-        count = len(want) if self.mode == "netns" else 1
+        count = len(want) if self.mode == MODE_NETNS else 1
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             check = subprocess.Popen(
                 self.head_argv([sys.executable, "-c", _WAIT_NODES, self.address, str(count), json.dumps(want),
@@ -318,7 +319,7 @@ class RayNodes:
             raise ClusterError(f"ray nodes not ready: {last.strip()} (logs: {self.log_dir})")
         ray_nodes = json.loads(stdout.strip().splitlines()[-1])
         by_ip = {n["ip"]: n for n in ray_nodes}
-        if self.mode == "local":  # one node, at whatever address Ray chose for it
+        if self.mode == MODE_LOCAL:  # one node, at whatever address Ray chose for it
             rn = ray_nodes[0]
             return ClusterInfo(run_id=self.run_id, mode=self.mode, address=self.address, nodes=(
                 NodeInfo(name=HEAD, address=rn["ip"], netns=None, ray_node_id=rn["node_id"],

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
 from testbed.faults import shaping
 from testbed.faults.shaping import Shaping, ShapingError
+from vocab import FAULT_COMPUTE
 
 if TYPE_CHECKING:
     from testbed.faults.compute_common import Backend
@@ -185,7 +186,7 @@ class FaultAgent:
         gpus = list(gpu_uuids) if backend == "gpu" else []
         with self._lock:
             prev = self._active.get(key)
-            same = (prev is not None and prev.kind == "compute" and prev.detail["backend"] == backend
+            same = (prev is not None and prev.kind == FAULT_COMPUTE and prev.detail["backend"] == backend
                     and prev.detail["gpu_uuids"] == gpus)
             # The cgroup is named for node, process and key: agents of several pods share one host here.
             throttle = (prev.detail["throttle"] if same

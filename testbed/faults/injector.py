@@ -40,6 +40,7 @@ from core.run import FaultRow, RunContext
 from faults.schedule import FaultStep, ScheduledEvent
 from faults.spec import EngineFault, LinkFault
 from faults.telemetry import probe_offered_bps, probe_window_s
+from vocab import FAULT_COMPUTE, FAULT_ENGINE
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class FaultInjector:
         """Make the cluster match ``step`` and record its events with what was measured."""
         before = self.ctx.last_step
         self.ctx.begin_step(step, self.now())
-        kills = [ev for ev in step.events if ev.kind == "engine"]
+        kills = [ev for ev in step.events if ev.kind == FAULT_ENGINE]
         results = await asyncio.gather(*(self._make_pod(p, step, before) for p in step.changed.tolist()),
                                        *(self._kill(ev) if ev.event == "apply" else self._restart(ev) for ev in kills))
         measured = dict(zip(step.changed.tolist(), results))
@@ -162,7 +163,7 @@ class FaultInjector:
     def _rows(self, ev: ScheduledEvent, m: dict[str, Any], now: float) -> list[FaultRow]:
         """One row per target acted on; its time is when the agent had acted (the measurement comes after)."""
         name, at = f"pod{ev.pod}", m.get("acted_s", now)
-        if ev.kind == "compute":
+        if ev.kind == FAULT_COMPUTE:
             return [(f"{name}:cpu", at, float(m.get("compute", np.nan)), np.nan)]
         f = self.spec.faults[ev.fault_id]
         assert isinstance(f, LinkFault)

@@ -51,7 +51,7 @@ from testbed.runs.jobs import RunJob, read_jobs
 from testbed.runs import kept_engines
 from testbed.runs.engines import ENGINE_THREADS, Engines
 from testbed.runs.pods import discover_pods
-from vocab import CLUSTER_MODES
+from vocab import CLUSTER_MODES, MODE_CLUSTER, MODE_LOCAL
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = read_jobs(Path(args.jobs))
     spec0 = jobs[0].spec
     model_meta = json.loads(args.model_meta)
-    if any(job.spec.faults for job in jobs) and args.mode == "local":
+    if any(job.spec.faults for job in jobs) and args.mode == MODE_LOCAL:
         raise SystemExit("testbed driver: faults need the netns mode (root): local mode has no links to shape")
     ray.init(log_to_driver=False)
     try:
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
         return 2
     # On a cluster the nodes may not share the driver's disk: each engine builds the tiny model itself.
-    build_model = args.mode == "cluster" and spec0.testbed.model is None
+    build_model = args.mode == MODE_CLUSTER and spec0.testbed.model is None
     engines = Engines(spec0, args.model, Path(args.engine_root), args.mode, build_model=build_model,
                       first_token_limit_s=max(job.spec.first_token_limit_s for job in jobs), keep=args.keep_engines)
     agents: FaultAgents | None = None
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["reused_start"] = engines.quiesce(engines.lease_s)
             summary["reused_start"]["kv_paths"] = kv_paths_or_restart(spec0, engines, model_meta["vocab"])
         targets = None
-        if args.mode != "local":  # every node's agent: the KV check below reads its counters
+        if args.mode != MODE_LOCAL:  # every node's agent: the KV check below reads its counters
             agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
             console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
         counter = kv_path_counter(engines, agents)

@@ -30,6 +30,7 @@ from testbed.machine.cache_dirs import model_cache_dir
 from testbed.machine.netns import missing_privileges
 from testbed.router.flow import ABORT_GRACE_S
 from testbed.runs.jobs import Job, RunJob, prepare_jobs, repeat_of, write_jobs
+from vocab import FAULT_LINK, MODE_AUTO, MODE_LOCAL, MODE_NETNS
 
 console = Console(stderr=True)
 
@@ -88,13 +89,13 @@ def check_faults(specs: Sequence[ExperimentSpec]) -> None:
     if not any(s.faults for s in specs):
         return
     t = specs[0].testbed
-    if t.mode == "local" or (t.mode == "auto" and missing_privileges() is not None):
+    if t.mode == MODE_LOCAL or (t.mode == MODE_AUTO and missing_privileges() is not None):
         raise ValueError("faults need the netns mode (root, network namespaces): local mode has no links to shape")
     for s in specs:
         for i, f in enumerate(s.faults):
-            if f.kind == "link" and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
+            if f.kind == FAULT_LINK and (f.delay_ms > 0 or f.loss > 0) and (why := netem_missing()):
                 raise ValueError(f"{s.name}: faults[{i}]: {why}")
-            if f.kind == "link" and f.residual_bw == 0 and not f.kv_only:
+            if f.kind == FAULT_LINK and f.residual_bw == 0 and not f.kv_only:
                 # Ray's control traffic to the pod would go down with it: the GCS declares the node
                 # dead and its raylet exits, taking the pod's engines and the fault agent that
                 # would clear the fault (a node's death, which no engine fault can stand for).
@@ -178,8 +179,8 @@ def launch_jobs(run_jobs: Sequence[RunJob], out: Path, *, calibrate_to: Path | N
         return _run_on_cluster(spec, out, run_jobs, calibrate_to, address, serve, calibration, keep_engines)
     check_machine(spec)  # the engines run here; on a given cluster, on its nodes
     check_faults([job.spec for job in run_jobs])
-    if calibrate_to is not None and (spec.testbed.mode == "local" or
-                                     (spec.testbed.mode == "auto" and missing_privileges() is not None)):
+    if calibrate_to is not None and (spec.testbed.mode == MODE_LOCAL or
+                                     (spec.testbed.mode == MODE_AUTO and missing_privileges() is not None)):
         raise ValueError("calibrate needs the netns mode (root, network namespaces): it shapes a pod's link")
     t0 = time.monotonic()
     model, model_meta = prepare_model(spec)
@@ -211,7 +212,7 @@ def _host_ports(spec: ExperimentSpec, cluster: Any, serve: bool) -> Iterator[Non
     listen in the head's namespace: the same addresses on the host forward there
     (testbed/cluster/forward.py), so a Prometheus or a client on the host reaches them as it would on
     a real cluster's head. A port taken on the host stops the command before the run, in one line."""
-    if cluster is None or cluster.mode != "netns":
+    if cluster is None or cluster.mode != MODE_NETNS:
         yield
         return
     from testbed.cluster.forward import NetnsForwarder

@@ -7,6 +7,7 @@ from typing import Any
 import ray
 
 from core.spec import ExperimentSpec
+from vocab import FAULT_LINK
 
 
 def discover_pods(spec: ExperimentSpec, nodes: list[dict[str, Any]] | None = None) -> dict[int, dict[str, Any]]:
@@ -43,7 +44,7 @@ def discover_pods(spec: ExperimentSpec, nodes: list[dict[str, Any]] | None = Non
     # A link fault shapes a node's NIC: on a pod that shares its node it would throttle the other
     # pods' KV too, a fault the spec did not ask for (the simulator's pods have links of their own).
     for k, f in enumerate(spec.faults):
-        if f.kind != "link":
+        if f.kind != FAULT_LINK:
             continue
         for p in f.pods:
             mates = sharing.get(pods[p]["node_id"], []) if p in pods else []
