@@ -22,13 +22,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from vocab import CORRUPT
+
 # A divergence is a near-tie where the reference's top-2 logprob gap is below this. One bf16
 # step at a logit of 60 is 0.25 nats and about 5 % of the tiny model's steps keep a margin
 # below 0.15 nats (testbed/engines/tiny_model.py); 1 nat leaves four bf16 steps of room while a
 # wrong context flips tokens whose margin is the median 3.6 nats.
 NEAR_TIE_NATS = 1.0
 
-VERDICTS = ("equal", "near_tie", "corrupt")
+# A canary's verdict; "corrupt" is the outcome it gives its request (vocab CORRUPT), one word for both.
+EQUAL, NEAR_TIE = "equal", "near_tie"
+VERDICTS = (EQUAL, NEAR_TIE, CORRUPT)
 
 
 class Reference(NamedTuple):
@@ -77,8 +81,8 @@ def verdict(ref: Reference, got: Sequence[int], tie_nats: float = NEAR_TIE_NATS)
             gap = ref.gaps[i] if i < len(ref.gaps) else float("nan")
             second = ref.runner_up[i] if i < len(ref.runner_up) else -1
             tie = gap < tie_nats and (second < 0 or int(a) == second)
-            return Verdict("near_tie" if tie else "corrupt", i, gap)
-    return Verdict("equal", -1, float("nan"))
+            return Verdict(NEAR_TIE if tie else CORRUPT, i, gap)
+    return Verdict(EQUAL, -1, float("nan"))
 
 
 def summary(references: Mapping[int, Reference], verdicts: Mapping[int, Verdict]) -> dict[str, Any]:
@@ -90,5 +94,5 @@ def summary(references: Mapping[int, Reference], verdicts: Mapping[int, Verdict]
         out[v.verdict] += 1
     out["diverged"] = {str(i): {"verdict": v.verdict, "position": v.position,
                                 "gap": None if math.isnan(v.gap) else round(v.gap, 4)}
-                       for i, v in sorted(verdicts.items()) if v.verdict != "equal"}
+                       for i, v in sorted(verdicts.items()) if v.verdict != EQUAL}
     return out

@@ -401,7 +401,7 @@ class RequestFlow:
             ref = self.canaries.get(t.request_id)
             if ref is not None:
                 v = self.canary_verdicts[t.request_id] = verdict(ref, res.token_ids)
-                if v.verdict == "corrupt":  # the canary verdict (core/canary.py)
+                if v.verdict == CORRUPT:  # the canary verdict (core/canary.py)
                     log.warning("request %s: corrupt output (token %d differs, reference gap %.2f nats)",
                                 rid, v.position, v.gap)
                     return CORRUPT, None

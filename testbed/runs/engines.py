@@ -5,7 +5,6 @@ PD path, and their shutdown (testbed/runs/driver.py runs the jobs on them)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from core.canary import Reference, reference, verdict
+from core.canary import EQUAL, NEAR_TIE, Reference, reference, verdict
 from core.experiment import build_topology
 from core.spec import ExperimentSpec
 from testbed.calibration.calibrate import check_pairs, warm_pairs
@@ -22,7 +21,7 @@ from testbed.engines.actor import EngineActor
 from testbed.engines.engine import EngineConfig
 from testbed.router.flow import prompt_ids
 from testbed.runs import kept_engines
-from vocab import ROLE_DECODE, ROLE_PREFILL
+from vocab import CORRUPT, ROLE_DECODE, ROLE_PREFILL
 
 log = logging.getLogger(__name__)
 
@@ -256,9 +255,9 @@ class Engines:
         self.reset()  # the reference must compute the prompt itself
         ref = ray.get(d.decode.remote("probe-ref", ids, max_tokens, None, 2))
         v = verdict(reference(ref.token_ids, ref.top_logprobs, ref.top_tokens), pd.token_ids)
-        said = {"equal": "equal", "near_tie": f"near-tie divergence at token {v.position}",
-                "corrupt": f"MISMATCH at token {v.position}"}[v.verdict]
-        return {"ok": v.verdict != "corrupt" and hits >= n_tokens and len(pd.token_ids) == max_tokens,
+        said = {EQUAL: "equal", NEAR_TIE: f"near-tie divergence at token {v.position}",
+                CORRUPT: f"MISMATCH at token {v.position}"}[v.verdict]
+        return {"ok": v.verdict != CORRUPT and hits >= n_tokens and len(pd.token_ids) == max_tokens,
                 "verdict": said, "external_prefix_cache_hits": hits, "prompt_tokens": n_tokens,
                 "pd_tokens": list(pd.token_ids), "reference_tokens": list(ref.token_ids)}
 
