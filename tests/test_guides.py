@@ -10,8 +10,11 @@ A guide says what this test does with a fenced block by an HTML comment on the l
 * ``<!-- guide-test: run -->`` (or ``run, exit N``): each line a command, ``testbed`` run as
   ``python -m cli`` and ``python`` as this interpreter; each must exit 0 (or N);
 * ``<!-- guide-test: python -->``: a Python script, its output kept for the next step;
-* ``<!-- guide-test: output -->``: what the step before printed, in shape: the same text with any
-  number in place of each number (the simulator's numbers may move; names, columns and rows may not).
+* ``<!-- guide-test: output -->``: what the step before printed: the same text (runs of spaces
+  aside), each number the guide states reproduced (:func:`figures_off`): a whole number exactly (a
+  count: "18 of 19" where the run prints 17 is a stale guide), a decimal within 5% of itself or one
+  unit of its last printed digit, whichever is wider (the simulator's runs are deterministic; the
+  slack absorbs float formatting across library versions, not a change of behaviour).
 
 Steps run in order, in a folder of the guide's own under pytest's ``tmp_path``; a guide that edits
 the project (write-a-policy.md) runs in a copy of its packages there. Each test then checks what the
@@ -62,10 +65,33 @@ def steps(name: str) -> list[Step]:
 
 
 def shaped(expected: str) -> re.Pattern:
-    """Any text that is ``expected`` with other numbers and other runs of spaces."""
+    """Any text that is ``expected`` with other numbers and other runs of spaces; each number a group."""
     parts = re.split(_NUM, expected.strip())
     lit = [re.sub(r"(?:\\\s)+|\s+", r"\\s*", re.escape(p)) for p in parts]
-    return re.compile(_NUM.join(lit))
+    return re.compile(f"({_NUM})".join(lit))
+
+
+def _agrees(stated: str, printed: str) -> bool:
+    """A printed number reproduces a stated one: a whole number exactly; a decimal within 5% of the
+    stated value or one unit of its last digit, whichever is wider; nan only as nan."""
+    if stated.lower() == "nan" or printed.lower() == "nan":
+        return stated.lower() == printed.lower()
+    if re.fullmatch(r"[-+]?\d+", stated):
+        return re.fullmatch(r"[-+]?\d+", printed) is not None and int(stated) == int(printed)
+    mantissa = stated.lower().split("e")[0]
+    digits = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    unit = 10.0 ** (-digits) * (10.0 ** int(stated.lower().split("e")[1]) if "e" in stated.lower() else 1.0)
+    return abs(float(printed) - float(stated)) <= max(0.05 * abs(float(stated)), unit) + 1e-12
+
+
+def figures_off(expected: str, printed: str) -> list[str]:
+    """What keeps ``printed`` from being the guide's ``expected`` output: ["shape"] when its words,
+    columns or rows differ, else each stated number the run did not reproduce ("stated -> printed")."""
+    m = shaped(expected).fullmatch(printed.strip())
+    if m is None:
+        return ["shape"]
+    stated = re.findall(_NUM, expected.strip())
+    return [f"{a} -> {b}" for a, b in zip(stated, m.groups()) if not _agrees(a, b)]
 
 
 def _one_line(text: str, needle: str, path: Path) -> int:
@@ -113,7 +139,8 @@ def run_guide(name: str, work: Path, root: Path = REPO) -> list[Step]:
             st.out = res.stdout
         elif verb == "output":
             prev = done[-1].out.strip()
-            assert shaped(st.block).fullmatch(prev), f"{name}: printed\n{prev}\nnot shaped as\n{st.block}"
+            off = figures_off(st.block, prev)
+            assert not off, f"{name}: printed\n{prev}\nnot as the guide says\n{st.block}\n({', '.join(off)})"
         else:
             raise AssertionError(f"{name}: unknown step {st.action!r}")
         done.append(st)
@@ -162,10 +189,13 @@ def test_every_testbed_command_of_the_guides_parses():
                 assert p in policies, (name, cmd)
 
 
-def test_the_shape_check_takes_other_numbers_but_not_other_words():
-    pat = shaped("policy  failure_rate\nLC          0.070\nOTF-R       0.004")
-    assert pat.fullmatch("policy  failure_rate\nLC       0.1\nOTF-R    1e-05")
-    assert not pat.fullmatch("policy  failure_rate\nLC       0.1\nRandom    0.2")
+def test_the_output_check_holds_the_stated_figures_and_the_words():
+    guide = "policy  failure_rate  failed\nLC          0.070      19\nOTF-R       0.004       1"
+    assert figures_off(guide, "policy failure_rate failed\nLC  0.0702  19\nOTF-R  0.0045  1") == []
+    assert figures_off(guide, "policy failure_rate failed\nLC  0.071  18\nOTF-R  0.004  1") == ["19 -> 18"]
+    assert figures_off(guide, "policy failure_rate failed\nLC  0.1  19\nOTF-R  0.004  1") == ["0.070 -> 0.1"]
+    assert figures_off(guide, "policy failure_rate failed\nLC  0.07  19\nRandom  0.004  1") == ["shape"]
+    assert figures_off("arrivals [4.  4.5] s", "arrivals [4.  4.5] s") == []
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -173,16 +203,21 @@ def test_the_shape_check_takes_other_numbers_but_not_other_words():
 
 
 def test_write_a_policy(tmp_path):
-    root = tmp_path / "project"  # the guide edits the project: a copy of its packages
+    root = tmp_path / "project"  # the guide edits the project: a copy of its packages, README and its test
     for pkg in PACKAGES:
         shutil.copytree(REPO / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "docs", root / "docs")
+    (root / "tests").mkdir()
+    for f in ("README.md", "tests/test_readme.py"):
+        shutil.copy(REPO / f, root / f)
     done = run_guide("write-a-policy.md", root, root)
     assert "PriceStep" in _outputs(done, "run")[0].split()  # testbed policies
     runs = root / "runs" / "price_step"
     assert sorted(p.name for p in runs.iterdir()) == ["LC", "OTF-R", "PriceStep"]
     summary = pd.read_csv(root / "runs" / "report" / "summary.csv").set_index("policy")
     assert summary.loc["PriceStep", "failure_rate_mean"] <= summary.loc["LC", "failure_rate_mean"]
-    assert "1 passed" in _outputs(done, "run")[1]
+    assert "2 passed" in _outputs(done, "run")[1]  # its own test, and the README's table lists it
+    assert "| `PriceStep` |" in (root / "README.md").read_text()
 
 
 def test_replay_a_trace(tmp_path):
