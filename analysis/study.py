@@ -44,9 +44,8 @@ from analysis.plots import run_curves
 from analysis.summary import GAP_METRICS, mean_ci
 from core.files import write_json_atomic
 from core.records import read_meta
+from core.study import CELL_FILE, STUDY_FILE
 
-STUDY_FILE = "study.json"
-CELL_FILE = "cell.json"
 METRICS_FILE = "metrics.json"
 # Bump when the content of metrics.json changes: an older cache is then recomputed, not misread.
 METRICS_SCHEMA = 2

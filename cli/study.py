@@ -104,8 +104,7 @@ def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int
 
 def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, study_dir: Path | None,
          calibration, only: set[tuple[str, str, int]] | None = None) -> int:
-    from analysis.study import CELL_FILE
-    from study.runner import run_study
+    from study.runner import run_study  # first: without Ray, its one-line refusal (tests/test_cli.py)
 
     if calibration is not None:
         from core.calibration import apply_calibration
@@ -118,6 +117,8 @@ def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, st
                         source=args.spec, console=console, max_hours=args.max_hours, study_dir=study_dir,
                         only=only)
     except KeyboardInterrupt:
+        from core.study import CELL_FILE
+
         done = sum(1 for _ in where.rglob(CELL_FILE))
         console.print(f"interrupted: the {done} finished run(s) are kept; the same command runs the rest")
         return 130

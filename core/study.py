@@ -31,6 +31,11 @@ from typing import Any
 from .spec import SpecError, parse_spec
 from .study_spec import AxisValue, StudySpec, axis_setter, field_setter
 
+# A study directory's index and a finished run's mark (analysis/study.py reads them, study/ writes
+# them): named here, below both, so the runner needs no analysis import to spell them.
+STUDY_FILE = "study.json"
+CELL_FILE = "cell.json"
+
 __all__ = ["PRICE_ONLY_SECTIONS", "Cell", "ClaimSides", "choose_sweeps", "claim_sides", "distinct_runs",
            "expand_study", "run_inputs"]
 

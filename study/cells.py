@@ -8,9 +8,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from analysis.study import STUDY_FILE
 from core.files import write_json_atomic
-from core.study import Cell
+from core.study import STUDY_FILE, Cell
 
 
 def write_cell(run_dir: Path, cell: Cell, node: str, **fields: Any) -> None:

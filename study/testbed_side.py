@@ -31,9 +31,8 @@ from typing import Any
 
 from rich.console import Console
 
-from analysis.study import STUDY_FILE
 from analysis.study_claims import CLAIMS_FIXED, REPEAT, TESTBED, fixed_record
-from core.study import Cell, distinct_runs
+from core.study import STUDY_FILE, Cell, distinct_runs
 from study.cells import write_cell, write_index
 
 CALIBRATION_FILE = "calibration.json"
