@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.looks import first_decided
+from analysis.looks import first_decided, look_level
 from analysis.verdict import (ALPHA, DIRECTIONS, MIN_SEEDS, NO_PRIOR, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior,
                               claim_verdict, inside, interval, no_effect, pooled_sd, seeds_for_power, with_repeat,
                               world_status)
@@ -150,7 +150,7 @@ def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | N
         seeds = sorted(set(sim.index) | set(tb.index))
     ran = set(g.loc[g["world"] == SIM, "seed"]) & set(g.loc[g["world"] == TESTBED, "seed"])
 
-    def judge(chosen: list[int], alpha: float) -> tuple[str, tuple[Interval, Interval, Interval, float, list[int]]]:
+    def judge(chosen: list[int], alpha: float) -> tuple[str, tuple[Interval, Interval, Interval, float, list[int]] | None]:
         if looks and not set(chosen) <= ran:
             return "", None  # this look's seeds are not all run in both worlds
         s_, t_ = sim.loc[sim.index.isin(chosen)], tb.loc[tb.index.isin(chosen)]
@@ -161,7 +161,7 @@ def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | N
 
     look, kept, waiting = first_decided(looks, seeds or [], judge)
     if kept is None:  # look 1 not reached: nothing judged yet
-        alpha = ALPHA / (len(looks) if looks else 1)
+        alpha = look_level(len(looks) if looks else 1)
         kept = (interval([], prior), interval([], prior), interval([], prior), alpha, [])
     s, t, p, alpha, chosen = kept
     verdict, reason = claim_verdict(s, t, p, rule.direction, rule.margin)
@@ -175,7 +175,7 @@ def claim_row(g: pd.DataFrame, rule: ClaimRule, repeat: tuple[str, Interval] | N
         verdict = UNDECIDED_CLAIM
         reason = (f"the testbed does not repeat itself within ±{rule.margin:g} (its repeat: {rep_verdict}, "
                   f"{rep.why_not or f'[{rep.low:.3g}, {rep.high:.3g}]'}); " + reason)
-    # at the last look's level: where a design with looks would have to go on
+    # at the judged look's level (an undecided claim's is the last look's)
     needed = seeds_for_power(p.sd, -rule.margin, rule.margin, p.mean, prior, either=True, alpha=alpha) \
         if p.n and not math.isnan(p.sd) else None
     ratios: dict[str, float] = {}
