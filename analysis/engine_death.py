@@ -224,7 +224,8 @@ def heal_brackets(run: RunData) -> list[dict[str, Any]]:
         return []
     out = []
     downs = faults[(faults["kind"] == FAULT_LINK) & (faults["event"] == "apply") & (faults["severity"] == 0)]
-    for f in downs.itertuples():
+    # one row per target the fault shaped (a pod's egress and ingress): one link down per fault and pod
+    for f in downs.drop_duplicates(["fault_id", "pod"]).itertuples():
         clears = faults[(faults["fault_id"] == f.fault_id) & (faults["event"] == "clear")]
         if clears.empty:
             continue

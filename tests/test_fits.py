@@ -158,8 +158,9 @@ def _heal_run(d: Path, failed_after: list[float], ok_after: list[float]) -> Path
         rid += 1
     w.write(RequestRecord(rid, 35.0, 500, 16, 2, 4, 1, 2, routed_s=35.0, kv_start_s=36.0, outcome="error",
                           failed_stage="kv_transfer"))
-    w.write(FaultEvent(10.0, 0, "apply", "link", 0, "pod0:eth0", 0.0, 0.0))
-    w.write(FaultEvent(30.0, 0, "clear", "link", 0, "pod0:eth0", 1.0, 1.0))
+    for target in ("pod0:eth0/egress", "pod0:eth0/ingress"):  # as the testbed records it: a row per target
+        w.write(FaultEvent(10.0, 0, "apply", "link", 0, target, 0.0, 0.0))
+        w.write(FaultEvent(30.0, 0, "clear", "link", 0, target, 1.0, 1.0))
     w.close()
     return d
 
@@ -173,6 +174,7 @@ def test_the_heal_disconnect_fit_is_judged_on_link_down_runs_it_was_not_fitted_o
     (b,) = heal_brackets(load_run(agrees))
     assert b["heal_s"] == 30.0 and b["failed_starts_s"] == [0.5, 2.0] and b["ok_starts_s"] == [3.0, 5.0]
     t = heal_table([agrees, early]).set_index("run_dir")
+    assert len(t) == 2  # one link down a run, though the fault shaped two targets
     assert t.loc[str(agrees), ["low_s", "high_s", "mispredicted", "verdict"]].tolist() == [2.0, 3.0, 0, "pass"]
     assert t.loc[str(early), ["mispredicted", "verdict"]].tolist() == [1, "fail"] and d > 1.0
     quiet = _heal_run(tmp_path / "quiet", [], [])
