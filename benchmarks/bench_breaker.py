@@ -27,7 +27,7 @@ from rich.table import Table
 
 
 def _variants(spec: str | None, factor: float) -> list[Any]:
-    from core.spec import load_spec, parse_spec
+    from core.spec.model import load_spec, parse_spec
 
     base = load_spec(spec, default="testbed.yaml").model_dump(mode="json", exclude={"study"})
     arrival = {**base["workload"]["arrival"], "rate_rps": base["workload"]["arrival"]["rate_rps"] * factor}
@@ -37,8 +37,8 @@ def _variants(spec: str | None, factor: float) -> list[Any]:
 
 
 def _figures(run_dir: Path) -> dict[str, Any]:
-    from analysis.run_data import load_run
-    from analysis.run_metrics import run_metrics
+    from analysis.run.data import load_run
+    from analysis.run.scalars import run_metrics
 
     run = load_run(run_dir)
     m = run_metrics(run)

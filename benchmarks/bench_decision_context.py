@@ -96,7 +96,7 @@ async def measure_decisions(spec_path: str, policy: str, n: int, gap_s: float,
     (so that whatever else the machine does hits both alike), ``n`` after the router's ticks (``new``)."""
     from core.experiment import build_topology, testbed_capacity
     from core.run import RunContext
-    from core.spec import load_spec
+    from core.spec.model import load_spec
 
     spec = load_spec(spec_path)
     topo = build_topology(spec)

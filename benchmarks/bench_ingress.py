@@ -120,10 +120,11 @@ def _instant_server(conn: Any, work: str, prompt_tokens: int, max_tokens: int) -
     from core.experiment import build_topology, testbed_capacity
     from core.records import read_table
     from core.run import RunContext
-    from core.spec import load_spec
+    from core.spec.model import load_spec
     from testbed.router.ingress import Ingress
     from testbed.runs.launch import prepare_model
-    from testbed.router.flow import RequestFlow, Submitted, prompt_ids
+    from testbed.engines.prompts import prompt_ids
+    from testbed.router.flow import RequestFlow, Submitted
 
     spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
     model, meta = prepare_model(spec)
@@ -207,7 +208,7 @@ def scripted(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     import httpx
 
-    from testbed.router.flow import prompt_ids
+    from testbed.engines.prompts import prompt_ids
 
     warm = 100  # requests that warm each path up, left out of the figures
     ours, theirs = multiprocessing.Pipe()
@@ -256,11 +257,12 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from core.records import read_table
-    from core.spec import load_spec
-    from testbed.calibration.calibrate import warm_pairs
+    from core.spec.model import load_spec
+    from testbed.engines.pairs import warm_pairs
     from testbed.runs.driver import Engines, start_router
     from testbed.runs.launch import prepare_model
-    from testbed.router.flow import RayEngine, prompt_ids
+    from testbed.engines.prompts import prompt_ids
+    from testbed.router.flow import RayEngine
 
     spec = load_spec(None, default="testbed.yaml")
     spec = spec.model_copy(update={"faults": []})
@@ -323,7 +325,7 @@ def main() -> None:
         Path(args.inner).write_text(json.dumps(inner(args)))
         return
 
-    from core.spec import load_spec
+    from core.spec.model import load_spec
     from testbed.cluster.emulated import EmulatedCluster
 
     out = Console(width=120)

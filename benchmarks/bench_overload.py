@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _variants(default: str, factor: float) -> list[Any]:
-    from core.spec import load_spec, parse_spec
+    from core.spec.model import load_spec, parse_spec
 
     base = load_spec(None, default=default).model_dump(mode="json", exclude={"study"})
     arrival = {**base["workload"]["arrival"], "rate_rps": base["workload"]["arrival"]["rate_rps"] * factor}
@@ -51,16 +51,16 @@ def _variants(default: str, factor: float) -> list[Any]:
 
 
 def _sim_child(spec_json: str, out: str) -> None:
-    from core.spec import parse_spec
+    from core.spec.model import parse_spec
     from simulator.run import run_sim
 
     run_sim(parse_spec(json.loads(spec_json)), "LC", 0, Path(out))
 
 
 def _figures(run_dir: Path) -> dict[str, Any]:
-    from analysis.metrics import peak_in_flight
+    from analysis.run.metrics import peak_in_flight
     from core.records import read_meta, read_table
-    from core.spec import parse_spec
+    from core.spec.model import parse_spec
 
     meta = read_meta(run_dir)
     spec = parse_spec(meta["spec"])

@@ -28,7 +28,7 @@ from rich.table import Table
 
 
 def _variants(spec: str | None, factor: float, ttfts: list[str]) -> list[Any]:
-    from core.spec import load_spec, parse_spec
+    from core.spec.model import load_spec, parse_spec
 
     base = load_spec(spec, default="testbed.yaml").model_dump(mode="json", exclude={"study"})
     arrival = {**base["workload"]["arrival"]}
@@ -45,7 +45,7 @@ def _variants(spec: str | None, factor: float, ttfts: list[str]) -> list[Any]:
 
 
 def _figures(run_dir: Path) -> dict[str, Any]:
-    from analysis.run_metrics import run_metrics
+    from analysis.run.scalars import run_metrics
 
     m = run_metrics(run_dir)
     return {"policy": m["policy"], "seed": m["seed"], "n": m["n_requests"], "failure_rate": m["failure_rate"],

@@ -26,7 +26,7 @@ from testbed.faults.agent import FaultAgent
 from testbed.faults.shaping import KV_PORT_BASE
 from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns
 from faults.telemetry import probe_window_s
-from testbed.cluster.traffic import TcpStream
+from traffic import TcpStream
 
 KV_PORT = KV_PORT_BASE + 7  # a port a kv_only fault would shape too
 

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _child(requests: int, policy: str, out: str) -> None:
     from simulator.run import run_sim
-    from core.spec import load_spec, parse_spec
+    from core.spec.model import load_spec, parse_spec
 
     data = load_spec(REPO / "experiments" / "core_link_degradation.yaml").model_dump(mode="json")
     data["workload"]["max_requests"] = requests

@@ -5,7 +5,7 @@
 Runs the embedded default scenario (core-link degradation, FaultAwareOTF-R) in fresh
 processes at several topology sizes and request counts, and fits peak resident memory
 and CPU time to ``base + per_worker x workers + per_request x requests`` (least squares).
-These fits are where core/sizes.py's constants come from: the size check refuses a
+These fits are where core/spec/sizes.py's constants come from: the size check refuses a
 spec before anything is built when the estimate does not fit the machine.
 """
 
@@ -27,7 +27,7 @@ GRID = [(32, 32, 10_000), (32, 32, 40_000), (128, 32, 10_000), (128, 32, 40_000)
 
 
 def _child(pods: int, wpp: int, requests: int, out: str) -> None:
-    from core.spec import load_spec, parse_spec
+    from core.spec.model import load_spec, parse_spec
     from simulator.run import run_sim
 
     data = load_spec(None).model_dump(mode="json")

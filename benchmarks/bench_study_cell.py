@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _cell(policy: str) -> tuple[str, str, int]:
-    from core.spec import load_spec
-    from core.study import expand_study
+    from core.spec.model import load_spec
+    from study.grid import expand_study
 
     cells = expand_study(load_spec(REPO / "experiments" / "study.yaml"), "study.yaml")
     c = next(c for c in cells if c.sweep == "severity" and c.policy == policy and c.seed == 0

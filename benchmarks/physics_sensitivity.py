@@ -4,7 +4,7 @@
 
 The embedded default scenario (core/defaults/default.yaml: 32 x 32 workers, pods 0-3 at
 r = 0.20, 0.10, 0.05, 0.01) in the simulator, moving one physical default at a time away
-from its cited value (core/spec.py, faults/spec.py): the core links' oversubscription, the
+from its cited value (core/spec/model.py, faults/spec.py): the core links' oversubscription, the
 time-to-first-token limit, the load, and the health model. Prints the failure rate of LC,
 FaultAwareLC, OTF-R and OracleAvoidance per setting (mean over seeds), instead of tuning any
 of them until the result looks right.
@@ -45,7 +45,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def _one(job: tuple[str, dict[str, Any], str, int]) -> dict[str, Any]:
     from core.records import read_table
-    from core.spec import load_spec, parse_spec
+    from core.spec.model import load_spec, parse_spec
     from simulator.run import run_sim
 
     label, over, policy, seed = job

@@ -7,7 +7,7 @@ TWIN_DIR is a ``testbed twin`` output (``testbed/<spec>/<policy>/seed-<s>/`` and
 the calibration applied: with one accelerator per engine (``engine.host_cores`` None); with the
 engines sharing the calibration's cores (or ``--cores``), each demanding one core whatever it does;
 with the demand by state the calibration measured (if it has one); and with the demand by state
-measured in the recorded runs themselves (analysis/host_demand.py, pooled). It prints per policy:
+measured in the recorded runs themselves (analysis/checks/host_demand.py, pooled). It prints per policy:
 failure rate, the prefill stage's median outside and inside the fault window (a request is inside
 if it was in flight during a fault), its p90 inside, and TTFT and E2E percentiles of the successful
 requests. The testbed is not run again (docs/simulator.md "The host model" shows what it gave).
@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.calibration_check import POOLED
-from analysis.host_demand import host_demand_check
-from core.calibration import apply_calibration, load_calibration
+from analysis.checks.calibration import POOLED
+from analysis.checks.host_demand import host_demand_check
+from core.calibration.fit import apply_calibration, load_calibration
 from core.records import read_table
-from core.spec import parse_spec
+from core.spec.model import parse_spec
 from simulator.run import run_sim
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.calibration import apply_calibration, load_calibration
+from core.calibration.fit import apply_calibration, load_calibration
 from core.records import read_table
-from core.spec import load_spec, parse_spec
+from core.spec.model import load_spec, parse_spec
 from simulator.run import run_sim
 
 DEADLINES = (10.0, 15.0, 20.0, 30.0, 60.0)

@@ -49,7 +49,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         rc = in_cluster(args.address, ["cluster", "stop-engines", "--address", args.address])
         if rc is not None:
             return rc
-        from testbed.runs.kept_engines import stop_kept
+        from testbed.engines.kept import stop_kept
 
         stopped = stop_kept()
         print(f"stopped {len(stopped)} kept engines" + (f": {', '.join(stopped)}" if stopped else ""))

@@ -30,7 +30,7 @@ def selection(args: argparse.Namespace, spec) -> tuple[list[str], list[int]]:
 
 def check_sizes(spec: Any, world: str, runs: int, args: argparse.Namespace) -> None:
     """Refuse, before anything is built, what cannot fit this machine or the time allowed."""
-    from core.sizes import check_fits
+    from core.spec.sizes import check_fits
 
     check_fits(spec, world, runs, max_hours=args.max_hours)
 
@@ -48,6 +48,6 @@ def experiment_parser(sub: Any, name: str, help: str, default: str, fn: Any, out
     p.add_argument("--policies", help="comma-separated subset of the spec's policies")
     p.add_argument("--seeds", help="comma-separated seeds (default: the spec's)")
     p.add_argument("--max-hours", type=float, default=24.0,
-                   help="refuse a spec whose runs are estimated to take longer (default 24; core/sizes.py)")
+                   help="refuse a spec whose runs are estimated to take longer (default 24; core/spec/sizes.py)")
     p.set_defaults(fn=fn)
     return p

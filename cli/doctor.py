@@ -59,7 +59,7 @@ def render(groups: Sequence[Group], console: Any) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from core.spec import load_spec
+    from core.spec.model import load_spec
     from testbed.cluster.preflight import Params, node_checks
 
     spec = load_spec(args.spec, default="testbed.yaml")

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+from typing import Any
 
 from cli.cluster import cmd_cluster, cmd_faults, cmd_leftovers
 from cli.common import console, experiment_parser
@@ -35,9 +38,9 @@ from cli.report import cmd_compare, cmd_report
 from cli.run import cmd_calibrate, cmd_run, cmd_twin
 from cli.sim import cmd_sim
 from cli.study import cmd_study
-from core.logs import configure_logging, level_for
+from core.util.logs import configure_logging, level_for
 from core.policies import POLICY_NAMES
-from vocab import WORLDS
+from vocab import EMULATED_MODES, LAUNCHERS, MODE_AUTO, SIM, WORLDS
 
 DIST = "pd-reliability-testbed"
 # The testbed's packages, imported only by the commands that need them (`testbed sim` needs none):
@@ -87,15 +90,14 @@ def _add_keep_engines(p: argparse.ArgumentParser) -> None:
 
 
 def _add_full(p: argparse.ArgumentParser) -> None:
-    """--full of the commands that end in the comparison (analysis/fidelity_compact.py)."""
+    """--full of the commands that end in the comparison (analysis/compare/compact.py)."""
     p.add_argument("--full", action="store_true",
                    help="print every table of the comparison (about 200 columns wide) instead of the verdict in "
                         "100 columns; the files written are the same either way")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="testbed", description="Reliability-aware routing for PD-disaggregated LLM serving")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _testbed_commands(sub: Any) -> None:
+    """`twin` and `run`: a spec on the real testbed (and, for twin, in the calibrated simulator too)."""
     tw = experiment_parser(sub, "twin", "one spec in both worlds: calibrate the testbed, run it, run the calibrated "
                             "simulator, compare", "the embedded testbed scenario", cmd_twin, out="runs/twin")
     tw.add_argument("--calibration", help="use this calibration instead of measuring one first")
@@ -119,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="instead of the spec's workload, serve outside clients through an OpenAI-compatible API "
                          "(testbed.ingress_host:ingress_port, default 127.0.0.1:8000) until Ctrl-C, the spec's "
                          "faults on their schedule; one policy and one seed")
+
+
+def _calibrate_command(sub: Any) -> None:
+    """`calibrate`: the testbed's engines and links measured and fitted."""
     ca = sub.add_parser("calibrate", help="measure the testbed's engines and links and fit the simulator's parameters")
     ca.add_argument("spec", nargs="?", help="experiment YAML whose topology and engines to measure "
                                             "(default: the embedded testbed scenario)")
@@ -135,13 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="calibrate this many times, each on engines started anew, into FILE-1.json ... and "
                          "print each parameter's spread (FILE-spread.csv)")
     ca.set_defaults(fn=cmd_calibrate)
+
+
+def _cluster_commands(sub: Any) -> None:
+    """`cluster`, `faults` and `leftovers`: the cluster and what the project leaves on a machine."""
     c = sub.add_parser("cluster", help="bring an emulated cluster up or down, show a cluster, check a cluster file")
     c.add_argument("action", choices=["up", "down", "status", "check", "stop-engines"])
     c.add_argument("run_ids", nargs="*", help="down: these runs (default: every recorded run); check: the cluster "
                                               "file (default: cluster.yaml)")
     c.add_argument("--pods", type=int, default=2)
-    c.add_argument("--mode", choices=["auto", "netns", "local"], default="auto")
-    c.add_argument("--launcher", choices=["ray_up", "direct"],
+    c.add_argument("--mode", choices=EMULATED_MODES, default=MODE_AUTO)
+    c.add_argument("--launcher", choices=LAUNCHERS,
                    help="up: through ray up on a generated cluster file (netns default) or each node started "
                         "directly")
     c.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
@@ -160,15 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     lo = sub.add_parser("leftovers", help="list anything the project left on this machine (namespaces, qdiscs, "
                                           "cgroups, processes, files); exit status 1 if there is any")
     lo.set_defaults(fn=cmd_leftovers)
-    add_doctor_parser(sub)
-    sm = experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario",
-                            cmd_sim)
-    sm.add_argument("--calibration", help="a file `testbed calibrate` wrote: simulate the calibrated testbed")
+
+
+def _study_command(sub: Any) -> None:
+    """`study`: a spec's grid in one or both worlds, with a verdict per claim."""
     st = sub.add_parser("study", help="run a spec's study grid in the simulator (as Ray tasks), on the testbed, or "
                                       "in both with a verdict per claim; resumably")
     st.add_argument("spec", help="experiment YAML with a study: block (e.g. experiments/study.yaml; in both worlds: "
                                  "experiments/carryover.yaml)")
-    st.add_argument("--world", choices=[*WORLDS, "both"], default="sim",
+    st.add_argument("--world", choices=[*WORLDS, "both"], default=SIM,
                     help="sim: the grid in the simulator; testbed: on the real testbed, one set of engines; both: "
                          "the testbed, then the simulator calibrated on it, then the claims' verdicts "
                          "(docs/study.md \"Carrying a claim to the testbed\"; default sim)")
@@ -189,8 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run nothing: print the seeds each claim needs for 80%% power, and the runs and wall time "
                          "of the spec's design and of the one the claims need (docs/study.md \"Sizing a study\")")
     st.add_argument("--max-hours", type=float, default=24.0,
-                    help="refuse a study whose runs are estimated to take longer here (default 24; core/sizes.py)")
+                    help="refuse a study whose runs are estimated to take longer here (default 24; core/spec/sizes.py)")
     st.set_defaults(fn=cmd_study)
+
+
+def _analysis_commands(sub: Any) -> None:
+    """`report`, `compare` and `policies`: reading runs and what the router knows."""
     r = sub.add_parser("report", help="metrics table and plots of run directories, or a study's figures")
     r.add_argument("paths", nargs="+", help="run directories, or folders holding them, or one study directory")
     r.add_argument("--out", help="where to write CSVs and plots (default: a report folder next to the first path; "
@@ -215,6 +229,19 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(fn=cmd_compare)
     p = sub.add_parser("policies", help="list the known policies")
     p.set_defaults(fn=cmd_policies)
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="testbed", description="Reliability-aware routing for PD-disaggregated LLM serving")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _testbed_commands(sub)
+    _calibrate_command(sub)
+    _cluster_commands(sub)
+    add_doctor_parser(sub)
+    sm = experiment_parser(sub, "sim", "run an experiment spec in the simulator", "the embedded default scenario",
+                            cmd_sim)
+    sm.add_argument("--calibration", help="a file `testbed calibrate` wrote: simulate the calibrated testbed")
+    _study_command(sub)
+    _analysis_commands(sub)
     for p in (ap, *sub.choices.values()):  # before the command or after it: testbed -v sim, testbed sim -v
         default = 0 if p is ap else argparse.SUPPRESS
         p.add_argument("-v", "--verbose", action="count", default=default,
@@ -227,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(level_for(args.verbose, args.quiet))
     console.quiet = args.quiet > 0  # -q: no progress or status on stderr, only errors (printed apart)
+    # SIGTERM (a scheduler's stop, a CI timeout, kill) ends a command as Ctrl-C does: its runs closed
+    # as interrupted, their rows kept, rather than left "running"
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
+    old_term = signal.signal(signal.SIGTERM, signal.default_int_handler) if main_thread else None
     try:
         return args.fn(args)
     except KeyboardInterrupt:
@@ -242,3 +273,6 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"testbed: error: {msg}", file=sys.stderr)
         return 2
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, old_term)

@@ -10,10 +10,10 @@ from cli.common import out_console
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from analysis.report import report
-    from analysis.study import is_study
-    from analysis.study_claims import carryover_report, is_carryover
-    from analysis.study_report import study_report
+    from analysis.run.report import report
+    from study.table import is_study
+    from study.claims import carryover_report, is_carryover
+    from study.report import study_report
 
     paths = [Path(p) for p in args.paths]
     out = Path(args.out) if args.out else None
@@ -33,8 +33,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from analysis.fidelity_console import compare
-    from core.calibration import load_calibration
+    from analysis.compare.console import compare
+    from core.calibration.fit import load_calibration
 
     cal = load_calibration(args.calibration).model_dump() if args.calibration else None  # before any run is read
     compare([Path(args.sim_path)], [Path(args.testbed_path)], Path(args.out) if args.out else None, cal, out_console(),

@@ -11,14 +11,14 @@ from cli.sim import simulate
 
 
 def fit_under_run(isolated: Path, load_dir: Path, out: Path) -> Path:
-    """analysis.calibration_fit.fit_under_run, shown on the command's console."""
-    from analysis.calibration_fit import fit_under_run as fit
+    """analysis.checks.refit.fit_under_run, shown on the command's console."""
+    from analysis.checks.refit import fit_under_run as fit
 
     return fit(isolated, load_dir, out, out_console())
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.runs.launch import run_testbed
-    from core.spec import load_spec
+    from core.spec.model import load_spec
 
     spec = load_spec(args.spec, default="testbed.yaml")
     policies, seeds = selection(args, spec)
@@ -33,9 +33,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from core.calibration import LOAD_DIR, isolated_of
+    from core.calibration.fit import LOAD_DIR, isolated_of
     from testbed.runs.launch import run_testbed
-    from core.spec import load_spec
+    from core.spec.model import load_spec
 
     spec = load_spec(args.spec, default="testbed.yaml")
     out = Path(args.out) if args.out else Path("runs") / spec.name / "calibration.json"
@@ -65,8 +65,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             fit_under_run(isolated, load_dir, path)
         console.print(f"calibration: {path}  (use: testbed sim SPEC --calibration {path})")
     if len(paths) > 1:
-        from analysis.calibration_fit import calibration_spread, print_spread
-        from core.calibration import load_calibration
+        from analysis.checks.refit import calibration_spread, print_spread
+        from core.calibration.fit import load_calibration
 
         table = calibration_spread([load_calibration(p) for p in paths])
         print_spread(table, out_console())
@@ -79,10 +79,10 @@ def cmd_twin(args: argparse.Namespace) -> int:
     """One spec in both worlds: the testbed (calibrated on its own engines first, unless a
     calibration is given), then the simulator with that calibration and under each of
     ``--calibrations``, then the comparison, judged with the simulator's spread over them."""
-    from analysis.fidelity_console import compare
-    from analysis.report import report
-    from core.calibration import LOAD_DIR, isolated_of, load_calibration
-    from core.spec import load_spec
+    from analysis.compare.console import compare
+    from analysis.run.report import report
+    from core.calibration.fit import LOAD_DIR, isolated_of, load_calibration
+    from core.spec.model import load_spec
     from testbed.runs.launch import run_testbed
 
     spec = load_spec(args.spec, default="testbed.yaml")

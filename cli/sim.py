@@ -12,8 +12,8 @@ from cli.common import check_sizes, console, selection
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from core.calibration import load_calibration
-    from core.spec import load_spec
+    from core.calibration.fit import load_calibration
+    from core.spec.model import load_spec
 
     spec = load_spec(args.spec)
     policies, seeds = selection(args, spec)
@@ -26,7 +26,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def simulate(spec: Any, policies: list[str], seeds: list[int], out: Path, base_dir: Path | None, cal: Any) -> None:
     """Every (policy, seed) in the simulator; with a calibration, as the calibrated testbed."""
-    from core.calibration import apply_calibration
+    from core.calibration.fit import apply_calibration
     from simulator.run import run_sim
 
     if cal is not None:

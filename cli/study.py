@@ -11,7 +11,7 @@ from vocab import SIM, TESTBED
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from core.spec import load_spec
+    from core.spec.model import load_spec
 
     spec = load_spec(args.spec)
     if args.workers is not None and args.workers < 1:
@@ -37,11 +37,11 @@ def _repeat_seeds(args: argparse.Namespace, seeds: list[int]) -> list[int]:
 
 def _plan(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     """`--plan`: the seeds each claim needs for 80% power, and the runs and wall time of the spec as it
-    stands and of the seeds the claims need (analysis/study_plan.py); nothing runs."""
-    from analysis.study_plan import plan_console_table, plan_table, study_cost
-    from analysis.study_claims import check_claim_metrics
-    from core.sizes import ENGINE_START_S, duration_text
-    from core.study import choose_sweeps, claim_sides, distinct_runs, expand_study
+    stands and of the seeds the claims need (study/plan.py); nothing runs."""
+    from study.plan import plan_console_table, plan_table, study_cost
+    from study.claims import check_claim_metrics
+    from core.spec.sizes import ENGINE_START_S, duration_text
+    from study.grid import choose_sweeps, claim_sides, distinct_runs, expand_study
 
     cells = expand_study(spec, args.spec)
     sides = claim_sides(spec, cells, args.spec)
@@ -86,9 +86,9 @@ def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int
     (a calibration fitted on the study's own runs, say), into STUDY/sim; where STUDY/testbed holds the
     testbed's runs, the claims are judged again on them (docs/study.md "Another calibration, the same
     testbed runs"). No engine starts."""
-    from analysis.study_claims import CLAIMS, carryover_report
-    from analysis.study import STUDY_FILE
-    from core.calibration import load_calibration
+    from study.claims import CLAIMS, carryover_report
+    from study.table import STUDY_FILE
+    from core.calibration.fit import load_calibration
 
     root = Path(args.out) / spec.name
     cal = load_calibration(args.calibration)  # a bad file: one line, before anything is written
@@ -107,7 +107,7 @@ def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, st
     from study.runner import run_study  # first: without Ray, its one-line refusal (tests/test_cli.py)
 
     if calibration is not None:
-        from core.calibration import apply_calibration
+        from core.calibration.fit import apply_calibration
 
         spec = apply_calibration(spec, calibration)
     where = study_dir or Path(out) / spec.name
@@ -117,7 +117,7 @@ def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, st
                         source=args.spec, console=console, max_hours=args.max_hours, study_dir=study_dir,
                         only=only)
     except KeyboardInterrupt:
-        from core.study import CELL_FILE
+        from study.grid import CELL_FILE
 
         done = sum(1 for _ in where.rglob(CELL_FILE))
         console.print(f"interrupted: the {done} finished run(s) are kept; the same command runs the rest")
@@ -134,14 +134,14 @@ def _sim(spec, args: argparse.Namespace, sweeps: list[str] | None, out: Path, st
 
 def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     """The testbed's runs of the grid (study/testbed_side.py), then, with ``--world both``, the calibrated
-    simulator's and the verdict per claim (analysis/study_claims.py). A study with looks
-    (analysis/looks.py) does this look by look: look 1's seeds for every claim, then each further
+    simulator's and the verdict per claim (study/claims.py). A study with looks
+    (study/looks.py) does this look by look: look 1's seeds for every claim, then each further
     look's seeds only for the cells of the claims still undecided."""
-    from analysis.study_claims import CLAIMS, carryover_report, check_claim_metrics
+    from study.claims import CLAIMS, carryover_report, check_claim_metrics
     from study.testbed_side import run_testbed_side
-    from core.calibration import load_calibration
-    from core.sizes import check_fits
-    from core.study import choose_sweeps, claim_reads, claim_sides, distinct_runs, expand_study
+    from core.calibration.fit import load_calibration
+    from core.spec.sizes import check_fits
+    from study.grid import choose_sweeps, claim_reads, claim_sides, distinct_runs, expand_study
 
     cells = expand_study(spec, args.spec)  # every point validated, every claim resolved, before any engine starts
     sides = claim_sides(spec, cells, args.spec)
@@ -181,7 +181,8 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
         if rc != 0:
             return rc
         last = k == len(looks)
-        table = carryover_report(root, root / CLAIMS, out_console() if last else _quiet())
+        held = _held()  # a look's report, shown only if it is the study's last
+        table = carryover_report(root, root / CLAIMS, out_console() if last else held)
         if last:
             break
         mine_rows = table[table["claim"].isin({s.name for s in open_claims})]
@@ -194,16 +195,19 @@ def _both(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
         console.print(f"look {k}: {len(open_claims) - len(going_on)} of {len(open_claims)} claim(s) decided; "
                       f"{len(going_on)} go on to look {k + 1}")
         open_claims = [s for s in open_claims if s.name in going_on]
-        if not open_claims:
-            carryover_report(root, root / CLAIMS, out_console())
+        if not open_claims:  # every claim decided at this look: its report, written once, is the study's
+            from rich.text import Text
+
+            out_console().print(Text.from_ansi(held.export_text(styles=True)), end="")
             break
     console.print(f"report again: testbed report {root}")
     return 0
 
 
-def _quiet():
+def _held():
+    """A console that keeps what is printed to it, to show later (rich's record)."""
     import io
 
     from rich.console import Console
 
-    return Console(file=io.StringIO())
+    return Console(file=io.StringIO(), record=True, width=out_console().width)

@@ -8,9 +8,9 @@ host analysis prices a request by. A second copy is how the worlds would drift a
   simulator's flow network (simulator/network.py: max-min fair flows over the sender's NIC, the
   pods' core links and the receiver's NIC, in whole cache blocks, with protocol headers on the
   wire), exact only for a pull that shares no link with another one: the calibration check prices
-  only such pulls with it (analysis/calibration_check.py ``lone_pulls``).
+  only such pulls with it (analysis/checks/calibration.py ``lone_pulls``).
 
-The fitted coefficients and where they come from: core/calibration.py (``testbed calibrate``).
+The fitted coefficients and where they come from: core/calibration/fit.py (``testbed calibrate``).
 Plain arithmetic, so each function takes floats (the simulator's hot path, on the compiled list
 of core/compiled.py) or numpy arrays (the analysis) alike; a slow-down factor multiplies the
 result.

@@ -20,7 +20,7 @@ from .in_flight import InFlightEvidence
 from .policies import make_policy
 from .risk import RiskPriceEstimator
 from .routing import Router
-from .spec import ExperimentSpec
+from core.spec.model import ExperimentSpec
 from .topology import Topology
 from .view import Capacity
 

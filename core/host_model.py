@@ -1,8 +1,8 @@
 """The host model's rules and the measure of its demand, defined once (docs/simulator.md "The host model").
 
 The simulator's shared host (``simulator/host.py``) and the calibration that measures it
-(``core/calibration.py``, ``testbed/calibration/calibrate.py``) both apply the rules; the
-calibration and the check of a run against it (``analysis/host_demand.py``) measure demand by
+(``core/calibration/fit.py``, ``testbed/calibration/calibrate.py``) both apply the rules; the
+calibration and the check of a run against it (``analysis/checks/host_demand.py``) measure demand by
 state the same way (:func:`rate_against`).
 """
 
@@ -19,7 +19,7 @@ MP_WORKER_SPIN_S = 1.0
 
 
 def worker_spin_s(executor: str) -> float:
-    """What an engine's worker spins after each call, by vLLM executor (core.spec.TestbedSpec.executor):
+    """What an engine's worker spins after each call, by vLLM executor (core.spec.model.TestbedSpec.executor):
     the mp executor's queue reader busy-waits MP_WORKER_SPIN_S; the uni executor has no worker
     process and no queue, so nothing (docs/reliability.md "The worker process, removed")."""
     return MP_WORKER_SPIN_S if executor == "mp" else 0.0

@@ -3,8 +3,8 @@
 A request without its first token ``first_token_limit_s`` after its arrival, or unfinished
 ``deadline_s`` after it, is given up where it is (a timeout of the stage it was in). The
 first-token limit is the spec's ``ttft_timeout_s``, never later than the deadline. The simulator
-(simulator/cluster.py), the testbed's router (testbed/router/flow.py), the spec (core/spec.py) and
-the analysis (analysis/host.py, analysis/metrics.py) call these functions instead of retyping the
+(simulator/cluster.py), the testbed's router (testbed/router/flow.py), the spec (core/spec/model.py) and
+the analysis (analysis/run/host_stall.py, analysis/run/metrics.py) call these functions instead of retyping the
 rule, so the worlds cannot drift apart on it.
 """
 

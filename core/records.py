@@ -26,9 +26,9 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vocab import OK
+from vocab import OK, FaultKind, Outcome, PullEnding, Role, Stage  # noqa: F401 (the fields' types)
 
-from .files import write_json_atomic
+from core.util.files import write_json_atomic
 
 NAN = math.nan
 
@@ -52,8 +52,8 @@ class RequestRecord(NamedTuple):
     kv_end_s: float = NAN
     first_token_s: float = NAN
     end_s: float = NAN
-    outcome: str = OK
-    failed_stage: str | None = None  # one of vocab.STAGES
+    outcome: Outcome = OK
+    failed_stage: Stage | None = None
     kv_bytes: int = 0  # the KV the request's transfer moves; 0 if it never reached kv_transfer
     # Attempts made (router.retry): the record's other columns are the last one's; 0: rejected
     attempts: int = 1
@@ -72,8 +72,8 @@ class AttemptRecord(NamedTuple):
     decode_worker: int
     prefill_pod: int
     decode_pod: int
-    outcome: str  # "error" | "timeout" (its per-try time to first token)
-    failed_stage: str  # one of vocab.STAGES
+    outcome: Outcome  # error, or timeout (its per-try time to first token)
+    failed_stage: Stage
     kv_bytes: int  # its KV transfer's size; 0 if it never reached kv_transfer
     backoff_s: float  # from end_s to the next attempt's routing
     table = "attempts"  # a class attribute, not a column
@@ -98,7 +98,7 @@ class FaultEvent(NamedTuple):
     time_s: float
     fault_id: int
     event: str  # "apply" | "clear"
-    kind: str  # "link" | "compute"
+    kind: FaultKind
     pod: int
     target: str  # what was acted on: "pod3.core_links" (sim); "pod3:eth0/egress", "pod3:cpu" (testbed)
     severity: float  # link: residual bandwidth factor r; compute: slow-down factor
@@ -141,7 +141,7 @@ class DeadPullRecord(NamedTuple):
     end_s: float  # when the decode engine saw the pull end; NaN: not seen to end
     # "done": all of its KV arrived; "failed": the transfer failed (UCX gave it up); "cancelled":
     # stopped at the abort; "unseen": still going DEAD_PULL_WATCH_S after given_up_s
-    ending: str
+    ending: PullEnding
     kv_bytes: int  # the pull's size
     bytes_after: float  # of those, the bytes that moved after given_up_s; NaN: not known
     attempt: int = 0  # which of the request's attempts (router.retry) pulled it
@@ -164,7 +164,7 @@ class EngineRecord(NamedTuple):
     time_s: float
     worker: int
     pod: int
-    role: str  # "prefill" | "decode"
+    role: Role  # prefill or decode
     state: str  # "down" | "up"
     reason: str  # what said so: the exception of a call or of vLLM's health check
     table = "engines"  # a class attribute, not a column
@@ -173,12 +173,12 @@ class EngineRecord(NamedTuple):
 class HostRecord(NamedTuple):
     """One engine's host sample (testbed only, testbed/engines/hoststats.py): cumulative seconds
     of its processes on a CPU and waiting for one, and of its node's CPU pressure, busy and
-    stolen time; analysis/host.py turns them into each request's share of host stall."""
+    stolen time; analysis/run/host_stall.py turns them into each request's share of host stall."""
 
     time_s: float
     worker: int
     pod: int
-    role: str  # "prefill" | "decode"
+    role: Role  # prefill or decode
     cpu_s: float
     wait_s: float
     pressure_s: float  # NaN on a kernel without PSI
@@ -210,7 +210,10 @@ RECORD_TYPES: tuple[type, ...] = (RequestRecord, DecisionRecord, FaultEvent, Hea
 # (A request's record keeps its constructor: tests/test_architecture.py finds where it is built.)
 make_row = tuple.__new__
 
-_ARROW_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), "str | None": pa.string()}
+# The vocabulary's words (vocab/) are strings in the tables; a field typed with one says which set.
+_WORDS = ("Outcome", "Stage", "FaultKind", "PullEnding", "Role")
+_ARROW_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), "str | None": pa.string(),
+                **{w: pa.string() for w in _WORDS}, **{f"{w} | None": pa.string() for w in _WORDS}}
 
 
 def arrow_schema(cls: type) -> pa.Schema:
@@ -239,6 +242,10 @@ class TableWriter:
         self.schema = SCHEMAS[cls.table]
         self.path = directory / f"{cls.table}.parquet"
         self.path.mkdir(parents=True, exist_ok=True)
+        # A run made again into its directory replaces the earlier one: its parts beyond this run's
+        # last would otherwise be read with it (a reader takes every part of the dataset).
+        for old in [*self.path.glob("part-*.parquet"), *self.path.glob(".part-*.tmp")]:
+            old.unlink()
         self._struct = pa.struct(list(self.schema))
         # Dictionary-encode the string columns only: numbers (times, ids) rarely repeat, and
         # trying a dictionary on each of them more than doubled the time a part takes to write.

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from vocab import ERROR, TIMEOUT
-from .spec import RetrySpec
+from core.spec.model import RetrySpec
 from .stages import blamed_pods
 from .ticket import Ticket
 

@@ -36,7 +36,7 @@ from vocab import PULL_ENDINGS
 from .experiment import make_router, run_dir_for, seed_streams
 from .records import DeadPullRecord, FaultEvent, RunWriter
 from .retry import NextAttempt, Retries
-from .spec import ExperimentSpec
+from core.spec.model import ExperimentSpec
 from .ticket import Ticket
 from .topology import Topology
 from .view import Capacity

@@ -22,7 +22,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from faults.spec import ComputeFault, EngineFault, FaultSpec, HealthSpec, LinkFault
-from vocab import FAULT_COMPUTE, FAULT_ENGINE, FAULT_LINK
+from vocab import FAULT_COMPUTE, FAULT_ENGINE, FAULT_LINK, FaultKind
 
 _DEFAULT_HEALTH = HealthSpec()
 
@@ -34,7 +34,7 @@ class ScheduledEvent:
     time_s: float
     fault_id: int  # index of the fault in the spec list
     event: Literal["apply", "clear"]
-    kind: Literal["link", "compute", "engine"]
+    kind: FaultKind
     pod: int
     severity: float  # link: residual bandwidth factor r; compute: slowdown factor; engine: 0 (capacity left)
 

@@ -1,45 +1,28 @@
-"""The SimPy model of a PD-disaggregated cluster.
+"""The SimPy model of a PD-disaggregated cluster (docs/simulator.md "The model" describes it).
 
-* prefill workers: FCFS queue, batches of up to ``prefill_batch_tokens`` prompt
-  tokens (a longer prompt runs alone), batch time = slowdown x (overhead +
-  tokens / throughput);
-* decode admission: a request reserves KV memory (prompt + output tokens) and a
-  batch slot on its decode worker before its KV is pulled, as vLLM's decode
-  engine allocates blocks before a NIXL read; without room it waits (stage
-  ``decode_queue``);
-* KV transfer: a fluid flow of the prompt's KV in whole cache blocks
-  (``kv_block_tokens``) x kv_bytes_per_token over the sender NIC, the pods' core
-  links and the receiver NIC, max-min fair (:mod:`simulator.network`), then the
-  pull's fixed cost (``kv_transfer_latency_s``: its completion notice) before the
-  request joins the decode batch;
-* decode: continuous batching as a fluid: every running sequence advances one
-  token per step, step time = slowdown x (base + per_seq x batch + per_kv_token x
-  KV tokens in the batch), recomputed whenever the batch changes;
-* the limits: a request without its first token ``ttft_timeout_s`` after arrival,
-  or not finished ``deadline_s`` after it, is aborted where it is and recorded as a
-  timeout of that stage;
-* retries (``router.retry``): an attempt without its first token ``attempt_ttft_s`` after it
-  was routed is given up the same way and, as :mod:`core.retry` decides, routed again after its
-  backoff (the simulated engines never fail otherwise, so that is all that is retried here);
-* each engine has its own accelerator: where the engines share a host's cores instead
-  (``engine.host_cores``), :class:`simulator.host.HostedClusterSim` runs this model with them;
-* engines that die (an ``engine`` fault): simulator/engine_deaths.py.
+* prefill workers: FCFS queue, batches of up to ``prefill_batch_tokens`` prompt tokens, each
+  batch timed by core/engine_timing.py, slowed by the pod's compute fault;
+* decode admission: a request reserves KV memory and a batch slot on its decode worker before its
+  KV is pulled (as vLLM allocates blocks before a NIXL read); without room it waits (``decode_queue``);
+* KV transfer: a fluid flow of the prompt's KV in whole blocks over the sender NIC, the pods' core
+  links and the receiver NIC, max-min fair (:mod:`simulator.network`), then the pull's fixed cost;
+* decode: continuous batching as a fluid, the step time of core/engine_timing.py recomputed
+  whenever the batch changes;
+* the limits (deadline, first-token limit, a retried attempt's per-try timeout) give an attempt up
+  where it is; :mod:`core.retry` decides whether it is routed again;
+* engines that share a host's cores: :class:`simulator.host.HostedClusterSim`; engines that die:
+  simulator/engine_deaths.py, through the surface marked below.
 
-Everything around the cluster is the run context both worlds open
-(:class:`core.run.RunContext`): routing returns a :class:`core.ticket.Ticket`,
-on which this model marks the stages of :mod:`core.stages` and which builds the
-request's record when it ends; the fault timeline's steps come from there too,
-and this model only sets its links' capacities and workers' speeds.
+Everything around the cluster is the run context both worlds open (:class:`core.run.RunContext`):
+routing returns a :class:`core.ticket.Ticket`, on which this model marks the stages of
+:mod:`core.stages` and which builds the request's record when it ends; the fault timeline's steps
+come from there too, and this model only sets its links' capacities and workers' speeds.
 
-Speed: SimPy keeps the clock and the event queue, but a request's events are the cheap kinds
-of :mod:`simulator.events`, made exactly where SimPy timeouts and processes would be, so the
-event order (ties included) is SimPy's: prefill ends, KV pull completions and decode steps are
-plain callbacks on SimPy's queue; the arrivals and the sweeps of the two per-request limits are
-chains (one pending wake-up each) that :func:`simulator.events.run_until` runs beside it. The hot path reads Python numbers (the workload's columns, the engine's
-constants, the pods' slow-down, each decode batch's step time, kept current)
-rather than numpy scalars or pydantic fields, reads the clock as ``env._now``
-(what SimPy's ``now`` property returns, without the call), and a finished
-request's ticket is dropped at once (the sweeps skip it).
+Speed: a request's events are the cheap kinds of :mod:`simulator.events`, made exactly where SimPy
+timeouts and processes would be, so the event order (ties included) is SimPy's. The hot path reads
+Python numbers (the workload's columns, the engine's constants, each decode batch's step time, kept
+current) rather than numpy scalars or pydantic fields, and a finished request's ticket is dropped
+at once. Only simulator/events.py touches SimPy's internals; the model reads the clock as ``env.now``.
 """
 
 from __future__ import annotations
@@ -55,51 +38,20 @@ from core.engine_timing import decode_step_s, prefill_s
 from core.limits import first_token_limit
 from core.records import DEAD_PULL_WATCH_S, NAN
 from core.run import RunContext
-from core.spec import EngineSpec
+from core.spec.model import EngineSpec
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
 from faults.schedule import FaultStep, ScheduledEvent
 from faults.telemetry import link_measure_s
-from vocab import (CORRUPT, DECODE, DECODE_QUEUE, FAULT_ENGINE, KV_TRANSFER, OK, PREFILL, PULL_CANCELLED, PULL_DONE,
-                   PULL_UNSEEN, TIMEOUT)
+from vocab import (CORRUPT, DECODE, DECODE_QUEUE, FAULT_COMPUTE, FAULT_ENGINE, FAULT_LINK, KV_TRANSFER, OK, PREFILL,
+                   PULL_CANCELLED, PULL_DONE, PULL_UNSEEN, TIMEOUT)
 from workloads.generate import Workload
 
 from .control_path import ControlPath
 from .engine_deaths import EngineDeaths
 from .events import Call, Chain, call_after, run_until
 from .network import FlowNetwork
-
-
-class _Prefill:
-    __slots__ = ("queue", "busy", "pod", "batch", "dead")
-
-    def __init__(self, pod: int) -> None:
-        self.queue: deque[Ticket] = deque()
-        self.busy = False
-        self.pod = pod
-        self.batch: list[Ticket] = []  # the running batch
-        self.dead = False
-
-
-class _Decode:
-    """Fluid continuous batching: V counts tokens produced per running sequence."""
-
-    __slots__ = ("pod", "heap", "n", "kv_in_batch", "step_s", "V", "t", "timer", "reserved_kv", "reserved_slots",
-                 "waiting", "dead")
-
-    def __init__(self, pod: int) -> None:
-        self.pod = pod
-        self.heap: list[tuple[float, int, Ticket]] = []
-        self.n = 0  # running sequences
-        self.kv_in_batch = 0  # their prompt tokens (the KV each step reads)
-        self.step_s = 0.0  # their step time (ClusterSim._step_s), kept current with n, kv_in_batch, speed
-        self.V = 0.0
-        self.t = 0.0
-        self.timer: Call | None = None  # the pending step-end event; older ones are stale
-        self.reserved_kv = 0  # admitted requests (in transfer or decoding)
-        self.reserved_slots = 0
-        self.waiting: deque[Ticket] = deque()
-        self.dead = False
+from .workers import DecodeWorker, PrefillWorker
 
 
 class ClusterSim(ControlPath):
@@ -123,7 +75,7 @@ class ClusterSim(ControlPath):
         topo = self.topo
         self.net = FlowNetwork(env, topo.link_capacity_Bps())
         worker_pod = topo.worker_pod.tolist()
-        self.prefill = [_Prefill(worker_pod[w]) for w in topo.prefill_ids.tolist()]
+        self.prefill = [PrefillWorker(worker_pod[w]) for w in topo.prefill_ids.tolist()]
         self.slowdown: list[float] = [1.0] * topo.n_pods
         self._applied: FaultStep | None = None  # the last step set (its measurement may still run)
         self._measuring: deque[FaultStep] = deque()  # steps whose measurement has not ended, in order
@@ -160,9 +112,9 @@ class ClusterSim(ControlPath):
         # a call on its way to an engine, or a pulled request waiting for the decode scheduler.
         self._prefill_call, self._decode_call, self._join_delay = e.prefill_call_s, e.decode_call_s, e.decode_join_s
         self._joining: set[Ticket] = set()  # KV in, not yet in the running batch
-        self.decode = [_Decode(worker_pod[w]) for w in topo.decode_ids.tolist()]
+        self.decode = [DecodeWorker(worker_pod[w]) for w in topo.decode_ids.tolist()]
         for d in self.decode:
-            d.step_s = self._step_s(d)  # an empty batch's
+            d.step_s = self.step_s(d)  # an empty batch's
         self.first_token_limit = first_token_limit(deadline_s, first_token_limit_s)
         # Arrivals and the sweeps of the per-request limits are chains (simulator.events), made
         # where processes would be: the event order is what SimPy processes would give.
@@ -213,7 +165,7 @@ class ClusterSim(ControlPath):
         Woken for request ``chain.data`` (None: at the start), it handles that one without
         looking at the clock again (now may differ from the due time by rounding), then any due
         with it, and sleeps until the next one is due."""
-        arr, now = self._arr, self.env._now  # the clock stands still while a chain runs
+        arr, now = self._arr, self.env.now  # the clock stands still while a chain runs
         i = chain.data
         if i is None:
             i = 0
@@ -246,7 +198,7 @@ class ClusterSim(ControlPath):
         """Time out, in arrival order (= deadline order, the deadline being the same for all),
         every request from ``chain.data`` on that is due by now and not done, then sleep until
         the next one is due (and look at the clock again then)."""
-        arr, reqs, deadline, now = self._arr, self.reqs, self.deadline, self.env._now
+        arr, reqs, deadline, now = self._arr, self.reqs, self.deadline, self.env.now
         i = chain.data or 0
         while i < len(arr):
             due = arr[i] + deadline
@@ -285,13 +237,13 @@ class ClusterSim(ControlPath):
 
     def _attempt_due(self, ev: Call) -> None:
         req = ev.data
-        if not req.done and not req.first_token_s <= self.env._now:
+        if not req.done and not req.first_token_s <= self.env.now:
             self._give_up(req, TIMEOUT)
 
     def _retry(self, ev: Call) -> None:
         """Route a retried request again (its earlier attempt is in ``attempts``)."""
         i, nxt = ev.data
-        now = self.env._now
+        now = self.env.now
         req = self.ctx.route(now, i, self._arr[i], self._pt[i], self._ot[i], nxt)
         self.reqs[i] = req
         self._dispatch(req, now)
@@ -343,7 +295,7 @@ class ClusterSim(ControlPath):
 
     @staticmethod
     def _rows(ev: ScheduledEvent) -> list[tuple[str, float, float, float]]:
-        target = f"pod{ev.pod}." + {"link": "core_links", "compute": "workers", "engine": "engines"}[ev.kind]
+        target = f"pod{ev.pod}." + {FAULT_LINK: "core_links", FAULT_COMPUTE: "workers", FAULT_ENGINE: "engines"}[ev.kind]
         return [(target, ev.time_s, NAN, NAN)]
 
     # --- request path ---------------------------------------------------------
@@ -399,7 +351,7 @@ class ClusterSim(ControlPath):
         if self.prefill[idx].dead:  # the batch died with its engine
             return
         self.prefill[idx].batch = []
-        now = self.env._now
+        now = self.env.now
         for req in batch:
             if req.done:
                 continue
@@ -417,14 +369,14 @@ class ClusterSim(ControlPath):
         """The decode call reaches its engine: the request waits for admission there."""
         d = self.decode[req.d_idx]
         if d.dead:  # the decode call raises at once
-            self._orphaned(req)
+            self.orphaned(req)
             self.deaths.fail(req, now)
             self.deaths.call_failed(int(self.topo.decode_ids[req.d_idx]), now)
             return
         d.waiting.append(req)
         self._admit(d, now)
 
-    def _admit(self, d: _Decode, now: float) -> None:
+    def _admit(self, d: DecodeWorker, now: float) -> None:
         waiting = d.waiting
         max_batch, kv_tokens = self._max_batch, self._kv_tokens
         while waiting:
@@ -464,12 +416,12 @@ class ClusterSim(ControlPath):
         if req.done:  # timed out while the completion was on its way, or a dead pull's end
             dead = self._dead.pop(req, None)
             if dead is not None:
-                now = self.env._now
+                now = self.env.now
                 given_up, moved = dead
                 self.ctx.dead_pull(req, given_up, now, PULL_DONE, req.kv_bytes - moved)
                 self._release(self.decode[req.d_idx], req, now)
             return
-        now = self.env._now
+        now = self.env.now
         req.enter(DECODE, now)
         if self._join_delay > 0:  # the decode scheduler takes it in at a later step
             self._joining.add(req)
@@ -478,11 +430,11 @@ class ClusterSim(ControlPath):
             self._decode_join(req, now)
 
     # --- decode (fluid continuous batching) ----------------------------------
-    def _step_s(self, d: _Decode) -> float:
+    def step_s(self, d: DecodeWorker) -> float:
         """The step time of d's batch now (d.step_s keeps it: call when the batch or speed changes)."""
         return self.slowdown[d.pod] * decode_step_s(self._step_base, self._step_per_seq, self._step_per_kv, d.n, d.kv_in_batch)
 
-    def _advance(self, d: _Decode, now: float) -> None:
+    def _advance(self, d: DecodeWorker, now: float) -> None:
         if d.n:
             d.V += (now - d.t) / d.step_s
         d.t = now
@@ -492,19 +444,19 @@ class ClusterSim(ControlPath):
         self._advance(d, now)
         d.n += 1
         d.kv_in_batch += req.prompt_tokens
-        d.step_s = self._step_s(d)
+        d.step_s = self.step_s(d)
         self._seq += 1
         heappush(d.heap, (d.V + req.output_tokens, self._seq, req))
         req.first_token_s = now + d.step_s
         self._decode_schedule(d)
 
-    def _decode_leave(self, d: _Decode, req: Ticket) -> None:
+    def _decode_leave(self, d: DecodeWorker, req: Ticket) -> None:
         d.n -= 1
         d.kv_in_batch -= req.prompt_tokens
-        d.step_s = self._step_s(d)
+        d.step_s = self.step_s(d)
         self._unreserve(d, req)
 
-    def _decode_schedule(self, d: _Decode) -> None:
+    def _decode_schedule(self, d: DecodeWorker) -> None:
         """(Re)schedule the end of the next sequence; a step-end event scheduled before is stale."""
         heap = d.heap
         while heap and heap[0][2].done:  # timed-out sequences leave lazily
@@ -519,7 +471,7 @@ class ClusterSim(ControlPath):
         d = ev.data
         if ev is not d.timer:
             return
-        now = self.env._now
+        now = self.env.now
         self._advance(d, now)
         heap = d.heap
         eps = 1e-9 * max(1.0, d.V)
@@ -540,13 +492,9 @@ class ClusterSim(ControlPath):
         """A limit (the deadline, the first-token limit, an attempt's per-try timeout): the attempt
         ends in the stage it is in, the request with it unless it is retried; the worker it occupied
         lets it go (queued ones are skipped lazily when reached)."""
-        now = self.env._now
+        now = self.env.now
         stage = req.stage
-        i = req.request_id
-        nxt = self.ctx.end_attempt(now, req, outcome, self._arr[i] + self.first_token_limit)
-        self.reqs[i] = None
-        if nxt is not None:
-            call_after(self.env, nxt.at_s - now, self._retry, (i, nxt))
+        self.end_attempt(req, now, outcome)
         if stage == KV_TRANSFER:
             flow = self._flows.get(req)
             if flow is not None and self._finish_pulls:
@@ -567,19 +515,73 @@ class ClusterSim(ControlPath):
             self._decode_schedule(d)
 
     @staticmethod
-    def _unreserve(d: _Decode, req: Ticket) -> None:
+    def _unreserve(d: DecodeWorker, req: Ticket) -> None:
         """The request's decode blocks and batch slot, reserved at admission, are free again."""
         d.reserved_slots -= 1
         d.reserved_kv -= req.prompt_tokens + req.output_tokens
 
+    # --- the surface engine deaths act through (simulator/engine_deaths.py) ------------------
+    def end_attempt(self, req: Ticket, now: float, outcome: str) -> None:
+        """The attempt ends as ``outcome`` in its stage, the request with it unless it is retried
+        (then routed again after the backoff); the caller frees what it held."""
+        i = req.request_id
+        nxt = self.ctx.end_attempt(now, req, outcome, self._arr[i] + self.first_token_limit)
+        self.reqs[i] = None
+        if nxt is not None:
+            call_after(self.env, nxt.at_s - now, self._retry, (i, nxt))
+
+    def pulls(self) -> list[Ticket]:
+        """The attempts whose KV is on the wire now, given-up pulls that go on included."""
+        return list(self._flows)
+
+    def given_up_pulls(self) -> list[Ticket]:
+        """Pulls given up whose reads go on (engine.kv_pull_on_abort "finish")."""
+        return list(self._dead)
+
+    def stop_pull(self, req: Ticket) -> None:
+        """``req``'s KV flow, if one is on the wire, stops."""
+        flow = self._flows.pop(req, None)
+        if flow is not None:
+            self.net.abort(flow)
+
+    def end_given_up(self, req: Ticket, at_s: float, outcome: str) -> None:
+        """A given-up pull's read ends as ``outcome`` at ``at_s`` (NaN: no one sees it end)."""
+        given_up, _ = self._dead.pop(req)
+        self.stop_pull(req)
+        self.ctx.dead_pull(req, given_up, at_s, outcome, NAN)
+
+    def release(self, req: Ticket, now: float) -> None:
+        """``req``, out of the batch, gives its decode reservation back."""
+        self._release(self.decode[req.d_idx], req, now)
+
+    def take_joining(self, d: DecodeWorker) -> list[Ticket]:
+        """The requests whose KV is in on ``d`` but not yet in its batch, no longer joining."""
+        joining = [r for r in self._joining if self.decode[r.d_idx] is d]
+        self._joining.difference_update(joining)
+        return joining
+
+    def restore_link(self, link: int, pod: int, side: str) -> None:
+        """The link carries KV at the rate the fault timeline sets for it now."""
+        self.net.set_capacity(link, self.topo.core_link_Bps(float(getattr(self._applied, side)[pod])))
+
     # Hooks of the host model (simulator/host.py HostedClusterSim): engines of their own hold nothing.
-    def _unhold(self, req: Ticket) -> None:
+    def unhold(self, req: Ticket) -> None:
         """The prefill engine no longer holds ``req``'s KV for a reader (the host model's demand)."""
 
-    def _orphaned(self, req: Ticket) -> None:
+    def orphaned(self, req: Ticket) -> None:
         """No decoder will read ``req``'s KV (its decode engine died): the host model's hold ends later."""
 
-    def _release(self, d: _Decode, req: Ticket, now: float) -> None:
+    def prefill_died(self, idx: int) -> None:
+        """Prefill worker ``idx`` died: it computes and holds nothing from now (the host model's demand)."""
+
+    def held_for(self, d: DecodeWorker) -> list[Ticket]:
+        """The requests whose KV a prefill engine holds for decode worker ``d`` (the host model's)."""
+        return []
+
+    def decode_died(self, d: DecodeWorker) -> None:
+        """Decode worker ``d`` died and holds nothing (the host model's demand)."""
+
+    def _release(self, d: DecodeWorker, req: Ticket, now: float) -> None:
         """A request that never joined the batch gives its reservation back; the next may be admitted."""
         self._unreserve(d, req)
         self._admit(d, now)
@@ -594,5 +596,5 @@ class ClusterSim(ControlPath):
         self.slowdown[pod] = factor
         for d in self.decode:
             if d.pod == pod:
-                d.step_s = self._step_s(d)
+                d.step_s = self.step_s(d)
                 self._decode_schedule(d)

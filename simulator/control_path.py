@@ -1,5 +1,5 @@
 """The serving stack's control path in the simulator (engine.prefill_call_s, decode_call_s,
-decode_join_s: core/spec.py): the part of :class:`simulator.cluster.ClusterSim` that holds a
+decode_join_s: core/spec/model.py): the part of :class:`simulator.cluster.ClusterSim` that holds a
 request between the stages, kept apart from its hot path, which only schedules these.
 
 * the **prefill call**: a routed request reaches its prefill engine's queue ``prefill_call_s``
@@ -10,7 +10,7 @@ request between the stages, kept apart from its hot path, which only schedules t
   running batch; until then it holds its reservation but is not in the batch (a request given up
   meanwhile gives the reservation back; one whose engine dies fails with it).
 
-They are measured on the testbed under a load shaped like the run's (analysis/calibration_fit.py;
+They are measured on the testbed under a load shaped like the run's (analysis/checks/refit.py;
 docs/twin.md "A calibration under the run's conditions"); a scenario's default is 0, and then
 none of these is scheduled.
 """
@@ -33,10 +33,10 @@ class ControlPath:
     def _prefill_called(self, ev: Call) -> None:
         req = ev.data
         if not req.done:  # else given up on its way
-            self._enqueue_prefill(req, self.env._now)
+            self._enqueue_prefill(req, self.env.now)
 
     def _decode_called(self, ev: Call) -> None:
-        req, now = ev.data, self.env._now
+        req, now = ev.data, self.env.now
         if req.done:  # given up on its way
             return
         if self.prefill[req.p_idx].dead:  # the KV it was sent for died with its engine on the way
@@ -48,7 +48,7 @@ class ControlPath:
         req = ev.data
         if req in self._joining:  # else given up, or its engine died, meanwhile
             self._joining.discard(req)
-            self._decode_join(req, self.env._now)
+            self._decode_join(req, self.env.now)
 
     def _unjoin(self, req: Ticket, now: float) -> None:
         """``req``, given up with its KV in but not yet in the batch, gives its reservation back."""

@@ -24,13 +24,16 @@ from vocab import ERROR, KV_TRANSFER, PULL_FAILED, PULL_UNSEEN, ROLE_DECODE, ROL
 from .events import Call, call_after
 
 if TYPE_CHECKING:
-    from .cluster import ClusterSim, _Decode
+    from .cluster import ClusterSim
+    from .workers import DecodeWorker
 
 
 class EngineDeaths:
     """A simulated cluster's engine deaths: the engines an engine fault kills and restarts, what they
     held, and the router's liveness rule fed with what each engine would answer. It acts on the
-    cluster's workers, flows and requests (``sim``, the :class:`simulator.cluster.ClusterSim`)."""
+    cluster's workers, pulls and requests through the surface :class:`simulator.cluster.ClusterSim`
+    offers it (``sim``; its methods under "the surface engine deaths act through"), and tells the
+    cluster's hooks what died (the shared host's demand, simulator/host.py)."""
 
     def __init__(self, sim: ClusterSim) -> None:
         self.sim = sim
@@ -55,7 +58,7 @@ class EngineDeaths:
                     self.call_failed(worker, now)
 
     def _noticed(self, ev: Call) -> None:
-        self.call_failed(ev.data, self.sim.env._now)
+        self.call_failed(ev.data, self.sim.env.now)
 
     def check(self, now: float) -> None:
         """The router's periodic question to every engine, answered as each would (core/liveness.py
@@ -97,16 +100,13 @@ class EngineDeaths:
     def fail(self, req: Ticket, now: float) -> None:
         """The attempt ends as ``error`` in the stage it is in (its engine died), the request with it
         unless it is retried; the caller frees what it held."""
-        i = req.request_id
-        nxt = self.sim.ctx.end_attempt(now, req, ERROR, self.sim._arr[i] + self.sim.first_token_limit)
-        self.sim.reqs[i] = None
-        if nxt is not None:
-            call_after(self.sim.env, nxt.at_s - now, self.sim._retry, (i, nxt))
+        self.sim.end_attempt(req, now, ERROR)
 
     def _kill_prefill(self, idx: int, now: float) -> int:
         """Prefill worker ``idx`` dies: its queue and running batch fail, and so does every pull of
-        KV it held (the decode engine's read of a dead peer fails: _pull_failed). How many failed."""
-        w = self.sim.prefill[idx]
+        KV it held (the decode engine's read of a dead peer fails: pull_failed). How many failed."""
+        sim = self.sim
+        w = sim.prefill[idx]
         w.dead = True
         doomed = [r for r in (*w.batch, *w.queue) if not r.done]
         w.queue.clear()
@@ -114,15 +114,14 @@ class EngineDeaths:
         w.busy = False
         for req in doomed:
             self.fail(req, now)
-        held = [r for d in self.sim.decode for r in d.waiting if r.p_idx == idx and not r.done]
-        held += [r for r in self.sim._flows if r.p_idx == idx and not r.done]
+        held = [r for d in sim.decode for r in d.waiting if r.p_idx == idx and not r.done]
+        held += [r for r in sim.pulls() if r.p_idx == idx and not r.done]
         for req in held:
             self.pull_failed(req, now)
-        for req in [r for r in self.sim._dead if r.p_idx == idx]:  # dead pulls from it: the read fails now
-            given_up, _ = self.sim._dead.pop(req)
-            self.sim.net.abort(self.sim._flows.pop(req))
-            self.sim.ctx.dead_pull(req, given_up, now, PULL_FAILED, NAN)
-            self.sim._release(self.sim.decode[req.d_idx], req, now)
+        for req in [r for r in sim.given_up_pulls() if r.p_idx == idx]:  # dead pulls from it: the read fails now
+            sim.end_given_up(req, now, PULL_FAILED)
+            sim.release(req, now)
+        sim.prefill_died(idx)
         return len(doomed) + len(held)
 
     def pull_failed(self, req: Ticket, now: float) -> None:
@@ -131,52 +130,47 @@ class EngineDeaths:
         stage = req.stage
         self.fail(req, now)
         if stage == KV_TRANSFER:
-            flow = self.sim._flows.pop(req, None)
-            if flow is not None:
-                self.sim.net.abort(flow)
-            self.sim._release(self.sim.decode[req.d_idx], req, now)
+            self.sim.stop_pull(req)
+            self.sim.release(req, now)
+        self.sim.unhold(req)
 
-    def _kill_decode(self, d: _Decode, now: float) -> int:
+    def _kill_decode(self, d: DecodeWorker, now: float) -> int:
         """Decode worker ``d`` dies: whatever waits for it, pulls into it or decodes on it fails,
         and it holds nothing after. How many failed."""
+        sim = self.sim
+        orphans = sim.held_for(d)  # KV prefill engines hold for it: no one reads it now
         d.dead = True
         doomed = [r for r in d.waiting if not r.done]
-        doomed += [r for r in self.sim._flows if self.sim.decode[r.d_idx] is d and not r.done]
+        doomed += [r for r in sim.pulls() if sim.decode[r.d_idx] is d and not r.done]
         doomed += [r for _, _, r in d.heap if not r.done]
-        joining = [r for r in self.sim._joining if self.sim.decode[r.d_idx] is d]
-        self.sim._joining.difference_update(joining)
-        doomed += [r for r in joining if not r.done]
+        doomed += [r for r in sim.take_joining(d) if not r.done]
         for req in doomed:
-            flow = self.sim._flows.pop(req, None)
-            if flow is not None:
-                self.sim.net.abort(flow)
+            sim.stop_pull(req)
             self.fail(req, now)
-        for req in [r for r in self.sim._dead if self.sim.decode[r.d_idx] is d]:  # dead pulls into it die unseen,
-            given_up, _ = self.sim._dead.pop(req)  # as the testbed's router finds no end in a dead engine's log
-            flow = self.sim._flows.pop(req, None)
-            if flow is not None:
-                self.sim.net.abort(flow)
-            self.sim.ctx.dead_pull(req, given_up, NAN, PULL_UNSEEN, NAN)
+        for req in [r for r in sim.given_up_pulls() if sim.decode[r.d_idx] is d]:  # dead pulls into it die unseen,
+            sim.end_given_up(req, NAN, PULL_UNSEEN)  # as the testbed's router finds no end in a dead engine's log
         d.waiting.clear()
         d.heap.clear()
         d.n = d.kv_in_batch = d.reserved_kv = d.reserved_slots = 0
         d.timer = None  # a pending step end is stale
-        d.step_s = self.sim._step_s(d)
+        d.step_s = sim.step_s(d)
+        for req in orphans:
+            sim.orphaned(req)
+        sim.decode_died(d)
         return len(doomed)
 
     # --- the outage after the outage (engine.kv_heal_disconnect_s) ---------------------------
     def reconnect(self, ev: Call) -> None:
         """``kv_heal_disconnect_s`` after a down link came back: the reads across it fail (error in
         kv_transfer; a dead pull ends ``failed``), then the link carries KV at its rate now."""
-        link, pod, side, now = *ev.data, self.sim.env._now
-        topo = self.sim.topo
-        for req in [r for r in self.sim._flows if link in topo.path(r.prefill_worker, r.decode_worker)]:
-            if req in self.sim._dead:
-                given_up, _ = self.sim._dead.pop(req)
-                self.sim.net.abort(self.sim._flows.pop(req))
-                self.sim.ctx.dead_pull(req, given_up, now, PULL_FAILED, NAN)
-                self.sim._release(self.sim.decode[req.d_idx], req, now)
-                self.sim._unhold(req)
+        sim = self.sim
+        link, pod, side, now = *ev.data, sim.env.now
+        given_up = set(sim.given_up_pulls())
+        for req in [r for r in sim.pulls() if link in sim.topo.path(r.prefill_worker, r.decode_worker)]:
+            if req in given_up:
+                sim.end_given_up(req, now, PULL_FAILED)
+                sim.release(req, now)
+                sim.unhold(req)
             elif not req.done:
                 self.pull_failed(req, now)
-        self.sim.net.set_capacity(link, topo.core_link_Bps(float(getattr(self.sim._applied, side)[pod])))
+        sim.restore_link(link, pod, side)

@@ -21,10 +21,10 @@ would be with timeouts and processes:
 :func:`run_until` also runs a :class:`Call` itself (as ``Environment.step``
 would: it has one callback and cannot fail) and hands every other event to
 ``step``. This module reads and writes SimPy's queue, event-id counter and clock
-(``_queue``, ``_eid``, ``_now``: SimPy 4's ``Environment``); nothing else in the
-simulator does (the model's hot paths only read the clock as ``env._now``, what
-``env.now`` returns without a property call), and tests/test_sim_events.py checks
-that the order is SimPy's.
+(``_queue``, ``_eid``, ``_now``: SimPy 4's ``Environment``, pinned to 4.1.x in
+pyproject.toml); nothing else in the simulator does (the model reads the clock as
+``env.now``), and tests/test_sim_events.py checks that the order is SimPy's and that
+no other module reads these internals.
 """
 
 from __future__ import annotations

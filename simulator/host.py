@@ -37,12 +37,13 @@ from typing import Any
 
 from core.engine_timing import prefill_s
 from core.host_model import host_speed
-from core.spec import EngineSpec
+from core.spec.model import EngineSpec
 from core.ticket import Ticket
 from vocab import DECODE_QUEUE, KV_TRANSFER
 
-from .cluster import ClusterSim, _Decode
+from .cluster import ClusterSim
 from .events import Call, call_after
+from .workers import DecodeWorker
 
 __all__ = ["HostedClusterSim", "cluster_sim"]
 
@@ -63,7 +64,7 @@ class HostedClusterSim(ClusterSim):
     def __init__(self, env: Any, ctx: Any, engine: EngineSpec, *args: Any, **kwargs: Any) -> None:
         if engine.host_cores is None:
             raise ValueError("HostedClusterSim needs engine.host_cores (ClusterSim models engines without a shared host)")
-        self.factor = 1.0  # read by _step_s, which ClusterSim.__init__ calls
+        self.factor = 1.0  # read by step_s, which ClusterSim.__init__ calls
         super().__init__(env, ctx, engine, *args, **kwargs)
         self._cores, self._per_engine = float(engine.host_cores), float(engine.host_engine_cores)
         self._hold, self._pull = float(engine.host_hold_cores), float(engine.host_pull_cores)
@@ -125,7 +126,7 @@ class HostedClusterSim(ClusterSim):
     def _set_demand(self, e: int, cores: float) -> None:
         if cores == self._dem[e]:
             return
-        now = self.env._now
+        now = self.env.now
         self._count(now)
         self._dem[e] = cores
         self._total = self._background + sum(self._dem)  # summed anew: no drift from adding and taking
@@ -143,7 +144,7 @@ class HostedClusterSim(ClusterSim):
     def _prefill_state(self, idx: int) -> None:
         self._set_state(idx, self._per_engine if self.prefill[idx].busy else self._hold if self._held_n[idx] else 0.0)
 
-    def _decode_state(self, d: _Decode) -> None:
+    def _decode_state(self, d: DecodeWorker) -> None:
         self._set_state(self._engine_of[d], self._decoding if d.n else self._pull if d.reserved_slots else 0.0)
 
     def _rescale(self, factor: float, now: float) -> None:
@@ -156,7 +157,7 @@ class HostedClusterSim(ClusterSim):
         self.factor = factor
         self.min_factor = min(self.min_factor, factor)
         for d in self.decode:
-            d.step_s = self._step_s(d)
+            d.step_s = self.step_s(d)
             if d.heap:
                 self._first_tokens(d, now)
                 self._decode_schedule(d)
@@ -164,7 +165,7 @@ class HostedClusterSim(ClusterSim):
             self._schedule_prefill(i)
 
     @staticmethod
-    def _first_tokens(d: _Decode, now: float) -> None:
+    def _first_tokens(d: DecodeWorker, now: float) -> None:
         """A sequence's first token comes one step's progress after it joined (V at its join + 1);
         ClusterSim fixes it at the join, which a factor changing within that step would miss."""
         V, step_s = d.V, d.step_s
@@ -176,7 +177,7 @@ class HostedClusterSim(ClusterSim):
     def _run_prefill(self, idx: int, batch: list[Ticket], tokens: int) -> None:
         self._set_state(idx, self._per_engine)  # first: a new demand reschedules the others, this one starts at its speed
         self._work[idx] = prefill_s(self._prefill_overhead, self._prefill_tps, tokens)
-        self._since[idx] = self.env._now
+        self._since[idx] = self.env.now
         self._batch[idx] = (idx, batch)
         self._schedule_prefill(idx)
 
@@ -205,14 +206,14 @@ class HostedClusterSim(ClusterSim):
         super()._end_prefill(ev)
         self._prefill_state(idx)
 
-    def _unhold(self, req: Ticket) -> None:
+    def unhold(self, req: Ticket) -> None:
         idx = self._held.pop(req, None)
         if idx is not None:
             self._held_n[idx] -= 1
             self._prefill_state(idx)
 
     def _end_transfer(self, req: Ticket) -> None:
-        self._unhold(req)  # read (a dead pull's end included): the prefill engine frees the KV
+        self.unhold(req)  # read (a dead pull's end included): the prefill engine frees the KV
         super()._end_transfer(req)
 
     def _give_up(self, req: Ticket, outcome: str) -> None:
@@ -220,31 +221,23 @@ class HostedClusterSim(ClusterSim):
         super()._give_up(req, outcome)
         # a dead pull goes on reading (its end unholds); otherwise the KV is no longer waited for
         if (stage == DECODE_QUEUE or stage == KV_TRANSFER) and req not in self._dead:
-            self._unhold(req)
+            self.unhold(req)
 
-    # --- engines that die: they demand nothing from then on ---------------------------
-    def _kill_prefill(self, idx: int, now: float) -> int:
-        n = super()._kill_prefill(idx, now)
+    # --- engines that die (the hooks simulator/engine_deaths.py calls): they demand nothing from then on
+    def prefill_died(self, idx: int) -> None:
         self._timer[idx] = None  # its batch's end is stale
         for req in [r for r, i in self._held.items() if i == idx]:
             del self._held[req]
         self._held_n[idx] = 0
         self._prefill_state(idx)
-        return n
 
-    def _pull_failed(self, req: Ticket, now: float) -> None:
-        super()._pull_failed(req, now)
-        self._unhold(req)
+    def held_for(self, d: DecodeWorker) -> list[Ticket]:
+        return [r for r in self._held if self.decode[r.d_idx] is d]
 
-    def _kill_decode(self, d: _Decode, now: float) -> int:
-        held = [r for r in self._held if self.decode[r.d_idx] is d]
-        n = super()._kill_decode(d, now)
-        for req in held:
-            self._orphaned(req)
+    def decode_died(self, d: DecodeWorker) -> None:
         self._decode_state(d)
-        return n
 
-    def _orphaned(self, req: Ticket) -> None:
+    def orphaned(self, req: Ticket) -> None:
         """No decoder will read ``req``'s KV (its decode engine died): the prefill engine keeps it (and
         steps meanwhile) until its lease runs out. A dead decoder renews nothing, and vLLM's renewal
         extends a lease to 2/3 of it (docs/reliability.md "A dead decoder's prefill
@@ -254,10 +247,10 @@ class HostedClusterSim(ClusterSim):
         call_after(self.env, 2 / 3 * lease if lease is not None else self.first_token_limit, self._lease_ended, req)
 
     def _lease_ended(self, ev: Call) -> None:
-        self._unhold(ev.data)
+        self.unhold(ev.data)
 
     def _set_slowdown(self, pod: int, factor: float) -> None:
-        now = self.env._now
+        now = self.env.now
         running = [i for i, t in enumerate(self._timer) if t is not None and self.prefill[i].pod == pod]
         for i in running:
             self._progress(i, now)
@@ -266,10 +259,10 @@ class HostedClusterSim(ClusterSim):
             self._schedule_prefill(i)
 
     # --- decode ----------------------------------------------------------------------
-    def _step_s(self, d: _Decode) -> float:
-        return ClusterSim._step_s(self, d) / self.factor
+    def step_s(self, d: DecodeWorker) -> float:
+        return ClusterSim.step_s(self, d) / self.factor
 
-    def _admit(self, d: _Decode, now: float) -> None:
+    def _admit(self, d: DecodeWorker, now: float) -> None:
         super()._admit(d, now)
         self._decode_state(d)
 
@@ -277,6 +270,6 @@ class HostedClusterSim(ClusterSim):
         super()._decode_join(req, now)
         self._decode_state(self.decode[req.d_idx])
 
-    def _unreserve(self, d: _Decode, req: Ticket) -> None:  # also as a sequence leaves the batch
+    def _unreserve(self, d: DecodeWorker, req: Ticket) -> None:  # also as a sequence leaves the batch
         ClusterSim._unreserve(d, req)
         self._decode_state(d)

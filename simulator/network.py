@@ -219,7 +219,7 @@ class FlowNetwork(MaxMinAllocation):
         rate, m = (0.0, -1) if self._stale else self._spare_rate(path)
         self._dirty.add(n)  # its column of _ints, written when next needed (not before: slot n is not active yet)
         if rate > 0.0:  # nobody else's rate changes
-            now = self._env._now  # SimPy's clock (its ``now`` property reads this, at a call's cost)
+            now = self._env.now
             self._advance(now)
             self._add_alone(n, f, m, rate)
             self._n = n + 1
@@ -521,7 +521,7 @@ class FlowNetwork(MaxMinAllocation):
             rate = np.maximum(rate, _TINY_RATE)
         t = self._rem[:n] / rate
         s = int(t.argmin())
-        now = self._env._now
+        now = self._env.now
         dt = float(t[s]) - (now - self._t_last)
         if dt > _NEVER:  # nothing moves (every flow crosses a dead link)
             self._timer, self._timer_at = None, _INF
@@ -530,14 +530,14 @@ class FlowNetwork(MaxMinAllocation):
 
     def _set_timer(self, dt: float, fid: int, now: float | None = None) -> None:
         self._timer = call_after(self._env, dt, self._on_timer)
-        self._timer_at = (self._env._now if now is None else now) + dt
+        self._timer_at = (self._env.now if now is None else now) + dt
         self._target = fid
 
     def _on_timer(self, ev: Call) -> None:
         if ev is not self._timer:
             return  # superseded by a later change
         self._timer, self._timer_at = None, _INF
-        rem = self._advance(self._env._now)
+        rem = self._advance(self._env.now)
         done = rem <= self._done_at[: self._n]
         done[self._slot[self._target]] = True  # the timer's own flow, whatever the rounding
         finished = []

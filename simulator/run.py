@@ -12,7 +12,7 @@ import simpy
 
 from core.experiment import build_topology, seeded_workload
 from core.run import RunContext
-from core.spec import ExperimentSpec
+from core.spec.model import ExperimentSpec
 from workloads.generate import Workload
 
 from .host import HostedClusterSim, cluster_sim

@@ -1,4 +1,4 @@
-"""`testbed study SPEC`: run a spec's grid (core/study.py) as Ray tasks, resumably.
+"""`testbed study SPEC`: run a spec's grid (study/grid.py) as Ray tasks, resumably.
 
 Each cell is one simulator run, executed as a Ray task with one CPU: on a local
 Ray started for the study (``address="local"``: never a cluster that happens to
@@ -6,7 +6,7 @@ run on this machine), or on any Ray cluster given its address, whose nodes have
 this package installed (``cluster.yaml``'s setup does that). A task simulates
 (in a child interpreter the Ray worker keeps for its cells: study/clean_process.py says
 why) into a scratch directory on its node, computes the cell's metrics there
-(``analysis.study.cell_metrics``, so the report does not reload every run), and
+(``study.table.cell_metrics``, so the report does not reload every run), and
 returns the run directory's files; the driver writes them under
 ``STUDY/.partial/<run>`` and renames that into place with ``cell.json`` in it.
 So a run directory exists complete or not at all, whichever node ran it and
@@ -16,7 +16,7 @@ however the driver stopped, and:
 * anything else (an interrupted run, a run of an older version of the spec
   at the same place) is removed and run again.
 
-Cells whose records cannot differ (core/study.py: a point repeated by another
+Cells whose records cannot differ (study/grid.py: a point repeated by another
 sweep; LC, which ignores the risk price, at another telemetry mode) share one
 run, so the grid runs each distinct simulation once.
 
@@ -40,8 +40,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from core.sizes import DEFAULT_MAX_HOURS, check_study_fits
-from core.study import Cell, choose_sweeps, distinct_runs, expand_study
+from core.spec.sizes import DEFAULT_MAX_HOURS, check_study_fits
+from study.grid import Cell, choose_sweeps, distinct_runs, expand_study
 from study.cells import cell_is_done, write_cell, write_index
 
 __all__ = ["StudyResult", "run_cell", "run_cell_in_clean_process", "run_study"]
@@ -64,8 +64,8 @@ def run_cell(spec_json: str, policy: str, seed: int, base_dir: str | None = None
     """Simulate one cell into a scratch directory (under ``scratch``, default the node's temp dir);
     returns its files (path relative to the run directory -> bytes) and what it cost. Plain function:
     the Ray task wraps it, tests call it."""
-    from analysis.study import cell_metrics
-    from core.spec import ExperimentSpec
+    from study.table import cell_metrics
+    from core.spec.model import ExperimentSpec
     from simulator.run import run_sim
 
     spec = ExperimentSpec.model_validate_json(spec_json)
@@ -137,7 +137,7 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
     """Run every unfinished cell of ``spec.study`` under ``out/<spec name>``; returns what was done.
 
     ``address``: a Ray cluster to run on (None: a local Ray with ``workers`` CPUs, default all);
-    ``max_hours``: refuse (core/sizes.py) a study whose runs would take longer on this machine;
+    ``max_hours``: refuse (core/spec/sizes.py) a study whose runs would take longer on this machine;
     ``study_dir``: instead of ``out/<spec name>``;
     ``rerun``: run finished cells again; ``sweeps``: run only these sweeps' cells (the index
     still lists every cell, so a report counts the others as unfinished); ``only``: of those, only the
@@ -167,19 +167,11 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
                   f"{f' ({n_shared} cells share a run: same records)' if n_shared else ''}, {skipped} already "
                   f"finished -> {study_dir}")
     t0 = time.perf_counter()
-    cpu = 0.0
-    ran = 0
     failed: list[str] = []
     if not todo:
         return StudyResult(study_dir, len(chosen), len(runs), skipped, 0, [], 0.0, 0.0)
 
-    if address:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        scratch = None  # the nodes' own temp dirs: the study directory may not exist there
-    else:
-        ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
-                 logging_level="ERROR", log_to_driver=False)
-        scratch = str(partial / "scratch")  # removed below however the tasks end
+    scratch = _start_ray(address, workers, partial)
     task = ray.remote(num_cpus=1, max_retries=1)(run_cell_in_clean_process)
     # One spec per point, shipped once through the object store rather than once per cell.
     spec_refs = {p: ray.put(s) for p, s in {c.point: c.spec.model_dump_json() for c in todo}.items()}
@@ -193,26 +185,51 @@ def run_study(spec: Any, out: Path, *, address: str | None = None, workers: int 
     # project's suites, the last with only running tasks left to cancel; Ray's fixes of such
     # races (ray-project/ray pull requests 54116, 54798) show the window is in Ray, not here.
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TimeRemainingColumn(), console=console) as prog:
-            bar = prog.add_task("runs", total=len(runs), completed=skipped)
-            while pending:
-                done, _ = ray.wait(list(pending), num_returns=1)
-                cell = pending.pop(done[0])
-                try:
-                    result = ray.get(done[0])
-                except ray.exceptions.RayTaskError as e:
-                    # One broken cell must not cost the others: report it, leave it unfinished.
-                    msg = str(e.cause if e.cause is not None else e).strip().splitlines()[-1]
-                    failed.append(f"{cell.point} {cell.policy} seed {cell.seed}: {msg}")
-                    prog.console.print(f"[red]cell failed[/]: {failed[-1]}")
-                    prog.update(bar, advance=1)
-                    continue
-                _commit(study_dir, cell, result)
-                cpu += result["cpu_s"]
-                ran += 1
-                prog.update(bar, advance=1, description=f"runs (last: {cell.point} {cell.policy} s{cell.seed})")
+        ran, cpu = _collect(pending, study_dir, console, len(runs), skipped, failed)
     finally:
         ray.shutdown()
         shutil.rmtree(partial, ignore_errors=True)
     return StudyResult(study_dir, len(chosen), len(runs), skipped, ran, failed, time.perf_counter() - t0, cpu)
+
+
+def _start_ray(address: str | None, workers: int | None, partial: Path) -> str | None:
+    """Ray for the cells: the cluster at ``address``, or a local one of ``workers`` CPUs; returns the
+    cells' scratch folder (None on a cluster: the nodes' own temp dirs, the study directory may not
+    exist there)."""
+    import ray
+
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        return None
+    ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+             logging_level="ERROR", log_to_driver=False)
+    return str(partial / "scratch")  # removed by run_study however the tasks end
+
+
+def _collect(pending: dict[Any, Cell], study_dir: Path, console: Console, total: int, skipped: int,
+             failed: list[str]) -> tuple[int, float]:
+    """Each cell's result committed as it comes (a broken cell reported in ``failed``, the others go
+    on), under a progress bar: (cells run, their CPU seconds)."""
+    import ray
+
+    ran, cpu = 0, 0.0
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console) as prog:
+        bar = prog.add_task("runs", total=total, completed=skipped)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            cell = pending.pop(done[0])
+            try:
+                result = ray.get(done[0])
+            except ray.exceptions.RayTaskError as e:
+                # One broken cell must not cost the others: report it, leave it unfinished.
+                msg = str(e.cause if e.cause is not None else e).strip().splitlines()[-1]
+                failed.append(f"{cell.point} {cell.policy} seed {cell.seed}: {msg}")
+                prog.console.print(f"[red]cell failed[/]: {failed[-1]}")
+                prog.update(bar, advance=1)
+                continue
+            _commit(study_dir, cell, result)
+            cpu += result["cpu_s"]
+            ran += 1
+            prog.update(bar, advance=1, description=f"runs (last: {cell.point} {cell.policy} s{cell.seed})")
+    return ran, cpu

@@ -6,14 +6,14 @@ The study directory of both worlds (docs/study.md "Carrying a claim to the testb
     STUDY/calibration.json     the testbed's engines and links, measured once and fitted under the run's
                                conditions on the calibration load (or the file given)
     STUDY/calibration-isolated.json, STUDY/calibration-load/   the engines alone, and the load's runs
-    STUDY/testbed/             a study directory (analysis/study.py): study.json, cells/<point>/<policy>/seed-<n>/
+    STUDY/testbed/             a study directory (study/table.py): study.json, cells/<point>/<policy>/seed-<n>/
     STUDY/repeat/              the repeated seeds' runs, on the same engines with the same workloads
     STUDY/sim/                 the simulator's cells, calibrated
     STUDY/claims/              claims.csv, claim_effects.csv, reaction_cost.csv, one figure per claim
 
-Every distinct run of the grid (core/study.py: cells whose records cannot differ share one) is one
+Every distinct run of the grid (study/grid.py: cells whose records cannot differ share one) is one
 testbed run, all on one set of engines: one job per (point, policy) with its unfinished seeds, so the
-engines start once; between runs the driver verifies them quiet (testbed/runs/engines.py,
+engines start once; between runs the driver verifies them quiet (testbed/engines/pool.py,
 Engines.quiesce). A run is finished when its directory holds cell.json naming its run id, written
 here once run.json says ``finished`` (also after Ctrl-C or an error: the runs done so far count);
 the same command skips finished runs and reruns the others from an empty directory.
@@ -31,8 +31,8 @@ from typing import Any
 
 from rich.console import Console
 
-from analysis.study_claims import CLAIMS_FIXED, REPEAT, TESTBED, fixed_record
-from core.study import STUDY_FILE, Cell, distinct_runs
+from study.claims import CLAIMS_FIXED, REPEAT, TESTBED, fixed_record
+from study.grid import STUDY_FILE, Cell, distinct_runs
 from study.cells import write_cell, write_index
 
 CALIBRATION_FILE = "calibration.json"
@@ -50,7 +50,7 @@ class TestbedPlan:
 
 def plan(cells: list[Cell], chosen: list[Cell], study_dir: Path, repeat_seeds: list[int],
          rerun: bool = False) -> TestbedPlan:
-    from analysis.study import cell_finished
+    from study.table import cell_finished
 
     runs = distinct_runs(cells, chosen)
     rep = [c for c in runs if c.seed in repeat_seeds]
@@ -76,7 +76,7 @@ def jobs_for(todo: list[Cell], out_dir: Path) -> list[Any]:
 def mark_finished(world_dir: Path, runs: list[Cell]) -> int:
     """Write cell.json (and the metrics cache) into each run directory whose run.json says finished
     and that has none yet; returns how many are finished now."""
-    from analysis.study import cell_finished, cell_metrics
+    from study.table import cell_finished, cell_metrics
     from core.records import read_meta
 
     n = 0
@@ -102,10 +102,10 @@ def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_roo
                      calibration: Path | None, repeat_seeds: list[int], rerun: bool,
                      console: Console, keep_engines: bool = False) -> tuple[Path, TestbedPlan]:
     """The testbed's runs of the chosen cells that are not finished (then the repeated seeds'), on one
-    set of engines (``keep_engines``: testbed/runs/kept_engines.py); returns the calibration file and
+    set of engines (``keep_engines``: testbed/engines/kept.py); returns the calibration file and
     the plan it ran."""
-    from analysis.calibration_fit import fit_under_run
-    from core.calibration import LOAD_DIR, calibration_load, isolated_of
+    from analysis.checks.refit import fit_under_run
+    from core.calibration.fit import LOAD_DIR, calibration_load, isolated_of
     from testbed.runs.jobs import prepare_jobs
     from testbed.runs.launch import launch_jobs
 
@@ -113,7 +113,7 @@ def run_testbed_side(spec: Any, cells: list[Cell], chosen: list[Cell], study_roo
     for world in (TESTBED, REPEAT):
         (study_root / world).mkdir(parents=True, exist_ok=True)
     # How each claim is judged is fixed before the first run; a later call keeps that record and notes
-    # a change, which the verdicts then carry (analysis/study_claims.py fixed_note).
+    # a change, which the verdicts then carry (study/claims.py fixed_note).
     index = study_root / TESTBED / STUDY_FILE
     try:
         previous = json.loads(index.read_text()).get(CLAIMS_FIXED) if index.is_file() else None

@@ -21,7 +21,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from core.spec import ExperimentSpec, load_spec, parse_spec
+from core.spec.model import ExperimentSpec, load_spec, parse_spec
 
 # Engine times that make hand-worked answers round: 1000 prompt tokens a second, 10 ms a decode step.
 HAND_ENGINE: dict[str, float] = {"prefill_tokens_per_s": 1000.0, "prefill_overhead_s": 0.0,

@@ -28,7 +28,25 @@ def testbed_runs(tmp_path_factory) -> tuple:
     (out, leftovers before, leftovers after, the throttled job's spec, what each command saw)."""
     from e2e_cluster import run_on_cluster
 
-    return run_on_cluster(tmp_path_factory.mktemp("testbed"))
+    runs = run_on_cluster(tmp_path_factory.mktemp("testbed"))
+    _E2E_PHASES.update(runs[-1].get("phases", {}))
+    return runs
+
+
+_E2E_PHASES: dict[str, float] = {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: a worker's end-to-end phases, where the cluster ran on it."""
+    _E2E_PHASES.update(getattr(node, "workeroutput", {}).get("e2e_phases", {}))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where the end-to-end cluster's time went (docs/performance.md "The test suite's time")."""
+    if _E2E_PHASES:
+        terminalreporter.write_line("e2e cluster, seconds per step: " + "; ".join(
+            f"{name} {s:.0f}" for name, s in _E2E_PHASES.items()) + f"; total {sum(_E2E_PHASES.values()):.0f}")
 
 
 # --- nothing left in /tmp (tests/tmp_leftovers.py) -------------------------------------------
@@ -45,6 +63,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session when it left something in /tmp that was not there before it."""
     if hasattr(session.config, "workerinput"):  # a worker of pytest-xdist: the controller checks
+        if _E2E_PHASES:  # handed to the controller (pytest_testnodedown)
+            session.config.workeroutput["e2e_phases"] = dict(_E2E_PHASES)
         return
     from tmp_leftovers import left_in_tmp, tmp_entries
 

@@ -31,7 +31,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -40,9 +39,10 @@ from datetime import datetime
 from pathlib import Path
 
 from builders import shipped_spec_dict
+from e2e_serve import end_group, serve_and_query
 from core.policies import POLICY_NAMES
 from core.records import read_meta, read_table
-from core.spec import ExperimentSpec, parse_spec
+from core.spec.model import ExperimentSpec, parse_spec
 from testbed.cluster.emulated import EmulatedCluster
 from testbed.runs.jobs import prepare_jobs, repeat_of
 from testbed.runs.launch import launch_jobs
@@ -197,6 +197,15 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
     # What is on the machine already (another run's, a crashed session's) is not this test's to judge.
     before = _leftovers()
     cli: dict[str, subprocess.CompletedProcess] = {"leftovers_before": _cli("leftovers")}
+    phases: dict[str, float] = {}  # seconds each step took (the suite's time, docs/performance.md)
+    cli["phases"] = phases
+    mark = [time.monotonic()]
+
+    def took(name: str) -> None:
+        now = time.monotonic()
+        phases[name] = round(now - mark[0], 1)
+        mark[0] = now
+
     cluster = EmulatedCluster(healthy.topology.pods, mode="netns", launcher="ray_up")
     cli["run_id"] = cluster.run_id
     scrapes: list[str] = []
@@ -208,6 +217,7 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         finally:
             del os.environ[PLANNER_ONLY_ENV]
         addr = cluster.address
+        took("ray up")
         cli["node_env"] = _raylet_envs(cluster.run_id)
         cli["status"] = _cli("cluster", "status", "--address", addr)
         cli["doctor"] = _cli("doctor", "--address", addr)
@@ -217,6 +227,7 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         poller.start()
         # and a real one on the host, with the shipped configuration, through the forwarded port
         prom = _start_prometheus(base, cli)
+        took("status, doctor, a refused spec, Prometheus")
         try:
             # kept up for every command after (--keep-engines), the engine fault last of all
             jobs = prepare_jobs([(healthy, list(POLICY_NAMES), [0]), (slow, ["LC"], [0]), (throttled, ["Random"], [0]),
@@ -224,6 +235,7 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
                                  (down, ["Random"], [0]), (after_down, ["Random"], [0]), (compute, ["LC"], [0])],
                                 serve=False)
             launch_jobs(jobs, out, calibrate_to=out / "calibration.json", address=addr, keep_engines=True)
+            took("engines, calibration and the nine jobs")
             if prom is not None:
                 cli["prometheus"] = _read_prometheus(prom)
         finally:
@@ -234,14 +246,19 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         cli["kv_isolation"] = _kv_isolation(cluster)
         cli["clear"] = _cli("faults", "clear", "--address", addr)
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
+        took("KV isolation, faults clear")
         cli["study"], cli["study_again"] = _study_cell(throttled, addr, out)
+        took("testbed study, twice")
         cli["twin"] = _twin(throttled, addr, out)
         cli["rsync_down"] = _rsync_down(cluster, out / TWIN_DIR, out / f"{TWIN_DIR}-back")
-        cli["serve"] = _serve_and_query(base, addr, out)
+        took("testbed twin, rsync-down")
+        cli["serve"] = serve_and_query(base, addr, out)
+        took("run --serve")
         # a command without --keep-engines while they hold the pods, refused
         cli["refused_beside_kept"] = _cli("run", str(out / "e2e_serve.yaml"), "--address", addr, "--policies", "LC",
                                           "--seeds", "0", "--out", str(out / "refused"))
         cli["killed"] = _kill_mid_run(base, addr, out)
+        took("a refused run, a SIGKILLed run")
         # The engine fault last (its engines die), then its repeat on engines restarted for it, both
         # judged against the shared engines' calibration
         death = engine_death_spec(base)
@@ -249,9 +266,12 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         first, = prepare_jobs([(death, ["LC"], [0])], serve=False)
         launch_jobs([first, repeat_of(first, out / DEATH_REPEAT)], out, calibration=out / "calibration.json",
                     address=addr, keep_engines=True)
+        took("the engine fault and its repeat")
         cli["stop_engines"] = _cli("cluster", "stop-engines", "--address", addr)
     finally:
+        mark[0] = time.monotonic()
         cluster.down()
+        took("ray down")
         cli["down"] = _cli("cluster", "status")
         after = _leftovers()
         cli["leftovers"] = _cli("leftovers")
@@ -363,105 +383,6 @@ def _rsync_down(cluster: EmulatedCluster, src: Path, dst: Path) -> subprocess.Co
                                text=True, timeout=300, cwd=cluster.temp_root)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve_and_query(base: dict, addr: str, out: Path) -> dict:
-    """`testbed run --serve` on the cluster, as a user starts it, on the engines kept up since the
-    shared jobs (--keep-engines); the `openai` client on the host (through the forwarder into the head's namespace)
-    sends a completion and a streamed chat, then Ctrl-C (SIGINT) stops it. Returns what the clients
-    and the command saw."""
-    import httpx
-    import openai
-
-    port = _free_port()
-    spec_file = out / "e2e_serve.yaml"
-    spec_file.write_text(json.dumps({**base, "name": "e2e_serve", "testbed": {**base["testbed"], "ingress_port": port}}))
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", str(spec_file), "--serve", "--address", addr,
-                             "--keep-engines",
-                             "--policies", "LC", "--seeds", "0", "--out", str(out)],
-                            stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
-                            # as from a terminal: a test run in the background inherits SIGINT ignored
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stderr:
-            lines.append(line)
-            if line.startswith("serving "):
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    seen: dict = {}
-    try:
-        assert ready.wait(600) or proc.poll() is not None, "".join(lines)
-        assert proc.poll() is None, "".join(lines)
-        base_url = f"http://127.0.0.1:{port}"
-        seen["health"] = httpx.get(f"{base_url}/health", timeout=30).json()
-        c = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-        seen["models"] = [m.id for m in c.models.list().data]
-        r = c.completions.with_raw_response.create(model=seen["models"][0], prompt="The router sends this prompt",
-                                                   max_tokens=8, temperature=0.0, extra_body={"ignore_eos": True})
-        seen["completion"], seen["completion_id"] = r.parse(), int(r.headers["x-testbed-request-id"])
-        seen["chunks"] = list(c.chat.completions.create(
-            model=seen["models"][0], messages=[{"role": "user", "content": "Hello, testbed"}], max_tokens=8,
-            stream=True, extra_body={"ignore_eos": True}))
-        # the router's metrics on the host too, while it serves (forwarded like the ingress)
-        seen["host_metrics"] = httpx.get(f"http://127.0.0.1:{base['testbed']['metrics_port']}/metrics", timeout=30).text
-        seen["bench"] = _vllm_bench(base_url, seen["models"][0], out / "bench")
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            seen["rc"] = proc.wait(300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            seen["rc"] = proc.wait()
-        reader.join(10)
-        seen["stderr"] = "".join(lines)
-    return seen
-
-
-BENCH_PROMPTS = 10  # vLLM's serve benchmark against the ingress: this many prompts at 1 request/s
-
-
-def _vllm_bench(base_url: str, model: str, out: Path) -> dict:
-    """vLLM's own serve benchmark, as docs/tools.md tells a user to start it, against the served
-    testbed: BENCH_PROMPTS random prompts of 400 tokens, 16 out, 1 request/s. Returns its command's
-    exit status and output, and its saved report."""
-    from testbed.machine.cache_dirs import model_cache_dir
-
-    # the served name is the model folder's name; the benchmark tokenizes its prompts with the folder's tokenizer
-    argv = [sys.executable, "-m", "cli.vllm_cli", "bench", "serve", "--backend", "openai", "--base-url", base_url,
-            "--model", model, "--tokenizer", str(model_cache_dir()), "--dataset-name", "random", "--random-input-len", "400", "--random-output-len", "16",
-            "--num-prompts", str(BENCH_PROMPTS), "--request-rate", "1", "--ignore-eos", "--seed", "0",
-            "--disable-tqdm", "--save-result", "--result-dir", str(out), "--result-filename", "bench.json"]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    report = out / "bench.json"
-    return {"rc": res.returncode, "output": res.stdout + res.stderr,
-            "report": json.loads(report.read_text()) if report.exists() else None}
-
-
-def _end_group(proc: subprocess.Popen) -> None:
-    """SIGKILL a `testbed run` started in a session of its own (it and its driver), if still running."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-# The kill, this long after the run's start (run.json's started_at, which the run's clock starts at
-# or after): past the deadline (8 s) of the first requests whose KV had to cross the link, so the
-# run holds requests timed out in kv_transfer (the testbed's records are flushed every second), and
-# nothing more is waited for. (At 65 s, until 2026-11-28, the kill came after UCX had given the
-# link's connections up, ~47 s: no test reads what happens then.) Timed from the run's start, not
-# from when the test reads the faults applied: their rows are written once the probes measured
-# them, then flushed, then polled, 4-5 s after the faults in a fresh clone's suite at bc853e7,
-# where a kill timed from that read came at the faults' end and the driver had cleared them itself.
 KILL_AFTER_S = 20.0
 # The faults of the killed run: applied at 0 s, for this long. The driver, alive until the kill,
 # would clear them at their end: 5 s after the kill. After the kill the agents hold them to their
@@ -524,7 +445,7 @@ def _kill_mid_run(base: dict, addr: str, out: Path) -> dict:
         time.sleep(max(0.0, ttl_end - time.monotonic()))
         seen["after_ttl"] = [x.line() for x in find_leftovers()]
     finally:
-        _end_group(proc)
+        end_group(proc)
     seen["run_dir"] = run_dir
     return seen
 

@@ -29,7 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from testbed.machine.kv_ports import KV_PORT_BASE
 from testbed.faults.agent_actor import AGENT_NAMESPACE, FaultAgentActor
-from testbed.cluster.traffic import receive_stamped
+from traffic import receive_stamped
 
 FAULT_BPS = 4e6  # the fault's rate: a 2 MB object then needs 4 s, against ~0.1 s at the fabric's rate
 BLOB_BYTES = 2_000_000

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from analysis.metrics import (
+from analysis.run.metrics import (
     decision_latency,
     degraded_availability,
     degraded_pod_shares,
@@ -27,11 +27,11 @@ from analysis.metrics import (
     timeout_share,
     traffic_deflection_ratio,
 )
-from analysis.run_data import load_run
-from analysis.run_metrics import kv_leases, run_metrics
-from analysis.report import report
-from core.metrics_spec import MetricsSpec
-from analysis.summary import RunDiscoveryError, collect_runs, compare_worlds, discover_runs, mean_ci, summarize
+from analysis.run.data import load_run
+from analysis.run.scalars import kv_leases, run_metrics
+from analysis.run.report import report
+from core.spec.metrics import MetricsSpec
+from analysis.run.summary import RunDiscoveryError, collect_runs, compare_worlds, discover_runs, mean_ci, summarize
 from core.records import DecisionRecord, FaultEvent, PriceRecord, RequestRecord, RunWriter
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
@@ -387,6 +387,28 @@ def test_bad_metrics_spec_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match=r"metrics\.bin_s"):
         load_run(d2)
     assert MetricsSpec(percentiles=[99, 50, 99]).percentiles == (50.0, 99.0)
+
+
+def test_a_run_made_again_into_its_directory_replaces_the_earlier_rows(tmp_path):
+    """An interrupted run flushed three parts; the run made again into the same directory flushes
+    one: a reader sees that run's rows alone, not the earlier run's parts beyond its own."""
+    d = tmp_path / "run"
+    meta = {"world": "sim", "scenario": "link", "policy": "LC", "seed": 0, "spec": {}}
+    r = Reqs()
+    for i in range(9):
+        r.add(float(i), "ok")
+    w = RunWriter(d, meta, flush_s=1e9)
+    for k in range(3):
+        for rec in r.rows[3 * k:3 * k + 3]:
+            w.write(rec)
+        w.flush()
+    del w  # interrupted
+    assert len(pd.read_parquet(d / "requests.parquet")) == 9
+    again = RunWriter(d, meta, flush_s=1e9)
+    for rec in r.rows[:2]:
+        again.write(rec)
+    again.close()
+    assert sorted(pd.read_parquet(d / "requests.parquet")["request_id"]) == [r.rows[0].request_id, r.rows[1].request_id]
 
 
 def test_interrupted_run_still_reads(tmp_path):

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from analysis.run_metrics import run_metrics
+from analysis.run.scalars import run_metrics
 from core.breaker import CLOSED, HALF_OPEN, OPEN, PodBreakers
 from core.records import read_table
-from core.spec import parse_spec
+from core.spec.model import parse_spec
 from builders import faulted_spec_dict, link_fault, poisson
 from simulator.run import run_sim
 
@@ -97,7 +97,7 @@ def test_without_the_option_there_is_no_breaker(tmp_path):
 @pytest.mark.parametrize("bad, where", [({"failure_threshold": 0}, "failure_threshold"), ({"open_s": -1}, "open_s"),
                                         ({"cooldown": 3}, "cooldown")])
 def test_a_bad_breaker_field_is_one_line(tmp_path, bad, where):
-    from core.spec import SpecError, load_spec
+    from core.spec.model import SpecError, load_spec
 
     path = tmp_path / "bad.yaml"
     import json

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from core.calibration import (CalibrationError, apply_calibration, calibration_from_fits, fit_decode, fit_prefill,
+from core.calibration.fit import (CalibrationError, apply_calibration, calibration_from_fits, fit_decode, fit_prefill,
                               fit_pull, fit_unshaped_pull, load_calibration, save_calibration, stall_stats)
 from core.experiment import build_topology
-from core.spec import load_spec
+from core.spec.model import load_spec
 from core.topology import GBPS
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)

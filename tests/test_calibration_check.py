@@ -1,4 +1,4 @@
-"""Calibration checked against the run (analysis/calibration_check.py): each fit against a hand-built
+"""Calibration checked against the run (analysis/checks/calibration.py): each fit against a hand-built
 run's quiet requests, with the predictions worked out by hand here from the fit's parameters."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from analysis.run_data import load_run
-from analysis.summary import discover_runs
-from analysis.calibration_check import (
+from analysis.run.data import load_run
+from analysis.run.summary import discover_runs
+from analysis.checks.calibration import (
     CALIBRATION_MISS,
     CHECKED,
     CSV_NAME,
@@ -24,7 +24,7 @@ from analysis.calibration_check import (
     quiet_residuals,
     write_calibration_check,
 )
-from core.calibration import (Calibration, EngineCalibration, NetworkCalibration, apply_calibration, load_calibration,
+from core.calibration.fit import (Calibration, EngineCalibration, NetworkCalibration, apply_calibration, load_calibration,
                               save_calibration)
 from core.records import FaultEvent, HostRecord, RequestRecord, RunWriter
 from builders import fixed, link_fault, parse, poisson, small_spec_dict

@@ -1,4 +1,4 @@
-"""A calibration under the run's conditions (analysis/calibration_fit.py), fitted on runs whose
+"""A calibration under the run's conditions (analysis/checks/refit.py), fitted on runs whose
 parameters are known: the simulator's own runs of a calibration, which run its very models."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.calibration_fit import LEVELS, MIN_SAMPLES, fit_level, fit_run_conditions
+from analysis.checks.refit import LEVELS, MIN_SAMPLES, fit_level, fit_run_conditions
 from builders import fixed, parse, poisson, small_spec_dict
-from core.calibration import (LOAD_SEEDS, Calibration, EngineCalibration, NetworkCalibration, apply_calibration,
+from core.calibration.fit import (LOAD_SEEDS, Calibration, EngineCalibration, NetworkCalibration, apply_calibration,
                               calibration_load, load_calibration, save_calibration)
 from simulator.run import run_sim
 
@@ -129,7 +129,7 @@ def test_calibrate_fits_named_runs_without_engines(load, tmp_path):
 
 
 def test_the_spread_of_calibrations_is_per_parameter():
-    from analysis.calibration_fit import SPREAD_PARAMS, calibration_spread
+    from analysis.checks.refit import SPREAD_PARAMS, calibration_spread
 
     cals = [calibration(ISOLATED | {"decode_step_base_s": b, "prefill_call_s": c}) for b, c in
             ((0.004, 0.0), (0.005, 0.002), (0.006, 0.004))]
@@ -148,7 +148,7 @@ def test_the_spread_of_calibrations_is_per_parameter():
 def test_a_calibration_under_the_run_does_not_share_the_host_twice():
     """Its levels were measured on engines that shared the host already: the simulator's host model
     stays off for it, and on for the engines-alone calibration of the same host."""
-    from core.calibration import HostCalibration
+    from core.calibration.fit import HostCalibration
 
     host = HostCalibration(cores=2.0, engines=4, hosts=1, gpus_per_engine=0, shared=True,
                            demand={"hold": 0.5, "pull": 0.5, "decode": 2.0, "background": 0.3})

@@ -1,4 +1,4 @@
-"""analysis.claims: a claim's verdict by the rule of analysis/verdict.py, on hand-built effects whose
+"""study.verdicts: a claim's verdict by the rule of analysis/rule/verdict.py, on hand-built effects whose
 intervals and answers are worked out here from the inputs with numpy and scipy."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.claims import ClaimRule, claim_table, fieller
-from analysis.verdict import ONE_SEED, RULE_VERSION, Prior, interval as rule_interval, seeds_for_power
+from study.verdicts import ClaimRule, claim_table, fieller
+from analysis.rule.verdict import ONE_SEED, RULE_VERSION, Prior, interval as rule_interval, seeds_for_power
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 

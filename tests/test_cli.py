@@ -76,7 +76,7 @@ def test_ctrl_c_ends_a_served_run_normally_and_a_workload_run_as_interrupted(ser
     makes it a normal end, while a workload run still reports the interruption."""
     import threading
 
-    from core.spec import load_spec
+    from core.spec.model import load_spec
     from testbed.runs.launch import _drive
 
     child = ("import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: sys.exit(0)); "
@@ -231,7 +231,7 @@ def test_twin_refuses_a_malformed_calibration_before_starting_anything(tmp_path)
 
 def test_the_machine_check_counts_memory_and_cores():
     pytest.importorskip("pyroute2", reason="pyroute2 is not installed (the README's install command installs it)")
-    from core.spec import load_spec
+    from core.spec.model import load_spec
     from testbed.runs.launch import check_machine
 
     spec = load_spec(None, default="testbed.yaml")  # 4 engines of 256 MiB KV each
@@ -263,7 +263,7 @@ def test_jobs_sharing_engines_must_agree_on_what_the_engines_are_started_with(tm
 
 
 def test_twin_refuses_a_missing_or_unlike_spread_calibration_before_starting_anything(tmp_path):
-    from core.calibration import save_calibration
+    from core.calibration.fit import save_calibration
     from test_calibration import _calibration
 
     res = _run("twin", "--calibrations", tmp_path / "missing.json", "--out", tmp_path / "runs")
@@ -354,7 +354,7 @@ def test_only_the_testbed_packages_are_turned_into_one_line():
 
 
 def test_the_log_level_is_the_commands_to_set(tmp_path):
-    """core/logs.py: -v shows what each step did (a run closed: INFO), before or after the command's
+    """core/util/logs.py: -v shows what each step did (a run closed: INFO), before or after the command's
     name; the default and -q do not; the level reaches the processes the command starts by env."""
     args = ("experiments/smoke.yaml", "--policies", "LC", "--seeds", "0", "--out", tmp_path / "runs")
     said = {how: _run(*argv, cwd=REPO).stderr for how, argv in
@@ -366,12 +366,42 @@ def test_the_log_level_is_the_commands_to_set(tmp_path):
     # -q: errors only, so no progress or status line either (the default prints them on stderr)
     assert "report: testbed report" in said["default"] and said["-q"].strip() == "", said["-q"]
     assert (tmp_path / "runs" / "smoke" / "LC" / "seed-0").is_dir()
-    from core.logs import LEVEL_ENV, level_for
+    from core.util.logs import LEVEL_ENV, level_for
     import logging
 
     assert [level_for(), level_for(1), level_for(2), level_for(0, 1), level_for(5)] == \
            [logging.WARNING, logging.INFO, logging.DEBUG, logging.ERROR, logging.DEBUG]
-    child = subprocess.run([sys.executable, "-c", "import logging; from core.logs import configure_from_env; "
+    child = subprocess.run([sys.executable, "-c", "import logging; from core.util.logs import configure_from_env; "
                             "configure_from_env(); print(logging.getLogger().level)"], capture_output=True, text=True,
                            cwd=REPO, env={**os.environ, LEVEL_ENV: "INFO"})
     assert child.stdout.strip() == str(logging.INFO), child.stderr
+
+
+def actors_not_configuring_their_log(root: Path) -> list[str]:
+    """``file:Class`` of every Ray actor class (a class under ``@ray.remote``) whose ``__init__`` does
+    not call ``configure_from_env()`` before anything else it does (a docstring and imports aside)."""
+    import ast
+
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef) or not any(
+                    "ray.remote" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            body = [st for st in (init.body if init else []) if not isinstance(st, (ast.Import, ast.ImportFrom))
+                    and not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+            first = ast.unparse(body[0]) if body else ""
+            if first != "configure_from_env()":
+                out.append(f"{path.relative_to(root)}:{node.name}")
+    return out
+
+
+def test_every_ray_actor_of_the_testbed_logs_at_the_commands_level(tmp_path):
+    # the driver hands its level to its Ray job (testbed/runs/driver.py); each actor takes it first
+    assert "runtime_env={\"env_vars\": child_env()}" in (REPO / "testbed" / "runs" / "driver.py").read_text()
+    assert actors_not_configuring_their_log(REPO / "testbed") == []
+    (tmp_path / "a.py").write_text("import ray\n@ray.remote(num_cpus=0)\nclass A:\n    def __init__(self):\n"
+                                   "        from x import y\n        self.v = 1\n        configure_from_env()\n"
+                                   "@ray.remote\nclass B:\n    def __init__(self):\n        configure_from_env()\n")
+    assert actors_not_configuring_their_log(tmp_path) == ["a.py:A"]

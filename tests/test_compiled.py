@@ -30,7 +30,7 @@ def _simulate(spec: dict, out: Path, pure: bool) -> tuple[Path, int]:
         "import json, sys\n"
         "from pathlib import Path\n"
         "from core.compiled import COMPILED_MODULES, is_compiled\n"
-        "from core.spec import parse_spec\n"
+        "from core.spec.model import parse_spec\n"
         "from simulator.run import run_sim\n"
         "rd = run_sim(parse_spec(json.loads(sys.argv[1])), 'FaultAwareOTF-R', 0, Path(sys.argv[2]))\n"
         "print(json.dumps([str(rd), sum(is_compiled(sys.modules[m]) for m in COMPILED_MODULES)]))\n"

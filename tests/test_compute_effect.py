@@ -1,4 +1,4 @@
-"""A compute fault's effect read from the requests (analysis/compute_effect.py), in the simulator,
+"""A compute fault's effect read from the requests (analysis/run/compute_effect.py), in the simulator,
 where the engine's slow-down is the fault's factor by construction, and in `testbed report`."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from analysis.compute_effect import run_compute_effect
-from analysis.run_data import load_run
+from analysis.run.compute_effect import run_compute_effect
+from analysis.run.data import load_run
 from builders import parse, shipped_spec_dict
 from simulator.run import run_sim
 
@@ -45,7 +45,7 @@ def test_a_fault_over_the_whole_run_is_judged_against_the_other_pods_and_a_run_w
 
 
 def test_report_writes_and_prints_the_table(tmp_path):
-    from analysis.report import report
+    from analysis.run.report import report
     from rich.console import Console
 
     spec = _spec([{"kind": "compute", "pods": [1], "slowdown": 3.0, "start_s": 10.0, "duration_s": 20.0}])

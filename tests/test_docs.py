@@ -1,7 +1,7 @@
 """Citations in the code point at pages and sections that exist, and the docs' own links resolve.
 
 A comment or docstring that says why by pointing elsewhere (``docs/reliability.md "Silent
-corruption"``, ``README "Set up"``, ``docs/spec.md#public-traces``, ``core/spec.py``) must name a
+corruption"``, ``README "Set up"``, ``docs/spec.md#public-traces``, ``core/spec/model.py``) must name a
 file of this repository and, where it names a section, a heading of that page. The field notes
 that lie beside the project (``FIELD-NOTES``) are not part of it: code cites docs/verified.md,
 which says the same in the project's words.
@@ -133,7 +133,7 @@ def cited_files() -> list[Path]:
 
 def test_the_checker_passes_real_citations_and_fails_made_up_ones():
     assert check_citations('see README "Set up" and docs/reliability.md "Silent corruption"', "x") == []
-    assert check_citations("docs/spec.md#public-traces, core/spec.py, testbed/engines/", "x") == []
+    assert check_citations("docs/spec.md#public-traces, core/spec/model.py, testbed/engines/", "x") == []
     assert check_citations("the README's install command (BurstGPT's README says so)", "x") == []
     bad = {
         'README "No such section"': "no heading",
@@ -225,7 +225,7 @@ def documented_fields(section: str) -> set[str]:
 
 
 def test_every_testbed_field_is_on_the_spec_page():
-    from core.spec import TestbedSpec
+    from core.spec.model import TestbedSpec
 
     rows = documented_fields(_section(REPO / "docs" / "spec.md", "The `testbed` block"))
     missing = [f for f in TestbedSpec.model_fields if f not in rows]

@@ -314,7 +314,7 @@ def test_kv_ports_fail_with_the_fix_where_ucx_took_none_of_the_range():
 def test_a_whole_link_fault_on_the_nic_ray_uses_fails_with_kv_only_as_the_fix(monkeypatch):
     """A link fault without kv_only shapes the whole interface: where that interface carries the
     node's Ray address, doctor fails naming the faults and the fix; kv_only faults pass."""
-    from core.spec import parse_spec
+    from core.spec.model import parse_spec
     from builders import shipped_spec_dict
 
     link = {"kind": "link", "pods": [0], "residual_bw": 0.1, "start_s": 1.0, "duration_s": 2.0}

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.experiment import build_topology
 from core.records import DecisionRecord, HealthRecord, PriceRecord, RequestRecord, read_table
-from core.spec import parse_spec
+from core.spec.model import parse_spec
 from core.view import Loads
 from simulator.run import run_sim
 from testbed.router.exporter import RunMetrics, serve

@@ -19,10 +19,10 @@ from testbed.faults import shaping
 from testbed.faults.agent import FaultAgent, FaultRefused
 from testbed.faults.shaping import KV_PORT_BASE, Shaping
 from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
-from testbed.cluster.traffic import CounterSampler, link_counter
-from testbed.cluster.traffic import TcpStream as Stream
-from testbed.cluster.traffic import retransmits, rto_s
-from testbed.cluster.traffic import tcp_stream as stream
+from traffic import CounterSampler, link_counter
+from traffic import TcpStream as Stream
+from traffic import retransmits, rto_s
+from traffic import tcp_stream as stream
 
 pytestmark = pytest.mark.skipif(missing_privileges() is not None,
                                 reason=f"needs root for network namespaces: {missing_privileges()}")

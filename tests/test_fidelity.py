@@ -1,4 +1,4 @@
-"""Sim vs testbed fidelity (analysis/fidelity.py, `testbed compare`): the maths on hand-built run
+"""Sim vs testbed fidelity (analysis/compare/fidelity.py, `testbed compare`): the maths on hand-built run
 directories with answers worked out by hand, and the command end to end on simulator runs."""
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import pytest
 from rich.console import Console
 from scipy import stats
 
-import analysis.fidelity as fidelity_module
-from analysis.fidelity import Fidelity, fingerprint_difference, scenario_fingerprint
-from analysis.fidelity_console import compare
-from analysis.fidelity_checks import _checks, pair_table, policy_order, rank_agreement
-from analysis.fidelity_checks import check_priors as shipped_check_priors
-from analysis.verdict import RULE_VERSION, Prior, pooled_sd, seeds_for_power
-from core.calibration import save_calibration
-from core.metrics_spec import FidelityTolerances, MetricsSpec
+import analysis.compare.fidelity as fidelity_module
+from analysis.compare.fidelity import Fidelity, fingerprint_difference, scenario_fingerprint
+from analysis.compare.console import compare
+from analysis.compare.checks import _checks, pair_table, policy_order, rank_agreement
+from analysis.compare.checks import check_priors as shipped_check_priors
+from analysis.rule.verdict import RULE_VERSION, Prior, pooled_sd, seeds_for_power
+from core.calibration.fit import save_calibration
+from core.spec.metrics import FidelityTolerances, MetricsSpec
 from core.records import RunWriter
-from core.spec import parse_spec
+from core.spec.model import parse_spec
 from builders import shipped_spec_dict
 from simulator.run import run_sim
 from test_analysis import T975, Reqs, link_fault

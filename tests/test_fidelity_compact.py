@@ -1,4 +1,4 @@
-"""The comparison's verdict in 100 columns (analysis/fidelity_compact.py): what `testbed compare` and
+"""The comparison's verdict in 100 columns (analysis/compare/compact.py): what `testbed compare` and
 `testbed twin` print at their end by default, its numbers the Fidelity's own, and --full for every
 table. On the hand-built worlds of tests/test_fidelity.py."""
 
@@ -12,16 +12,16 @@ import sys
 import pytest
 from rich.console import Console
 
-import analysis.fidelity as fidelity_module
-import analysis.fidelity_compact as compact
+import analysis.compare.fidelity as fidelity_module
+import analysis.compare.compact as compact
 import cli.run as cli_run
-from analysis.fidelity import Fidelity
-from analysis.fidelity_compact import command_lines, print_compact, verdict_lines
-from analysis.fidelity_console import print_fidelity
+from analysis.compare.fidelity import Fidelity
+from analysis.compare.compact import command_lines, print_compact, verdict_lines
+from analysis.compare.console import print_fidelity
 from cli.main import build_parser, main
-from core.calibration import save_calibration
+from core.calibration.fit import save_calibration
 from test_calibration import _calibration
-from analysis.verdict import RULE_VERSION
+from analysis.rule.verdict import RULE_VERSION
 from test_fidelity import POLICIES, _hand_priors, build_worlds, compared_worlds
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
@@ -115,7 +115,7 @@ def test_compare_prints_the_compact_view_and_writes_the_files_the_full_one_does(
 
 
 def test_the_full_view_is_what_compare_printed_before(fid):
-    # the rank's lines moved to analysis/fidelity_compact.py; the full view prints them as it did
+    # the rank's lines moved to analysis/compare/compact.py; the full view prints them as it did
     console = Console(width=250, record=True, file=io.StringIO())
     print_fidelity(fid, console)
     text = console.export_text()
@@ -132,8 +132,8 @@ def test_twin_ends_in_the_compact_view_pointing_to_a_compare_of_the_same_runs(tm
     calls = []
     monkeypatch.setattr("testbed.runs.launch.run_testbed", lambda *a, **k: None)
     monkeypatch.setattr(cli_run, "simulate", lambda *a, **k: None)
-    monkeypatch.setattr(sys.modules["analysis.report"], "report", lambda *a, **k: None)  # the package's name is the function
-    monkeypatch.setattr("analysis.fidelity_console.compare", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(sys.modules["analysis.run.report"], "report", lambda *a, **k: None)  # the package's name is the function
+    monkeypatch.setattr("analysis.compare.console.compare", lambda *a, **k: calls.append((a, k)))
     cal = save_calibration(_calibration(), tmp_path / "cal.json")
     cal2 = save_calibration(_calibration(), tmp_path / "cal2.json")
     twin = ["twin", "--calibration", str(cal), "--calibrations", str(cal2), "--seeds", "0,1", "--policies", "LC",

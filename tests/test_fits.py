@@ -1,4 +1,4 @@
-"""Fitted parameters (core/defaults/fits.yaml, core/fits.py) and the one source of the testbed's physics:
+"""Fitted parameters (core/defaults/fits.yaml, core/calibration/frozen.py) and the one source of the testbed's physics:
 the shipped specs carry each fit's value and take the measured physics from core/defaults/testbed.yaml;
 a new run's dead-core notice is judged against the fit's prediction interval."""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.engine_death import core_death_notices, notice_table
-from analysis.verdict import prediction_interval
-from core.fits import fit
+from analysis.compare.engine_death import core_death_notices, notice_table
+from analysis.rule.verdict import prediction_interval
+from core.calibration.frozen import fit
 from core.records import EngineRecord, FaultEvent, RequestRecord, RunWriter
-from core.spec import load_spec, resolve_extends
+from core.spec.model import load_spec, resolve_extends
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
@@ -40,10 +40,10 @@ def test_the_shipped_twin_spec_carries_each_fits_value():
 def test_every_check_of_the_twin_has_a_positive_prior_under_every_kind_of_fault():
     from importlib import resources
 
-    from analysis.fidelity_checks import _checks
-    from analysis.verdict import shipped_prior
-    from core.metrics_spec import FidelityTolerances
-    from core.priors import KINDS
+    from analysis.compare.checks import _checks
+    from analysis.rule.verdict import shipped_prior
+    from core.spec.metrics import FidelityTolerances
+    from analysis.rule.priors import KINDS
 
     checks = [m for m, _, _ in _checks(FidelityTolerances())]
     for kind in KINDS:
@@ -85,7 +85,7 @@ def test_every_testbed_spec_of_the_project_extends_the_twin_spec():
 def test_extends_merges_mappings_replaces_lists_and_another_kind_and_refuses_a_circle(tmp_path):
     (tmp_path / "a.yaml").write_text(yaml.safe_dump({"extends": "./b.yaml", "name": "a"}))
     (tmp_path / "b.yaml").write_text(yaml.safe_dump({"extends": "./a.yaml"}))
-    from core.spec import SpecError
+    from core.spec.model import SpecError
 
     with pytest.raises(SpecError, match="makes a circle"):
         load_spec(tmp_path / "a.yaml")
@@ -138,7 +138,7 @@ def test_a_new_runs_notice_is_judged_against_the_fits_prediction_interval(tmp_pa
 
 
 def load_run(d: Path):
-    from analysis.run_data import load_run as load
+    from analysis.run.data import load_run as load
 
     return load(d)
 
@@ -166,7 +166,7 @@ def _heal_run(d: Path, failed_after: list[float], ok_after: list[float]) -> Path
 
 
 def test_the_heal_disconnect_fit_is_judged_on_link_down_runs_it_was_not_fitted_on(tmp_path):
-    from analysis.engine_death import heal_brackets, heal_table
+    from analysis.compare.engine_death import heal_brackets, heal_table
 
     d = fit("kv_heal_disconnect_s").value  # 2.77 s
     agrees = _heal_run(tmp_path / "agrees", [0.5, 2.0], [3.0, 5.0])  # fails up to 2 s, works from 3 s

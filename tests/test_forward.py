@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from builders import shipped_spec_dict
-from core.spec import parse_spec
+from core.spec.model import parse_spec
 from testbed.machine.netns import create_namespace, kill_processes_in, missing_privileges, netns_exec_argv, \
     remove_namespace, run_prefix
 from testbed.cluster.raynodes import free_ports

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from builders import parse, shipped_spec_dict
-from core.spec import load_spec
+from core.spec.model import load_spec
 from testbed.engines.engine import Engine, EngineConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def test_enforce_eager_follows_the_device_unless_the_spec_sets_it(tmp_path, gpu,
 
 def _engine_configs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: Any) -> list[dict[str, Any]]:
     """What the driver hands each engine actor, with the actor class replaced by a recorder."""
-    from testbed.runs import engines
+    from testbed.engines import pool as engines
 
     made: list[dict[str, Any]] = []
 
@@ -126,7 +126,7 @@ def test_the_gpu_spec_is_refused_on_the_emulated_cluster_in_one_line():
 
 
 def test_the_gpu_specs_model_directory_is_checked_in_one_line(tmp_path):
-    from core.spec import parse_spec
+    from core.spec.model import parse_spec
     from testbed.runs.launch import prepare_model
 
     data = shipped_spec_dict(path=GPU_SPEC)

@@ -44,7 +44,7 @@ pytestmark = pytest.mark.background  # needs no core of its own: under -n, besid
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDES = REPO / "docs" / "guides"
-NAMES = ("write-a-policy.md", "replay-a-trace.md", "fault-experiment.md", "carry-over.md")
+NAMES = ("write-a-policy.md", "replay-a-trace.md", "fault-experiment.md", "carry-over.md", "add-a-fault-kind.md")
 MAX_LINES = 150
 PACKAGES = ("cli", "core", "simulator", "workloads", "faults", "analysis", "vocab", "study", "testbed")
 
@@ -60,8 +60,8 @@ class Step:
     out: str = ""
 
 
-def steps(name: str) -> list[Step]:
-    return [Step(a.strip(), b) for a, b in _MARK.findall((GUIDES / name).read_text())]
+def steps(name: str, folder: Path = GUIDES) -> list[Step]:
+    return [Step(a.strip(), b) for a, b in _MARK.findall((folder / name).read_text())]
 
 
 def shaped(expected: str) -> re.Pattern:
@@ -104,10 +104,11 @@ def _env(root: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(root), "MPLBACKEND": "Agg", "COLUMNS": "200"}
 
 
-def run_guide(name: str, work: Path, root: Path = REPO) -> list[Step]:
-    """Every step of a guide, in ``work``, with the project at ``root`` on the path."""
+def run_guide(name: str, work: Path, root: Path = REPO, folder: Path = GUIDES) -> list[Step]:
+    """Every step of a guide, in ``work``, with the project at ``root`` on the path; ``folder``: where
+    the page is (another page whose examples are marked the same way: tests/test_troubleshooting.py)."""
     done = []
-    for st in steps(name):
+    for st in steps(name, folder):
         verb, _, rest = st.action.partition(" ")
         if verb in ("write", "append", "insert", "replace"):
             m = re.fullmatch(r'(\S+)(?: (after|line) "((?:[^"\\]|\\.)*)")?', rest)
@@ -153,6 +154,16 @@ def _outputs(done: list[Step], verb: str) -> list[str]:
 
 def _requests(run_dir: Path) -> pd.DataFrame:
     return pd.read_parquet(run_dir / "requests.parquet")
+
+
+def _project(root: Path, files: tuple[str, ...]) -> Path:
+    """A copy of the project's packages at ``root`` (a guide that edits the project edits it), with ``files``."""
+    for pkg in PACKAGES:
+        shutil.copytree(REPO / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for f in files:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / f, root / f)
+    return root
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -203,13 +214,8 @@ def test_the_output_check_holds_the_stated_figures_and_the_words():
 
 
 def test_write_a_policy(tmp_path):
-    root = tmp_path / "project"  # the guide edits the project: a copy of its packages, README and its test
-    for pkg in PACKAGES:
-        shutil.copytree(REPO / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    root = _project(tmp_path / "project", ("README.md", "tests/test_readme.py"))  # with its test of the README
     shutil.copytree(REPO / "docs", root / "docs")
-    (root / "tests").mkdir()
-    for f in ("README.md", "tests/test_readme.py"):
-        shutil.copy(REPO / f, root / f)
     done = run_guide("write-a-policy.md", root, root)
     assert "PriceStep" in _outputs(done, "run")[0].split()  # testbed policies
     runs = root / "runs" / "price_step"
@@ -256,3 +262,24 @@ def test_carry_over(tmp_path):
     assert "verdict: undecided (no value on the testbed)" in out
     refused = _outputs(done, "run, exit 2")[0]
     assert "is a 'sim' run, but was given as a testbed run" in refused
+
+
+def test_add_a_fault_kind(tmp_path):
+    root = _project(tmp_path / "project", ("tests/test_vocabulary.py", "tests/test_faults_pure.py"))
+    done = run_guide("add-a-fault-kind.md", root, root)
+    for policy in ("LC", "OTF-R"):  # each down span an apply and a clear of the new kind, on pod 1's links
+        run = root / "runs" / "flap" / policy / "seed-0"
+        faults = pd.read_parquet(run / "faults.parquet").sort_values("time_s")
+        assert set(faults["kind"]) == {"flap"} and set(faults["target"]) == {"pod1.core_links"}
+        assert list(zip(faults["time_s"], faults["event"])) == [
+            (10, "apply"), (14, "clear"), (20, "apply"), (24, "clear"), (30, "apply"), (34, "clear")]
+        req = _requests(run)
+        failed = req[req["outcome"] != "ok"]
+        assert set(failed["outcome"]) <= {"error"} and set(failed["failed_stage"]) <= {"kv_transfer"}
+        assert ((failed["prefill_pod"] == 1) | (failed["decode_pod"] == 1)).all()  # only through pod 1
+        if policy == "LC":
+            assert len(failed) > 0
+    # the testbed refuses the kind it does not inject, before any engine starts (the guide's printout)
+    assert "faults[0] is a 'flap' fault, which the testbed does not inject" in _outputs(done, "python")[1]
+    tests = _outputs(done, "run")[1]  # the copy's vocabulary and fault model tests, with the new kind
+    assert re.search(r"\b\d+ passed\b", tests) and not re.search(r"\b\d+ (failed|errors?)\b", tests)

@@ -1,4 +1,4 @@
-"""Demand by state measured in a run (analysis/host_demand.py), on a hand-built run whose engines'
+"""Demand by state measured in a run (analysis/checks/host_demand.py), on a hand-built run whose engines'
 CPU and states are set by hand, so each state's demand is known."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from analysis.calibration_check import POOLED
-from analysis.host_demand import CSV_NAME, demand_ratios, host_demand_check, print_host_demand, write_host_demand
-from analysis.run_data import load_run
+from analysis.checks.calibration import POOLED
+from analysis.checks.host_demand import CSV_NAME, demand_ratios, host_demand_check, print_host_demand, write_host_demand
+from analysis.run.data import load_run
 from core.records import HostRecord, RequestRecord, RunWriter
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)

@@ -1,4 +1,4 @@
-"""The testbed's host inside and outside the fault window (analysis/host_window.py), on hand-built
+"""The testbed's host inside and outside the fault window (analysis/checks/host_window.py), on hand-built
 host samples whose rates are known."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.host_window import run_host_window
+from analysis.checks.host_window import run_host_window
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 

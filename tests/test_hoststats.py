@@ -1,5 +1,5 @@
 """The host's account of an engine (testbed/engines/hoststats.py) against real processes, and each
-request's share of host stall from it (analysis/host.py)."""
+request's share of host stall from it (analysis/run/host_stall.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.host import request_host_stall, run_host_marks
+from analysis.run.host_stall import request_host_stall, run_host_marks
 from testbed.engines.hoststats import HostSampler, node_times, task_times
 
 SPIN = "while True: pass"

@@ -1,4 +1,4 @@
-"""Engines kept between commands (testbed/runs/kept_engines.py): their key says what makes them, and
+"""Engines kept between commands (testbed/engines/kept.py): their key says what makes them, and
 on a real (local) Ray a kept set is found by its key and names, an incomplete or other set is not,
 and stopping them leaves none. The engines themselves are stood in for by detached actors with the
 engine actor's `shutdown`; the e2e cluster (tests/e2e_cluster.py) keeps and reuses real ones."""
@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
 
-from testbed.runs.kept_engines import KEPT_NAMESPACE, actor_name, engine_key, find_kept, list_kept, stop_kept  # noqa: E402
+from testbed.engines.kept import KEPT_NAMESPACE, actor_name, engine_key, find_kept, list_kept, stop_kept  # noqa: E402
 
 NAMES = ["pod0-prefill", "pod1-prefill", "pod2-decode", "pod3-decode"]
 
@@ -33,8 +33,11 @@ def ray_local():
 
     if ray.is_initialized():  # another module's connection: this test wants its own node
         ray.shutdown()
+    from core.util.logs import LEVEL_ENV
+
+    # as the driver starts its job: its log level handed to every worker (core/util/logs.py child_env)
     ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=100 * 2**20,
-             logging_level="ERROR", log_to_driver=False)
+             logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": {LEVEL_ENV: "INFO"}})
     try:
         yield ray
     finally:
@@ -43,6 +46,17 @@ def ray_local():
 
 def test_a_kept_set_is_found_whole_by_its_key_and_stopping_leaves_none(ray_local):
     ray = ray_local
+
+    @ray.remote(num_cpus=0)
+    def level_of_a_worker() -> int:  # what an actor's configure_from_env() finds in its worker
+        import logging
+
+        from core.util.logs import configure_from_env
+
+        configure_from_env()
+        return logging.getLogger().level
+
+    assert ray.get(level_of_a_worker.remote(), timeout=60) == 20  # logging.INFO, the job's level
 
     @ray.remote(num_cpus=0)
     class Stand:  # the engine actor's part kept_engines calls

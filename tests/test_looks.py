@@ -1,4 +1,4 @@
-"""analysis/looks.py: the group-sequential design. Its error rate at the margin by simulation (at or
+"""study/looks.py: the group-sequential design. Its error rate at the margin by simulation (at or
 below the rule's level with the level split, above it without), its one look against the exact
 power, a decided claim never judged again, and a claim judged at the look that decides it."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.claims import ClaimRule, claim_table
-from analysis.looks import first_decided, look_level, look_seeds, simulate
-from analysis.verdict import ALPHA, MIN_SEEDS, UNDECIDED, Prior, interval, tost_power
-from core.spec import SpecError, parse_spec
-from core.study_spec import LOOK_MIN_SEEDS
+from study.verdicts import ClaimRule, claim_table
+from study.looks import first_decided, look_level, look_seeds, simulate
+from analysis.rule.verdict import ALPHA, MIN_SEEDS, UNDECIDED, Prior, interval, tost_power
+from core.spec.model import SpecError, parse_spec
+from core.spec.study import LOOK_MIN_SEEDS
 
 pytestmark = pytest.mark.background  # needs no core of its own (tests/conftest.py)
 

@@ -1,5 +1,5 @@
 """Rules and names the two worlds and the analysis share, defined once: the router's limits
-(core/limits.py) and the metric names (analysis/metric_names.py), which the report checks."""
+(core/limits.py) and the metric names (analysis/run/names.py), which the report checks."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.metric_names import RUN_IDENTITY, Metric, check_metric, fail_share, gap, latency
-from analysis.report import KEY_METRICS, check_columns
+from analysis.run.names import RUN_IDENTITY, Metric, check_metric, fail_share, gap, latency
+from analysis.run.report import KEY_METRICS, check_columns
 from core.limits import first_token_limit, give_up_s, spec_first_token_limit
-from core.spec import parse_spec
+from core.spec.model import parse_spec
 from core.stages import FAILURE_STAGES
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
@@ -39,7 +39,7 @@ def test_the_spec_the_simulator_and_the_router_take_the_limit_from_one_place(fau
 
 
 def test_every_metric_a_run_writes_is_a_known_name_and_every_known_run_metric_is_written(tmp_path, faulted_spec):
-    from analysis.run_metrics import run_metrics
+    from analysis.run.scalars import run_metrics
     from simulator.run import run_sim
 
     run = run_sim(parse_spec(faulted_spec), "OTF-R", 0, tmp_path)

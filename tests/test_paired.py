@@ -1,5 +1,5 @@
-"""The paired report (analysis/paired.py, analysis/paired_stats.py) and the testbed's repeatability
-(analysis/repeatability.py, `testbed compare --repeat`) on hand-built run directories, with the
+"""The paired report (analysis/compare/paired.py, analysis/compare/paired_stats.py) and the testbed's repeatability
+(analysis/compare/repeatability.py, `testbed compare --repeat`) on hand-built run directories, with the
 answers worked out by hand here."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.fidelity_console import compare
-from analysis.paired import outcome_class, paired_report
-from analysis.paired_stats import quantile_ci
-from analysis.repeatability import add_repeatability
-from analysis.verdict import ONE_SEED, shipped_prior
+from analysis.compare.console import compare
+from analysis.compare.paired import outcome_class, paired_report
+from analysis.compare.paired_stats import quantile_ci
+from analysis.compare.repeatability import add_repeatability
+from analysis.rule.verdict import ONE_SEED, shipped_prior
 from cli.main import main
 from core.records import RequestRecord, RunWriter
 from test_analysis import link_fault
@@ -294,9 +294,9 @@ def test_compare_cli_repeat(worlds, tmp_path, capsys):
 
 
 def test_the_engine_table_judges_each_quantity_by_the_rule_with_the_notices_spread_as_prior():
-    from analysis.engine_death import engine_table, notice_prior
-    from analysis.metric_names import Metric as M
-    from core.fits import fit
+    from analysis.compare.engine_death import engine_table, notice_prior
+    from analysis.run.names import Metric as M
+    from core.calibration.frozen import fit
 
     def runs(world: str, downs: list[float], rates: list[float], share: float = 0.5) -> pd.DataFrame:
         return pd.DataFrame([{"world": world, "policy": "LC", "seed": i, M.ENGINE_DOWN_S: d, M.FAILURE_RATE: r,
@@ -340,9 +340,9 @@ def test_the_engine_table_widens_by_the_calibrations_shared_error_where_several_
     """The simulator's seeds under two calibrations whose mean notice differs by 1.2 s: that spread
     every seed shares (engine_common, as the twin's checks) joins the interval whole, by
     Welch-Satterthwaite, so 50 ms off no longer passes against the 1 s margin: undecided."""
-    from analysis.engine_death import engine_common, engine_table, notice_prior
-    from analysis.metric_names import Metric as M
-    from analysis.verdict import interval
+    from analysis.compare.engine_death import engine_common, engine_table, notice_prior
+    from analysis.run.names import Metric as M
+    from analysis.rule.verdict import interval
 
     def runs(world: str, downs: list[float]) -> pd.DataFrame:
         return pd.DataFrame([{"world": world, "policy": "LC", "seed": i, M.ENGINE_DOWN_S: d, M.FAILURE_RATE: 0.05,

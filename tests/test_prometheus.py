@@ -15,8 +15,8 @@ import yaml
 
 from core.experiment import build_topology
 from core.records import DecisionRecord, HealthRecord, PriceRecord, RequestRecord
-from core import spec as core_spec
-from core.spec import parse_spec
+from core.spec import model as core_spec
+from core.spec.model import parse_spec
 from core.view import Loads
 from testbed.router.exporter import RunMetrics, serve
 from testbed.router.prometheus_server import SHIPPED_DIR, PrometheusMissing, PrometheusServer, scrape_config

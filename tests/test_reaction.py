@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.metrics import REACTION_FRACTION, REACTION_K, FaultWindow, degraded_pod_shares, reaction_s
-from analysis.run_data import load_run
-from analysis.run_metrics import run_metrics
+from analysis.run.metrics import REACTION_FRACTION, REACTION_K, FaultWindow, degraded_pod_shares, reaction_s
+from analysis.run.data import load_run
+from analysis.run.scalars import run_metrics
 from core.records import RequestRecord
 from test_analysis import link_fault, write_run
 

@@ -16,7 +16,7 @@ from core.policies import POLICY_NAMES
 from core.records import read_table
 from core.retry import Retries
 from core.run import RunContext
-from core.spec import RetrySpec, SpecError
+from core.spec.model import RetrySpec, SpecError
 from builders import HAND_ENGINE, merge, parse, poisson, small_spec_dict
 from simulator.run import run_sim
 from test_stages import KV, DeadEngine, ScriptedEngine

@@ -62,7 +62,7 @@ def test_pods_may_share_a_node_whose_gpus_they_share_but_not_a_link_fault():
 def test_rdma_refuses_a_link_fault_in_one_line():
     base = shipped_spec_dict("testbed.yaml")
     assert any(f["kind"] == "link" for f in base["faults"])
-    from core.spec import SpecError
+    from core.spec.model import SpecError
 
     with pytest.raises(SpecError) as e:
         parse(base, "x.yaml", testbed={"transport": "rdma"})

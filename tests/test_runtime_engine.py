@@ -14,7 +14,6 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ needs_hf = pytest.mark.skipif(not HAVE_HF, reason="torch/transformers/tokenizers
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM CPU build or NIXL not installed "
                                 "(see docs/verified.md)")
 
+from testbed.cluster.raynodes import free_ports
 from testbed.machine.kv_ports import KV_PORT_BASE
 from testbed.engines.engine import EngineConfig  # noqa: E402  (no vLLM import at module level)
 
@@ -191,9 +191,7 @@ class _Remote:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +221,7 @@ def engines(tmp_path_factory):
                  "processes": [len(r.tree()) for r in remotes]}
         print(f"\nengine facts: {facts}", file=sys.stderr)
         # The pair's first NIXL transfer (its handshake) before any test checks one, as the
-        # testbed does (calibration.calibrate.warm_pairs): a host stall that hits it (docs/verified.md
+        # testbed does (testbed/engines/pairs.py warm_pairs): a host stall that hits it (docs/verified.md
         # "Host stalls on two cores"; once ~70 s here, past the KV lease) is not what these tests are about.
         warm = _prompt(7, 2 * BLOCK + 1)
         pre = p.call("prefill", request_id="warm-pre", prompt_token_ids=warm)

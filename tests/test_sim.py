@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.metrics import peak_in_flight
+from analysis.run.metrics import peak_in_flight
 from simulator.run import run_sim
 from core.records import read_table
-from core.spec import parse_spec
+from core.spec.model import parse_spec
 from builders import HAND_ENGINE, faulted_spec_dict, fixed, link_fault, parse, poisson, small_spec_dict
 from core.topology import GBPS
 
@@ -331,7 +331,7 @@ def test_a_pull_given_up_at_its_deadline_is_cancelled_or_finishes_as_dead_work(t
     else:  # the rest of the pull, at the link's rate, after the request was given up
         assert dead.ending == "done" and dead.end_s == pytest.approx(1.0 + pull_s)
         assert dead.bytes_after == pytest.approx(nbytes * (1.0 + pull_s - 1.5) / pull_s)
-    from analysis.run_metrics import run_metrics
+    from analysis.run.scalars import run_metrics
 
     m = run_metrics(d)  # what the report counts as dead work
     assert (m["n_dead_pulls"], m["dead_kv_bytes"]) == ((0, 0.0) if on_abort == "cancel" else (1, dead.bytes_after))
@@ -353,7 +353,7 @@ def test_a_pull_that_outlives_an_unrenewed_kv_lease_ends_corrupt(tmp_path):
     assert r.kv_end_s[0] - r.prefill_end_s[0] > 6 > r.kv_end_s[1] - r.prefill_end_s[1]
     # decoded to its end, blamed on the transfer that read the freed blocks
     assert r.failed_stage[0] == "kv_transfer" and r.end_s[0] == pytest.approx(held.end_s[0])
-    from analysis.run_metrics import run_metrics
+    from analysis.run.scalars import run_metrics
 
     m = run_metrics(d)
     assert (m["n_corrupt"], m["outputs_checked"], m["corrupt_rate_checked"]) == (1, 2, 0.5)

@@ -12,7 +12,7 @@ import pytest
 
 from builders import fixed, parse, poisson, shipped_spec_dict
 from core.records import read_table
-from core.spec import SpecError
+from core.spec.model import SpecError
 from faults.schedule import FaultSchedule
 from faults.spec import EngineFault
 from simulator.run import run_sim
@@ -93,8 +93,8 @@ def test_a_decode_engine_killed_with_requests_on_it_fails_them_in_their_stages_a
 
 
 def test_engine_down_s_averages_the_kills_and_engine_core_share_counts_the_cores_among_them(tmp_path):
-    from analysis.metric_names import Metric as M
-    from analysis.run_metrics import run_metrics
+    from analysis.run.names import Metric as M
+    from analysis.run.scalars import run_metrics
 
     # pod 2's decode core, then pod 0's prefill actor: the mean of the two lags, one of them a core's
     spec = _spec([{"kind": "engine", "pods": [2], "start_s": 21.3, "role": "decode", "process": "core"},

@@ -120,3 +120,37 @@ def test_the_simpy_internals_the_simulator_uses_are_where_it_expects_them():
     env._now = 3.0  # what run_until does: step() must take the clock from the key, not keep its own
     env.step()
     assert env.now == 3.5 and t.processed
+
+
+# SimPy's Environment internals the simulator may touch, and the one module that may touch them.
+SIMPY_INTERNALS = {"_queue", "_eid", "_now"}
+INTERNALS_MODULE = "events.py"
+
+
+def simpy_internals_outside(root) -> list[str]:
+    """``file:line attribute`` of every read or write of SimPy's internals (an attribute named like
+    one, on anything: the code is parsed, not grepped) in a simulator module other than events.py."""
+    import ast
+    from pathlib import Path
+
+    found = []
+    for path in sorted(Path(root).glob("*.py")):
+        if path.name == INTERNALS_MODULE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in SIMPY_INTERNALS:
+                found.append(f"{path.name}:{node.lineno} {node.attr}")
+    return found
+
+
+def test_only_the_events_module_touches_simpy_internals():
+    from pathlib import Path
+
+    assert simpy_internals_outside(Path(__file__).resolve().parents[1] / "simulator") == []
+
+
+def test_a_read_of_the_clock_behind_the_property_is_caught(tmp_path):
+    (tmp_path / "events.py").write_text("def f(env):\n    return env._now\n")
+    (tmp_path / "cluster.py").write_text("def g(self):\n    now = self.env._now\n    return self.env.now, now\n")
+    (tmp_path / "network.py").write_text("def h(env):\n    env._eid = None\n")
+    assert simpy_internals_outside(tmp_path) == ["cluster.py:2 _now", "network.py:2 _eid"]

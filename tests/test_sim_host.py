@@ -15,7 +15,7 @@ import pytest
 
 from builders import HAND_ENGINE, faulted_spec_dict, parse, small_spec_dict
 from core.records import read_meta, read_table
-from core.spec import SpecError, parse_spec
+from core.spec.model import SpecError, parse_spec
 from core.topology import GBPS
 from simulator.cluster import ClusterSim
 from simulator.host import cluster_sim
@@ -137,6 +137,22 @@ def test_a_waiting_engine_demands_what_its_state_does(tmp_path):
     assert b_prefill("default") == pytest.approx(1.5, abs=1e-6)
 
 
+@pytest.mark.parametrize("process", ["actor", "core"])
+def test_a_dead_prefill_engine_demands_nothing_for_the_kv_it_held(tmp_path, process):
+    # The waiting engine's scene above, with A's prefill engine (pod 0) killed at 1.5 s: A's pull
+    # fails, so from then on pod 0 holds no KV and pod 2 waits for none. B's 1000 tokens at 2 s on
+    # pod 1 then demand 1 core of 2: 1 s. Were the dead engine's hold still counted, 1 + 3 of 2: 2 s.
+    topo = {**TOPO, "kv_bytes_per_token": KV}
+    faults = [{"kind": "link", "pods": [0], "residual_bw": 0.01, "start_s": 0.0, "duration_s": 1000.0},
+              {"kind": "engine", "pods": [0], "role": "prefill", "start_s": 1.5, "process": process}]
+    spec = parse(small_spec_dict(engine={**HAND_ENGINE, "host_cores": 2, "host_spin_s": 0, "host_hold_cores": 3.0,
+                                         "host_pull_cores": 2.0}, topology=topo, deadline_s=100.0, faults=faults))
+    _, r = _run(tmp_path, spec, [0.0, 2.0], [1000, 1000], [10, 10])
+    assert r.prefill_pod.tolist() == [0, 1] and r.outcome.tolist() == ["error", "ok"], r
+    assert r.failed_stage[0] == "kv_transfer"
+    assert r.prefill_end_s[1] - r.prefill_start_s[1] == pytest.approx(1.0, abs=1e-6)
+
+
 def test_a_decoding_engine_and_the_background_demand_their_own(tmp_path):
     # 2 cores, the rest of the host demanding 2 all along: a prefill alone demands 1 + 2 = 3, so
     # 1000 tokens take 1.5 s; then its decode engine decoding demands 4: 4 + 2 = 6, a step of 10 ms
@@ -248,13 +264,13 @@ def test_host_defaults_are_the_gpu_profile_and_the_uni_executors_spin():
 
 
 def _fit(*coef):
-    from core.calibration import LinearFit
+    from core.calibration.fit import LinearFit
 
     return LinearFit(np.array(coef, float), 1.0, 10, 0, 0.0, 0.0)
 
 
 def _calibration(host):
-    from core.calibration import calibration_from_fits
+    from core.calibration.fit import calibration_from_fits
 
     return calibration_from_fits(
         created="2026-11-25T00:00:00+00:00", source={"model": "tiny"}, prefill=_fit(0.0, 1 / 4000.0),
@@ -270,7 +286,7 @@ def _calibration(host):
 ])
 def test_the_calibration_shares_the_host_only_where_cpu_engines_outnumber_its_cores(tmp_path, cores, engines,
                                                                                      gpus, shared):
-    from core.calibration import HostCalibration, apply_calibration, load_calibration, save_calibration
+    from core.calibration.fit import HostCalibration, apply_calibration, load_calibration, save_calibration
     from core.host_model import host_shared
 
     assert host_shared(cores, engines, gpus) is shared
@@ -284,7 +300,7 @@ def test_the_calibration_shares_the_host_only_where_cpu_engines_outnumber_its_co
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_the_measured_demand_by_state_becomes_the_simulators_where_the_host_is_shared(tmp_path, shared):
-    from core.calibration import HostCalibration, apply_calibration, load_calibration, save_calibration
+    from core.calibration.fit import HostCalibration, apply_calibration, load_calibration, save_calibration
 
     demand = {"hold": 2.8, "pull": 3.0, "background": 0.8}  # decode not measured: the spec's stands
     host = HostCalibration(cores=2.0, engines=4, hosts=1, gpus_per_engine=0 if shared else 1, shared=shared,
@@ -320,7 +336,7 @@ def test_the_demand_by_state_is_each_states_median_against_the_computing_engine(
 def test_a_calibration_from_before_the_host_was_measured_keeps_the_specs_host(tmp_path):
     import json
 
-    from core.calibration import apply_calibration, load_calibration, save_calibration
+    from core.calibration.fit import apply_calibration, load_calibration, save_calibration
 
     path = save_calibration(_calibration(None), tmp_path / "calibration.json")
     data = json.loads(path.read_text())
@@ -341,7 +357,7 @@ def test_a_calibration_from_before_the_host_was_measured_keeps_the_specs_host(tm
 def test_a_bad_host_entry_is_one_line(tmp_path, key, value, where):
     import json
 
-    from core.calibration import CalibrationError, HostCalibration, load_calibration, save_calibration
+    from core.calibration.fit import CalibrationError, HostCalibration, load_calibration, save_calibration
 
     host = HostCalibration(cores=2, engines=4, hosts=1, gpus_per_engine=0, shared=True)
     path = save_calibration(_calibration(host), tmp_path / "calibration.json")

@@ -140,7 +140,7 @@ def test_hot_path_records_are_the_schema_rows(tmp_path):
     from core.records import DecisionRecord, PriceRecord
     from core.routing import Router
     from core.experiment import make_router, seed_streams
-    from core.spec import load_spec
+    from core.spec.model import load_spec
 
     topo = _topology()
     spec = load_spec()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from core.sizes import SizeError, check_fits, check_study_fits, expected_requests, footprint
+from core.spec.sizes import SizeError, check_fits, check_study_fits, expected_requests, footprint
 from builders import parse, shipped_spec_dict
 
 GiB = 2**30

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from core.spec import SpecError, load_spec, parse_spec
+from core.spec.model import SpecError, load_spec, parse_spec
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from core.records import read_table
-from core.spec import SpecError, load_spec, parse_spec
+from core.spec.model import SpecError, load_spec, parse_spec
 from builders import faulted_spec_dict, link_fault, poisson
-from analysis.study import load_study
-from core.study import expand_study
+from study.table import load_study
+from study.grid import expand_study
 from study.cells import cell_is_done
 from study.runner import run_cell, run_study
 
@@ -308,7 +308,7 @@ def test_a_run_recorded_before_a_spec_field_was_added_at_its_default_still_count
     """A new spec field with a default changes every cell's run id but no record: the run recorded
     before it, its run.json's spec parsed again today, is the cell's run; a recorded value that
     differs (or a field that no longer parses) is not."""
-    from analysis.study import cell_finished
+    from study.table import cell_finished
     from simulator.run import run_sim
 
     spec = _spec({"sweeps": [{"name": "s", "axes": {"severity": [0.01]}}]})

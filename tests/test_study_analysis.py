@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from analysis.metrics import fault_window, needless_deflection, needless_deflection_ratio, pod_exposure
-from analysis.run_data import load_run
+from analysis.run.metrics import fault_window, needless_deflection, needless_deflection_ratio, pod_exposure
+from analysis.run.data import load_run
 from builders import faulted_spec_dict, link_fault, poisson
-from analysis.study import (
+from study.table import (
     StudyError,
     cell_metrics,
     failure_reduction,
@@ -27,10 +27,10 @@ from analysis.study import (
     series_frame,
     study_summary,
 )
-from analysis.study_plots import write_study_plots
-from analysis.study_report import study_report
-from core.spec import parse_spec
-from core.study import expand_study
+from study.plots import write_study_plots
+from study.report import study_report
+from core.spec.model import parse_spec
+from study.grid import expand_study
 from simulator.run import run_sim
 from cli.main import main
 
@@ -161,7 +161,7 @@ def write_study(root: Path, cells, unrun=(), unfinished=(), cache=True) -> Path:
     """A study directory as the grid runner leaves it: study.json listing every cell; each run cell in
     cells/<point>/<policy>/seed-<seed> (run_sim's layout with out = cells, spec name = point) with
     cell.json, except ``unfinished`` (ran, no cell.json) and ``unrun`` (nothing on disk). A cell that shares
-    another's run (core/study.py) is not run again: it reads the other's directory."""
+    another's run (study/grid.py) is not run again: it reads the other's directory."""
     root.mkdir(parents=True)
     for c in cells:
         if c.cell in unrun or c.shared:

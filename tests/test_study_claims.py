@@ -1,5 +1,5 @@
-"""A study's claims: resolved to the grid's points (core.study.claim_sides), read per world and seed
-from hand-built cells tables whose effects are worked out by hand (analysis.study_claims), written
+"""A study's claims: resolved to the grid's points (study.grid.claim_sides), read per world and seed
+from hand-built cells tables whose effects are worked out by hand (study.claims), written
 as a table and one figure per claim."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from analysis.study_claims import (check_claim_metrics, claim_effects, claim_rules, claims_frame, claims_report,
+from study.claims import (check_claim_metrics, claim_effects, claim_rules, claims_frame, claims_report,
                                   leave_one_pair_out, reaction_cost)
-from analysis.verdict import shipped_prior
-from core.spec import SpecError, load_spec, parse_spec
-from core.study import ClaimSides, claim_sides, expand_study
+from analysis.rule.verdict import shipped_prior
+from core.spec.model import SpecError, load_spec, parse_spec
+from study.grid import ClaimSides, claim_sides, expand_study
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
@@ -28,7 +28,7 @@ JUDGED = {"direction": "decrease", "margin": 0.03}  # how a test's claim is judg
 
 def _shipped() -> dict:
     """The shipped carry-over spec as a dict, its base (extends) resolved."""
-    from core.spec import resolve_extends
+    from core.spec.model import resolve_extends
 
     return resolve_extends(yaml.safe_load(SHIPPED.read_text()), str(SHIPPED), SHIPPED.parent)
 
@@ -183,7 +183,7 @@ def test_a_claim_without_values_is_undecided():
 
 
 def test_the_claims_the_runs_began_with_are_kept_and_a_later_change_is_said():
-    from analysis.study_claims import fixed_note, fixed_record
+    from study.claims import fixed_note, fixed_record
 
     spec = load_spec(SHIPPED)
     first = fixed_record(None, spec.study.claims, "t0")

@@ -1,4 +1,4 @@
-"""`testbed study SPEC --plan` (analysis/study_plan.py): each claim's seeds for 80% power from the spec
+"""`testbed study SPEC --plan` (study/plan.py): each claim's seeds for 80% power from the spec
 alone, worked out here from the shipped priors and the exact power, and the design's runs and time."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from analysis.looks import simulate
-from analysis.study_plan import PLAN_REPS, plan_table, study_cost
-from analysis.verdict import seeds_for_power, shipped_prior, tost_power
+from study.looks import simulate
+from study.plan import PLAN_REPS, plan_table, study_cost
+from analysis.rule.verdict import seeds_for_power, shipped_prior, tost_power
 from cli.main import main
-from core.calibration import LOAD_SEEDS
-from core.sizes import ENGINE_START_S, footprint
-from core.spec import load_spec
-from core.study import claim_sides, distinct_runs, expand_study
+from core.calibration.fit import LOAD_SEEDS
+from core.spec.sizes import ENGINE_START_S, footprint
+from core.spec.model import load_spec
+from study.grid import claim_sides, distinct_runs, expand_study
 
 pytestmark = pytest.mark.background  # needs no core of its own: under -n, beside the others (tests/conftest.py)
 
@@ -60,7 +60,7 @@ def test_the_designs_cost_is_its_runs_times_a_runs_wall_time_and_the_engines_sta
 
 
 def test_a_design_with_looks_is_planned_by_simulating_it(shipped, tmp_path, capsys, monkeypatch):
-    """Looks at 3 and 6 seeds: each claim's power over the looks by simulation (analysis/looks.py),
+    """Looks at 3 and 6 seeds: each claim's power over the looks by simulation (study/looks.py),
     below the one-look power at 6 seeds where that is short of 1 (each test at half the level), its
     mean seeds between 3 and 6; the command prints the range of runs the design can cost."""
     import yaml

@@ -12,12 +12,12 @@ import pytest
 from rich.console import Console
 
 import study.testbed_side as st
-from analysis.study import cell_finished, load_study
+from study.table import cell_finished, load_study
 from builders import shipped_spec_dict
-from core.calibration import load_calibration
+from core.calibration.fit import load_calibration
 from core.records import read_meta
-from core.spec import parse_spec
-from core.study import expand_study
+from core.spec.model import parse_spec
+from study.grid import expand_study
 from simulator.run import run_sim
 
 QUIET = Console(file=open("/dev/null", "w"))
@@ -47,7 +47,7 @@ class FakeLaunch:
     def __call__(self, jobs, out, **kw):
         self.calls.append({"jobs": jobs, "out": out, **kw})
         if kw.get("calibrate_to") is not None:  # the engines alone, as the driver measures them first
-            from core.calibration import save_calibration
+            from core.calibration.fit import save_calibration
             from test_calibration import _calibration
 
             save_calibration(_calibration(), kw["calibrate_to"])
@@ -181,7 +181,7 @@ def test_the_command_runs_both_worlds_and_the_claims_with_the_default_repeat_see
 
     from cli.main import main
     from test_calibration import _calibration
-    from core.calibration import save_calibration
+    from core.calibration.fit import save_calibration
 
     spec = _spec()
     path = tmp_path / "s.yaml"
@@ -223,7 +223,7 @@ def test_the_simulators_side_again_under_another_calibration_judges_the_same_tes
     import yaml
 
     from cli.main import main
-    from core.calibration import save_calibration
+    from core.calibration.fit import save_calibration
     from core.records import read_meta
     from test_calibration import _calibration
 
@@ -254,7 +254,7 @@ def test_the_simulators_side_again_under_another_calibration_judges_the_same_tes
 
 
 def test_a_study_with_looks_runs_later_seeds_only_for_the_claims_still_undecided(tmp_path, monkeypatch):
-    """A group-sequential design (analysis/looks.py) through `testbed study --world both`: look 1 runs
+    """A group-sequential design (study/looks.py) through `testbed study --world both`: look 1 runs
     seeds 0, 1 for every cell; a claim with a wide margin is decided there; look 2 runs seeds 2, 3 only
     for the cells of the claim still undecided (its margin below what four seeds can show), in both
     worlds; claims.csv says which look judged each."""
@@ -264,7 +264,7 @@ def test_a_study_with_looks_runs_later_seeds_only_for_the_claims_still_undecided
     import yaml
 
     from cli.main import main
-    from core.calibration import save_calibration
+    from core.calibration.fit import save_calibration
     from test_calibration import _calibration
 
     data = json.loads(_spec().model_dump_json())
@@ -301,3 +301,37 @@ def test_a_study_with_looks_runs_later_seeds_only_for_the_claims_still_undecided
     assert ("severe__severity-0.01", "OTF-R", 2) not in sim_seeds  # decided at look 1: never run further
     assert ("telemetry__telemetry-none", "OTF-R", 3) in sim_seeds
     assert main(args) == 0 and len(launch.calls) == 2  # everything finished: nothing launched again
+
+
+def test_a_study_whose_claims_all_decide_at_look_1_stops_there_and_shows_its_report_once(tmp_path, monkeypatch,
+                                                                                         capsys):
+    import json
+    import io
+
+    import yaml
+    from rich.console import Console
+
+    from cli.main import main
+    from core.calibration.fit import save_calibration
+    from study.claims import carryover_report
+    from test_calibration import _calibration
+
+    data = json.loads(_spec().model_dump_json())
+    data["study"]["seeds"], data["study"]["looks"] = [0, 1, 2, 3], [2, 4]
+    data["study"]["claims"] = [  # decided at look 1 (the test above)
+        {"name": "same-latency", "metric": "ttft_p50_s", "policy": "OTF-R", "at": {"sweep": "severe"},
+         "vs": {"policy": "LC"}, "direction": "none", "margin": 10.0}]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    launch = FakeLaunch()
+    monkeypatch.setattr("testbed.runs.launch.launch_jobs", launch)
+    cal = save_calibration(_calibration(), tmp_path / "cal.json")
+    out = tmp_path / "runs"
+    capsys.readouterr()
+    assert main(["study", str(path), "--world", "both", "--out", str(out), "--calibration", str(cal)]) == 0
+    printed = capsys.readouterr().out
+    assert len(launch.calls) == 1  # no seed of look 2 ran
+    once = Console(file=io.StringIO(), record=True, width=200)
+    carryover_report(out / data["name"], tmp_path / "again", once)
+    table = once.export_text().strip().splitlines()[0]  # the report's first line, as a report shows it
+    assert printed.count(table) == 1, printed

@@ -235,11 +235,11 @@ def test_engine_death_in_the_simulator_ends_the_same_requests_the_same_way_and_t
         testbed_runs, tmp_path):
     """The engine fault's spec in the calibrated simulator, compared with `testbed compare --repeat`:
     every quantity both worlds measured (engine_down_s, the failure rate, the composition by stage)
-    passes by the rule (analysis/engine_death.py): the deviation's interval, floored by the testbed's
+    passes by the rule (analysis/compare/engine_death.py): the deviation's interval, floored by the testbed's
     spread, inside its margin; and each dead core's notice lies in the fitted prediction interval or
     is reported outside it."""
     import pandas as pd
-    from analysis.verdict import ONE_SEED
+    from analysis.rule.verdict import ONE_SEED
     from e2e_cluster import _cli
 
     out = testbed_runs[0]
@@ -256,7 +256,7 @@ def test_engine_death_in_the_simulator_ends_the_same_requests_the_same_way_and_t
     assert (table.loc["failure_rate", ["sim", "testbed", "repeat"]] > 0).all(), table
     judged = table[table[["sim", "testbed"]].notna().all(axis=1)]
     assert {"engine_down_s", "failure_rate"} <= set(judged.index)
-    # one seed decides nothing (analysis/verdict.py): each quantity undecided for that reason, and its
+    # one seed decides nothing (analysis/rule/verdict.py): each quantity undecided for that reason, and its
     # deviation inside the margin that matters
     assert (judged.verdict == "undecided").all() and (judged.why == ONE_SEED).all(), judged.to_string()
     assert (judged.deviation.abs() <= judged.margin).all(), f"outside:\n{judged.to_string()}\n{cmp.stdout[-3000:]}"

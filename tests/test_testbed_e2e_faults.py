@@ -11,7 +11,7 @@ pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the READM
 pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
 
 from core.records import read_meta, read_table  # noqa: E402
-from core.spec import parse_spec  # noqa: E402
+from core.spec.model import parse_spec  # noqa: E402
 from e2e_cluster import BREAKER, BREAKER_FAULT_S, RETRY_TTFT_S  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
@@ -46,7 +46,7 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
     # engines', over the run: a lease given up in an earlier run on the same engines expires up to
     # the lease after it, so it can count in this one (CI, 2026-11-25: 3 expiries against 2 given
     # up here, one from e2e_deadline, whose slow decodes are given up after their prefill).
-    from analysis.run_metrics import run_metrics
+    from analysis.run.scalars import run_metrics
 
     def given_up_after_prefill(r: pd.DataFrame) -> int:
         return int(((r.outcome != "ok") & r.prefill_end_s.notna()).sum())
@@ -79,10 +79,10 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
 def test_every_engine_accounts_for_its_cpu_and_each_request_is_marked_for_host_stall(testbed_runs):
     """The throttled run's host table (testbed/engines/hoststats.py): every engine's cumulative CPU and
     run-queue wait, sampled through the run on its own node, and from it each request's mark
-    (analysis/host.py), in the run's metrics and the report's host_marks.csv."""
-    from analysis.host import run_host_marks
-    from analysis.run_metrics import run_metrics
-    from analysis.report import report
+    (analysis/run/host_stall.py), in the run's metrics and the report's host_marks.csv."""
+    from analysis.run.host_stall import run_host_marks
+    from analysis.run.scalars import run_metrics
+    from analysis.run.report import report
 
     out = testbed_runs[0]
     d = out / "e2e_link_fault" / "Random" / "seed-0"
@@ -123,9 +123,9 @@ def test_every_engine_accounts_for_its_cpu_and_each_request_is_marked_for_host_s
 
 
 def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_fault(testbed_runs, tmp_path):
-    from analysis.fidelity_console import compare
-    from analysis.verdict import ONE_SEED
-    from core.calibration import apply_calibration, load_calibration
+    from analysis.compare.console import compare
+    from analysis.rule.verdict import ONE_SEED
+    from core.calibration.fit import apply_calibration, load_calibration
     from simulator.run import run_sim
 
     out, _, _, throttled, _ = testbed_runs
@@ -150,9 +150,9 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     # this machine's engines calibrate 3-4.5x faster than them (decode step base 2.0-3.6 ms against
     # 9.1, prefill 11,100-14,900 tokens/s against 4,100, six calibrations on 2026-11-27), and a
     # suite at 830c35c failed a 4x bound on them with 2.24 ms.
-    from analysis.calibration_check import CHECKED, FITS, LEGS, quiet_residuals
-    from analysis.calibration_fit import fit_run_conditions
-    from analysis.run_data import load_run
+    from analysis.checks.calibration import CHECKED, FITS, LEGS, quiet_residuals
+    from analysis.checks.refit import fit_run_conditions
+    from analysis.run.data import load_run
 
     runs = sorted((out / "e2e_policies").glob("*/seed-*"))
     res = pd.concat([quiet_residuals(load_run(d), cal) for d in runs])
@@ -160,7 +160,7 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     assert set(medians.index) == set(FITS), medians
     assert medians.between(-0.5, 1.0).all(), medians
     # Under the run's conditions: the levels and the control path's legs fitted on half of these
-    # runs (analysis/calibration_fit.py) carry to the other half, which they were not fitted on.
+    # runs (analysis/checks/refit.py) carry to the other half, which they were not fitted on.
     # The engine models within half (one run's median moved by up to 34% on a loaded host,
     # docs/twin.md). The legs in absolute terms, within one decode step: an engine admits a call at
     # its next scheduler step, so a leg is 0 to 1 step long and its relative miss can be anything
@@ -196,7 +196,7 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     assert len(hit) > 0 and (hit.outcome == "timeout").all() and (hit.failed_stage == "kv_transfer").all()
     fid = compare([sim_dir], [out / "e2e_link_fault" / "Random" / "seed-0"], tmp_path / "fidelity",
                   cal.model_dump())
-    # one seed decides nothing (analysis/verdict.py); what the fault decides lies inside the tolerance:
+    # one seed decides nothing (analysis/rule/verdict.py); what the fault decides lies inside the tolerance:
     # the failure rate within 3 points, at most 3% of the requests ended differently
     checks = fid.table.set_index("metric")
     assert (checks["verdict"] == "undecided").all() and (checks["why"].isin([ONE_SEED, "no value"])).all()
@@ -247,8 +247,8 @@ def _breaker_state(br: pd.DataFrame, pod: int, t: float) -> str:
 
 
 def test_the_circuit_breaker_keeps_a_pod_out_while_its_link_fails_and_lets_it_back_once_healed(testbed_runs, tmp_path):
-    from analysis.host import timed_out_at
-    from analysis.run_metrics import run_metrics
+    from analysis.run.host_stall import timed_out_at
+    from analysis.run.scalars import run_metrics
     from core.breaker import CLOSED, HALF_OPEN, OPEN
     from simulator.run import run_sim
 
@@ -335,8 +335,8 @@ def test_a_compute_fault_slows_a_pods_engine_on_nodes_ray_up_started(testbed_run
     took = (req.prefill_end_s - req.prefill_start_s).groupby(req.prefill_pod).median()
     assert took.get(1, 0) > 1.5 * took.get(0, float("inf")), took
     # the same, per prompt token, as `testbed report` shows it beside the agent's factor
-    from analysis.compute_effect import run_compute_effect
-    from analysis.run_data import load_run
+    from analysis.run.compute_effect import run_compute_effect
+    from analysis.run.data import load_run
 
     effect = run_compute_effect(load_run(d))
     assert list(effect.pod) == [1] and effect.baseline.iloc[0] == "others", effect  # pod 1 slow the whole run

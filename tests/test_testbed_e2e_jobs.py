@@ -13,7 +13,7 @@ pytest.importorskip("ray", reason="Ray is not installed (the README's install co
 
 from core.policies import POLICY_NAMES  # noqa: E402
 from core.records import read_meta, read_table  # noqa: E402
-from core.spec import load_spec, parse_spec  # noqa: E402
+from core.spec.model import load_spec, parse_spec  # noqa: E402
 from vocab import STAGES
 from e2e_cluster import OVERLOAD_LIMIT, OVERLOAD_REQUESTS, TIME_COLUMNS  # noqa: E402
 
@@ -83,7 +83,7 @@ def test_every_run_checks_its_canaries_and_none_is_corrupt_under_a_lease_above_t
     can read freed blocks: each run's canaries (core/canary.py; the spec's default, 4) got their
     single-engine reference before the run, and each that decoded to its end matched it (a
     near-tie aside). A verdict of corrupt here would be a real corrupted transfer."""
-    from analysis.run_metrics import run_metrics
+    from analysis.run.scalars import run_metrics
     from core.canary import canary_ids
 
     out = testbed_runs[0]
@@ -141,8 +141,8 @@ def test_a_request_past_its_deadline_is_aborted_and_recorded_in_its_stage(testbe
 
 
 def test_past_the_admission_limit_the_router_bounds_what_is_in_flight_and_rejects_the_rest(testbed_runs):
-    from analysis.metrics import peak_in_flight
-    from analysis.run_metrics import run_metrics
+    from analysis.run.metrics import peak_in_flight
+    from analysis.run.scalars import run_metrics
 
     out = testbed_runs[0]
     d = out / "e2e_overload" / "LC" / "seed-0"

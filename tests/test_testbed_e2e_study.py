@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the README's install command installs it)")
 pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
 
-from analysis.verdict import ONE_SEED, RULE_VERSION  # noqa: E402
+from analysis.rule.verdict import ONE_SEED, RULE_VERSION  # noqa: E402
 from core.records import read_meta, read_table  # noqa: E402
 from e2e_cluster import STUDY_SPEC  # noqa: E402
 

@@ -67,7 +67,7 @@ class _FakeEngines:
         return [True] * len(self.names)
 
     def quiesce(self, within_s, poll_s=0.5):
-        from testbed.runs.engines import Engines
+        from testbed.engines.pool import Engines
 
         return Engines.quiesce(self, within_s, poll_s)
 
@@ -122,7 +122,7 @@ def test_a_spec_is_validated_once_and_each_workload_generated_once_on_the_way_to
 
     import testbed.runs.driver as driver
     from core.experiment import build_topology, seed_streams
-    from core.spec import ExperimentSpec, load_spec
+    from core.spec.model import ExperimentSpec, load_spec
     from testbed.runs.jobs import prepare_jobs
     from testbed.runs.launch import _driver_argv
 
@@ -197,7 +197,7 @@ def test_a_repeat_runs_the_same_workloads_again_on_the_same_engines_into_its_own
 
     import testbed.runs.driver as driver
     from core.experiment import build_topology
-    from core.spec import load_spec
+    from core.spec.model import load_spec
     from testbed.runs.jobs import prepare_jobs, repeat_of, write_jobs
 
     spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
@@ -224,13 +224,13 @@ def test_a_repeat_runs_the_same_workloads_again_on_the_same_engines_into_its_own
 
 def test_each_run_records_the_calibration_of_its_engines(tmp_path, monkeypatch):
     """A calibration measured on the engines (or given to `testbed twin --calibration`) goes into
-    every run's run.json, where the host-stall marks read the engine speeds (analysis/host.py)."""
+    every run's run.json, where the host-stall marks read the engine speeds (analysis/run/host_stall.py)."""
     from rich.console import Console
 
     import testbed.runs.driver as driver
-    from core.calibration import save_calibration
+    from core.calibration.fit import save_calibration
     from core.experiment import build_topology
-    from core.spec import load_spec
+    from core.spec.model import load_spec
     from testbed.runs.jobs import prepare_jobs
     from testbed.runs.launch import _driver_argv
 
@@ -283,7 +283,7 @@ class _ScriptedResets:
     ([[True, False]], False, None, ["pod1-decode"], []),
 ])
 def test_a_run_starts_once_every_engine_accepts_its_reset_and_says_when_it_did_not(script, quiet, resets, busy, down):
-    from testbed.runs.engines import Engines
+    from testbed.engines.pool import Engines
 
     engines = _ScriptedResets(script)
     start = Engines.quiesce(engines, within_s=0.3, poll_s=0.01)
@@ -322,7 +322,7 @@ def test_a_broken_kv_path_restarts_the_engines_before_the_next_run_and_its_run_s
 
     import testbed.runs.driver as driver
     from core.experiment import build_topology
-    from core.spec import load_spec
+    from core.spec.model import load_spec
     from testbed.runs.jobs import prepare_jobs
 
     spec = load_spec(None, default="testbed.yaml").model_copy(update={"faults": []})
@@ -345,8 +345,8 @@ def test_a_broken_kv_path_restarts_the_engines_before_the_next_run_and_its_run_s
 
 
 def test_the_kv_path_check_names_each_broken_pair_and_leaves_a_dead_engines_pairs_out(monkeypatch):
-    import testbed.runs.engines as held
-    from testbed.runs.engines import Engines
+    import testbed.engines.pool as held
+    from testbed.engines.pool import Engines
 
     engines = type("E", (), {})()
     engines.prefill, engines.decode = ["p0", "p1"], ["d2", "d3"]
@@ -358,3 +358,17 @@ def test_the_kv_path_check_names_each_broken_pair_and_leaves_a_dead_engines_pair
     assert kv["down"] == ["pod1-prefill->pod2-decode"]
     monkeypatch.setattr(held, "check_pairs", lambda p, d, vocab, timeout_s: [True, True, None, None])
     assert Engines.kv_paths(engines, 2048)["ok"] is True
+
+
+def test_a_kind_of_fault_the_injector_does_not_act_on_is_refused_before_any_engine_starts(monkeypatch):
+    """A kind of the fault model the testbed's injector has no action for (a new one, before its
+    injector exists) is one line naming the fault, not a run that silently leaves it out."""
+    import testbed.runs.jobs as jobs_module
+    from core.spec.model import load_spec
+
+    spec = load_spec(None, default="testbed.yaml")
+    assert [f.kind for f in spec.faults] == ["link"] and jobs_module.prepare_jobs([(spec, ["LC"], [0])])
+    monkeypatch.setattr(jobs_module, "INJECTED_KINDS", ("compute", "engine"))  # as if link were the new kind
+    with pytest.raises(ValueError, match=r"^twin_link_fault: faults\[0\] is a 'link' fault, which the testbed "
+                                         r"does not inject \(it injects compute, engine: testbed/faults/injector.py\)$"):
+        jobs_module.prepare_jobs([(spec, ["LC"], [0])])

@@ -373,7 +373,7 @@ def test_samples_are_seeded_and_the_cli_writes_them(tmp_path, capsys):
 
 def test_simulator_replays_an_azure_sample(samples, tmp_path):
     from core.records import read_table
-    from core.spec import parse_spec
+    from core.spec.model import parse_spec
     from simulator.run import run_sim
 
     s = samples["azure2023"]
@@ -397,7 +397,7 @@ def test_simulator_replays_an_azure_sample(samples, tmp_path):
 
 def test_a_too_long_rule_without_a_limit_takes_the_testbed_engines_context():
     from builders import shipped_spec_dict
-    from core.spec import parse_spec
+    from core.spec.model import parse_spec
 
     base = shipped_spec_dict()
     wl = {k: v for k, v in base["workload"].items() if k != "duration_s"}
@@ -415,7 +415,7 @@ def test_a_trace_named_relative_to_its_spec_is_that_file_wherever_the_command_ru
     """load_spec makes a relative trace path its spec's: the testbed's jobs (testbed/runs/jobs.py, which
     generate without a base folder) read the file the simulator reads, from any working directory."""
     from core.experiment import seed_streams
-    from core.spec import load_spec
+    from core.spec.model import load_spec
 
     (tmp_path / "specs" / "traces").mkdir(parents=True)
     (tmp_path / "specs" / "traces" / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,100,8\n1,200,8\n")

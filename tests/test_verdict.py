@@ -1,4 +1,4 @@
-"""analysis.verdict: the rule every verdict of the project is judged by, on values whose answers are
+"""analysis.rule.verdict: the rule every verdict of the project is judged by, on values whose answers are
 worked out here with numpy and scipy: known answers, and the power against a simulation of the rule."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.verdict import (NO_PRIOR, NO_SPREAD, ONE_SEED, ZERO_WIDTH, Prior, Spread, claim_status, claim_verdict,
+from analysis.rule.verdict import (NO_PRIOR, NO_SPREAD, ONE_SEED, ZERO_WIDTH, Prior, Spread, claim_status, claim_verdict,
                               inside, interval, no_effect, pooled_sd, prediction_interval, repeat_verdict,
                               seeds_for_power, shipped_prior, tost_power, world_status)
 

@@ -97,5 +97,46 @@ if fmt == "auto": pass
 
 
 def test_the_fault_kinds_are_the_fault_models_own():
-    kinds = tuple(m.model_fields["kind"].default for m in (LinkFault, ComputeFault, EngineFault))
-    assert kinds == vocab.FAULT_KINDS
+    from typing import get_args
+
+    from faults.spec import FaultSpec
+
+    models = get_args(get_args(FaultSpec)[0])  # the union's members, in its order
+    assert {LinkFault, ComputeFault, EngineFault} <= set(models)
+    assert tuple(m.model_fields["kind"].default for m in models) == vocab.FAULT_KINDS
+
+
+# The record fields that hold a word of the vocabulary, by name, and the type each must carry.
+RECORD_WORDS = {"outcome": "Outcome", "failed_stage": "Stage", "kind": "FaultKind", "ending": "PullEnding",
+                "role": "Role"}
+
+
+def untyped_word_fields(record_types) -> list[str]:
+    """``Table.field: annotation`` of every record field named for a vocabulary set but not typed with it."""
+    out = []
+    for cls in record_types:
+        for name, t in cls.__annotations__.items():
+            t = getattr(t, "__forward_arg__", t)
+            want = RECORD_WORDS.get(name)
+            if want is not None and str(t).split(" | ")[0] != want:
+                out.append(f"{cls.__name__}.{name}: {t}")
+    return out
+
+
+def test_record_fields_holding_a_word_are_typed_with_its_set():
+    from core.records import RECORD_TYPES
+
+    assert {n for cls in RECORD_TYPES for n in cls.__annotations__} >= set(RECORD_WORDS)  # every name is a field
+    assert untyped_word_fields(RECORD_TYPES) == []
+
+
+def test_a_word_field_typed_as_a_plain_string_is_caught():
+    from typing import NamedTuple
+
+    from vocab import Role
+
+    class Row(NamedTuple):
+        outcome: str
+        role: Role | None
+
+    assert untyped_word_fields([Row]) == ["Row.outcome: str"]

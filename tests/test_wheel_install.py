@@ -100,8 +100,8 @@ def test_the_installed_package_is_imported_from_the_environment_not_the_reposito
     # The system site-packages hold an editable install pointing at the repository: its finder is
     # appended to sys.meta_path (after the PathFinder), and the environment's site-packages come
     # before the system's on sys.path, so the installed copy wins; this holds it to that.
-    code = ("import sys, testbed, core, cli, simulator, analysis, workloads, faults, core.spec, cli.main\n"
-            "for m in ('testbed', 'core', 'cli', 'simulator', 'analysis', 'workloads', 'faults', 'core.spec', "
+    code = ("import sys, testbed, core, cli, simulator, analysis, workloads, faults, core.spec.model, cli.main\n"
+            "for m in ('testbed', 'core', 'cli', 'simulator', 'analysis', 'workloads', 'faults', 'core.spec.model', "
             "'cli.main'): print(m, sys.modules[m].__file__)\n"
             "print('prefix', sys.prefix)")
     out = _run([venv_dir / "bin" / "python", "-c", code], work, timeout=60).stdout

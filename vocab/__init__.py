@@ -71,7 +71,7 @@ PullEnding = Literal["done", "failed", "cancelled", "unseen"]
 PULL_ENDINGS: tuple[str, ...] = get_args(PullEnding)
 PULL_DONE, PULL_FAILED, PULL_CANCELLED, PULL_UNSEEN = PULL_ENDINGS
 
-# Where a vLLM engine runs its model (core/spec.py TestbedSpec.executor): "uni" in the engine core's
+# Where a vLLM engine runs its model (core/spec/model.py TestbedSpec.executor): "uni" in the engine core's
 # process, "mp" in a worker process of its own.
 Executor = Literal["uni", "mp"]
 EXECUTORS: tuple[str, ...] = get_args(Executor)

@@ -128,7 +128,7 @@ def clip(text: Any, n: int = 60) -> str:
 
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message, or its type's name where it has none (the one-line
-    refusal of a trace; core/errors.py says the same for the packages above workloads)."""
+    refusal of a trace; core/util/errors.py says the same for the packages above workloads)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 

@@ -43,7 +43,7 @@ def check_policy_name(name: str) -> str:
 def reads_price(name: str, weights: Weights) -> bool:
     """Whether the policy's choices depend on the risk price: a pod scorer with a weight whose value
     moves with the price. `testbed study` runs a policy that does not read it once for every telemetry
-    setting (core/study.py), so a price reader taken for price-blind would share another point's runs:
+    setting (study/grid.py), so a price reader taken for price-blind would share another point's runs:
     each scorer is probed, not looked up by name, and one added later cannot be forgotten here."""
     return any(w and _moves_with_price(scorer) for scorer, w in _variants(weights)[check_policy_name(name)].pod_scorers)
 

@@ -26,7 +26,7 @@ to the quantities the two worlds are later compared on:
 * **decode steps**: ``b`` equal requests decoded together on a decode engine; the
   gaps between successive token arrivals while all ``b`` run are the step time at
   batch ``b`` with their KV tokens; gaps far above the typical step are host stalls
-  (:func:`core.calibration.stall_stats`);
+  (:func:`core.calibration.fit.stall_stats`);
 * **NIXL's first handshake**: each pair's first pull minus its second of the same size;
 * **the host** (:func:`measure_host`): on each engine's node, the CPUs its processes may run on
   (their affinity) and the machine's boot id, so engines on one machine are counted together;
@@ -43,12 +43,11 @@ to the quantities the two worlds are later compared on:
   units, and the machine's busy CPU beyond the engines' is the rest of the host's
   (docs/simulator.md "Demand by state").
 
-The fits and the file are :mod:`core.calibration`'s.
+The fits and the file are :mod:`core.calibration.fit`'s.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import platform
 import time
@@ -59,19 +58,17 @@ import numpy as np
 import ray
 from rich.console import Console
 
-from core.calibration import (Calibration, HostCalibration, calibration_from_fits, fit_decode, fit_prefill,
+from core.calibration.fit import (Calibration, HostCalibration, calibration_from_fits, fit_decode, fit_prefill,
                               fit_pull, fit_unshaped_pull, pull_noise, stall_stats)
 from core.host_model import host_shared, host_speed, rate_against, sample_intervals, worker_spin_s
-from core.spec import ExperimentSpec
+from core.spec.model import ExperimentSpec
 from core.topology import Topology, kv_transfer_bytes
 from testbed.engines.engine import EngineConfig
 
-from testbed.router.flow import CPU_BLOCK_TOKENS, prompt_ids
+from testbed.engines.pairs import BLOCK, PromptIds, prefill_then_pull, pull_with_wire
 from vocab import DEMAND_STATES
 
 console = Console(stderr=True)
-BLOCK = CPU_BLOCK_TOKENS  # prompts of a block or less move no KV (docs/verified.md "KV cache blocks of 128 tokens")
-SALT = 424242  # calibration prompts never share a prefix with a run's
 # Prompt lengths for prefill and unshaped pulls: one block and a bit to most of the tiny model's context.
 PREFILL_LENGTHS = (160, 384, 768, 1536, 2560)
 PREFILL_BATCHES = ((2, 384), (4, 384), (2, 1024))  # (requests, tokens each), sent together
@@ -108,90 +105,7 @@ DEMAND_SETTLE_S = 0.5  # after the window opens: the decode's pull is done and i
 HOST_PROBE_TIMEOUT_S = 60.0
 
 
-class _Ids:
-    """Unique prompts: a per-calibration counter, so no prompt hits another's prefix cache."""
-
-    def __init__(self, vocab: int) -> None:
-        self.vocab = vocab
-        self.n = itertools.count(10**8)
-
-    def __call__(self, tokens: int) -> tuple[str, list[int]]:
-        i = next(self.n)
-        return f"cal-{i}", prompt_ids(i, tokens, self.vocab, salt=SALT)
-
-
-XFER = "vllm:nixl_xfer_time_seconds"
-
-
-def _xfer(decode: Any) -> tuple[float, float]:
-    """The decode engine's cumulative NIXL transfer seconds and transfer count."""
-    m = ray.get(decode.metrics.remote())
-    return float(m[XFER + "_sum"]), float(m[XFER + "_count"])
-
-
-def _pd_wire(prefill: Any, decode: Any, rid: str, ids: list[int]) -> tuple[float | None, float | None]:
-    """One pull as :func:`_pd`, plus NIXL's own time for it: (stage seconds, NIXL seconds). The
-    stats reach the engine's logger with the step after the read completes, so wait for them."""
-    s0, c0 = _xfer(decode)
-    _, pull, _ = _pd(prefill, decode, rid, ids)
-    end = time.monotonic() + 5.0
-    while True:
-        s1, c1 = _xfer(decode)
-        if c1 > c0 or time.monotonic() > end:
-            break
-        time.sleep(0.05)
-    return pull, (s1 - s0 if c1 > c0 else None)
-
-
-def _pd(prefill: Any, decode: Any, rid: str, ids: list[int]) -> tuple[float, float | None, float]:
-    """One prompt through prefill then a 1-token decode; (prefill seconds as the router records
-    them, pull seconds, the whole decode call's seconds in its engine)."""
-    sent = time.monotonic()
-    pre = ray.get(prefill.prefill.remote(rid, ids))
-    back = time.monotonic()
-    prefill_s = back - sent - pre.stages.get("alloc", 0.0)
-    dec = ray.get(decode.decode.remote(rid, ids, 1, pre.kv_transfer_params))
-    st = dict(dec.stages)
-    pull = st["recv_done"] - st["alloc_remote"] if "recv_done" in st and "alloc_remote" in st else None
-    return prefill_s, pull, dec.finished_s - dec.submitted_s
-
-
-def warm_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, tokens: int = 2 * BLOCK + 1) -> list[float]:
-    """Make every (prefill, decode) pair's first NIXL transfer now, not in a run; returns the
-    handshake cost per pair: the first decode call minus a second one of the same size (the
-    handshake precedes decode admission, so it is not in the pull's own time)."""
-    ids = _Ids(vocab)
-    out = []
-    for p, d in itertools.product(prefill, decode):
-        first = _pd(p, d, *ids(tokens))[2]
-        second = _pd(p, d, *ids(tokens))[2]
-        out.append(max(first - second, 0.0))
-    return out
-
-
-def check_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, timeout_s: float,
-                tokens: int = 2 * BLOCK + 1) -> list[bool | None]:
-    """Per (prefill, decode) pair, in warm_pairs' order: does a pull across it work now? One prompt
-    of two blocks prefilled and decoded to its first token with the KV pulled: True when the token
-    comes back, False when the call fails, is aborted or takes over ``timeout_s`` (a path a fault
-    broke: vLLM 0.32's NIXL fails such a pull at once or leaves it hanging), None where an engine
-    of the pair is dead (its actor gone: no path to judge, the router stops choosing it)."""
-    ids = _Ids(vocab)
-    out: list[bool | None] = []
-    for p, d in itertools.product(prefill, decode):
-        rid, prompt = ids(tokens)
-        try:
-            pre = ray.get(p.prefill.remote(rid, prompt), timeout=timeout_s)
-            dec = ray.get(d.decode.remote(rid, prompt, 1, pre.kv_transfer_params), timeout=timeout_s)
-            out.append(dec.first_token_s is not None and not dec.aborted)
-        except ray.exceptions.RayActorError:
-            out.append(None)
-        except (ray.exceptions.RayError, RuntimeError):  # includes GetTimeoutError: a hanging pull
-            out.append(False)
-    return out
-
-
-def _prefill_batch(engine: Any, decode: Any, ids: _Ids, k: int, tokens: int) -> float:
+def _prefill_batch(engine: Any, decode: Any, ids: PromptIds, k: int, tokens: int) -> float:
     """k equal prompts at once: first allocation to last return (then pulled, freeing their KV)."""
     reqs = [ids(tokens) for _ in range(k)]
     sent, back, res = _timed_prefills([engine] * k, reqs)
@@ -214,7 +128,7 @@ def _timed_prefills(engines: Sequence[Any],
     return sent, [back[r] for r in refs], ray.get(refs)
 
 
-def _decode_steps(engine: Any, ids: _Ids, batch: int, tokens: int) -> tuple[list[float], float]:
+def _decode_steps(engine: Any, ids: PromptIds, batch: int, tokens: int) -> tuple[list[float], float]:
     """Token-arrival gaps while all ``batch`` requests run together, and the median gap."""
     reqs = [ids(tokens) for _ in range(batch)]
     res = ray.get([engine.decode.remote(rid, p, DECODE_TOKENS) for rid, p in reqs])
@@ -225,6 +139,68 @@ def _decode_steps(engine: Any, ids: _Ids, batch: int, tokens: int) -> tuple[list
     hi = min(t[-1] for t in times)  # ... until the first one ends
     gaps = [float(g) for t in times for a, g in zip(t[1:], np.diff(t)) if lo < a <= hi]
     return gaps, float(np.median(gaps)) if gaps else float("nan")
+
+
+def _prefill_phase(P: Any, D: Any, ids: PromptIds, kvpt: int) -> tuple[list[list[float]], list[list[float]]]:
+    """Prefills alone and in batches, each pulled unshaped: (prefill samples, unshaped pulls)."""
+    t0 = time.monotonic()
+    prefill_samples: list[list[float]] = []
+    unshaped: list[list[float]] = []
+    for tokens in PREFILL_LENGTHS:
+        for _ in range(REPEATS):
+            pre_s, pull_s, _ = prefill_then_pull(P, D, *ids(tokens))
+            prefill_samples.append([tokens, pre_s, 1])
+            if pull_s is not None:
+                unshaped.append([kv_transfer_bytes(tokens, BLOCK, kvpt), pull_s])
+    for k, tokens in PREFILL_BATCHES:
+        prefill_samples.append([k * tokens, _prefill_batch(P, D, ids, k, tokens), k])
+    console.print(f"  calibrate: prefill and unshaped pulls ({len(prefill_samples)} + {len(unshaped)} samples) "
+                  f"in {time.monotonic() - t0:.0f} s")
+    return prefill_samples, unshaped
+
+
+def _shaped_phase(P: Any, D: Any, ids: PromptIds, kvpt: int, agent: Any, ifname: str,
+                  baseline_bps: float) -> tuple[list[list[float]], list[list[float]]]:
+    """Pulls across the prefill pod's uplink shaped to each of SHAPED's rates: (shaped pulls, the
+    first pull after each rate change), each row bytes, rate, NIXL seconds, stage seconds."""
+    shaped: list[list[float]] = []
+    first: list[list[float]] = []
+    t1 = time.monotonic()
+    for frac, blocks in SHAPED:
+        rate = frac * baseline_bps
+        ray.get(agent.apply_link.remote("calibrate", ifname, ["uplink"], rate, SHAPE_TTL_S, True))
+        try:
+            for i, b in enumerate((blocks[0],) + tuple(blocks)):
+                tokens = b * BLOCK + BLOCK // 2  # b + 1 blocks: the partial last one moves too
+                nbytes = kv_transfer_bytes(tokens, BLOCK, kvpt)
+                ideal_s = nbytes * 8 / rate  # short pulls are cheap: repeat them more
+                for _ in range(1 if i == 0 else 3 if ideal_s < 1.0 else 2 if ideal_s < 2.0 else 1):
+                    stage_s, wire_s = pull_with_wire(P, D, *ids(tokens))
+                    if stage_s is not None and wire_s is not None:
+                        (first if i == 0 else shaped).append([nbytes, rate, wire_s, stage_s])
+        finally:
+            ray.get(agent.clear.remote("calibrate"))
+    console.print(f"  calibrate: {len(shaped)} shaped pulls (+{len(first)} after a rate change) "
+                  f"in {time.monotonic() - t1:.0f} s")
+    return shaped, first
+
+
+def _decode_phase(spec: ExperimentSpec, D: Any, ids: PromptIds) -> tuple[list[list[float]], list[float]]:
+    """Decode steps at each batch size and prompt length: (samples of batch, KV tokens, step; the
+    gaps between steps)."""
+    t2 = time.monotonic()
+    decode_samples: list[list[float]] = []
+    gaps: list[float] = []
+    for tokens in DECODE_PROMPTS:
+        for b in DECODE_BATCHES:
+            if b > spec.engine.decode_max_batch:
+                continue
+            g, step = _decode_steps(D, ids, b, tokens)
+            gaps += g
+            if np.isfinite(step):
+                decode_samples.append([b, b * (tokens + DECODE_TOKENS / 2), step])
+    console.print(f"  calibrate: decode steps ({len(gaps)} gaps) in {time.monotonic() - t2:.0f} s")
+    return decode_samples, gaps
 
 
 def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], decode: Sequence[Any],
@@ -239,56 +215,13 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
                          "(a pull inside a pod crosses no link to shape)")
     kvpt = int(model_meta["kv_bytes_per_token"])
     P, D = prefill[0], decode[int(others[0])]
-    ids = _Ids(int(model_meta["vocab"]))
+    ids = PromptIds(int(model_meta["vocab"]))
     t0 = time.monotonic()
-
-    prefill_samples: list[list[float]] = []
-    unshaped: list[list[float]] = []
-    for tokens in PREFILL_LENGTHS:
-        for _ in range(REPEATS):
-            pre_s, pull_s, _ = _pd(P, D, *ids(tokens))
-            prefill_samples.append([tokens, pre_s, 1])
-            if pull_s is not None:
-                unshaped.append([kv_transfer_bytes(tokens, BLOCK, kvpt), pull_s])
-    for k, tokens in PREFILL_BATCHES:
-        prefill_samples.append([k * tokens, _prefill_batch(P, D, ids, k, tokens), k])
-    console.print(f"  calibrate: prefill and unshaped pulls ({len(prefill_samples)} + {len(unshaped)} samples) "
-                  f"in {time.monotonic() - t0:.0f} s")
-
+    prefill_samples, unshaped = _prefill_phase(P, D, ids, kvpt)
     baseline_bps = topo.fault_baseline_Bps * 8  # what the link faults shape against
     agent, ifname = pod_agents[p_pod], spec.testbed.fault_interfaces[0]
-    shaped: list[list[float]] = []  # bytes, rate, NIXL seconds, stage seconds
-    first: list[list[float]] = []  # the same, for the first pull after each rate change
-    t1 = time.monotonic()
-    for frac, blocks in SHAPED:
-        rate = frac * baseline_bps
-        ray.get(agent.apply_link.remote("calibrate", ifname, ["uplink"], rate, SHAPE_TTL_S, True))
-        try:
-            for i, b in enumerate((blocks[0],) + tuple(blocks)):
-                tokens = b * BLOCK + BLOCK // 2  # b + 1 blocks: the partial last one moves too
-                nbytes = kv_transfer_bytes(tokens, BLOCK, kvpt)
-                ideal_s = nbytes * 8 / rate  # short pulls are cheap: repeat them more
-                for _ in range(1 if i == 0 else 3 if ideal_s < 1.0 else 2 if ideal_s < 2.0 else 1):
-                    stage_s, wire_s = _pd_wire(P, D, *ids(tokens))
-                    if stage_s is not None and wire_s is not None:
-                        (first if i == 0 else shaped).append([nbytes, rate, wire_s, stage_s])
-        finally:
-            ray.get(agent.clear.remote("calibrate"))
-    console.print(f"  calibrate: {len(shaped)} shaped pulls (+{len(first)} after a rate change) "
-                  f"in {time.monotonic() - t1:.0f} s")
-
-    t2 = time.monotonic()
-    decode_samples: list[list[float]] = []
-    gaps: list[float] = []
-    for tokens in DECODE_PROMPTS:
-        for b in DECODE_BATCHES:
-            if b > spec.engine.decode_max_batch:
-                continue
-            g, step = _decode_steps(D, ids, b, tokens)
-            gaps += g
-            if np.isfinite(step):
-                decode_samples.append([b, b * (tokens + DECODE_TOKENS / 2), step])
-    console.print(f"  calibrate: decode steps ({len(gaps)} gaps) in {time.monotonic() - t2:.0f} s")
+    shaped, first = _shaped_phase(P, D, ids, kvpt, agent, ifname, baseline_bps)
+    decode_samples, gaps = _decode_phase(spec, D, ids)
 
     host = measure_host(spec, topo, prefill, decode)
     if host is not None and len(prefill) > 0:
@@ -374,7 +307,7 @@ def _quiet(spec: ExperimentSpec) -> None:
     time.sleep(worker_spin_s(spec.testbed.executor) + 0.5)
 
 
-def _prefill_all(engines: Sequence[Any], ids: _Ids) -> tuple[list[float], list[tuple[str, list[int], Any]]]:
+def _prefill_all(engines: Sequence[Any], ids: PromptIds) -> tuple[list[float], list[tuple[str, list[int], Any]]]:
     """One prompt on each engine at once: each one's seconds as the router records them, and the
     requests (id, prompt, result) whose KV is still held."""
     reqs = [ids(HOST_PROMPT) for _ in engines]
@@ -384,7 +317,7 @@ def _prefill_all(engines: Sequence[Any], ids: _Ids) -> tuple[list[float], list[t
 
 
 def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, agent: Any, ifname: str,
-                     rate_bps: float, ids: _Ids, cores: float, *, decoders: Sequence[Any] = (),
+                     rate_bps: float, ids: PromptIds, cores: float, *, decoders: Sequence[Any] = (),
                      one_host: bool = True) -> tuple[dict[str, float], list[list[float]], dict[str, float],
                                                      list[list[float]]]:
     """The host under load (module docstring): a HOST_PROMPT prompt on prefill[0] alone (1 engine
@@ -463,7 +396,7 @@ def demand_prompts(alone_s: float) -> int:
     return max(DEMAND_MIN_PROMPTS, math.ceil(DEMAND_WINDOW_SAMPLES * EngineConfig.host_sample_s / alone_s))
 
 
-def demand_window(prefill: Sequence[Any], hung: Any, decoder: Any | None, ids: _Ids, hang: Any,
+def demand_window(prefill: Sequence[Any], hung: Any, decoder: Any | None, ids: PromptIds, hang: Any,
                   decoders: Sequence[Any], one_host: bool, prompts: int = DEMAND_MIN_PROMPTS
                   ) -> tuple[list[list[float]], float]:
     """While the pull ``hang`` from prefill[0] to ``hung`` hangs (prefill[0] holds its KV, ``hung``
@@ -504,7 +437,7 @@ def _window_rates(states: list[tuple[str, Any]], every: list[Any], opened: float
                   one_host: bool) -> list[list[float]]:
     """Rows (state index, ratio) of each interval between two host samples of the engines in
     ``states`` within [opened, closed], against the first's (the computing one) nearest it
-    (core.host_model.rate_against, as a run's are rated in analysis/host_demand.py); with
+    (core.host_model.rate_against, as a run's are rated in analysis/checks/host_demand.py); with
     ``one_host`` also the machine's busy CPU beyond every engine's, as ``background``."""
     samples = ray.get([e.host_samples.remote(opened) for e in every])
     within = [np.asarray([x for x in ss if x[0] <= closed], float) for ss in samples]

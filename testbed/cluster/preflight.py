@@ -550,5 +550,6 @@ def cluster_checks(params: Params, timeout_s: float = 180.0) -> tuple[list[Check
         else:
             per_node.append(NodeChecks(f"node {r.ip} ({r.node_id[:8]})", (fail(
                 "node", f"its task failed: {r.error}", "look at the node's Ray (ray status; its logs under "
-                                                       "/tmp/ray/session_latest/logs)"),)))
+                                                       "/tmp/ray/session_latest/logs, on an emulated cluster "
+                                                       "/tmp/tb-<run id>/<node>/ray/session_latest/logs)"),)))
     return top, per_node

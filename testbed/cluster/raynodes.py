@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.files import write_json_atomic
+from core.util.files import write_json_atomic
 from testbed.machine import netns as nn
 from testbed.cluster import rayup
 from testbed.machine.netns import HEAD, Fabric, NodeLink

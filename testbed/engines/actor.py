@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 
+from core.util.logs import configure_from_env
 from testbed.engines.engine import Engine, EngineConfig, EngineError
 from testbed.engines.tiny_model import ensure_tiny_model
 from testbed.machine.procs import descendants as descendants_of
@@ -53,6 +54,8 @@ class EngineActor:
     def __init__(self, config: dict[str, Any], net_device: str | list[str] | None, build_model: bool = False) -> None:
         from ray.util import get_node_ip_address
 
+        configure_from_env()  # the driver's level (core/util/logs.py)
+
         if build_model:
             ensure_tiny_model(config["model"])
 
@@ -78,7 +81,7 @@ class EngineActor:
 
     async def describe(self) -> dict[str, Any]:
         """Who a started engine is, for a command that finds it kept by an earlier one
-        (testbed/runs/kept_engines.py): what :meth:`start` returned, without starting it."""
+        (testbed/engines/kept.py): what :meth:`start` returned, without starting it."""
         return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": 0.0}
 
     async def restart(self) -> dict[str, Any]:

@@ -91,7 +91,7 @@ class EngineConfig:
     prefill KV for 2/3 of the lease after its last heartbeat, and on the CPU
     build the prefill engine spins meanwhile (docs/reliability.md "A dead decoder's
     prefill partner").
-    `lease_s` sets the lease outright (core.spec.EngineSpec.kv_lease_s); the
+    `lease_s` sets the lease outright (core.spec.model.EngineSpec.kv_lease_s); the
     run's canaries (core/canary.py) catch what an expiry corrupts.
     """
 
@@ -102,17 +102,17 @@ class EngineConfig:
     role: Role = ROLE_BOTH
     host_ip: str = "127.0.0.1"
     net_device: str | None = None
-    # core.spec.TestbedSpec.transport: tcp (KV over net_device, host-memory buffer) or rdma
+    # core.spec.model.TestbedSpec.transport: tcp (KV over net_device, host-memory buffer) or rdma
     transport: str = "tcp"
     request_deadline_s: float = 60.0
     lease_margin_s: float = 10.0
-    # core.spec.EngineSpec.kv_lease_s: a lease set outright (a study of expiry), not derived
+    # core.spec.model.EngineSpec.kv_lease_s: a lease set outright (a study of expiry), not derived
     lease_s: int | None = None
     max_model_len: int = 4096
     kv_cache_bytes: int = 256 * MiB
     dtype: str = "bfloat16"
     omp_threads_bind: str = "nobind"
-    # core.spec.TestbedSpec.executor: "uni" runs the model in the engine core's process, as vLLM
+    # core.spec.model.TestbedSpec.executor: "uni" runs the model in the engine core's process, as vLLM
     # does for one GPU; "mp" is the CPU build's own default, a worker process fed through a
     # busy-waiting shared-memory queue (docs/reliability.md "The worker process, removed").
     executor: Executor = "uni"
@@ -126,7 +126,7 @@ class EngineConfig:
     # The idle engine core's and worker's re-check of their shared-memory queue (shm_wakeups.py);
     # None: vLLM's own (5000 ms).
     shm_recheck_ms: int | None = None
-    # After a failed read, handshake with the peer again (core.spec.TestbedSpec.nixl_rehandshake).
+    # After a failed read, handshake with the peer again (core.spec.model.TestbedSpec.nixl_rehandshake).
     nixl_rehandshake: bool = True
     # The engine's CPU and run-queue wait, sampled this often (hoststats.py): the host stalls in
     # question last 1-10 s (a deadline is 10 s), so half a second places them within a stage.
@@ -136,7 +136,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     seed: int = 0
     gpu: bool = False
-    # core.spec.TestbedSpec.enforce_eager: None follows the device (`eager`), a bool wins
+    # core.spec.model.TestbedSpec.enforce_eager: None follows the device (`eager`), a bool wins
     enforce_eager: bool | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
@@ -163,7 +163,7 @@ class EngineConfig:
     @property
     def eager(self) -> bool:
         """vLLM's enforce_eager for this engine: eager on vLLM's CPU build, CUDA graphs (vLLM's own
-        default) on a GPU, unless `enforce_eager` says otherwise (why: core.spec.TestbedSpec.enforce_eager)."""
+        default) on a GPU, unless `enforce_eager` says otherwise (why: core.spec.model.TestbedSpec.enforce_eager)."""
         return (not self.gpu) if self.enforce_eager is None else self.enforce_eager
 
     @property

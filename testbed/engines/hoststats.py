@@ -13,7 +13,7 @@ report tell the two apart, every engine samples, on its own node:
 * the node's CPU pressure (``/proc/pressure/cpu`` "some" total: time in which at least one runnable
   task waited for a CPU, Documentation/accounting/psi.rst), busy and stolen CPU time (``/proc/stat``).
 
-All counters are cumulative seconds; analysis/host.py turns them into per-request shares.
+All counters are cumulative seconds; analysis/run/host_stall.py turns them into per-request shares.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
 
+from core.util.logs import configure_from_env
+
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ TTL_TICK_S = 0.2
 class FaultAgentActor:
     def __init__(self, node: str, allowlist: Sequence[str]) -> None:
         from ray.util import get_node_ip_address
+
+        configure_from_env()  # the driver's level (core/util/logs.py)
 
         from testbed.faults.agent import FaultAgent
 

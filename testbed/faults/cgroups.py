@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.files import write_json_atomic
+from core.util.files import write_json_atomic
 from testbed.machine.procs import ppid
 from testbed.faults.compute_common import ComputeFaultError
 

@@ -40,9 +40,13 @@ from core.run import FaultRow, RunContext
 from faults.schedule import FaultStep, ScheduledEvent
 from faults.spec import EngineFault, LinkFault
 from faults.telemetry import probe_offered_bps, probe_window_s
-from vocab import FAULT_COMPUTE, FAULT_ENGINE
+from vocab import FAULT_COMPUTE, FAULT_ENGINE, FAULT_LINK
 
 log = logging.getLogger(__name__)
+
+# The kinds of fault this injector acts on (a step's links and speeds; an engine fault's kills). A kind
+# of the fault model not listed here is refused before any engine starts (testbed/runs/jobs.py).
+INJECTED_KINDS = (FAULT_LINK, FAULT_COMPUTE, FAULT_ENGINE)
 
 CLEARED_IF_ABOVE = 1.5  # a probe at 2x the removed limit that gets 1.5x through: the limit is gone
 

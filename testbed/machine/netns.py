@@ -42,7 +42,7 @@ from typing import Any
 from pyroute2 import IPRoute
 from pyroute2 import netns as _pr_netns
 
-from core.files import write_json_atomic
+from core.util.files import write_json_atomic
 
 NETNS_DIR = Path("/run/netns")
 DEFAULT_SUBNET = "10.77.0.0/24"

@@ -26,7 +26,8 @@ from core.canary import Reference
 from core.canary import summary as canary_summary
 from core.records import DEAD_PULL_WATCH_S, HostRecord
 from core.run import RunContext
-from core.spec import ExperimentSpec
+from core.spec.model import ExperimentSpec
+from core.util.logs import configure_from_env
 from core.topology import Topology
 from core.view import Capacity
 from testbed.faults.injector import FaultInjector, PodTargets
@@ -61,6 +62,7 @@ class RouterActor:
                  meta: dict[str, Any], prefill: list[Any], decode: list[Any], topo: Topology, capacity: Capacity,
                  vocab: int, kv_bytes_per_token: int, fault_targets: FaultTargets | None = None,
                  engine_names: list[str] | None = None, canaries: dict[int, Reference] | None = None) -> None:
+        configure_from_env()  # the driver's level (core/util/logs.py)
         # the spec object the driver was handed (validated once, by the command line; Ray pickles it)
         self.spec = spec
         self.ctx = RunContext(spec, "testbed", policy, seed, out, topo, workload_summary, capacity, meta, flush_s=1.0)

@@ -57,6 +57,7 @@ from core.run import RunContext
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
 from testbed.engines.engine import TokenSink  # (engine.py imports vLLM only when an engine starts)
+from testbed.engines.prompts import CPU_BLOCK_TOKENS, prompt_ids
 from testbed.engines.stagelog import PULL_ENDS
 from vocab import (CORRUPT, DECODE, DECODE_QUEUE, ERROR, KV_TRANSFER, OK, PREFILL, PREFILL_QUEUE, PULL_DONE,
                    PULL_FAILED, PULL_UNSEEN, REJECTED, ROLE_DECODE, ROLE_PREFILL, TIMEOUT)
@@ -65,9 +66,6 @@ log = logging.getLogger(__name__)
 
 # After an abort the engine call returns within a step or two; this bounds the wait.
 ABORT_GRACE_S = 30.0
-# vLLM's CPU build stores KV in blocks of 128 tokens; NIXL pulls whole blocks (docs/verified.md
-# "KV cache blocks of 128 tokens").
-CPU_BLOCK_TOKENS = 128
 # How often the router asks a decode engine whether a dead pull (see _watch_dead_pull) has ended:
 # its end is then known to this much, a small fraction of the throttled pulls' tens of seconds.
 DEAD_PULL_POLL_S = 0.5
@@ -124,12 +122,6 @@ class RayEngine:
 
     async def host_samples(self, since_wall: float) -> list[tuple[float, ...]]:
         return await self.handle.host_samples.remote(since_wall)
-
-
-def prompt_ids(request_id: int, n_tokens: int, vocab: int, salt: int = 0) -> list[int]:
-    """Deterministic prompt tokens for a request (ids 4.. avoid special tokens)."""
-    rng = np.random.default_rng([salt, request_id])
-    return (4 + rng.integers(0, vocab - 4, n_tokens)).tolist()
 
 
 def _with_call_log(where: Mapping[str, float], res: Any) -> dict[str, float]:
@@ -385,42 +377,52 @@ class RequestFlow:
                     return TIMEOUT, self._watch_dead_pull(t, d_eng, rid, arrived, aborted, limit,
                                                             dict(res.stages) if res is not None else {})
                 return TIMEOUT, None
-            arrived = self.calls.arrived(calling, sent, res)
-            offsets = dict(res.stages)
-            if "alloc_remote" not in offsets:
-                self.unseparated += 1
-                offsets["alloc_remote"] = 0.0
-            self._mark_decode(t, arrived, offsets, math.inf)
-            if res.first_token_s is not None:
-                t.first_token_s = arrived + (res.first_token_s - res.submitted_s)
-                if t.stage == KV_TRANSFER:  # no pull end reported: the first token is the first evidence
-                    t.enter(DECODE, t.first_token_s)
-            if res.aborted or res.first_token_s is None:
-                return ERROR, None
-            self.calls.returned(ROLE_DECODE, arrived, res, self.clock())
-            ref = self.canaries.get(t.request_id)
-            if ref is not None:
-                v = self.canary_verdicts[t.request_id] = verdict(ref, res.token_ids)
-                if v.verdict == CORRUPT:  # the canary verdict (core/canary.py)
-                    log.warning("request %s: corrupt output (token %d differs, reference gap %.2f nats)",
-                                rid, v.position, v.gap)
-                    return CORRUPT, None
-            return OK, None
+            return self._decoded(t, rid, res, self.calls.arrived(calling, sent, res)), None
         except Exception as e:  # an engine died or a call failed: an error in the stage it was in
-            log.warning("request %s failed: %s", rid, e)
-            if self.on_engine_error is not None:
-                self.on_engine_error(*calling, e)
-            # Where it was: the stage log of an engine whose core died is still read by its actor (a
-            # dead actor answers nothing, and the stage stays the one the router saw, a queue).
-            failed_at = self.clock()
-            where = await self._where(p_eng if calling[0] == ROLE_PREFILL else d_eng, rid)
-            if calling[0] == ROLE_PREFILL:
-                started = _at(sent, where, "alloc", failed_at)
-                if started is not None and t.stage == PREFILL_QUEUE:
-                    t.enter(PREFILL, started)
-            elif t.stage == DECODE_QUEUE:
-                self._mark_decode(t, sent, where, failed_at)
+            await self._engine_failed(t, rid, e, calling, sent, p_eng if calling[0] == ROLE_PREFILL else d_eng)
             return ERROR, None
+
+    def _decoded(self, t: Ticket, rid: str, res: Any, arrived: float) -> str:
+        """A decode call that returned in time, marked on the ticket: its outcome (an aborted call
+        or one without a first token is an error; a canary decoded from other KV, corrupt)."""
+        offsets = dict(res.stages)
+        if "alloc_remote" not in offsets:
+            self.unseparated += 1
+            offsets["alloc_remote"] = 0.0
+        self._mark_decode(t, arrived, offsets, math.inf)
+        if res.first_token_s is not None:
+            t.first_token_s = arrived + (res.first_token_s - res.submitted_s)
+            if t.stage == KV_TRANSFER:  # no pull end reported: the first token is the first evidence
+                t.enter(DECODE, t.first_token_s)
+        if res.aborted or res.first_token_s is None:
+            return ERROR
+        self.calls.returned(ROLE_DECODE, arrived, res, self.clock())
+        ref = self.canaries.get(t.request_id)
+        if ref is not None:
+            v = self.canary_verdicts[t.request_id] = verdict(ref, res.token_ids)
+            if v.verdict == CORRUPT:  # the canary verdict (core/canary.py)
+                log.warning("request %s: corrupt output (token %d differs, reference gap %.2f nats)",
+                            rid, v.position, v.gap)
+                return CORRUPT
+        return OK
+
+    async def _engine_failed(self, t: Ticket, rid: str, e: Exception, calling: tuple[str, int], sent: float,
+                             engine: Any) -> None:
+        """A call on ``engine`` raised (it died, or the call failed): the router told, and the ticket
+        marked in the stage the engine's log says it was in."""
+        log.warning("request %s failed: %s", rid, e)
+        if self.on_engine_error is not None:
+            self.on_engine_error(*calling, e)
+        # Where it was: the stage log of an engine whose core died is still read by its actor (a
+        # dead actor answers nothing, and the stage stays the one the router saw, a queue).
+        failed_at = self.clock()
+        where = await self._where(engine, rid)
+        if calling[0] == ROLE_PREFILL:
+            started = _at(sent, where, "alloc", failed_at)
+            if started is not None and t.stage == PREFILL_QUEUE:
+                t.enter(PREFILL, started)
+        elif t.stage == DECODE_QUEUE:
+            self._mark_decode(t, sent, where, failed_at)
 
     def _watch(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

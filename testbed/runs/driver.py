@@ -7,7 +7,7 @@ The jobs are the launcher's (testbed/runs/jobs.py): each spec as the command lin
 its policies and seeds, and each seed's workload as the launcher generated it; none is parsed
 or generated again here, and each router actor gets the spec object itself. Connected to Ray (``RAY_ADDRESS``), it finds the pods among the nodes' resources
 (:func:`testbed.runs.pods.discover_pods`; a spec bigger than the cluster is refused, saying what was
-found), starts every engine in parallel (testbed/runs/engines.py: one actor per topology worker,
+found), starts every engine in parallel (testbed/engines/pool.py: one actor per topology worker,
 prefill or decode as the topology places it), checks once that KV pulled across pods
 decodes like a single engine (the probe, recorded in ``testbed.json``), makes
 every engine pair's first NIXL transfer, calibrates if asked
@@ -38,18 +38,19 @@ from workloads.generate import Workload
 
 from core.canary import Reference, canary_ids
 from core.experiment import run_dir_for, testbed_capacity
-from core.files import write_json_atomic
-from core.spec import ExperimentSpec
-from core.calibration import Calibration, load_calibration, save_calibration
-from core.logs import configure_from_env
+from core.util.files import write_json_atomic
+from core.spec.model import ExperimentSpec
+from core.calibration.fit import Calibration, load_calibration, save_calibration
+from core.util.logs import child_env, configure_from_env
 from testbed.router.actor import FaultTargets, RouterActor
-from testbed.calibration.calibrate import calibrate, warm_pairs
+from testbed.calibration.calibrate import calibrate
+from testbed.engines.pairs import warm_pairs
 from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
-from testbed.router.flow import prompt_ids
+from testbed.engines.prompts import prompt_ids
 from testbed.runs.jobs import RunJob, read_jobs
-from testbed.runs import kept_engines
-from testbed.runs.engines import ENGINE_THREADS, Engines
+from testbed.engines import kept
+from testbed.engines.pool import ENGINE_THREADS, Engines, EnginesNotStarted
 from testbed.runs.pods import discover_pods
 from vocab import CLUSTER_MODES, MODE_CLUSTER, MODE_LOCAL
 
@@ -75,7 +76,7 @@ def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -
 
 def run_calibration(cal: Calibration, path: str, measured_here: bool) -> dict[str, Any]:
     """What a run's run.json says of its engines' calibration: where it is, whether it was measured
-    on these very engines just before, and the engine speeds (analysis/host.py marks a request
+    on these very engines just before, and the engine speeds (analysis/run/host_stall.py marks a request
     host-stalled against them, not against the spec's nominal engine)."""
     return {"path": str(path), "created": cal.created, "measured_here": measured_here,
             "engine": cal.engine.model_dump(mode="json")}
@@ -262,7 +263,7 @@ def _cluster_pss(run_id: str | None) -> int | None:
     return EmulatedCluster.attach(None, run_id).status().pss_bytes
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed.runs.driver")
     ap.add_argument("--jobs", required=True,
                     help="the launcher's jobs file (testbed/runs/jobs.py); every job shares the first one's engines")
@@ -279,9 +280,80 @@ def main(argv: list[str] | None = None) -> int:
                                                           "until SIGINT, instead of the workloads")
     ap.add_argument("--keep-engines", action="store_true",
                     help="reuse the engines an earlier --keep-engines command kept on this cluster where this spec "
-                         "makes the same ones, and keep the engines up at the end (testbed/runs/kept_engines.py)")
-    args = ap.parse_args(argv)
-    configure_from_env()  # the level `testbed -v/-q` chose (core/logs.py)
+                         "makes the same ones, and keep the engines up at the end (testbed/engines/kept.py)")
+    return ap
+
+
+def _cluster_refusal(spec0: Any, keep_engines: bool) -> str | None:
+    """Why the cluster cannot take this command's engines (one line), before any starts; None if it can."""
+    try:
+        pods = discover_pods(spec0)
+    except ValueError as e:
+        return str(e)
+    console.print(f"{len(pods)} pods: " + ", ".join(f"pod{i}@{p['ip']}" for i, p in pods.items()))
+    if not keep_engines and (held := kept.list_kept()):
+        # they hold the pods' resources: new engines would wait for them until their start timed out
+        return (f"{len(held)} engines kept by an earlier --keep-engines command hold the pods: pass "
+                "--keep-engines to use them, or stop them first (testbed cluster stop-engines --address ADDR)")
+    return None
+
+
+def _start(engines: Engines, spec0: Any, summary: dict[str, Any], model_meta: dict[str, Any],
+           cluster_run_id: str | None) -> None:
+    """The engines started, or reused and made as clean as new ones."""
+    t0 = time.monotonic()
+    started = engines.start(spec0.testbed.engine_start_timeout_s)
+    summary["engines_ready_s"] = time.monotonic() - t0
+    summary["engines"] = started
+    summary["engines_reused"] = engines.reused
+    summary["pss_bytes_ready"] = _cluster_pss(cluster_run_id)
+    console.print(f"{len(started)} engines {'reused (kept by an earlier command)' if engines.reused else 'ready'} "
+                  f"in {summary['engines_ready_s']:.0f} s: " + ", ".join(f"{s['name']}@{s['host_ip']}" for s in started))
+    if engines.reused:  # clean as new ones: nothing held or cached from the last command's runs, every
+        # pair's KV path working (a link down in the last command can have broken them) before the probe
+        summary["reused_start"] = engines.quiesce(engines.lease_s)
+        summary["reused_start"]["kv_paths"] = kv_paths_or_restart(spec0, engines, model_meta["vocab"])
+
+
+def _prove(engines: Engines, spec0: Any, summary: dict[str, Any], model_meta: dict[str, Any],
+           agents: FaultAgents | None) -> None:
+    """Every pair's KV path proven: the PD probe, its bytes on the KV interface, and each pair's
+    first NIXL handshake made now."""
+    counter = kv_path_counter(engines, agents)
+    before = counter[1]() if counter else 0
+    summary["pd_probe"] = probe = engines.probe(model_meta["vocab"])
+    console.print(f"KV transfer probe ({engines.names[0]} -> {engines.names[-1]}): {probe['verdict']}, "
+                  f"{probe['external_prefix_cache_hits']} external prefix-cache hits")
+    if counter:
+        ifname, tx = counter
+        summary["kv_path"] = kv_path_verdict(spec0, probe["prompt_tokens"] * model_meta["kv_bytes_per_token"],
+                                              tx() - before, ifname)
+    # Every pair's first NIXL transfer carries a handshake (1-2 s: docs/verified.md "The
+    # handshake"): make it now, so no run pays it and the simulator need not model it.
+    summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"])
+    console.print(f"{len(handshake)} engine pairs warmed up (first NIXL handshake "
+                  f"{np.median(handshake) if handshake else float('nan'):.2f} s median)")
+
+
+def _calibration(args: argparse.Namespace, engines: Engines, spec0: Any, agents: FaultAgents | None,
+                 model_meta: dict[str, Any], summary: dict[str, Any]) -> None:
+    """The engines' calibration: measured now (--calibrate) or the one given (--calibration), recorded in each run."""
+    if args.calibrate:
+        t1 = time.monotonic()
+        cal = calibrate(spec0, engines.topo, engines.prefill, engines.decode, agents.pods,
+                        {**model_meta, "model": args.model}, summary["handshake_s"])
+        save_calibration(cal, args.calibrate)
+        summary["calibration"] = {"path": args.calibrate, "measure_s": time.monotonic() - t1}
+        console.print(f"calibrated in {time.monotonic() - t1:.0f} s -> {args.calibrate}")
+        engines.calibration = run_calibration(cal, args.calibrate, measured_here=True)
+    elif args.calibration:
+        engines.calibration = run_calibration(load_calibration(args.calibration), args.calibration,
+                                              measured_here=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_from_env()  # the level `testbed -v/-q` chose (core/util/logs.py)
     # SIGTERM from `testbed run` (or a CI timeout) unwinds like Ctrl-C: runs are closed as interrupted.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # `testbed run` stops its driver with SIGINT: it must act on it even where it was started with
@@ -292,19 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     model_meta = json.loads(args.model_meta)
     if any(job.spec.faults for job in jobs) and args.mode == MODE_LOCAL:
         raise SystemExit("testbed driver: faults need the netns mode (root): local mode has no links to shape")
-    ray.init(log_to_driver=False)
-    try:
-        pods = discover_pods(spec0)
-    except ValueError as e:  # before anything started: one line, nothing to tear down
-        print(f"testbed: error: {e}", file=sys.stderr)  # not rich: it would wrap the line
-        ray.shutdown()
-        return 2
-    console.print(f"{len(pods)} pods: " + ", ".join(f"pod{i}@{p['ip']}" for i, p in pods.items()))
-    if not args.keep_engines and (kept := kept_engines.list_kept()):
-        # they hold the pods' resources: new engines would wait for them until their start timed out
-        print(f"testbed: error: {len(kept)} engines kept by an earlier --keep-engines command hold the pods: pass "
-              "--keep-engines to use them, or stop them first (testbed cluster stop-engines --address ADDR)",
-              file=sys.stderr)
+    ray.init(log_to_driver=False, runtime_env={"env_vars": child_env()})  # the actors log at our level
+    if (why := _cluster_refusal(spec0, args.keep_engines)) is not None:  # before anything started: one line
+        print(f"testbed: error: {why}", file=sys.stderr)  # not rich: it would wrap the line
         ray.shutdown()
         return 2
     # On a cluster the nodes may not share the driver's disk: each engine builds the tiny model itself.
@@ -315,50 +377,19 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
                                "placement": spec0.topology.placement, "model": args.model, **model_meta}
     try:
-        t0 = time.monotonic()
-        started = engines.start(spec0.testbed.engine_start_timeout_s)
-        summary["engines_ready_s"] = time.monotonic() - t0
-        summary["engines"] = started
-        summary["engines_reused"] = engines.reused
-        summary["pss_bytes_ready"] = _cluster_pss(args.cluster_run_id)
-        console.print(f"{len(started)} engines {'reused (kept by an earlier command)' if engines.reused else 'ready'} "
-                      f"in {summary['engines_ready_s']:.0f} s: "
-                      + ", ".join(f"{s['name']}@{s['host_ip']}" for s in started))
-        if engines.reused:  # clean as new ones: nothing held or cached from the last command's runs, every
-            # pair's KV path working (a link down in the last command can have broken them) before the probe
-            summary["reused_start"] = engines.quiesce(engines.lease_s)
-            summary["reused_start"]["kv_paths"] = kv_paths_or_restart(spec0, engines, model_meta["vocab"])
-        targets = None
+        try:
+            _start(engines, spec0, summary, model_meta, args.cluster_run_id)
+        except EnginesNotStarted as e:  # one line, not a traceback; the engines' logs say why
+            print(f"testbed: error: {e}", file=sys.stderr)
+            return 2
         if args.mode != MODE_LOCAL:  # every node's agent: the KV check below reads its counters
             agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
             console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
-        counter = kv_path_counter(engines, agents)
-        before = counter[1]() if counter else 0
-        summary["pd_probe"] = probe = engines.probe(model_meta["vocab"])
-        console.print(f"KV transfer probe ({engines.names[0]} -> {engines.names[-1]}): {probe['verdict']}, "
-                      f"{probe['external_prefix_cache_hits']} external prefix-cache hits")
-        if counter:
-            ifname, tx = counter
-            summary["kv_path"] = kv_path_verdict(spec0, probe["prompt_tokens"] * model_meta["kv_bytes_per_token"],
-                                                  tx() - before, ifname)
-        # Every pair's first NIXL transfer carries a handshake (1-2 s: docs/verified.md "The
-        # handshake"): make it now, so no run pays it and the simulator need not model it.
-        summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"])
-        console.print(f"{len(handshake)} engine pairs warmed up (first NIXL handshake "
-                      f"{np.median(handshake) if handshake else float('nan'):.2f} s median)")
+        _prove(engines, spec0, summary, model_meta, agents)
+        targets = None
         if agents is not None and (any(job.spec.faults for job in jobs) or args.calibrate):
             targets = fault_targets(spec0, agents, engines)
-        if args.calibrate:
-            t1 = time.monotonic()
-            cal = calibrate(spec0, engines.topo, engines.prefill, engines.decode, agents.pods,
-                            {**model_meta, "model": args.model}, handshake)
-            save_calibration(cal, args.calibrate)
-            summary["calibration"] = {"path": args.calibrate, "measure_s": time.monotonic() - t1}
-            console.print(f"calibrated in {time.monotonic() - t1:.0f} s -> {args.calibrate}")
-            engines.calibration = run_calibration(cal, args.calibrate, measured_here=True)
-        elif args.calibration:
-            engines.calibration = run_calibration(load_calibration(args.calibration), args.calibration,
-                                                  measured_here=False)
+        _calibration(args, engines, spec0, agents, model_meta, summary)
         if args.serve:
             job = jobs[0]
             serve_one(job.spec, job.policies[0], job.seeds[0], Path(args.out), engines, model_meta, args.model, build_model,

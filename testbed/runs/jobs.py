@@ -1,6 +1,6 @@
 """A testbed run's jobs as the launcher hands them to the driver: a spec travels once.
 
-The command line validates the spec (core.spec); the launcher (launch.py) generates each
+The command line validates the spec (core.spec.model); the launcher (launch.py) generates each
 seed's workload once, from the seed's workload stream (core.experiment.seeded_workload, as the
 simulator does), and checks it against the engines' context before anything starts; the
 driver (driver.py, in the head's namespace) reads the jobs back from one file and hands the
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.experiment import seeded_workload
-from core.spec import ExperimentSpec
+from core.spec.model import ExperimentSpec
+from testbed.faults.injector import INJECTED_KINDS
 from workloads.generate import Workload
 
 # What the command line asks for: a spec, its policies and its seeds.
@@ -49,9 +50,13 @@ def check_workload(wl: Workload, spec: ExperimentSpec) -> None:
 
 def prepare_jobs(jobs: Sequence[Job], serve: bool = False) -> list[RunJob]:
     """Each job with its seeds' workloads, generated once and checked (ValueError on one the
-    engines cannot serve); serving, no workload."""
+    engines cannot serve, or on a kind of fault the testbed does not inject); serving, no workload."""
     out = []
     for spec, policies, seeds in jobs:
+        if foreign := [(i, f.kind) for i, f in enumerate(spec.faults) if f.kind not in INJECTED_KINDS]:
+            i, kind = foreign[0]
+            raise ValueError(f"{spec.name}: faults[{i}] is a {kind!r} fault, which the testbed does not inject "
+                             f"(it injects {', '.join(INJECTED_KINDS)}: testbed/faults/injector.py)")
         workloads = {}
         for seed in [] if serve else seeds:
             workloads[seed] = wl = seeded_workload(spec, seed)

@@ -23,9 +23,9 @@ from rich.console import Console
 
 from testbed.faults.shaping import netem_missing
 
-from core.calibration import calibration_load
-from core.spec import ExperimentSpec
-from core.sizes import available_memory_bytes
+from core.calibration.fit import calibration_load
+from core.spec.model import ExperimentSpec
+from core.spec.sizes import available_memory_bytes
 from testbed.machine.cache_dirs import model_cache_dir
 from testbed.machine.netns import missing_privileges
 from testbed.router.flow import ABORT_GRACE_S
@@ -136,11 +136,11 @@ def run_testbed(spec: ExperimentSpec, out: Path, policies: list[str], seeds: lis
     ``address``: on that Ray cluster (pods from its nodes' resources) instead of an emulated
     cluster brought up and down for the run. ``serve``: one policy and seed serve outside
     clients through the ingress instead of the workload, until Ctrl-C (a normal end). ``load_to``:
-    first of all (after the calibration), the calibration load (core/calibration.py
+    first of all (after the calibration), the calibration load (core/calibration/fit.py
     ``calibration_load``) into that folder, which a calibration under the run's conditions is
-    fitted on (analysis/calibration_fit.py). ``keep_engines``: on the cluster at ``address``, reuse
+    fitted on (analysis/checks/refit.py). ``keep_engines``: on the cluster at ``address``, reuse
     the engines an earlier such command kept where they are this spec's, and keep them up after
-    (testbed/runs/kept_engines.py)."""
+    (testbed/engines/kept.py)."""
     jobs = [(spec, policies, seeds), *more]
     # Each workload generated once, here, and refused before minutes go into starting engines
     # that cannot serve it; the driver runs these very workloads (testbed/runs/jobs.py).

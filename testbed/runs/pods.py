@@ -6,7 +6,7 @@ from typing import Any
 
 import ray
 
-from core.spec import ExperimentSpec
+from core.spec.model import ExperimentSpec
 from vocab import FAULT_LINK
 
 

@@ -1,0 +1,1 @@
+"""Helpers of every floor: whole-file writes, one-line errors, the project's log."""
