@@ -28,7 +28,7 @@ from typing import TypeVar
 import numpy as np
 from scipy import stats
 
-from analysis.rule.verdict import ALPHA, EPS, FAIL, MIN_SEEDS, PASS, UNDECIDED, Prior, NO_PRIOR
+from analysis.rule.verdict import ALPHA, EPS, FAIL, MIN_SEEDS, PASS, UNDECIDED, Prior, NO_PRIOR, pooled_sd
 
 T = TypeVar("T")
 
@@ -86,15 +86,12 @@ def simulate(looks: Sequence[int], sigma: float, lo: float, hi: float, delta: fl
     open_ = np.ones(reps, dtype=bool)
     verdict = np.full(reps, UNDECIDED, dtype=object)
     used = np.full(reps, float(n_max))
-    d0 = prior.df if prior.known else 0.0
-    s0 = prior.sigma ** 2 if prior.known else 0.0
     for n in looks:
         m = x[:, :n].mean(axis=1)
         s2 = x[:, :n].var(axis=1, ddof=1) if n > 1 else np.zeros(reps)
-        df = d0 + n - 1
-        sd = np.sqrt((d0 * s0 + (n - 1) * s2) / df)
-        half = float(stats.t.ppf(1.0 - level, df)) * sd / np.sqrt(n)
-        ok = half > EPS
+        sd, df = pooled_sd(s2, n, prior)  # the rule's own pooling, one per simulated study
+        half = float(stats.t.ppf(1.0 - level, df)) * sd / np.sqrt(n) if df > 0 else np.full(reps, np.nan)
+        ok = half > EPS  # the rule's comparisons at the bounds (analysis/rule/verdict.py inside)
         passed = ok & (m - half >= lo - EPS) & (m + half <= hi + EPS)
         failed = ok & ((m + half < lo - EPS) | (m - half > hi + EPS))
         for mask, v in ((passed, PASS), (failed, FAIL)):

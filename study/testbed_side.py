@@ -31,7 +31,8 @@ from typing import Any
 
 from rich.console import Console
 
-from study.claims import CLAIMS_FIXED, REPEAT, TESTBED, fixed_record
+from study.claims import CLAIMS_FIXED, REPEAT, fixed_record
+from vocab import TESTBED
 from study.grid import STUDY_FILE, Cell, distinct_runs
 from study.cells import write_cell, write_index
 

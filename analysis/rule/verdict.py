@@ -176,15 +176,16 @@ class Interval:
         return not self.why_not
 
 
-def pooled_sd(s2: float, n: int, prior: Prior = NO_PRIOR) -> tuple[float, float]:
+def pooled_sd(s2: float | np.ndarray, n: int, prior: Prior = NO_PRIOR) -> tuple[float | np.ndarray, float]:
     """(s_p, df) of the seeds' sample variance ``s2`` over ``n`` seeds moderated by ``prior`` (module
-    docstring); (NaN, 0) with no degrees of freedom at all."""
+    docstring); (NaN, 0) with no degrees of freedom at all. ``s2`` may be an array of many studies'
+    variances (study/looks.py simulates designs with it): s_p is then one per study."""
     d0 = prior.df if prior.known else 0.0
     df = d0 + n - 1
     if df <= 0:
-        return math.nan, 0.0
+        return (math.nan if np.ndim(s2) == 0 else np.full(np.shape(s2), math.nan)), 0.0
     v = ((d0 * prior.sigma ** 2 if d0 else 0.0) + (n - 1) * (s2 if n > 1 else 0.0)) / df
-    return math.sqrt(v), df
+    return (math.sqrt(v) if np.ndim(v) == 0 else np.sqrt(v)), df
 
 
 def half_width(sd: float, n: int, df: float, common: Spread = NO_SPREAD, alpha: float = ALPHA) -> tuple[float, float]:
