@@ -230,6 +230,7 @@ def _analysis_commands(sub: Any) -> None:
     p = sub.add_parser("policies", help="list the known policies")
     p.set_defaults(fn=cmd_policies)
 
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed", description="Reliability-aware routing for PD-disaggregated LLM serving")
     sub = ap.add_subparsers(dest="cmd", required=True)

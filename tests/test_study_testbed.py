@@ -253,37 +253,47 @@ def test_the_simulators_side_again_under_another_calibration_judges_the_same_tes
     assert not (bare / spec.name / "claims").exists() and len(load_study(bare / spec.name / "sim")) == 8
 
 
-def test_a_study_with_looks_runs_later_seeds_only_for_the_claims_still_undecided(tmp_path, monkeypatch):
-    """A group-sequential design (study/looks.py) through `testbed study --world both`: look 1 runs
-    seeds 0, 1 for every cell; a claim with a wide margin is decided there; look 2 runs seeds 2, 3 only
-    for the cells of the claim still undecided (its margin below what four seeds can show), in both
-    worlds; claims.csv says which look judged each."""
+SAME_LATENCY = {"name": "same-latency", "metric": "ttft_p50_s", "policy": "OTF-R", "at": {"sweep": "severe"},
+                "vs": {"policy": "LC"}, "direction": "none", "margin": 10.0}
+NO_TELEMETRY_NO_CHANGE = {"name": "no-telemetry-no-change", "metric": "failure_rate", "policy": "OTF-R",
+                          "at": {"sweep": "telemetry"}, "vs": {"policy": "LC"}, "direction": "none", "margin": 0.001}
+
+
+def _looks_study(tmp_path, monkeypatch, claims: list[dict]) -> tuple[dict, "FakeLaunch", Path, list[str]]:
+    """The test spec with looks at 2 and 4 of seeds 0-3 and ``claims``, the launcher stood in, a
+    calibration given: (the spec's data, the stand-in, the out folder, the command's arguments)."""
     import json
 
-    import pandas as pd
     import yaml
 
-    from cli.main import main
     from core.calibration.fit import save_calibration
     from test_calibration import _calibration
 
     data = json.loads(_spec().model_dump_json())
     data["study"]["seeds"], data["study"]["looks"] = [0, 1, 2, 3], [2, 4]
-    # decided at look 1: OTF-R's and LC's latency are one in these short runs, in either world, well
-    # inside 10 s (the repeat is judged against that margin: another metric than the other claim's)
-    data["study"]["claims"] = [
-        {"name": "same-latency", "metric": "ttft_p50_s", "policy": "OTF-R", "at": {"sweep": "severe"},
-         "vs": {"policy": "LC"}, "direction": "none", "margin": 10.0},
-        # undecided at every look: no failure either way, and four seeds cannot show 0.001
-        {"name": "no-telemetry-no-change", "metric": "failure_rate", "policy": "OTF-R",
-         "at": {"sweep": "telemetry"}, "vs": {"policy": "LC"}, "direction": "none", "margin": 0.001}]
+    data["study"]["claims"] = claims
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(data))
     launch = FakeLaunch()
     monkeypatch.setattr("testbed.runs.launch.launch_jobs", launch)
     cal = save_calibration(_calibration(), tmp_path / "cal.json")
     out = tmp_path / "runs"
-    args = ["study", str(path), "--world", "both", "--out", str(out), "--calibration", str(cal)]
+    return data, launch, out, ["study", str(path), "--world", "both", "--out", str(out), "--calibration", str(cal)]
+
+
+def test_a_study_with_looks_runs_later_seeds_only_for_the_claims_still_undecided(tmp_path, monkeypatch):
+    """A group-sequential design (study/looks.py) through `testbed study --world both`: look 1 runs
+    seeds 0, 1 for every cell; a claim with a wide margin is decided there; look 2 runs seeds 2, 3 only
+    for the cells of the claim still undecided (its margin below what four seeds can show), in both
+    worlds; claims.csv says which look judged each."""
+    import pandas as pd
+
+    from cli.main import main
+
+    # decided at look 1: OTF-R's and LC's latency are one in these short runs, in either world, well
+    # inside 10 s (the repeat is judged against that margin: another metric than the other claim's);
+    # undecided at every look: no failure either way, and four seeds cannot show 0.001
+    data, launch, out, args = _looks_study(tmp_path, monkeypatch, [SAME_LATENCY, NO_TELEMETRY_NO_CHANGE])
     assert main(args) == 0
     first, second = launch.calls
     assert {s for j in first["jobs"] for s in j.seeds} == {0, 1}
@@ -305,30 +315,16 @@ def test_a_study_with_looks_runs_later_seeds_only_for_the_claims_still_undecided
 
 def test_a_study_whose_claims_all_decide_at_look_1_stops_there_and_shows_its_report_once(tmp_path, monkeypatch,
                                                                                          capsys):
-    import json
     import io
 
-    import yaml
     from rich.console import Console
 
     from cli.main import main
-    from core.calibration.fit import save_calibration
     from study.claims import carryover_report
-    from test_calibration import _calibration
 
-    data = json.loads(_spec().model_dump_json())
-    data["study"]["seeds"], data["study"]["looks"] = [0, 1, 2, 3], [2, 4]
-    data["study"]["claims"] = [  # decided at look 1 (the test above)
-        {"name": "same-latency", "metric": "ttft_p50_s", "policy": "OTF-R", "at": {"sweep": "severe"},
-         "vs": {"policy": "LC"}, "direction": "none", "margin": 10.0}]
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(data))
-    launch = FakeLaunch()
-    monkeypatch.setattr("testbed.runs.launch.launch_jobs", launch)
-    cal = save_calibration(_calibration(), tmp_path / "cal.json")
-    out = tmp_path / "runs"
+    data, launch, out, args = _looks_study(tmp_path, monkeypatch, [SAME_LATENCY])  # decided at look 1
     capsys.readouterr()
-    assert main(["study", str(path), "--world", "both", "--out", str(out), "--calibration", str(cal)]) == 0
+    assert main(args) == 0
     printed = capsys.readouterr().out
     assert len(launch.calls) == 1  # no seed of look 2 ran
     once = Console(file=io.StringIO(), record=True, width=200)
