@@ -6,7 +6,7 @@ Builds a throwaway fabric (head + 2 pods, veth links to a bridge), runs one TCP
 stream from pod0 to pod1 and, per rate, shapes pod0's uplink (egress ``htb``)
 then pod1's downlink (ingress via ``ifb``) through a :class:`testbed.faults.agent.FaultAgent`.
 Prints per rate and direction: goodput over the target, the agent's own
-measurement (probe + counters) over the target, how long the apply call took,
+measurement (its paced TCP load + counters) over the target, how long the apply call took,
 when the stream's rate first fell under twice the limit (50 ms bins), and how
 long after clearing the stream was back above ten times the limit. The fabric
 is removed at the end, also on error or Ctrl-C.
@@ -15,18 +15,23 @@ is removed at the end, also on error or Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from testbed.faults.agent import FaultAgent
+from testbed.faults.load import Sink, fill
 from testbed.faults.shaping import KV_PORT_BASE
 from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns
 from faults.telemetry import probe_window_s
-from traffic import TcpStream
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the measuring stream: tests/traffic.py
+from traffic import TcpStream  # noqa: E402
 
 KV_PORT = KV_PORT_BASE + 7  # a port a kv_only fault would shape too
 
@@ -76,22 +81,27 @@ def main() -> None:
 
 
 def _measure(agent: FaultAgent, side: str, pod0, pod1, rate: float) -> float:
-    window = probe_window_s(2 * rate)  # as the testbed measures
-    if side == "uplink":
+    window = probe_window_s(2 * rate)  # as the testbed measures, its load to a sink on pod1
+    with in_netns(pod1.netns):
+        sink = Sink()
+    try:
+        if side == "uplink":
+            with in_netns(pod0.netns):
+                return agent.measure_uplink("eth0", pod1.address, sink.port, 2 * rate, window)
+        out: dict[str, float] = {}
+
+        def measure() -> None:
+            with in_netns(pod1.netns):
+                out["rate"] = agent.measure_downlink("eth0", window)
+
+        t = threading.Thread(target=measure)
+        t.start()
         with in_netns(pod0.netns):
-            return agent.measure_uplink("eth0", pod1.address, 2 * rate, window)
-    out: dict[str, float] = {}
-
-    def measure() -> None:
-        with in_netns(pod1.netns):
-            out["rate"] = agent.measure_downlink("eth0", window)
-
-    t = threading.Thread(target=measure)
-    t.start()
-    with in_netns(pod0.netns):
-        FaultAgent.blast(pod1.address, 2 * rate, window + 0.3)
-    t.join()
-    return out["rate"]
+            fill(pod1.address, sink.port, 2 * rate, window + 0.3)
+        t.join()
+        return out["rate"]
+    finally:
+        sink.close()
 
 
 if __name__ == "__main__":

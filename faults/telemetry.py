@@ -24,7 +24,6 @@ from faults.spec import TelemetrySpec
 _EPS = 1e-9
 PROBE_MIN_S = 0.4  # at least this long (a few shaper steps at any rate)
 PROBE_MAX_S = 2.0  # at a few Mbit/s the shaper's steps are this far apart
-MAX_PROBE_BPS = 2e9  # what a Python probe can offer on this kind of machine (testbed/faults/injector.py)
 # A link going down (or back up) is probed as one at the study's smallest residual factor: nothing
 # gets through a dead link either way, and the window is that of the slowest limit it shapes.
 DOWN_PROBE_FACTOR = 0.01
@@ -34,9 +33,10 @@ def probe_offered_bps(new: float, old: float, baseline_bps: float) -> float:
     """The probe's rate for a link going from residual factor ``old`` to ``new``: a new limit is
     offered 1.5x itself (enough to saturate it, little to queue behind it), a removed one twice
     itself, to show it gone; a link going down or coming up (0 at either end) as one at
-    DOWN_PROBE_FACTOR."""
+    DOWN_PROBE_FACTOR. At any rate: the testbed's load is paced TCP streams, which the kernel
+    drives (testbed/faults/load.py)."""
     level = min(new, old) or DOWN_PROBE_FACTOR
-    return min((1.5 if new < 1 else 2.0) * level * baseline_bps, MAX_PROBE_BPS)
+    return (1.5 if new < 1 else 2.0) * level * baseline_bps
 
 
 def probe_window_s(offered_bps: float) -> float:

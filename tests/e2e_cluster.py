@@ -10,7 +10,9 @@ requests whose decode outlives the deadline, then requests from a prefill pod wh
 fault agents throttle hard (the spec's fault schedule), then the same with retries, then at ten
 times the rate behind an admission limit, then the throttled link for 20 s under a circuit
 breaker, then pod 0's KV link down for 20 s and a run after it (on engines whose KV paths the
-check before each run finds working, or restarts), then a compute fault. The engines stay up
+check before each run finds working, or restarts), then a compute fault; then, a command of its
+own, link faults at r = 0.2, 0.05 and 0.01 of a 10 Gbit/s baseline, read from what the links
+carried, with pod 1's switch port slower than the first of them. The engines stay up
 (--keep-engines, one lease for every job and command: LEASE_S), and every command after reuses
 them: `testbed study --world both` runs one cell of a study (twice: the second finds it
 finished), `testbed twin`, `testbed run --serve`, a `testbed run` without the flag is refused
@@ -243,6 +245,8 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
             poller.join(30)
             if prom is not None:
                 prom.stop()
+        _fast_link_job(base, cluster, addr, out)
+        took("the link faults at 10 Gbit/s")
         cli["kv_isolation"] = _kv_isolation(cluster)
         cli["clear"] = _cli("faults", "clear", "--address", addr)
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
@@ -277,6 +281,54 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         cli["leftovers"] = _cli("leftovers")
     cli["scrapes"] = scrapes
     return out, before, after, throttled, cli
+
+
+FAST_BASELINE_GBPS = 10.0  # a 10 GbE NIC; the veths carry 26-29 Gbit/s unshaped (docs/testbed.md)
+FAST_FACTORS = (0.2, 0.05, 0.01)  # r of the baseline, one after the other
+FAST_STEP_S = 2.0  # how long each holds: its apply is measured within the first second
+# Pod 1's steps start half a step after pod 0's, so that the two pods' measurements do not overlap:
+# on the 2-core machine the four loads of two pods at r = 0.2 (3 Gbit/s each) are bound by its two
+# cores (with the steps together, 2026-11-29: 0.177-0.183 read for 0.2), as a cluster's nodes, each
+# with cores and a NIC of its own, are not; one pod's two directions at once are what the injector does.
+FAST_OFFSET_S = 1.0
+# The switch's port to pod 1 (its veth's end in the core namespace) at 1 Gbit/s while the job runs,
+# below r = 0.2 of the baseline (2 Gbit/s), with a switch's few milliseconds of buffer: a link that
+# does not carry what the shaping allows, which pod 1's downlink must read as 0.1, what it carried.
+SLOW_PORT_BPS = 1e9
+SLOW_PORT_BUFFER_S = 0.005
+
+
+def fast_link_spec(base: dict) -> ExperimentSpec:
+    """Pods 0 and 1, both directions, kv_only, at each of FAST_FACTORS of a 10 Gbit/s baseline in
+    turn (FAST_STEP_S each, pod 1 FAST_OFFSET_S after pod 0), under a few short requests that
+    outlast the steps."""
+    faults = [{"kind": "link", "pods": [p], "start_s": k * FAST_STEP_S + p * FAST_OFFSET_S, "duration_s": FAST_STEP_S,
+               "residual_bw": r, "kv_only": True} for k, r in enumerate(FAST_FACTORS) for p in (0, 1)]
+    return parse_spec({**base, "name": "e2e_fast_link", "policies": ["LC"], "faults": faults,
+                       "topology": {**base["topology"], "link_baseline_gbps": FAST_BASELINE_GBPS},
+                       "workload": {**base["workload"], "arrival": {"kind": "poisson", "rate_rps": 1.0},
+                                    "duration_s": None, "max_requests": 10}})
+
+
+def _fast_link_job(base: dict, cluster: EmulatedCluster, addr: str, out: Path) -> None:
+    """The fast-link job on the kept engines, pod 1's switch port held at SLOW_PORT_BPS meanwhile
+    (a tbf of its own handle in the core namespace, removed after; the namespace goes at ray down)."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.rtnl import TC_H_ROOT
+
+    from testbed.machine.netns import in_netns
+
+    port = cluster.fabric.node("pod1").core_ifname
+    with in_netns(cluster.fabric.core_netns), IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=port)[0]
+        ipr.tc("add", "tbf", idx, 0x50000, rate=int(SLOW_PORT_BPS / 8), burst=int(SLOW_PORT_BPS / 8 * 0.004),
+               latency=int(SLOW_PORT_BUFFER_S * 1e6))
+    try:
+        jobs = prepare_jobs([(fast_link_spec(base), ["LC"], [0])], serve=False)
+        launch_jobs(jobs, out, calibration=out / "calibration.json", address=addr, keep_engines=True)
+    finally:
+        with in_netns(cluster.fabric.core_netns), IPRoute() as ipr:
+            ipr.tc("del", index=idx, handle=0x50000, parent=TC_H_ROOT)
 
 
 PROMETHEUS_POLICY = "OTF-R"  # run once, in the healthy job: its decisions counter is that run's alone

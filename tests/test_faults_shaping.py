@@ -10,13 +10,17 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from pyroute2 import IPRoute
 
+from faults.telemetry import probe_offered_bps, probe_window_s
 from testbed.faults import shaping
 from testbed.faults.agent import FaultAgent, FaultRefused
+from testbed.faults.load import Sink
 from testbed.faults.shaping import KV_PORT_BASE, Shaping
 from testbed.machine.netns import Fabric, create_fabric, destroy_fabric, in_netns, list_namespaces, missing_privileges, run_prefix
 from traffic import CounterSampler, link_counter
@@ -40,6 +44,17 @@ def fabric() -> Iterator[Fabric]:
     finally:
         destroy_fabric(fab)
         assert list_namespaces(run_prefix(fab.run_id)) == []
+
+
+@contextmanager
+def sink_in(fabric: Fabric, node: str) -> Iterator[int]:
+    """A probe sink (testbed/faults/load.py) listening in ``node``'s namespace: its port."""
+    with in_netns(fabric.node(node).netns):
+        sink = Sink()
+    try:
+        yield sink.port
+    finally:
+        sink.close()
 
 
 def restored(s: Stream, above_bps: float, within_s: float = 3.0) -> bool:
@@ -205,9 +220,9 @@ def test_kv_only_shapes_the_kv_port_range_and_leaves_other_traffic_at_line_rate(
         time.sleep(2.0)
         assert abs(kv.last(1.4) / 20e6 - 1) < 0.10
         assert other.last(1.4) > 10 * 20e6
-        with in_netns(fabric.node("pod0").netns):
+        with sink_in(fabric, "pod1") as port, in_netns(fabric.node("pod0").netns):
             # the agent's measurement reads the limited class, not the line-rate traffic beside it
-            measured = agent.measure_uplink("eth0", fabric.node("pod1").address, 40e6)
+            measured = agent.measure_uplink("eth0", fabric.node("pod1").address, port, 40e6)
     assert abs(measured / 20e6 - 1) < 0.10, measured
     with in_netns(fabric.node("pod0").netns):
         agent.clear_all()
@@ -226,9 +241,9 @@ def test_a_link_down_drops_everything_it_shapes_both_ways_and_comes_back_when_cl
         time.sleep(1.5)
         assert kv.last(1.0) == 0.0, "nothing crosses a link that is down"
         assert other.last(1.0) > 100e6, "kv_only: the rest keeps the line rate"
-        with in_netns(pod0):
-            # the agent's own probe reads the same: nothing gets through (the KV port range)
-            assert agent.measure_uplink("eth0", fabric.node("pod1").address, 1.5e6) == 0.0
+        with sink_in(fabric, "pod1") as port, in_netns(pod0):
+            # the agent's own probe reads the same: nothing gets through (its sink is in the KV port range)
+            assert agent.measure_uplink("eth0", fabric.node("pod1").address, port, 1.5e6) == 0.0
             agent.clear("down")
             assert shaping.installed("eth0") == {}
         # TCP comes back after its retransmission back-off (up to a few seconds after a second of loss)
@@ -246,12 +261,14 @@ def test_a_link_down_drops_everything_it_shapes_both_ways_and_comes_back_when_cl
 def test_agent_measures_both_directions_from_the_counters(fabric):
     pod0, pod1 = fabric.node("pod0"), fabric.node("pod1")
     a0, a1 = FaultAgent("pod0", ["eth0"]), FaultAgent("pod1", ["eth0"])
+    with in_netns(pod1.netns):
+        port = a1.sink_port()  # the other end of both probes
     with in_netns(pod0.netns):
         a0.apply_link("link", "eth0", ["uplink"], 40e6, ttl_s=60)
-        up = a0.measure_uplink("eth0", pod1.address, 80e6)
+        up = a0.measure_uplink("eth0", pod1.address, port, 80e6)
     with in_netns(pod1.netns):
         a1.apply_link("link", "eth0", ["downlink"], 25e6, ttl_s=60)
-    # pod1's downlink: pod0 offers probe traffic (unshaped now) while pod1 reads its ingress shaper.
+    # pod1's downlink: pod0 offers the probe's load (unshaped now) while pod1 reads its ingress shaper.
     with in_netns(pod0.netns):
         a0.clear("link")
     result: dict[str, float] = {}
@@ -263,12 +280,92 @@ def test_agent_measures_both_directions_from_the_counters(fabric):
     t = threading.Thread(target=measure)
     with in_netns(pod0.netns):
         t.start()
-        a0.blast(pod1.address, 60e6, 0.7)
+        a0.fill(pod1.address, port, 60e6, 0.7)
     t.join()
     with in_netns(pod1.netns):
         a1.clear_all()
+        a1.close_sink()
     assert abs(up / 40e6 - 1) < 0.10, up
     assert abs(result["down"] / 25e6 - 1) < 0.10, result
+
+
+BASELINE_10G = 10e9  # a 10 GbE NIC (the veths here carry 26-29 Gbit/s unshaped: docs/testbed.md)
+
+
+@pytest.mark.parametrize("r", [0.2, 0.05, 0.01])
+def test_a_fault_at_a_10_gbit_baseline_is_read_as_the_link_carries_it_both_ways(fabric, r):
+    """r of a 10 Gbit/s baseline on both sides of pod0, measured as the injector measures it: both
+    directions at once, its load at probe_offered_bps for probe_window_s, counted by the kernel.
+    Within 10% of r, also at r = 0.2 (2 Gbit/s), above what a Python datagram probe could offer."""
+    pod0, pod1 = fabric.node("pod0"), fabric.node("pod1")
+    a0, a1 = FaultAgent("pod0", ["eth0"]), FaultAgent("pod1", ["eth0"])
+    offered = probe_offered_bps(r, 1.0, BASELINE_10G)
+    window = probe_window_s(offered)
+    with in_netns(pod1.netns):
+        port1 = a1.sink_port()
+    with in_netns(pod0.netns):
+        port0 = a0.sink_port()
+        # kv_only, as the end-to-end faults: the load is told from other traffic by its port
+        a0.apply_link("link", "eth0", ["uplink", "downlink"], r * BASELINE_10G, ttl_s=60, kv_only=True)
+
+    def up() -> float:
+        with in_netns(pod0.netns):
+            return a0.measure_uplink("eth0", pod1.address, port1, offered, window)
+
+    def down() -> float:
+        with in_netns(pod0.netns):
+            return a0.measure_downlink("eth0", window)
+
+    def load() -> int:
+        with in_netns(pod1.netns):
+            return a1.fill(pod0.address, port0, offered, window + 0.3)
+
+    try:
+        with ThreadPoolExecutor(3) as ex:
+            measured = [f.result() for f in [ex.submit(up), ex.submit(down), ex.submit(load)]][:2]
+    finally:
+        with in_netns(pod0.netns):
+            a0.clear_all()
+            a0.close_sink()
+        with in_netns(pod1.netns):
+            a1.close_sink()
+    for bps in measured:
+        assert abs(bps / (r * BASELINE_10G) - 1) < 0.10, (r, measured)
+
+
+def test_a_shaping_changed_behind_the_agents_back_is_read_as_the_link_carries_it(fabric):
+    """The agent set 200 Mbit/s; its class is then lowered to 100 Mbit/s by someone else. The
+    agent's own record still says 200; its measurement, from the bytes the kernel counted under a
+    load of 1.5x the 200 it set, reads the 100 the link carries."""
+    pod0 = fabric.node("pod0")
+    agent = FaultAgent("pod0", ["eth0"])
+    with in_netns(pod0.netns):
+        agent.apply_link("link", "eth0", ["uplink"], 200e6, ttl_s=60)
+        with IPRoute() as ipr:
+            idx = ipr.link_lookup(ifname="eth0")[0]
+            burst = shaping.burst_bytes(100e6)
+            ipr.tc("change-class", "htb", idx, shaping.SHAPED, parent=shaping.ROOT, rate=int(100e6 / 8),
+                   ceil=int(100e6 / 8), burst=burst, cburst=burst, quantum=1514)
+    try:
+        with sink_in(fabric, "pod1") as port, in_netns(pod0.netns):
+            measured = agent.measure_uplink("eth0", fabric.node("pod1").address, port, 300e6)
+            assert agent.active()["link"]["rate_bps"] == 200e6
+    finally:
+        with in_netns(pod0.netns):
+            agent.clear_all()
+    assert abs(measured / 100e6 - 1) < 0.10, measured
+
+
+def test_a_probe_peer_is_an_address_reached_through_the_shaped_interface(fabric):
+    """pod0 reaches pod1's address through eth0; its own address and loopback's stay local (a
+    peer on the pod's own node would be probed over loopback), and an address no route
+    reaches is none."""
+    agent = FaultAgent("pod0", ["eth0"])
+    pod0, pod1 = fabric.node("pod0"), fabric.node("pod1")
+    with in_netns(pod0.netns):
+        assert agent.probe_address("eth0") == pod0.address
+        assert agent.route_via("eth0", [pod0.address, "127.0.0.1", "192.0.2.1", pod1.address]) == pod1.address
+        assert agent.route_via("eth0", [pod0.address, "127.0.0.1"]) is None
 
 
 def test_an_interface_off_the_allowlist_is_refused_and_nothing_changes(fabric):
@@ -280,7 +377,7 @@ def test_an_interface_off_the_allowlist_is_refused_and_nothing_changes(fabric):
             with pytest.raises(FaultRefused, match="'eth0' is not on the fault allowlist"):
                 agent.apply_link("link", "eth0", [side], 10e6, ttl_s=60)
         with pytest.raises(FaultRefused, match="allowlist"):
-            agent.measure_uplink("eth0", "10.77.0.1", 1e6)
+            agent.measure_uplink("eth0", "10.77.0.1", KV_PORT, 1e6)
         assert agent.active() == {}
     assert qdisc_dump(pod0) == before
     with in_netns(pod0):

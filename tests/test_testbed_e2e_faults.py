@@ -12,7 +12,8 @@ pytest.importorskip("ray", reason="Ray is not installed (the README's install co
 
 from core.records import read_meta, read_table  # noqa: E402
 from core.spec.model import parse_spec  # noqa: E402
-from e2e_cluster import BREAKER, BREAKER_FAULT_S, RETRY_TTFT_S  # noqa: E402
+from e2e_cluster import (BREAKER, BREAKER_FAULT_S, FAST_BASELINE_GBPS, FAST_FACTORS, RETRY_TTFT_S,  # noqa: E402
+                         SLOW_PORT_BPS)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 
@@ -60,7 +61,7 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
         assert set(rows.target) == {"pod0:eth0/egress", "pod0:eth0/ingress"}, faults
         assert (rows.pod == 0).all() and (rows.severity == 0.008).all()
     applied = faults[faults.event == "apply"]
-    # measured from the interface counters while a probe offered twice the limit
+    # measured from the shaped class's counters while the agents' load offered 1.5x the limit
     assert ((applied.measured_bps - 2e6).abs() < 0.10 * 2e6).all(), applied
     assert (faults[faults.event == "clear"].measured == 1.0).all(), faults
     assert faults[faults.event == "apply"].time_s.max() < 3.0  # applied at its offset (0 s) + measuring
@@ -74,6 +75,29 @@ def test_a_throttled_link_times_requests_out_in_kv_transfer_with_faults_and_labe
     prices = read_table(d, "prices")
     # direct telemetry: the measured rate reaches the risk price's bandwidth term
     assert prices[prices.pod == 0].bw_term.max() > 0.99 and prices[prices.pod == 1].bw_term.max() < 0.01
+
+
+def test_link_faults_at_a_10_gbit_baseline_are_read_from_what_the_links_carried(testbed_runs):
+    """r = 0.2, 0.05 and 0.01 of a 10 Gbit/s baseline in turn on pods 0 and 1, both directions
+    (tests/e2e_cluster.py fast_link_spec): each recorded as the bytes the kernel counted under the
+    agents' load, within 10% of r, r = 0.2 included (2 Gbit/s: the probe's offer was capped there
+    before). Pod 1's switch port, held at 1 Gbit/s meanwhile, lets its downlink carry 0.1 of the
+    baseline under r = 0.2: recorded as 0.1, what the link carried, not the 0.2 its shaping allows."""
+    d = testbed_runs[0] / "e2e_fast_link" / "LC" / "seed-0"
+    assert read_meta(d)["status"] == "finished"
+    faults = read_table(d, "faults")
+    applied = faults[faults.event == "apply"]
+    baseline_bps = FAST_BASELINE_GBPS * 1e9
+    assert sorted(zip(applied.pod, applied.severity)) == sorted((p, r) for r in FAST_FACTORS for p in (0, 1)
+                                                                for _ in ("egress", "ingress")), applied
+    for row in applied.itertuples():
+        assert row.target in (f"pod{row.pod}:eth0/egress", f"pod{row.pod}:eth0/ingress"), row
+        slow = row.target == "pod1:eth0/ingress" and row.severity * baseline_bps > SLOW_PORT_BPS
+        want = SLOW_PORT_BPS / baseline_bps if slow else row.severity
+        assert abs(row.measured / want - 1) < 0.10, (row.target, row.severity, row.measured, want)
+    # each pod's last clear: the load gets through at 1.5x its last limit or more, and the row reads 1
+    last = faults[(faults.event == "clear") & (faults.severity == FAST_FACTORS[-1])]
+    assert len(last) == 4 and (last.measured == 1.0).all(), last
 
 
 def test_every_engine_accounts_for_its_cpu_and_each_request_is_marked_for_host_stall(testbed_runs):

@@ -25,8 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
-from testbed.faults import shaping
+from testbed.faults import load, shaping
 from testbed.faults.shaping import Shaping, ShapingError
+from testbed.machine.interfaces import interface_addresses
 from vocab import FAULT_COMPUTE
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class FaultAgent:
         self.clock = clock
         self._active: dict[str, _Active] = {}
         self._lock = threading.RLock()  # the TTL timer and calls may run in different threads
+        self._sink: load.Sink | None = None  # other agents' probe load lands here (sink_port)
 
     # --- safety -----------------------------------------------------------
     def check_interface(self, ifname: str) -> None:
@@ -108,17 +110,18 @@ class FaultAgent:
             self._register(key, "link", ttl_s, undo, ifname=ifname, sides=list(sides), rate_bps=rate_bps)
         return {"key": key, "ifname": ifname, "sides": list(sides), "rate_bps": rate_bps, "ttl_s": ttl_s}
 
-    def measure_uplink(self, ifname: str, peer: str, offered_bps: float, window_s: float = 0.4) -> float:
-        """Rate (bit/s) out of ``ifname`` while probe datagrams are offered to ``peer`` at ``offered_bps``.
+    def measure_uplink(self, ifname: str, peer: str, port: int, offered_bps: float, window_s: float = 0.4) -> float:
+        """Rate (bit/s) out of ``ifname`` while paced TCP streams offer ``offered_bps`` to the sink at
+        ``peer:port`` (testbed/faults/load.py; ``peer``: an address the route to leaves through
+        ``ifname``, :meth:`route_via`).
 
-        The probe uses a source port in the KV range, so it is shaped like KV
-        traffic also with ``kv_only``. The rate is read from counters: the limited
-        class's where the project shapes the interface (with ``kv_only`` the interface
-        also carries unshaped traffic), else the interface's. Concurrent KV traffic
-        counts too: the shaper limits the sum."""
+        The sink's port is in the KV range, so the load is shaped like KV traffic also with
+        ``kv_only``. The rate is read from counters: the limited class's where the project shapes
+        the interface (with ``kv_only`` the interface also carries unshaped traffic), else the
+        interface's. Concurrent KV traffic counts too: the shaper limits the sum."""
         self.check_interface(ifname)
         return self._rate_while(lambda: shaping.sent_bytes(ifname),
-                                lambda: shaping.blast(peer, offered_bps, window_s + 0.2), window_s)
+                                lambda: load.fill(peer, port, offered_bps, window_s + 0.2), window_s)
 
     def tx_bytes(self, ifname: str) -> int:
         """Bytes ``ifname`` has transmitted (read-only; allowlisted interfaces only): the
@@ -128,8 +131,9 @@ class FaultAgent:
 
     def measure_downlink(self, ifname: str, window_s: float = 0.4) -> float:
         """Rate (bit/s) into the node through ``ifname`` over ``window_s``: call it while a peer
-        offers traffic (``blast``). Read after the ingress shaper (its ifb) when there is one,
-        else from the interface's receive counter; 0 when nothing arrives."""
+        offers traffic to this agent's sink (:meth:`sink_port`, the peer's :meth:`fill`). Read after
+        the ingress shaper (its ifb) when there is one, else from the interface's receive counter;
+        0 when nothing arrives."""
         self.check_interface(ifname)
         ifb = shaping.ifb_name(ifname)
         if shaping.has_link(ifb):
@@ -165,10 +169,41 @@ class FaultAgent:
             (t0, b0), (t1, b1) = samples[0], end
         return (b1 - b0) * 8 / (t1 - t0)
 
-    @staticmethod
-    def blast(peer: str, offered_bps: float, duration_s: float) -> int:
-        """Offer probe traffic to ``peer`` (for a peer agent's ``measure_downlink``)."""
-        return shaping.blast(peer, offered_bps, duration_s)
+    def fill(self, peer: str, port: int, offered_bps: float, duration_s: float) -> int:
+        """Offer ``offered_bps`` to the sink at ``peer:port`` for ``duration_s`` (for that peer
+        agent's ``measure_downlink``); returns the bytes offered."""
+        return load.fill(peer, port, offered_bps, duration_s)
+
+    def sink_port(self) -> int:
+        """The port of this agent's sink for other agents' probe load (started on first use)."""
+        with self._lock:
+            if self._sink is None:
+                self._sink = load.Sink()
+            return self._sink.port
+
+    def close_sink(self) -> None:
+        """Stop the sink (the actor's shutdown)."""
+        with self._lock:
+            if self._sink is not None:
+                self._sink.close()
+                self._sink = None
+
+    def probe_address(self, ifname: str) -> str:
+        """The address other nodes probe this node's ``ifname`` at: its first IPv4 address. None
+        there: refused (a link fault on it could not be measured)."""
+        self.check_interface(ifname)
+        found = interface_addresses(ifname)
+        if not found:
+            raise FaultRefused(f"interface {ifname} of node {self.node} has no IPv4 address: a link fault on it "
+                               "could not be measured (the probe reaches a node at an address of the shaped interface)")
+        return found[0]
+
+    def route_via(self, ifname: str, candidates: Sequence[str]) -> str | None:
+        """The first of ``candidates`` that this node reaches through ``ifname`` (the kernel's route
+        to it, its output interface), or None: the peer a link measurement on ``ifname`` may use.
+        An address of this node itself is reached over loopback, never through ``ifname``."""
+        self.check_interface(ifname)
+        return shaping.route_via(ifname, candidates)
 
     # --- compute ----------------------------------------------------------
     def apply_compute(self, key: str, pids: Sequence[int], factor: float, ttl_s: float,

@@ -13,13 +13,14 @@ set on this machine, in the root namespace and in every testbed namespace.
 from __future__ import annotations
 
 import atexit
+from collections import Counter
 import fcntl
 import logging
 import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import ray
 
 from core.util.logs import configure_from_env
+from testbed.faults.probe_paths import HEAD, NodeAgent, ProbePath, choose_peer
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +90,13 @@ class FaultAgentActor:
     def info(self) -> dict[str, Any]:
         import socket
 
+        from testbed.machine.interfaces import interface_addresses
+
+        names = [name for _, name in socket.if_nameindex()]
         return {"node": self.agent.node, "ip": self.ip, "pid": os.getpid(), "signals": self.signals,
-                "interfaces": [name for _, name in socket.if_nameindex()]}
+                "node_id": ray.get_runtime_context().get_node_id(), "interfaces": names,
+                # every IPv4 address of the node but loopback's: where other agents may probe it
+                "addresses": [a for n in names if n != "lo" for a in interface_addresses(n)]}
 
     def apply_link(self, key: str, ifname: str, sides: list[str], rate_bps: float, ttl_s: float,
                    kv_only: bool = False, delay_ms: float = 0.0, loss: float = 0.0) -> dict[str, Any]:
@@ -99,8 +106,8 @@ class FaultAgentActor:
                       cores: float | None = None, gpu_uuids: Sequence[str] = ()) -> float:
         return self.agent.apply_compute(key, pids, factor, ttl_s, backend, cores, gpu_uuids)
 
-    def measure_uplink(self, ifname: str, peer: str, offered_bps: float, window_s: float = 0.4) -> float:
-        return self.agent.measure_uplink(ifname, peer, offered_bps, window_s)
+    def measure_uplink(self, ifname: str, peer: str, port: int, offered_bps: float, window_s: float = 0.4) -> float:
+        return self.agent.measure_uplink(ifname, peer, port, offered_bps, window_s)
 
     def tx_bytes(self, ifname: str) -> int:
         return self.agent.tx_bytes(ifname)
@@ -108,8 +115,17 @@ class FaultAgentActor:
     def measure_downlink(self, ifname: str, window_s: float = 0.4) -> float:
         return self.agent.measure_downlink(ifname, window_s)
 
-    def blast(self, peer: str, offered_bps: float, duration_s: float) -> int:
-        return self.agent.blast(peer, offered_bps, duration_s)
+    def fill(self, peer: str, port: int, offered_bps: float, duration_s: float) -> int:
+        return self.agent.fill(peer, port, offered_bps, duration_s)
+
+    def sink_port(self) -> int:
+        return self.agent.sink_port()
+
+    def probe_address(self, ifname: str) -> str:
+        return self.agent.probe_address(ifname)
+
+    def route_via(self, ifname: str, candidates: list[str]) -> str | None:
+        return self.agent.route_via(ifname, candidates)
 
     def kill_engine(self, pid: int) -> float:
         return self.agent.kill_engine(pid)
@@ -126,6 +142,7 @@ class FaultAgentActor:
     def shutdown(self) -> list[str]:
         """Clear everything and stop the timer; the caller then kills the actor."""
         self._stop.set()
+        self.agent.close_sink()
         return self.agent.clear_all()
 
 
@@ -140,17 +157,34 @@ class FaultAgents:
         self.pods = [make(f"pod{i}", {f"pod{i}": 0.01}) for i in range(pods)]
         self.head = make("head", {head_resource: 0.001})
         infos = ray.get([a.info.remote() for a in self.all])
-        self.pod_ips = [i["ip"] for i in infos[:pods]]
-        self.head_ip = infos[-1]["ip"]
         # Per pod, the interface its faults shape: the first allowlisted one its node has.
         from testbed.machine.interfaces import pick_interface
 
         self.pod_ifnames = [pick_interface(allowlist, i["interfaces"], f"pod{k}'s node ({i['ip']})")
                             for k, i in enumerate(infos[:pods])]
+        self._nodes = [NodeAgent(i["node"], i["node_id"], tuple(i["addresses"])) for i in infos]
 
     @property
     def all(self) -> list[Any]:
         return self.pods + [self.head]
+
+    def probe_paths(self, faulted: Collection[int]) -> dict[int, ProbePath]:
+        """The probe of each pod in ``faulted`` (every pod a link fault of the command's runs
+        shapes): testbed/faults/probe_paths.py. Raises ProbePathError (one line) for a pod no
+        other node can measure."""
+        paths: dict[int, ProbePath] = {}
+        for pod in sorted(set(faulted)):
+            agent, ifname = self.pods[pod], self.pod_ifnames[pod]
+            taken = Counter(p.peer for p in paths.values())
+            peer, peer_ip = choose_peer(pod, ifname, self._nodes[:-1], self._nodes[-1], faulted,
+                                        lambda addrs: ray.get(agent.route_via.remote(ifname, list(addrs))), taken)
+            paths[pod] = ProbePath(ray.get(agent.probe_address.remote(ifname)), ray.get(agent.sink_port.remote()),
+                                   peer, peer_ip, ray.get(self.agent_of(peer).sink_port.remote()))
+        return paths
+
+    def agent_of(self, peer: int) -> Any:
+        """A peer index's agent (probe_paths.HEAD: the head's)."""
+        return self.head if peer == HEAD else self.pods[peer]
 
     def clear_all(self, timeout_s: float = 60) -> list[str]:
         return [k for ks in ray.get([a.clear_all.remote() for a in self.all], timeout=timeout_s) for k in ks]

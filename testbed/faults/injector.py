@@ -10,16 +10,19 @@ and direction with the measured rate or factor, and the measured bandwidth for
 the telemetry (``delayed`` and ``none`` act on it in
 :class:`faults.telemetry.BandwidthTelemetry`, as in the simulator).
 
-Measuring a link, both directions at once: the pod's agent offers probe
-datagrams at 1.5x the limit to the head (uplink) and reads its counters; for the
-downlink the head's agent offers them to the pod while the pod's agent reads its
-ingress shaper's. The counters are the limited class's (with ``kv_only`` the
-interface also carries unshaped traffic), read from one step of the shaper to
-the last over 0.4 s, or up to 2 s at a few Mbit/s, where the shaper releases
-64 KiB GSO packets a good part of a second apart. The probe competes with KV
-traffic meanwhile. Clearing is measured the same way at twice the old limit: a
-probe that gets through at 1.5x or more proves the limit gone (Python cannot fill
-a 10 Gbit/s baseline, so the row then reads 1.0, and the telemetry the baseline).
+Measuring a link, both directions at once, under a load that fills the limit
+(testbed/faults/load.py: paced TCP streams offering 1.5x the limit): for the
+uplink the pod's agent sends it to its peer (testbed/faults/probe_paths.py: the
+head's agent, or another node's, reached through the shaped interface) and reads
+its counters; for the downlink the peer sends it to the pod's address on that
+interface while the pod's agent reads its ingress shaper's. The counters are the
+limited class's (with ``kv_only`` the interface also carries unshaped traffic),
+read from one step of the shaper to the last over 0.4 s, or up to 2 s at a few
+Mbit/s, where the shaper releases 64 KiB GSO packets a good part of a second
+apart: the rate the link carried, at any rate the NIC has, never the rate set.
+The load competes with KV traffic meanwhile. Clearing is measured the same way at
+twice the old limit: a load that gets through at 1.5x or more proves the limit
+gone, and the row reads 1.0 (the baseline is not the probe's to reach).
 
 An engine fault's engines are killed through their pod's agent (``kill_engine``: SIGKILL of the
 process the fault names, which each engine actor reports), one row per engine, and with
@@ -40,6 +43,7 @@ from core.run import FaultRow, RunContext
 from faults.schedule import FaultStep, ScheduledEvent
 from faults.spec import EngineFault, LinkFault
 from faults.telemetry import probe_offered_bps, probe_window_s
+from testbed.faults.probe_paths import ProbePath
 from vocab import FAULT_COMPUTE, FAULT_ENGINE, FAULT_LINK
 
 log = logging.getLogger(__name__)
@@ -53,7 +57,7 @@ CLEARED_IF_ABOVE = 1.5  # a probe at 2x the removed limit that gets 1.5x through
 
 @dataclass
 class PodTargets:
-    """Where a pod's faults act: its agent, address, interface and engine processes, the
+    """Where a pod's faults act: its agent, interface and engine processes, the
     device its engines run on (which picks the compute throttle: never the host's hardware)
     and, on the CPU, the cores its engines compute on (a slow-down's quota is that over the
     factor; None: every core of the host); on the GPU, the NVML UUIDs of its engines' GPUs
@@ -61,20 +65,19 @@ class PodTargets:
     would aim at the wrong GPU; a GPU fault without UUIDs is refused by the agent)."""
 
     agent: Any
-    ip: str
     ifname: str
     pids: list[int]
     backend: str = "cpu"
     cores: float | None = None
     gpu_uuids: list[str] = field(default_factory=list)
     engines: list[tuple[str, str, Any]] = field(default_factory=list)  # (role, name, actor handle) on the pod
+    probe: ProbePath | None = None  # where its link faults are measured from (None: the runs fault no link of it)
+    peer: Any = None  # the agent at the probe's other end
 
 
 class FaultInjector:
-    def __init__(self, ctx: RunContext, pods: list[PodTargets], head_agent: Any, head_ip: str,
-                 now: Callable[[], float], baseline_bps: float) -> None:
+    def __init__(self, ctx: RunContext, pods: list[PodTargets], now: Callable[[], float], baseline_bps: float) -> None:
         self.ctx, self.spec, self.pods = ctx, ctx.spec, pods
-        self.head_agent, self.head_ip = head_agent, head_ip
         self.now = now
         self.baseline_bps = baseline_bps
         n = ctx.topo.n_pods
@@ -231,10 +234,12 @@ class FaultInjector:
         return out
 
     async def _measure(self, tg: PodTargets, side: str, offered_bps: float) -> float:
-        window = probe_window_s(offered_bps)
+        window, p = probe_window_s(offered_bps), tg.probe
+        if p is None:
+            raise RuntimeError(f"{tg.ifname} of a pod without a probe path: its link faults were not planned for")
         if side == "uplink":
-            return await tg.agent.measure_uplink.remote(tg.ifname, self.head_ip, offered_bps, window)
-        blast = self.head_agent.blast.remote(tg.ip, offered_bps, window + 0.3)
+            return await tg.agent.measure_uplink.remote(tg.ifname, p.peer_ip, p.peer_port, offered_bps, window)
+        load = tg.peer.fill.remote(p.pod_ip, p.pod_port, offered_bps, window + 0.3)
         rate = await tg.agent.measure_downlink.remote(tg.ifname, window)
-        await blast
+        await load
         return rate

@@ -35,9 +35,8 @@ htb is as exact as tbf for one flow (measured in tests/test_faults_shaping.py).
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -354,52 +353,21 @@ def clear_all(allowlist: frozenset[str] | None = None) -> list[str]:
     return removed
 
 
-def probe_packet_source(port: int = KV_PORT_BASE + 0xFF) -> socket.socket:
-    """A UDP socket bound to a port in the KV range: probe traffic is classified like KV traffic."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-    try:
-        s.bind(("0.0.0.0", port))
-    except OSError:
-        s.bind(("0.0.0.0", 0))  # a second probe at once: the port is only needed with kv_only
-    return s
-
-
-_UDP_SEGMENT = 103  # linux/udp.h: UDP GSO, many MTU-sized datagrams per send call
-
-
-def blast(dst: str, rate_bps: float, duration_s: float, port: int = 9, mtu: int = 1500) -> int:
-    """Send UDP datagrams to ``dst:port`` at about ``rate_bps`` for ``duration_s``; returns bytes offered.
-
-    Paced in 5 ms slices; segments are MTU-sized (UDP GSO where the kernel has
-    it), so port filters see a UDP header on every packet."""
-
-    seg = mtu - 28
-    # A GSO send is one skb through the qdisc: keep it to ~5 ms of the offered rate, or a
-    # shaper's byte counter moves in lumps as large as the window it is read over.
-    n_seg = int(min(40, max(1, rate_bps / 8 * 0.005 // seg)))
-    s = probe_packet_source()
-    try:
-        try:
-            if n_seg > 1:
-                s.setsockopt(socket.SOL_UDP, _UDP_SEGMENT, seg)
-            chunk = seg * n_seg
-        except OSError:
-            chunk = seg
-        payload = bytes(chunk)
-        sent = 0
-        t0 = time.monotonic()
-        while (now := time.monotonic()) - t0 < duration_s:
-            due = rate_bps / 8 * (now - t0 + 0.005)
-            while sent < due:
-                try:
-                    sent += s.sendto(payload, (dst, port))
-                except (BlockingIOError, ConnectionRefusedError, OSError):
-                    break  # queue full or an ICMP error surfaced: keep pacing
-            time.sleep(0.002)
-        return sent
-    finally:
-        s.close()
+def route_via(ifname: str, candidates: Sequence[str]) -> str | None:
+    """The first of ``candidates`` whose route from this network namespace leaves through
+    ``ifname`` (the kernel's own lookup: ``ip route get``), or None. A local address routes
+    over loopback, and an address another interface reaches routes there: neither is a path
+    through what a fault on ``ifname`` shapes."""
+    with _iproute() as ipr:
+        idx = _index(ipr, ifname)
+        for addr in candidates:
+            try:
+                routes = ipr.route("get", dst=addr)
+            except NetlinkError:  # unreachable from here
+                continue
+            if routes and routes[0].get_attr("RTA_OIF") == idx and routes[0]["type"] != 2:  # 2: RTN_LOCAL
+                return addr
+    return None
 
 
 def _stats(ifname: str) -> dict[str, int]:

@@ -48,12 +48,10 @@ HOST_FETCH_S = 5.0
 
 @dataclass
 class FaultTargets:
-    """What the router actor needs to run the fault schedule: the pods' agents and
-    processes, and the head's agent (the probe peer)."""
+    """What the router actor needs to run the fault schedule: per pod, its agent, processes and
+    the probe of its link faults."""
 
     pods: list[PodTargets]
-    head_agent: Any
-    head_ip: str
 
 
 @ray.remote(num_cpus=0)
@@ -95,8 +93,7 @@ class RouterActor:
         if self.ctx.steps:
             if fault_targets is None:
                 raise ValueError(f"{spec.name}: the spec has faults but the run has no fault agents")
-            self.injector = FaultInjector(self.ctx, fault_targets.pods, fault_targets.head_agent,
-                                          fault_targets.head_ip, self.now, topo.fault_baseline_Bps * 8)
+            self.injector = FaultInjector(self.ctx, fault_targets.pods, self.now, topo.fault_baseline_Bps * 8)
 
     def now(self) -> float:
         return time.monotonic() - self.t0

@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import ray
@@ -47,12 +47,13 @@ from testbed.calibration.calibrate import calibrate
 from testbed.engines.pairs import warm_pairs
 from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
+from testbed.faults.probe_paths import ProbePathError
 from testbed.engines.prompts import prompt_ids
 from testbed.runs.jobs import RunJob, read_jobs
 from testbed.engines import kept
 from testbed.engines.pool import ENGINE_THREADS, Engines, EnginesNotStarted
 from testbed.runs.pods import discover_pods
-from vocab import CLUSTER_MODES, MODE_CLUSTER, MODE_LOCAL
+from vocab import CLUSTER_MODES, FAULT_LINK, MODE_CLUSTER, MODE_LOCAL
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +61,27 @@ HEAD_RESOURCE = "node:__internal_head__"  # Ray's own resource of the head node
 console = Console(stderr=True)
 
 
-def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines) -> FaultTargets:
+def link_faulted_pods(specs: Sequence[ExperimentSpec]) -> set[int]:
+    """Every pod a link fault of these runs shapes: each needs a probe path (testbed/faults/probe_paths.py)."""
+    return {p for s in specs for f in s.faults if f.kind == FAULT_LINK for p in f.pods}
+
+
+def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines, faulted: set[int]) -> FaultTargets:
+    """Where the faults of ``spec`` act; ``faulted``: every pod a link fault of the command's runs
+    shapes (link_faulted_pods), whose probe paths are chosen together (ProbePathError: one line)."""
     backend = "gpu" if engines.gpu else "cpu"  # the engines' device, not what the host has
     # Each CPU engine computes on one torch thread (EngineConfig.omp_threads): a slow-down by f
     # gives the pod's engines their threads' worth of cores over f, never more than the host has.
     host = len(os.sched_getaffinity(0))
     per_pod = np.bincount(engines.topo.worker_pod, minlength=engines.topo.n_pods)
     cores = [float(host) if ENGINE_THREADS is None else min(float(n * ENGINE_THREADS), host) for n in per_pod]
-    pods = [PodTargets(agent, ip, ifname, pids, backend, c, gpus, mine)
-            for agent, ip, ifname, pids, c, gpus, mine in zip(agents.pods, agents.pod_ips, agents.pod_ifnames,
-                                                              engines.pod_pids(), cores, engines.pod_gpu_uuids(),
-                                                              engines.pod_engines())]
-    return FaultTargets(pods, agents.head, agents.head_ip)
+    paths = agents.probe_paths(faulted)
+    pods = [PodTargets(agent, ifname, pids, backend, c, gpus, mine, paths.get(k),
+                       agents.agent_of(paths[k].peer) if k in paths else None)
+            for k, (agent, ifname, pids, c, gpus, mine) in enumerate(zip(
+                agents.pods, agents.pod_ifnames, engines.pod_pids(), cores, engines.pod_gpu_uuids(),
+                engines.pod_engines()))]
+    return FaultTargets(pods)
 
 
 def run_calibration(cal: Calibration, path: str, measured_here: bool) -> dict[str, Any]:
@@ -250,7 +260,7 @@ def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
                 for seed in job.seeds:
                     kv = kv_paths_or_restart(job.spec, engines, model_meta["vocab"])
                     if "restart" in kv and targets is not None:  # the new engines' processes
-                        targets = fault_targets(job.spec, agents, engines)
+                        targets = fault_targets(job.spec, agents, engines, link_faulted_pods([j.spec for j in jobs]))
                     run_one(job.spec, policy, seed, job.workloads[seed], job.out_dir or out, engines, model_meta,
                             progress, targets, agents, kv)
 
@@ -388,7 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         _prove(engines, spec0, summary, model_meta, agents)
         targets = None
         if agents is not None and (any(job.spec.faults for job in jobs) or args.calibrate):
-            targets = fault_targets(spec0, agents, engines)
+            try:
+                targets = fault_targets(spec0, agents, engines, link_faulted_pods([job.spec for job in jobs]))
+            except ProbePathError as e:  # one line: which pod, and why no node can measure it
+                print(f"testbed: error: {e}", file=sys.stderr)
+                return 2
         _calibration(args, engines, spec0, agents, model_meta, summary)
         if args.serve:
             job = jobs[0]
