@@ -197,7 +197,8 @@ def _study_command(sub: Any) -> None:
     st.add_argument("--sweeps", help="comma-separated subset of the study's sweeps (default: all)")
     st.add_argument("--plan", action="store_true",
                     help="run nothing: print the seeds each claim needs for 80%% power, and the runs and wall time "
-                         "of the spec's design and of the one the claims need (docs/study.md \"Sizing a study\")")
+                         "of the spec's design and of the one the claims need (docs/study.md \"Sizing a study\"); "
+                         "with --address, refused in one line where that cluster lacks the pods or GPUs its runs need")
     st.add_argument("--max-hours", type=float, default=24.0,
                     help="refuse a study whose runs are estimated to take longer here (default 24; core/spec/sizes.py)")
     st.set_defaults(fn=cmd_study)

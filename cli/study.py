@@ -44,6 +44,8 @@ def _plan(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     from study.grid import choose_sweeps, claim_sides, distinct_runs, expand_study
 
     cells = expand_study(spec, args.spec)
+    if args.address and (rc := _fits_cluster(cells[0].spec, args)) is not None:
+        return rc
     sides = claim_sides(spec, cells, args.spec)
     if not sides:
         raise ValueError(f"{args.spec}: --plan sizes a study's claims, and its study has none")
@@ -79,6 +81,25 @@ def _plan(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     if left:
         console.print(f"more than 100 seeds (or no prior): {', '.join(left)}")
     return 0
+
+
+def _fits_cluster(run_spec, args: argparse.Namespace) -> int | None:
+    """`--plan --address`: the cluster has the pods, and each pod's node the GPUs, that the study's
+    runs need (testbed/runs/pods.py discover_pods: every cell has the spec's topology), else one
+    line before anything else is planned. On an emulated cluster the plan runs again in its head's
+    namespace (its exit status returned); else None: it fits, go on planning here."""
+    from cli.cluster import in_cluster
+    from testbed.runs.pods import discover_pods
+
+    argv = ["study", args.spec, "--plan", "--address", args.address, *(["--sweeps", args.sweeps] if args.sweeps else []),
+            *(["--repeat-seeds", args.repeat_seeds] if args.repeat_seeds is not None else [])]
+    if (rc := in_cluster(args.address, argv)) is not None:
+        return rc
+    try:
+        discover_pods(run_spec)
+    except ValueError as e:
+        raise ValueError(f"{args.spec}: its runs do not fit the cluster at {args.address}: {e}") from None
+    return None
 
 
 def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:

@@ -7,16 +7,12 @@ engines starting) and skip when the vLLM CPU build or NIXL is not installed.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import math
-import multiprocessing as mp
 import os
 import shutil
-import signal
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +26,8 @@ needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM CPU build or NIXL no
 
 from testbed.cluster.raynodes import free_ports
 from testbed.machine.kv_ports import KV_PORT_BASE
-from testbed.engines.engine import EngineConfig  # noqa: E402  (no vLLM import at module level)
+from testbed.engines.engine import PROGRESS_DELAY_ENV, EngineConfig  # noqa: E402  (no vLLM import at module level)
+from engine_process import EngineProcess  # noqa: E402
 
 BLOCK = 128  # vLLM's CPU KV block size (tokens)
 
@@ -53,6 +50,11 @@ def test_engine_config_derives_lease_and_environment(tmp_path):
     assert env["UCX_TCP_PORT_RANGE"] == f"{KV_PORT_BASE}-{KV_PORT_BASE + 0xFF}"
     assert env["TMPDIR"].startswith(str(tmp_path / "run" / "p0"))
     assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path / "run" / "p0"))
+    # the CPU build's settings (one torch thread, the NIXL progress thread's delay, no thread pinning)
+    cpu_only = {"OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", PROGRESS_DELAY_ENV}
+    assert cpu_only <= set(env)
+    gpu_env = EngineConfig(model=tmp_path, run_dir=tmp_path, name="g", side_channel_port=1, gpu=True).environment()
+    assert not cpu_only & set(gpu_env), cpu_only & set(gpu_env)
     # the uni executor by default: vLLM's CPU platform keeps it only with this set to 0
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     mp = EngineConfig(model=tmp_path, run_dir=tmp_path, name="x", side_channel_port=1, executor="mp")
@@ -70,126 +72,6 @@ def test_engine_config_derives_lease_and_environment(tmp_path):
 # --------------------------------------------------------------------------- two real engines
 
 
-def _serve(cmd_r, res_w, cfg: EngineConfig) -> None:
-    """Child process: one Engine, answering (call id, method, kwargs) messages."""
-    os.setsid()  # own process group: the test can kill the engine's whole tree
-    asyncio.run(_serve_async(cmd_r, res_w, cfg))
-
-
-async def _serve_async(cmd_r, res_w, cfg: EngineConfig) -> None:
-    from testbed.engines.engine import Engine
-
-    engine = Engine(cfg)
-    loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task] = set()
-
-    async def handle(cid, method, kwargs):
-        try:
-            res_w.send((cid, True, await getattr(engine, method)(**kwargs)))
-        except Exception as exc:  # reported to the test, which raises it
-            res_w.send((cid, False, f"{type(exc).__name__}: {exc}"))
-
-    while True:
-        cid, method, kwargs = await loop.run_in_executor(None, cmd_r.recv)
-        task = asyncio.create_task(handle(cid, method, kwargs))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        if method == "shutdown":
-            await task
-            return
-
-
-class _Remote:
-    """The test's handle on one engine process (two one-way pipes, calls may overlap)."""
-
-    def __init__(self, cfg: EngineConfig) -> None:
-        ctx = mp.get_context("spawn")
-        cmd_r, self._cmd_w = ctx.Pipe(duplex=False)
-        self._res_r, res_w = ctx.Pipe(duplex=False)
-        # not daemonic: vLLM's engine spawns children of its own
-        self.proc = ctx.Process(target=_serve, args=(cmd_r, res_w, cfg), daemon=False)
-        self.proc.start()
-        self._next = 0
-        self._done: dict[int, tuple[bool, object]] = {}
-
-    def submit(self, method: str, **kwargs) -> int:
-        self._next += 1
-        self._cmd_w.send((self._next, method, kwargs))
-        return self._next
-
-    def result(self, cid: int, timeout: float = 240.0):
-        end = time.monotonic() + timeout
-        while cid not in self._done:
-            left = end - time.monotonic()
-            if left <= 0 or not self._res_r.poll(left):
-                raise TimeoutError(f"engine process {self.proc.pid}: no reply to call {cid} "
-                                   f"in {timeout} s")
-            c, ok, value = self._res_r.recv()
-            self._done[c] = (ok, value)
-        ok, value = self._done.pop(cid)
-        if not ok:
-            raise RuntimeError(value)
-        return value
-
-    def call(self, method: str, timeout: float = 240.0, **kwargs):
-        return self.result(self.submit(method, **kwargs), timeout)
-
-    def tree(self) -> list[int]:
-        """PIDs in the engine's process group (front end, EngineCore, worker)."""
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.getpgid(int(entry)) == self.proc.pid:
-                        pids.append(int(entry))
-                except ProcessLookupError:
-                    pass
-        return pids
-
-    def rss_bytes(self) -> int:
-        total = 0
-        for pid in self.tree():
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
-                continue
-            total += int(status.split("VmRSS:")[1].split()[0]) * 1024
-        return total
-
-    def cpu_seconds(self) -> float:
-        ticks = 0
-        for pid in self.tree():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            ticks += int(fields[11]) + int(fields[12])
-        return ticks / os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def close_all(remotes: list["_Remote"]) -> None:
-        """Shut the engines down together (each takes seconds), then kill what is left of each group."""
-        asked = []
-        for r in remotes:
-            try:
-                if r.proc.is_alive():
-                    asked.append((r, r.submit("shutdown")))
-            except Exception as exc:  # still kill the group below
-                print(f"engine {r.proc.pid} shutdown failed: {exc}", file=sys.stderr)
-        for r, cid in asked:
-            try:
-                r.result(cid, timeout=45)
-            except Exception as exc:
-                print(f"engine {r.proc.pid} shutdown failed: {exc}", file=sys.stderr)
-        for r in remotes:
-            r.proc.join(10)
-            try:
-                os.killpg(r.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            r.proc.join(5)
-
-
 def _free_port() -> int:
     return free_ports(1)[0]
 
@@ -205,12 +87,12 @@ def engines(tmp_path_factory):
     run = root / "run"
     common = dict(model=model, run_dir=run, host_ip="127.0.0.1", net_device="lo",
                   request_deadline_s=60.0)
-    remotes: list[_Remote] = []
+    remotes: list[EngineProcess] = []
     try:
-        p = _Remote(EngineConfig(name="prefill", role="prefill", side_channel_port=_free_port(),
+        p = EngineProcess(EngineConfig(name="prefill", role="prefill", side_channel_port=_free_port(),
                                  **common))
         remotes.append(p)
-        d = _Remote(EngineConfig(name="decode", role="decode", side_channel_port=_free_port(),
+        d = EngineProcess(EngineConfig(name="decode", role="decode", side_channel_port=_free_port(),
                                  **common))
         remotes.append(d)
         t0 = time.monotonic()
@@ -230,7 +112,7 @@ def engines(tmp_path_factory):
         expired = {r: e.call("metrics")["vllm:nixl_num_kv_expired_reqs_total"] for r, e in (("p", p), ("d", d))}
         yield {"prefill": p, "decode": d, "model": model, "facts": facts, "expired_after_warmup": expired}
     finally:
-        _Remote.close_all(remotes)
+        EngineProcess.close_all(remotes)
         leftovers = [pid for r in remotes for pid in r.tree()]
         shutil.rmtree(run, ignore_errors=True)  # TMPDIR, IPC sockets, vLLM cache
         assert not leftovers, f"engine processes left behind: {leftovers}"

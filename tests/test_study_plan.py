@@ -102,3 +102,45 @@ def test_a_study_without_claims_cannot_be_planned_and_says_so_in_one_line(tmp_pa
     assert main(["study", str(spec), "--plan"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--plan sizes a study's claims, and its study has none" in err[0]
+
+
+EXPERIMENTS = CARRYOVER.parent
+
+
+def _nodes(*gpus_per_node: int) -> list[dict]:
+    """Ray's ray.nodes() of a cluster whose node k holds pod k with that many GPUs (cluster.yaml's
+    start commands give a node its pod<i> resource)."""
+    return [{"Alive": True, "NodeID": f"n{k}", "NodeManagerAddress": f"10.0.0.{k + 1}",
+             "Resources": {f"pod{k}": 1.0, "CPU": 64.0, "GPU": float(g)}} for k, g in enumerate(gpus_per_node)]
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """The plan's cluster: Ray's node list as given (no Ray started, no emulated cluster)."""
+    import ray
+
+    import cli.cluster
+
+    found: list[dict] = []
+    monkeypatch.setattr(cli.cluster, "in_cluster", lambda address, argv: None)
+    monkeypatch.setattr(ray, "nodes", lambda: found)
+    return found
+
+
+def test_the_gpu_study_is_planned_for_a_head_and_two_gpu_nodes_and_the_grid_refused_there(cluster, tmp_path, capsys,
+                                                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cluster.extend(_nodes(8, 8, 8))
+    assert main(["study", str(EXPERIMENTS / "gpu_study.yaml"), "--plan", "--address", "auto"]) == 0
+    said = capsys.readouterr()
+    out = " ".join((said.out + said.err).split())
+    assert "severity-raises-failures" in out and "as the spec stands (6 seeds, 1 repeated): 42 testbed runs" in out
+    # the simulator's 32 x 32 grid: one line naming what the cluster has
+    assert main(["study", str(EXPERIMENTS / "study.yaml"), "--plan", "--address", "auto"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "its runs do not fit the cluster at auto" in err[0] and "32 pods" in err[0], err
+    # and the GPU study on nodes short of GPUs: which pod, and how many it needs
+    cluster[:] = _nodes(8, 8, 4)
+    assert main(["study", str(EXPERIMENTS / "gpu_study.yaml"), "--plan", "--address", "auto"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pod2's node" in err[0] and "= 8, but has 4" in err[0], err

@@ -121,7 +121,9 @@ class EngineConfig:
     # kernel has descheduled. Measured on 2 cores, 4 engines: while a decode engine busy-waited on
     # a throttled pull (1.65 of 2 cores busy), a 500-token prefill elsewhere took 2.3-4.8 s
     # instead of 0.05-0.35 s with torch's default of a thread per core. None: torch's default.
+    # (CPU engines only, as the two settings below: a GPU engine keeps vLLM's and torch's defaults.)
     omp_threads: int | None = 1
+    # NIXL's progress thread would spin a core per engine (vllm_hooks.install_nixl_progress_delay)
     nixl_progress_delay_us: int = 1000
     # The idle engine core's and worker's re-check of their shared-memory queue (shm_wakeups.py);
     # None: vLLM's own (5000 ms).
@@ -199,13 +201,11 @@ class EngineConfig:
             "TORCHINDUCTOR_CACHE_DIR": str(compile_cache_dir()),
             "VLLM_RPC_BASE_PATH": str(d / "tmp"),
             "VLLM_CACHE_ROOT": str(d / "cache"),
-            "VLLM_CPU_OMP_THREADS_BIND": self.omp_threads_bind,
             "GLOO_SOCKET_IFNAME": "lo",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
-            PROGRESS_DELAY_ENV: str(self.nixl_progress_delay_us),
             REHANDSHAKE_ENV: "1" if self.nixl_rehandshake else "0",
             STAGE_LOG_ENV: str(self.stage_log_path),
             shm_wakeups.LOG_ENV: str(self.wakeup_log_path),
@@ -226,8 +226,11 @@ class EngineConfig:
             # check_and_update_config); AsyncLLM keeps its engine core in a process of its own
             # either way (EngineCoreClient.make_async_mp_client).
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if self.omp_threads is not None:
-            env["OMP_NUM_THREADS"] = str(self.omp_threads)
+        if not self.gpu:  # the CPU build's own settings; a GPU engine keeps vLLM's defaults
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.omp_threads_bind
+            env[PROGRESS_DELAY_ENV] = str(self.nixl_progress_delay_us)
+            if self.omp_threads is not None:
+                env["OMP_NUM_THREADS"] = str(self.omp_threads)
         env.update(self.extra_env)
         return env
 
