@@ -66,9 +66,9 @@ def link_faulted_pods(specs: Sequence[ExperimentSpec]) -> set[int]:
     return {p for s in specs for f in s.faults if f.kind == FAULT_LINK for p in f.pods}
 
 
-def fault_targets(spec: ExperimentSpec, agents: FaultAgents, engines: Engines, faulted: set[int]) -> FaultTargets:
-    """Where the faults of ``spec`` act; ``faulted``: every pod a link fault of the command's runs
-    shapes (link_faulted_pods), whose probe paths are chosen together (ProbePathError: one line)."""
+def fault_targets(agents: FaultAgents, engines: Engines, faulted: set[int]) -> FaultTargets:
+    """Where the command's faults act; ``faulted``: every pod a link fault of its runs shapes
+    (link_faulted_pods), whose probe paths are chosen together (ProbePathError: one line)."""
     backend = "gpu" if engines.gpu else "cpu"  # the engines' device, not what the host has
     # Each CPU engine computes on one torch thread (EngineConfig.omp_threads): a slow-down by f
     # gives the pod's engines their threads' worth of cores over f, never more than the host has.
@@ -260,7 +260,7 @@ def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
                 for seed in job.seeds:
                     kv = kv_paths_or_restart(job.spec, engines, model_meta["vocab"])
                     if "restart" in kv and targets is not None:  # the new engines' processes
-                        targets = fault_targets(job.spec, agents, engines, link_faulted_pods([j.spec for j in jobs]))
+                        targets = fault_targets(agents, engines, link_faulted_pods([j.spec for j in jobs]))
                     run_one(job.spec, policy, seed, job.workloads[seed], job.out_dir or out, engines, model_meta,
                             progress, targets, agents, kv)
 
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = None
         if agents is not None and (any(job.spec.faults for job in jobs) or args.calibrate):
             try:
-                targets = fault_targets(spec0, agents, engines, link_faulted_pods([job.spec for job in jobs]))
+                targets = fault_targets(agents, engines, link_faulted_pods([job.spec for job in jobs]))
             except ProbePathError as e:  # one line: which pod, and why no node can measure it
                 print(f"testbed: error: {e}", file=sys.stderr)
                 return 2
