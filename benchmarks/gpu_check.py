@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,27 +57,21 @@ def result(status: str, detail: str, **data: Any) -> dict[str, Any]:
 def part_nvml() -> dict[str, Any]:
     try:
         import pynvml
+
+        from testbed.cluster.nodes import gpu_list  # what `testbed cluster status` lists (needs Ray)
     except ImportError:
         return _nvidia_smi()
-    try:
-        pynvml.nvmlInit()
-    except Exception as e:  # no driver, no library
-        return result(MISSING, f"NVML: {e}")
+    gpus, missing, problems = gpu_list()
+    if missing is not None:
+        return result(MISSING, f"NVML: {missing}")
+    pynvml.nvmlInit()
     try:
         cuda = pynvml.nvmlSystemGetCudaDriverVersion()
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            gpus.append({"name": _text(pynvml.nvmlDeviceGetName(h)), "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
-                         "sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                         "sm_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)})
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
     finally:
         pynvml.nvmlShutdown()
-    if not gpus:
-        return result(MISSING, "NVML sees no GPU")
-    return result(CHECKED, f"{len(gpus)} GPU(s), {gpus[0]['name']}; driver {driver}, CUDA {cuda // 1000}.{cuda % 1000 // 10}",
-                  driver=driver, cuda_driver=cuda, gpus=gpus, via="pynvml")
+    return result(CHECKED, f"{len(gpus)} GPU(s), {gpus[0].name}; driver {driver}, CUDA {cuda // 1000}.{cuda % 1000 // 10}",
+                  driver=driver, cuda_driver=cuda, gpus=[asdict(g) for g in gpus], problems=problems, via="pynvml")
 
 
 def _text(x: Any) -> str:
@@ -95,7 +90,7 @@ def _nvidia_smi() -> dict[str, Any]:
     gpus = [dict(zip(("name", "uuid", "driver", "sm_mhz", "sm_max_mhz"), (v.strip() for v in line.split(","))))
             for line in out.stdout.strip().splitlines()]
     return result(CHECKED, f"{len(gpus)} GPU(s), {gpus[0]['name']}; driver {gpus[0]['driver']} (nvidia-smi: "
-                  "pynvml is not installed, so GPU clock faults cannot run here)", gpus=gpus, via="nvidia-smi")
+                  "pynvml or Ray is not installed; GPU clock faults need pynvml)", gpus=gpus, via="nvidia-smi")
 
 
 def part_cuda() -> dict[str, Any]:

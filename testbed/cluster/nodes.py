@@ -280,7 +280,9 @@ def _interfaces() -> tuple[Interface, ...]:
     return tuple(out)
 
 
-def _gpus() -> tuple[tuple[Gpu, ...], str | None, list[str]]:
+def gpu_list() -> tuple[tuple[Gpu, ...], str | None, list[str]]:
+    """The GPUs NVML sees here, read-only: (the GPUs, why there are none or None, a line per GPU it
+    could not read)."""
     from testbed.faults.gpu import locked_uuids
     from testbed.machine.gpu import gpu_available, nvml_uuid
 
@@ -335,7 +337,7 @@ def node_report() -> NodeReport:
         interfaces = ()
         problems.append(f"interfaces: {_error_line(exc)}")
     try:
-        gpus, gpu_missing, gpu_problems = _gpus()
+        gpus, gpu_missing, gpu_problems = gpu_list()
         problems += gpu_problems
     except Exception as exc:
         gpus, gpu_missing = (), f"reading GPUs failed: {_error_line(exc)}"

@@ -13,13 +13,13 @@ set on this machine, in the root namespace and in every testbed namespace.
 from __future__ import annotations
 
 import atexit
-from collections import Counter
 import fcntl
 import logging
 import os
 import signal
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
