@@ -21,7 +21,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
+from testbed.faults.shaping import drain_rate
 from testbed.machine.netns import Fabric, in_netns, link_stats
+
+_IP_MTU = 14  # linux/in.h: a connected socket's path MTU
+_ETH_HLEN = 14  # linux/if_ether.h
 
 
 def retransmits(sock: socket.socket) -> int:
@@ -65,18 +69,28 @@ def bytes_received(sock: socket.socket) -> int:
 
 def step_rate(samples: list[tuple[float, int]], t0: float, t1: float) -> float:
     """Bit/s through a byte counter sampled as (time, bytes) over [t0, t1), read from its first
-    step in the window to its last: a shaper releases whole packets (GSO ones up to 64 KiB) and
-    goes into debt for them, so at a few Mbit/s the counter moves in steps far apart, and a
-    plain delta over the window would be off by up to a step at each end (docs/verified.md
-    "htb counts GSO packets whole"). With fewer than two steps, the plain delta: 0 where
-    nothing moved."""
+    step in the window to its last (:func:`testbed.faults.shaping.drain_rate`): a shaper releases
+    whole packets (GSO ones up to 64 KiB) and goes into debt for them, so at a few Mbit/s the
+    counter moves in steps far apart, and a plain delta over the window would be off by up to a
+    step at each end (docs/verified.md "htb counts GSO packets whole"). With fewer than two
+    steps, the plain delta: 0 where nothing moved."""
     inside = [i for i, (t, _) in enumerate(samples) if t0 <= t < t1]
     if len(inside) < 2:
         raise ValueError(f"no two counter samples in [{t0:.3f}, {t1:.3f}): the sampler did not run")
     steps = [i for i in inside if i > 0 and samples[i][1] != samples[i - 1][1]]
-    (ta, ba), (tb, bb) = ((samples[steps[0]], samples[steps[-1]]) if len(steps) >= 2
-                          else (samples[inside[0]], samples[inside[-1]]))
+    if len(steps) >= 2:
+        return drain_rate([samples[i] for i in steps], samples[steps[0] - 1][1])
+    (ta, ba), (tb, bb) = samples[inside[0]], samples[inside[-1]]
     return (bb - ba) * 8 / (tb - ta)
+
+
+def payload_share(sock: socket.socket) -> float:
+    """The share of what a shaper counts that a TCP stream on ``sock`` delivers as payload: htb
+    counts each segment's frame, the path's MTU and its 14-byte Ethernet header, and a segment
+    carries the connection's MSS (options excluded) of payload; 1448 of 1514 on these veths."""
+    mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+    mtu = sock.getsockopt(socket.IPPROTO_IP, _IP_MTU)
+    return mss / (mtu + _ETH_HLEN)
 
 
 @contextmanager

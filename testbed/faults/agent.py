@@ -143,12 +143,12 @@ class FaultAgent:
     @staticmethod
     def _rate_while(counter: Callable[[], int], load: Callable[[], Any] | None, window_s: float,
                     settle_s: float = 0.1, every_s: float = 0.005) -> float:
-        """Bytes/s through a counter over ``window_s``, from its first change to its last.
+        """Bit/s through a counter over ``window_s``, from its first change to its last.
 
         A shaper releases whole packets, GSO ones up to 64 KiB, and goes into debt for
         them: at a few Mbit/s the counter moves in steps a good part of a second apart.
-        Counting from step to step measures the drain rate exactly; a plain delta over
-        the window would be off by up to a step at each end."""
+        Read from step to step (:func:`shaping.drain_rate`) the drain rate is exact; a plain
+        delta over the window would be off by up to a step at each end."""
         t = threading.Thread(target=load, daemon=True) if load else None
         if t:
             t.start()
@@ -164,9 +164,8 @@ class FaultAgent:
         if t:
             t.join()
         if len(samples) >= 3:  # two steps or more: step to step
-            (t0, b0), (t1, b1) = samples[1], samples[-1]
-        else:
-            (t0, b0), (t1, b1) = samples[0], end
+            return shaping.drain_rate(samples[1:], samples[0][1])
+        (t0, b0), (t1, b1) = samples[0], end
         return (b1 - b0) * 8 / (t1 - t0)
 
     def fill(self, peer: str, port: int, offered_bps: float, duration_s: float) -> int:
