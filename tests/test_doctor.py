@@ -346,3 +346,20 @@ def test_a_whole_link_fault_on_the_nic_ray_uses_fails_with_kv_only_as_the_fix(mo
     assert other["link faults"].status == "n/a"  # the fault shapes pod 0's node only
     head = {c.name: c for c in pf.node_checks(pf.Params(link_faults=((0, False, (0,)),)), pf.Role(cluster=True, head=True))}
     assert head["link faults"].status == "n/a"
+    # the interface the faults shape has the kernel's root (lo: noqueue), replaced while a fault is on
+    assert pod["root qdisc"].status == "ok" and pod["root qdisc"].detail.startswith("lo: the kernel's noqueue")
+    assert head["root qdisc"].status == "n/a"
+
+
+def test_the_root_qdisc_a_fault_would_replace_is_named_and_a_foreign_or_left_one_fails_with_the_fix():
+    from testbed.faults.shaping import ROOT, RootQdisc
+
+    mq = pf.check_root_qdisc(RootQdisc("ens5", "mq", 0, 8))
+    assert mq.status == "ok" and "the kernel's mq over 8 transmit queues" in mq.detail and "comes back" in mq.detail
+    assert pf.check_root_qdisc(RootQdisc("ens5", "fq_codel", 0, 1)).status == "ok"
+    foreign = pf.check_root_qdisc(RootQdisc("ens5", "mqprio", 0x80010000, 8))
+    assert foreign.failed and foreign.detail.startswith("ens5: mqprio 8001: was set outside the project")
+    assert "tc qdisc del dev ens5 root" in foreign.fix
+    left = pf.check_root_qdisc(RootQdisc("ens5", "htb", ROOT, 8))
+    assert left.failed and "still on" in left.detail and "testbed faults clear" in left.fix
+    assert pf.check_root_qdisc(None).status == "n/a"

@@ -404,6 +404,28 @@ def test_a_fault_expires_by_its_time_to_live(fabric):
         assert shaping.installed("eth0") == {}
 
 
+def test_a_multi_queue_nics_mq_root_is_replaced_while_shaped_and_comes_back_whole(fabric):
+    """A NIC with several transmit queues has the kernel's mq as its root, a child qdisc per queue
+    (here an ifb made with four, as a veth has noqueue): the fault's htb takes its place, and once
+    the fault is removed the kernel's mq is back with its four children."""
+    def children(ipr: IPRoute, idx: int) -> list[str]:
+        return sorted(q.get_attr("TCA_KIND") for q in ipr.get_qdiscs(index=idx) if q["parent"] != 0xFFFFFFFF)
+
+    with in_netns(fabric.node("pod0").netns), IPRoute() as ipr:
+        ipr.link("add", ifname="tbmq0", kind="ifb", num_tx_queues=4)
+        idx = ipr.link_lookup(ifname="tbmq0")[0]
+        ipr.link("set", index=idx, state="up")
+        before = shaping.root_qdisc("tbmq0")
+        assert (before.kind, before.owner, before.tx_queues) == ("mq", "kernel", 4)
+        kids = children(ipr, idx)
+        assert len(kids) == 4
+        shaping.shape(Shaping("tbmq0", "egress", 10e6))
+        shaped = shaping.root_qdisc("tbmq0")
+        assert (shaped.kind, shaped.owner) == ("htb", "project") and shaping.installed("tbmq0") == {"egress": 10e6}
+        assert shaping.remove("tbmq0", "egress") == 0
+        assert shaping.root_qdisc("tbmq0") == before and children(ipr, idx) == kids
+
+
 def test_a_qdisc_the_project_did_not_set_is_never_replaced(fabric):
     with in_netns(fabric.node("pod0").netns), IPRoute() as ipr:
         idx = ipr.link_lookup(ifname="eth0")[0]

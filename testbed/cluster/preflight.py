@@ -35,9 +35,10 @@ from testbed.machine.kv_ports import KV_PORT_BASE, KV_PORT_RANGE
 from testbed.machine.netns import NODE_IFNAME, has_net_admin, missing_privileges
 
 from testbed.cluster.checks import Check, fail, na, ok
+from testbed.faults.shaping import RootQdisc, ShapingError, root_qdisc
 from testbed.machine.interfaces import interface_addresses
 from testbed.cluster.preflight_links import (  # noqa: F401 (re-exported: the checks are preflight's)
-    _picked, _ray_ip, check_emulated_interfaces, check_interfaces, check_link_faults)
+    _picked, _ray_ip, check_emulated_interfaces, check_interfaces, check_link_faults, check_root_qdisc)
 from vocab import FAULT_LINK, MODE_LOCAL
 
 _MARK = "DOCTOR-PROBE "  # the line a probe subprocess answers with
@@ -469,13 +470,16 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
         checks += [check_cgroups(), check_privileges(True), check_emulated_interfaces(params.fault_interfaces)]
         # each node's namespace: its one interface carries its Ray address (testbed/machine/netns.py)
         checks.append(check_link_faults([(i, kv) for i, kv, _ in params.link_faults], NODE_IFNAME, True))
+        checks.append(na("root qdisc", f"each node's {NODE_IFNAME} is a veth the project makes, its root the "
+                                       "kernel's noqueue"))
     else:
         checks += [check_cgroups(), check_privileges(False), check_interfaces(params.fault_interfaces, present)]
         ip = _ray_ip()
         here = [(i, kv) for i, kv, pods in params.link_faults if any(f"pod{p}" in role.pods for p in pods)]
         checks.append(check_link_faults(here, device, bool(device and ip in interface_addresses(device)), ip))
+        checks.append(check_root_qdisc(_root(device)))
     if local or not role.engines:
-        checks.append(na("link faults", no_faults if local else no_pod))
+        checks += [na("link faults", no_faults if local else no_pod), na("root qdisc", no_faults if local else no_pod)]
     if role.head:
         checks += [check_port("metrics", *params.metrics), check_port("ingress", *params.ingress, " (run --serve)")]
     else:
@@ -483,6 +487,14 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
     if not role.cluster:
         checks.append(na("ray up tools", no_faults) if local else check_rayup_tools())
     return checks
+
+
+def _root(device: str | None) -> RootQdisc | None:
+    """The root qdisc of the interface this node's faults shape, None where there is none."""
+    try:
+        return root_qdisc(device) if device else None
+    except ShapingError:  # not in this namespace: the interfaces line says so
+        return None
 
 
 def _where(role: Role) -> str:

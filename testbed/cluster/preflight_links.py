@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from testbed.cluster.checks import Check, fail, na, ok
+from testbed.faults.shaping import RootQdisc
 from testbed.machine.interfaces import pick_interface
 from testbed.machine.netns import NODE_IFNAME
 
@@ -57,6 +58,32 @@ def check_link_faults(link_faults: Sequence[tuple[int, bool]], ifname: str | Non
                     f"set kv_only: true on {_faults(whole)} (the KV alone is throttled), or give the KV a NIC "
                     "of its own and list it first in testbed.fault_interfaces")
     return ok("link faults", f"{_faults(whole)} shape all of {ifname}, which does not carry {where}")
+
+
+def check_root_qdisc(root: RootQdisc | None) -> Check:
+    """What a link fault does to the root qdisc of the interface it shapes (testbed/faults/shaping.py):
+    the kernel's default (``mq`` over a multi-queue NIC's queues) is replaced by the fault's one htb
+    queue while it is on and comes back when it clears; the project's own means a fault is still on;
+    one set by someone else (``mqprio``, a tc set-up of the site's) is never replaced, so every link
+    fault there would be refused."""
+    if root is None:
+        return na("root qdisc", "none of testbed.fault_interfaces is here (the interfaces line)")
+    name = f"{root.ifname}: {root.kind} {root.handle >> 16:x}:"
+    if root.owner == "project":
+        return fail("root qdisc", f"{name} is a link fault of the project's, still on",
+                    "wait for its time to live, or testbed faults clear --address <head address>")
+    if root.owner == "other":
+        return fail("root qdisc", f"{name} was set outside the project: every link fault on {root.ifname} would "
+                                  "be refused, never replace it",
+                    f"remove it (tc qdisc del dev {root.ifname} root), or list another NIC first in "
+                    "testbed.fault_interfaces")
+    if root.kind == "mq":
+        return ok("root qdisc", f"{root.ifname}: the kernel's mq over {root.tx_queues} transmit queues; a link "
+                                "fault puts one htb queue in its place while it is on (all of the NIC's traffic "
+                                "then passes one queue, kv_only's unshaped rest too) and the mq comes back "
+                                "when it clears")
+    return ok("root qdisc", f"{root.ifname}: the kernel's {root.kind}; a link fault puts its htb in its place while "
+                            "it is on, and the kernel's comes back when it clears")
 
 
 def _faults(indexes: Iterable[int]) -> str:

@@ -125,6 +125,35 @@ def _del_root(ipr: IPRoute, idx: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class RootQdisc:
+    """An interface's root qdisc, as a link fault finds it (what `testbed doctor` reports)."""
+
+    ifname: str
+    kind: str  # mq, noqueue, pfifo_fast, fq_codel, htb, mqprio, ...
+    handle: int  # 0: the kernel's own, made when the link came up
+    tx_queues: int  # the device's transmit queues: mq gives each its own child qdisc
+
+    @property
+    def owner(self) -> Literal["kernel", "project", "other"]:
+        """Whose it is: the kernel's default (a fault replaces it, and removing the fault's root
+        gives the kernel's default back), the project's (a fault is on), or someone else's (a
+        fault on the interface is refused: :func:`shape`)."""
+        return "kernel" if self.handle == 0 else "project" if self.handle == ROOT else "other"
+
+
+def root_qdisc(ifname: str) -> RootQdisc:
+    """``ifname``'s root qdisc in this thread's network namespace (read only)."""
+    with _iproute() as ipr:
+        idx = _index(ipr, ifname)
+        link = ipr.link("get", index=idx)[0]
+        queues = int(link.get_attr("IFLA_NUM_TX_QUEUES") or 1)
+        for q in ipr.get_qdiscs(index=idx):
+            if q["parent"] == TC_H_ROOT:
+                return RootQdisc(ifname, q.get_attr("TCA_KIND"), q["handle"], queues)
+    return RootQdisc(ifname, "noqueue", 0, queues)  # a device without one transmits directly
+
+
 def queued_bytes(ifname: str, direction: Direction) -> int:
     """Bytes the project's shaping of one direction of ``ifname`` holds in its queue now."""
     with _iproute() as ipr:
@@ -260,6 +289,8 @@ def shape(s: Shaping) -> None:
         dev = _index(ipr, s.ifname)
         target = _ensure_ifb(ipr, dev, s.ifname) if s.direction == "ingress" else dev
         root = _root_handle(ipr, target)
+        # Handle 0 is the kernel's default root (mq over a multi-queue NIC's queues, noqueue on a
+        # veth): replaced while the fault is on; removing the project's root brings it back.
         if root not in (None, ROOT, 0):
             raise ShapingError(f"{s.ifname} {s.direction}: a root qdisc (handle {root >> 16:x}:) the project did not "
                                "set is there; refusing to replace it")
