@@ -136,7 +136,7 @@ def _instant_server(conn: Any, work: str, prompt_tokens: int, max_tokens: int) -
     clock = lambda: time.monotonic() - t0  # noqa: E731
     eng = InstantEngine()
     flow = RequestFlow(ctx, [eng] * topo.prefill_ids.size, [eng] * topo.decode_ids.size, spec.deadline_s, clock,
-                       meta["vocab"], meta["kv_bytes_per_token"])
+                       meta["vocab"], meta["kv_bytes_per_token"], spec.engine.kv_block_tokens)
     count = iter(range(10**9))
 
     def submit(ids: list[int], max_tokens: int, sampling: dict[str, Any], on_tokens: Any) -> Submitted:
@@ -273,7 +273,8 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
     try:
         t0 = time.monotonic()
         engines.start(spec.testbed.engine_start_timeout_s)
-        warm_pairs(engines.prefill, engines.decode, meta["vocab"])
+        meta["kv_block_tokens"] = engines.block_tokens
+        warm_pairs(engines.prefill, engines.decode, meta["vocab"], engines.block_tokens)
         console.print(f"engines ready and paired in {time.monotonic() - t0:.0f} s")
         router, _ = start_router(spec, ENGINE_POLICY, 0, out, {"source": "bench_ingress"}, engines, meta)
         serving = router.serve.remote(str(model), "127.0.0.1", 0)

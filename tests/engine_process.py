@@ -5,6 +5,7 @@ engine pair (benchmarks/gpu_check.py)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import multiprocessing as mp
 import os
 import signal
@@ -30,7 +31,8 @@ async def _serve_async(cmd_r, res_w, cfg: EngineConfig) -> None:
 
     async def handle(cid, method, kwargs):
         try:
-            res_w.send((cid, True, await getattr(engine, method)(**kwargs)))
+            res = getattr(engine, method)(**kwargs)
+            res_w.send((cid, True, await res if inspect.isawaitable(res) else res))
         except Exception as exc:  # reported to the test, which raises it
             res_w.send((cid, False, f"{type(exc).__name__}: {exc}"))
 

@@ -81,7 +81,8 @@ def _flow_run(tmp_path, decoded, refs):
     with RunContext(spec, "testbed", "LC", 0, tmp_path, build_topology(spec), {"requests": 2}) as ctx:
         t0 = time.monotonic()
         flow = RequestFlow(ctx, [ScriptedEngine({"alloc": 0.0}, end=0.01)], [TokenEngine(decoded)], spec.deadline_s,
-                           lambda: time.monotonic() - t0, vocab=2048, kv_bytes_per_token=KV, canaries=refs)
+                           lambda: time.monotonic() - t0, vocab=2048, kv_bytes_per_token=KV,
+                           block_tokens=spec.engine.kv_block_tokens, canaries=refs)
 
         async def both():
             await asyncio.gather(flow.handle(0, 0.0, 256, 4), flow.handle(1, 0.0, 256, 4))

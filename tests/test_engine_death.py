@@ -97,7 +97,8 @@ def _run(tmp_path, prefill, decode, kill, n=12, gap=0.1, probe_s=None):
     with RunContext(spec, "testbed", "LC", 0, tmp_path, topo, {"requests": n}) as ctx:
         t0 = time.monotonic()
         clock = lambda: time.monotonic() - t0  # noqa: E731
-        flow = RequestFlow(ctx, prefill, decode, spec.deadline_s, clock, vocab=2048, kv_bytes_per_token=KV)
+        flow = RequestFlow(ctx, prefill, decode, spec.deadline_s, clock, vocab=2048, kv_bytes_per_token=KV,
+                           block_tokens=spec.engine.kv_block_tokens)
         live = Liveness(ctx, flow, clock, 1.0, ["p0", "p1", "d0", "d1"])
         flow.on_engine_error = live.error
 

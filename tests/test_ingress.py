@@ -92,7 +92,8 @@ async def _serving(tmp_path: Path, tokenizer, engine: StreamingEngine, client_fn
     with RunContext(spec, "testbed", "LC", 0, tmp_path, topo, {"source": "ingress"}) as ctx:
         t0 = time.monotonic()
         clock = lambda: time.monotonic() - t0  # noqa: E731
-        flow = RequestFlow(ctx, [engine], [engine], spec.deadline_s, clock, vocab=512, kv_bytes_per_token=8192)
+        flow = RequestFlow(ctx, [engine], [engine], spec.deadline_s, clock, vocab=512, kv_bytes_per_token=8192,
+                           block_tokens=spec.engine.kv_block_tokens)
         count = iter(range(workload_requests, 10**6))  # as the router actor: after the workload's ids
 
         def submit(ids, max_tokens, sampling, on_tokens):

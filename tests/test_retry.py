@@ -183,7 +183,8 @@ def _flow_run(tmp_path, spec, prefill, decode, n=6):
     with RunContext(spec, "testbed", "LC", 0, tmp_path, topo, {"requests": n}) as ctx:
         t0 = time.monotonic()
         flow = RequestFlow(ctx, prefill, decode, spec.deadline_s, lambda: time.monotonic() - t0,
-                           vocab=2048, kv_bytes_per_token=KV, first_token_limit_s=spec.first_token_limit_s)
+                           vocab=2048, kv_bytes_per_token=KV, block_tokens=spec.engine.kv_block_tokens,
+                           first_token_limit_s=spec.first_token_limit_s)
 
         async def go():
             outs = []

@@ -29,8 +29,6 @@ from testbed.machine.kv_ports import KV_PORT_BASE
 from testbed.engines.engine import PROGRESS_DELAY_ENV, EngineConfig  # noqa: E402  (no vLLM import at module level)
 from engine_process import EngineProcess  # noqa: E402
 
-BLOCK = 128  # vLLM's CPU KV block size (tokens)
-
 
 # --------------------------------------------------------------------------- fast tests
 
@@ -105,12 +103,16 @@ def engines(tmp_path_factory):
         # The pair's first NIXL transfer (its handshake) before any test checks one, as the
         # testbed does (testbed/engines/pairs.py warm_pairs): a host stall that hits it (docs/verified.md
         # "Host stalls on two cores"; once ~70 s here, past the KV lease) is not what these tests are about.
-        warm = _prompt(7, 2 * BLOCK + 1)
+        # the KV block each engine reports, vLLM's own (Engine.block_tokens)
+        block = p.call("block_tokens")
+        assert d.call("block_tokens") == block
+        warm = _prompt(7, 2 * block + 1)
         pre = p.call("prefill", request_id="warm-pre", prompt_token_ids=warm)
         d.call("decode", request_id="warm-dec", prompt_token_ids=warm, max_tokens=1,
                kv_transfer_params=pre.kv_transfer_params)
         expired = {r: e.call("metrics")["vllm:nixl_num_kv_expired_reqs_total"] for r, e in (("p", p), ("d", d))}
-        yield {"prefill": p, "decode": d, "model": model, "facts": facts, "expired_after_warmup": expired}
+        yield {"prefill": p, "decode": d, "model": model, "facts": facts, "expired_after_warmup": expired,
+               "block": block}
     finally:
         EngineProcess.close_all(remotes)
         leftovers = [pid for r in remotes for pid in r.tree()]
@@ -206,7 +208,8 @@ def test_kv_moves_over_nixl_and_decode_matches_single_engine(engines):
     from core.canary import reference, verdict
     from testbed.engines.tiny_model import kv_bytes_per_token
 
-    p, d = engines["prefill"], engines["decode"]
+    p, d, block = engines["prefill"], engines["decode"], engines["block"]
+    assert block == 128  # vLLM's CPU build (docs/verified.md "KV cache blocks of 128 tokens")
     per_token = kv_bytes_per_token(engines["model"])
     refs = {}
     for i, n in enumerate((300, 1000)):
@@ -218,13 +221,13 @@ def test_kv_moves_over_nixl_and_decode_matches_single_engine(engines):
         out = d.call("decode", request_id=f"dec-{i}", prompt_token_ids=prompt, max_tokens=12,
                      kv_transfer_params=params)
         after = d.call("metrics")
-        blocks = math.ceil(n / BLOCK)
+        blocks = math.ceil(n / block)
         # The decoder took the whole prompt from the prefill engine ...
         assert _delta(before, after, "vllm:external_prefix_cache_hits_total") == n
         assert _delta(before, after, "vllm:nixl_xfer_time_seconds_count") == 1
         # ... as whole blocks of this model's KV (partial last block included).
         assert _delta(before, after, "vllm:nixl_bytes_transferred_sum") == \
-            blocks * BLOCK * per_token
+            blocks * block * per_token
         assert _delta(before, after, "vllm:nixl_num_failed_transfers_total") == 0
         assert out.first_token_s is not None and out.submitted_s <= out.first_token_s <= \
             out.finished_s
@@ -245,7 +248,7 @@ def test_kv_moves_over_nixl_and_decode_matches_single_engine(engines):
     # The output depends on the transferred KV (the decoder recomputes only the
     # last prompt token): another first block changes the continuation.
     prompt, ref_ids = refs[300]
-    other = _prompt(99, BLOCK) + prompt[BLOCK:]
+    other = _prompt(99, block) + prompt[block:]
     alt = p.call("decode", request_id="ref-alt", prompt_token_ids=other, max_tokens=12)
     assert alt.token_ids != ref_ids
     expired = engines["expired_after_warmup"]  # none of the checked transfers lost its KV

@@ -106,7 +106,8 @@ def _testbed(tmp_path, spec, prefill: ScriptedEngine, decode: ScriptedEngine, pr
     with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", topo, {"requests": 1}) as ctx:
         t0 = time.monotonic()
         flow = RequestFlow(ctx, [prefill], [decode], spec.deadline_s, lambda: time.monotonic() - t0,
-                           vocab=2048, kv_bytes_per_token=KV, first_token_limit_s=spec.first_token_limit_s)
+                           vocab=2048, kv_bytes_per_token=KV, block_tokens=spec.engine.kv_block_tokens,
+                           first_token_limit_s=spec.first_token_limit_s)
         asyncio.run(flow.handle(0, 0.0, prompt, output))
     return read_table(ctx.run_dir, "requests")
 
@@ -371,7 +372,8 @@ def _given_up_in_kv_transfer(tmp_path, decode: DeadPullEngine, deadline_s: float
     with RunContext(spec, "testbed", "LC", 0, tmp_path / "testbed", build_topology(spec), {"requests": 1}) as ctx:
         t0 = time.monotonic()
         flow = RequestFlow(ctx, [ScriptedEngine({"alloc": 0.0}, end=0.05)], [decode], spec.deadline_s,
-                           lambda: time.monotonic() - t0, vocab=2048, kv_bytes_per_token=KV)
+                           lambda: time.monotonic() - t0, vocab=2048, kv_bytes_per_token=KV,
+                           block_tokens=spec.engine.kv_block_tokens)
 
         async def go():
             out = await flow.handle(0, 0.0, 256, 10)
@@ -478,7 +480,7 @@ def test_a_decode_calls_dispatch_delay_is_counted_in_the_stage_times_after_it(tm
         t0 = time.monotonic()
         clock = lambda: time.monotonic() - t0  # noqa: E731
         flow = RequestFlow(ctx, [ScriptedEngine({"alloc": 0.0}, end=0.05)], [decode], spec.deadline_s, clock,
-                           vocab=2048, kv_bytes_per_token=KV)
+                           vocab=2048, kv_bytes_per_token=KV, block_tokens=spec.engine.kv_block_tokens)
         inner = decode.decode
 
         async def timed(*a, **kw):

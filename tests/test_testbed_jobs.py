@@ -59,6 +59,7 @@ class _FakeEngines:
         self.names = self.prefill + self.decode
         self.calibration = None
         self.lease_s = 30
+        self.block_tokens = 128  # as vLLM's CPU build reports it (testbed/engines/engine.py Engine.block_tokens)
 
     def references(self, prompts, max_tokens):
         return {}
@@ -351,13 +352,24 @@ def test_the_kv_path_check_names_each_broken_pair_and_leaves_a_dead_engines_pair
     engines = type("E", (), {})()
     engines.prefill, engines.decode = ["p0", "p1"], ["d2", "d3"]
     engines.names = ["pod0-prefill", "pod1-prefill", "pod2-decode", "pod3-decode"]
+    engines.block_tokens = 128
     # check_pairs answers in (prefill, decode) product order; None: an engine of the pair is dead
-    monkeypatch.setattr(held, "check_pairs", lambda p, d, vocab, timeout_s: [False, True, None, True])
+    monkeypatch.setattr(held, "check_pairs", lambda p, d, vocab, block, timeout_s: [False, True, None, True])
     kv = Engines.kv_paths(engines, 2048)
     assert kv["ok"] is False and kv["broken"] == ["pod0-prefill->pod2-decode"]
     assert kv["down"] == ["pod1-prefill->pod2-decode"]
-    monkeypatch.setattr(held, "check_pairs", lambda p, d, vocab, timeout_s: [True, True, None, None])
+    monkeypatch.setattr(held, "check_pairs", lambda p, d, vocab, block, timeout_s: [True, True, None, None])
     assert Engines.kv_paths(engines, 2048)["ok"] is True
+
+
+def test_engines_with_kv_blocks_of_two_sizes_are_refused_in_one_line():
+    from testbed.engines.pool import EnginesNotStarted, kv_block_of
+
+    assert kv_block_of([{"name": "pod0-prefill", "block_tokens": 16}, {"name": "pod1-decode", "block_tokens": 16}]) == 16
+    with pytest.raises(EnginesNotStarted, match=r"^the engines report KV blocks of different sizes "
+                                                r"\(pod0-prefill: 16, pod1-decode: 128 tokens\)") as e:
+        kv_block_of([{"name": "pod0-prefill", "block_tokens": 16}, {"name": "pod1-decode", "block_tokens": 128}])
+    assert "\n" not in str(e.value)
 
 
 def test_a_kind_of_fault_the_injector_does_not_act_on_is_refused_before_any_engine_starts(monkeypatch):

@@ -65,7 +65,7 @@ from core.spec.model import ExperimentSpec
 from core.topology import Topology, kv_transfer_bytes
 from testbed.engines.engine import EngineConfig
 
-from testbed.engines.pairs import BLOCK, PromptIds, prefill_then_pull, pull_with_wire
+from testbed.engines.pairs import PromptIds, prefill_then_pull, pull_with_wire
 from vocab import DEMAND_STATES
 
 console = Console(stderr=True)
@@ -151,7 +151,7 @@ def _prefill_phase(P: Any, D: Any, ids: PromptIds, kvpt: int) -> tuple[list[list
             pre_s, pull_s, _ = prefill_then_pull(P, D, *ids(tokens))
             prefill_samples.append([tokens, pre_s, 1])
             if pull_s is not None:
-                unshaped.append([kv_transfer_bytes(tokens, BLOCK, kvpt), pull_s])
+                unshaped.append([kv_transfer_bytes(tokens, ids.block, kvpt), pull_s])
     for k, tokens in PREFILL_BATCHES:
         prefill_samples.append([k * tokens, _prefill_batch(P, D, ids, k, tokens), k])
     console.print(f"  calibrate: prefill and unshaped pulls ({len(prefill_samples)} + {len(unshaped)} samples) "
@@ -171,8 +171,8 @@ def _shaped_phase(P: Any, D: Any, ids: PromptIds, kvpt: int, agent: Any, ifname:
         ray.get(agent.apply_link.remote("calibrate", ifname, ["uplink"], rate, SHAPE_TTL_S, True))
         try:
             for i, b in enumerate((blocks[0],) + tuple(blocks)):
-                tokens = b * BLOCK + BLOCK // 2  # b + 1 blocks: the partial last one moves too
-                nbytes = kv_transfer_bytes(tokens, BLOCK, kvpt)
+                tokens = b * ids.block + ids.block // 2  # b + 1 blocks: the partial last one moves too
+                nbytes = kv_transfer_bytes(tokens, ids.block, kvpt)
                 ideal_s = nbytes * 8 / rate  # short pulls are cheap: repeat them more
                 for _ in range(1 if i == 0 else 3 if ideal_s < 1.0 else 2 if ideal_s < 2.0 else 1):
                     stage_s, wire_s = pull_with_wire(P, D, *ids(tokens))
@@ -215,7 +215,7 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
                          "(a pull inside a pod crosses no link to shape)")
     kvpt = int(model_meta["kv_bytes_per_token"])
     P, D = prefill[0], decode[int(others[0])]
-    ids = PromptIds(int(model_meta["vocab"]))
+    ids = PromptIds(int(model_meta["vocab"]), int(model_meta["kv_block_tokens"]))  # the engines' own block
     t0 = time.monotonic()
     prefill_samples, unshaped = _prefill_phase(P, D, ids, kvpt)
     baseline_bps = topo.fault_baseline_Bps * 8  # what the link faults shape against
@@ -248,7 +248,7 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
                 "link_baseline_gbps": spec.topology.link_baseline_gbps, "scenario": spec.name,
                 "max_model_len": spec.testbed.max_model_len, "kv_cache_bytes": spec.testbed.kv_cache_bytes,
                 "measure_s": time.monotonic() - t0},
-        prefill=f_pre, decode=f_dec, pull=f_pull, unshaped=f_un, kv_bytes_per_token=kvpt, kv_block_tokens=BLOCK,
+        prefill=f_pre, decode=f_dec, pull=f_pull, unshaped=f_un, kv_bytes_per_token=kvpt, kv_block_tokens=ids.block,
         decode_kv_tokens=spec.testbed.kv_cache_bytes // kvpt, handshake_s=handshake_s, noise=noise,
         samples={"prefill_tokens_s_batch": prefill_samples, "pull_unshaped_bytes_s": unshaped,
                  "pull_shaped_bytes_bps_nixl_s_stage_s": shaped, "pull_after_rate_change_bytes_bps_nixl_s_stage_s": first,
@@ -345,7 +345,7 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
     windows: list[float] = []  # the demand windows' seconds, where they measured
     others = [e for e in decoders if e is not decode]
     for r in range(HOST_REPEATS):
-        rid, p = ids(HANG_BLOCKS * BLOCK + BLOCK // 2)
+        rid, p = ids(HANG_BLOCKS * ids.block + ids.block // 2)
         pre = ray.get(prefill[0].prefill.remote(rid, p))
         ray.get(agent.apply_link.remote("calibrate-host", ifname, ["uplink"], rate_bps, SHAPE_TTL_S, True))
         try:
@@ -408,7 +408,7 @@ def demand_window(prefill: Sequence[Any], hung: Any, decoder: Any | None, ids: P
     ref = prefill[1]
     decoding = None
     if decoder is not None:
-        dec_rid, p = ids(BLOCK + BLOCK // 2)
+        dec_rid, p = ids(ids.block + ids.block // 2)
         pre = ray.get(ref.prefill.remote(dec_rid, p))
         decoding = decoder.decode.remote(dec_rid, p, DEMAND_DECODE_TOKENS, pre.kv_transfer_params)
         time.sleep(DEMAND_SETTLE_S)

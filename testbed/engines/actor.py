@@ -77,12 +77,14 @@ class EngineActor:
         me = os.getpid()
         self.host = HostSampler(lambda: [me, *descendants(me)], self.engine.config.host_sample_s,
                                 lost_wakeup_s=LostSeconds(self.engine.config.wakeup_log_path))
-        return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds}
+        return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": seconds,
+                "block_tokens": self.engine.block_tokens()}
 
     async def describe(self) -> dict[str, Any]:
         """Who a started engine is, for a command that finds it kept by an earlier one
         (testbed/engines/kept.py): what :meth:`start` returned, without starting it."""
-        return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": 0.0}
+        return {"name": self.engine.config.name, "host_ip": self.engine.config.host_ip, "startup_s": 0.0,
+                "block_tokens": self.engine.block_tokens()}
 
     async def restart(self) -> dict[str, Any]:
         """A new engine core in place of a dead one (an engine fault's restart_s, as a supervisor

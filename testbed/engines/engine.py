@@ -318,7 +318,7 @@ class Engine:
             AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.logger_factory()])
         if warmup:
             t1 = self._clock()
-            prompt = [4 + (7 * i) % 2000 for i in range(2 * 128 + 45)]
+            prompt = [4 + (7 * i) % 2000 for i in range(2 * self.block_tokens() + 45)]
             await self.decode(f"warmup-{self.config.name}", prompt, max_tokens=8)
             self.warmup_s = self._clock() - t1
         self.startup_s = self._clock() - t0
@@ -328,6 +328,12 @@ class Engine:
         llm, self._llm = self._llm, None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
+
+    def block_tokens(self) -> int:
+        """Tokens per KV cache block of this engine, vLLM's own: what its arguments set, else its
+        platform's default (128 on the CPU build, 16 on CUDA: docs/verified.md "KV cache blocks of
+        128 tokens"). NIXL pulls whole blocks, so a prompt's KV is this many tokens' worth per block."""
+        return int(self._require().vllm_config.cache_config.block_size)
 
     def gpu_uuid(self) -> str | None:
         """NVML UUID (``GPU-...``) of the GPU this engine computes on; None for a CPU engine.

@@ -11,17 +11,18 @@ from typing import Any, Sequence
 
 import ray
 
-from testbed.engines.prompts import CPU_BLOCK_TOKENS, prompt_ids
+from testbed.engines.prompts import prompt_ids
 
-BLOCK = CPU_BLOCK_TOKENS  # prompts of a block or less move no KV (docs/verified.md "KV cache blocks of 128 tokens")
 SALT = 424242  # these prompts never share a prefix with a run's
 
 
 class PromptIds:
-    """Unique prompts: a per-calibration counter, so no prompt hits another's prefix cache."""
+    """Unique prompts: a per-calibration counter, so no prompt hits another's prefix cache. ``block``:
+    the engines' KV block (tokens), which prompt lengths are counted in: a prompt of a block or less
+    moves no KV (docs/verified.md "KV cache blocks of 128 tokens")."""
 
-    def __init__(self, vocab: int) -> None:
-        self.vocab = vocab
+    def __init__(self, vocab: int, block: int) -> None:
+        self.vocab, self.block = vocab, block
         self.n = itertools.count(10**8)
 
     def __call__(self, tokens: int) -> tuple[str, list[int]]:
@@ -65,11 +66,13 @@ def prefill_then_pull(prefill: Any, decode: Any, rid: str, ids: list[int]) -> tu
     return prefill_s, pull, dec.finished_s - dec.submitted_s
 
 
-def warm_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, tokens: int = 2 * BLOCK + 1) -> list[float]:
-    """Make every (prefill, decode) pair's first NIXL transfer now, not in a run; returns the
-    handshake cost per pair: the first decode call minus a second one of the same size (the
-    handshake precedes decode admission, so it is not in the pull's own time)."""
-    ids = PromptIds(vocab)
+def warm_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, block: int) -> list[float]:
+    """Make every (prefill, decode) pair's first NIXL transfer now, not in a run, with prompts of
+    two blocks and a token (``block``: the engines' KV block); returns the handshake cost per pair:
+    the first decode call minus a second one of the same size (the handshake precedes decode
+    admission, so it is not in the pull's own time)."""
+    ids = PromptIds(vocab, block)
+    tokens = 2 * block + 1
     out = []
     for p, d in itertools.product(prefill, decode):
         first = prefill_then_pull(p, d, *ids(tokens))[2]
@@ -78,17 +81,17 @@ def warm_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, tokens
     return out
 
 
-def check_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, timeout_s: float,
-                tokens: int = 2 * BLOCK + 1) -> list[bool | None]:
+def check_pairs(prefill: Sequence[Any], decode: Sequence[Any], vocab: int, block: int,
+                timeout_s: float) -> list[bool | None]:
     """Per (prefill, decode) pair, in warm_pairs' order: does a pull across it work now? One prompt
     of two blocks prefilled and decoded to its first token with the KV pulled: True when the token
     comes back, False when the call fails, is aborted or takes over ``timeout_s`` (a path a fault
     broke: vLLM 0.32's NIXL fails such a pull at once or leaves it hanging), None where an engine
     of the pair is dead (its actor gone: no path to judge, the router stops choosing it)."""
-    ids = PromptIds(vocab)
+    ids = PromptIds(vocab, block)
     out: list[bool | None] = []
     for p, d in itertools.product(prefill, decode):
-        rid, prompt = ids(tokens)
+        rid, prompt = ids(2 * block + 1)
         try:
             pre = ray.get(p.prefill.remote(rid, prompt), timeout=timeout_s)
             dec = ray.get(d.decode.remote(rid, prompt, 1, pre.kv_transfer_params), timeout=timeout_s)

@@ -37,6 +37,17 @@ class EnginesNotStarted(RuntimeError):
     """The engines did not start: one line saying why and where their logs are."""
 
 
+def kv_block_of(started: list[dict[str, Any]]) -> int:
+    """The KV block (tokens) of engines as they reported it when started: one size for all, since a
+    pull moves whole blocks from one engine's cache into another's."""
+    sizes = {int(d["block_tokens"]) for d in started}
+    if len(sizes) != 1:
+        raise EnginesNotStarted("the engines report KV blocks of different sizes ("
+                                + ", ".join(f"{d['name']}: {d['block_tokens']}" for d in started)
+                                + " tokens): every engine of a run must store KV in blocks of one size")
+    return sizes.pop()
+
+
 class Engines:
     """The engine actors of the run, one per worker of the spec's topology, started together
     and shut down together. ``prefill``/``decode`` follow the topology's worker order, so the
@@ -57,6 +68,7 @@ class Engines:
         self.generation = 0  # restarts so far (restart)
         self.keep = keep
         self.reused = False  # found kept by an earlier command, not started by this one
+        self._block: int | None = None  # the engines' KV block, as they report it once started (start)
         self._create()
 
     def _create(self) -> None:
@@ -133,6 +145,13 @@ class Engines:
         return False
 
     @property
+    def block_tokens(self) -> int:
+        """The engines' KV block (tokens), as they reported it when started (:meth:`start`)."""
+        if self._block is None:
+            raise RuntimeError("the engines' KV block is known once they have started")
+        return self._block
+
+    @property
     def all(self) -> list[Any]:
         return self.prefill + self.decode
 
@@ -141,15 +160,16 @@ class Engines:
         replaced by a new one)."""
         if self.reused:
             try:
-                return [{**d, "reused": True} for d in ray.get([a.describe.remote() for a in self.all], timeout=60)]
-            except (ray.exceptions.RayError, TimeoutError) as e:
+                return self._started([{**d, "reused": True}
+                                      for d in ray.get([a.describe.remote() for a in self.all], timeout=60)])
+            except (ray.exceptions.RayError, TimeoutError, KeyError) as e:  # KeyError: kept by an older version
                 log.warning("kept engines did not answer (%s): starting new ones", type(e).__name__)
                 self._stop()
                 self.reused = False
                 self.generation += 1
                 self._create()
         try:
-            return ray.get([a.start.remote() for a in self.all], timeout=timeout_s)
+            return self._started(ray.get([a.start.remote() for a in self.all], timeout=timeout_s))
         except ray.exceptions.GetTimeoutError:
             raise EnginesNotStarted(f"the engines did not start within {timeout_s:.0f} s "
                                     f"(testbed.engine_start_timeout_s); each engine's log is under {self._args[2]} "
@@ -158,6 +178,11 @@ class Engines:
             why = str(getattr(e, "cause", None) or e).strip().splitlines()
             raise EnginesNotStarted(f"an engine did not start: {why[-1] if why else type(e).__name__}; each engine's "
                                     f"log is under {self._args[2]} (docs/troubleshooting.md)") from e
+
+    def _started(self, started: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What :meth:`start` returns, with the engines' KV block taken from it."""
+        self._block = kv_block_of(started)
+        return started
 
     @staticmethod
     def _each(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
@@ -181,7 +206,7 @@ class Engines:
         """Whether every live (prefill, decode) pair moves KV now (pairs.check_pairs); what
         run.json records as ``start.kv_paths``: ok, the pairs that did not, the check's seconds."""
         t0 = time.monotonic()
-        res = check_pairs(self.prefill, self.decode, vocab, timeout_s)
+        res = check_pairs(self.prefill, self.decode, vocab, self.block_tokens, timeout_s)
         n_pre = len(self.prefill)
         pairs = [(self.names[i], self.names[n_pre + j]) for i in range(n_pre) for j in range(len(self.decode))]
         broken = [f"{p}->{d}" for (p, d), r in zip(pairs, res) if r is False]
@@ -199,7 +224,7 @@ class Engines:
         self.generation += 1
         self._create()
         self.start(timeout_s)
-        warm_pairs(self.prefill, self.decode, vocab)
+        warm_pairs(self.prefill, self.decode, vocab, self.block_tokens)
         return {"restart_s": round(time.monotonic() - t0, 1), "generation": self.generation}
 
     def reset(self) -> list[bool | None]:

@@ -1,14 +1,10 @@
-"""The prompts the testbed sends its engines: deterministic token ids per request, and the KV block
-size NIXL pulls whole (the router's flow, the calibration and the engine checks share both)."""
+"""The prompts the testbed sends its engines: deterministic token ids per request (the router's flow,
+the calibration and the engine checks share them). The KV block size NIXL pulls whole is each
+engine's own (testbed/engines/engine.py Engine.block_tokens)."""
 
 from __future__ import annotations
 
 import numpy as np
-
-# vLLM's CPU build stores KV in blocks of 128 tokens; NIXL pulls whole blocks (docs/verified.md
-# "KV cache blocks of 128 tokens").
-CPU_BLOCK_TOKENS = 128
-
 
 def prompt_ids(request_id: int, n_tokens: int, vocab: int, salt: int = 0) -> list[int]:
     """Deterministic prompt tokens for a request (ids 4.. avoid special tokens)."""

@@ -58,7 +58,7 @@ class FaultTargets:
 class RouterActor:
     def __init__(self, spec: ExperimentSpec, policy: str, seed: int, out: str, workload_summary: dict[str, Any],
                  meta: dict[str, Any], prefill: list[Any], decode: list[Any], topo: Topology, capacity: Capacity,
-                 vocab: int, kv_bytes_per_token: int, fault_targets: FaultTargets | None = None,
+                 vocab: int, kv_bytes_per_token: int, kv_block_tokens: int, fault_targets: FaultTargets | None = None,
                  engine_names: list[str] | None = None, canaries: dict[int, Reference] | None = None) -> None:
         configure_from_env()  # the driver's level (core/util/logs.py)
         # the spec object the driver was handed (validated once, by the command line; Ray pickles it)
@@ -66,7 +66,7 @@ class RouterActor:
         self.ctx = RunContext(spec, "testbed", policy, seed, out, topo, workload_summary, capacity, meta, flush_s=1.0)
         self.t0 = time.monotonic()
         self.flow = RequestFlow(self.ctx, [RayEngine(h) for h in prefill], [RayEngine(h) for h in decode],
-                                spec.deadline_s, self.now, vocab, kv_bytes_per_token, salt=seed,
+                                spec.deadline_s, self.now, vocab, kv_bytes_per_token, kv_block_tokens, salt=seed,
                                 first_token_limit_s=spec.first_token_limit_s, canaries=canaries)
         self.engine_names = engine_names or [f"engine{i}" for i in range(len(prefill) + len(decode))]
         self.liveness = Liveness(self.ctx, self.flow, self.now, HEALTH_TIMEOUT_S, self.engine_names)

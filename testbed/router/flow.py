@@ -57,7 +57,7 @@ from core.run import RunContext
 from core.ticket import Ticket
 from core.topology import kv_transfer_bytes
 from testbed.engines.engine import TokenSink  # (engine.py imports vLLM only when an engine starts)
-from testbed.engines.prompts import CPU_BLOCK_TOKENS, prompt_ids
+from testbed.engines.prompts import prompt_ids
 from testbed.engines.stagelog import PULL_ENDS
 from vocab import (CORRUPT, DECODE, DECODE_QUEUE, ERROR, KV_TRANSFER, OK, PREFILL, PREFILL_QUEUE, PULL_DONE,
                    PULL_FAILED, PULL_UNSEEN, REJECTED, ROLE_DECODE, ROLE_PREFILL, TIMEOUT)
@@ -209,7 +209,7 @@ class RequestFlow:
         clock: Callable[[], float],
         vocab: int,
         kv_bytes_per_token: int,
-        block_tokens: int = CPU_BLOCK_TOKENS,
+        block_tokens: int,
         salt: int = 0,
         first_token_limit_s: float | None = None,
         on_engine_error: Callable[[str, int, BaseException], None] | None = None,

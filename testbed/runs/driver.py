@@ -106,10 +106,11 @@ def start_router(spec: ExperimentSpec, policy: str, seed: int, out: Path, worklo
     before = engines.metrics()
     router = RouterActor.options(resources={HEAD_RESOURCE: 0.001}).remote(
         spec, policy, seed, str(out), workload_summary,
-        {"model": model_meta, "start": start,
+        {"model": {**model_meta, "kv_block_tokens": engines.block_tokens}, "start": start,
          **({"calibration": engines.calibration} if engines.calibration else {})},
         engines.prefill, engines.decode, engines.topo, testbed_capacity(spec, model_meta["kv_bytes_per_token"]),
-        model_meta["vocab"], model_meta["kv_bytes_per_token"], targets if spec.faults else None, engines.names,
+        model_meta["vocab"], model_meta["kv_bytes_per_token"], engines.block_tokens,
+        targets if spec.faults else None, engines.names,
         canaries)
     return router, before
 
@@ -340,7 +341,8 @@ def _prove(engines: Engines, spec0: Any, summary: dict[str, Any], model_meta: di
                                               tx() - before, ifname)
     # Every pair's first NIXL transfer carries a handshake (1-2 s: docs/verified.md "The
     # handshake"): make it now, so no run pays it and the simulator need not model it.
-    summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"])
+    summary["handshake_s"] = handshake = warm_pairs(engines.prefill, engines.decode, model_meta["vocab"],
+                                                    engines.block_tokens)
     console.print(f"{len(handshake)} engine pairs warmed up (first NIXL handshake "
                   f"{np.median(handshake) if handshake else float('nan'):.2f} s median)")
 
@@ -351,7 +353,8 @@ def _calibration(args: argparse.Namespace, engines: Engines, spec0: Any, agents:
     if args.calibrate:
         t1 = time.monotonic()
         cal = calibrate(spec0, engines.topo, engines.prefill, engines.decode, agents.pods,
-                        {**model_meta, "model": args.model}, summary["handshake_s"])
+                        {**model_meta, "model": args.model, "kv_block_tokens": engines.block_tokens},
+                        summary["handshake_s"])
         save_calibration(cal, args.calibrate)
         summary["calibration"] = {"path": args.calibrate, "measure_s": time.monotonic() - t1}
         console.print(f"calibrated in {time.monotonic() - t1:.0f} s -> {args.calibrate}")
