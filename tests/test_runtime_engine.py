@@ -27,6 +27,7 @@ needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM CPU build or NIXL no
 from testbed.cluster.raynodes import free_ports
 from testbed.machine.kv_ports import KV_PORT_BASE
 from testbed.engines.engine import PROGRESS_DELAY_ENV, EngineConfig  # noqa: E402  (no vLLM import at module level)
+from testbed.machine.cache_dirs import compile_cache_dir, vllm_cache_dir  # noqa: E402
 from engine_process import EngineProcess  # noqa: E402
 
 
@@ -47,7 +48,8 @@ def test_engine_config_derives_lease_and_environment(tmp_path):
     # the port range a kv_only fault matches is the engine's own, not left to the node's environment
     assert env["UCX_TCP_PORT_RANGE"] == f"{KV_PORT_BASE}-{KV_PORT_BASE + 0xFF}"
     assert env["TMPDIR"].startswith(str(tmp_path / "run" / "p0"))
-    assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path / "run" / "p0"))
+    # vLLM's and Inductor's caches: the node's, shared by its engines and kept (testbed/machine/cache_dirs.py)
+    assert env["VLLM_CACHE_ROOT"] == str(vllm_cache_dir()) and env["TORCHINDUCTOR_CACHE_DIR"] == str(compile_cache_dir())
     # the CPU build's settings (one torch thread, the NIXL progress thread's delay, no thread pinning)
     cpu_only = {"OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", PROGRESS_DELAY_ENV}
     assert cpu_only <= set(env)
@@ -65,6 +67,21 @@ def test_engine_config_derives_lease_and_environment(tmp_path):
         EngineConfig(model=tmp_path, run_dir=tmp_path, name="x", side_channel_port=1, role="x")
     with pytest.raises(ValueError, match="side_channel_port"):
         EngineConfig(model=tmp_path, run_dir=tmp_path, name="x", side_channel_port=70000)
+
+
+def test_an_engine_that_ends_leaves_no_folder_on_its_node_and_spares_its_neighbours(tmp_path):
+    from testbed.engines.actor import remove_engine_dir
+
+    work = tmp_path / "testbed-run-x"
+    a, b = work / "engines0" / "pod0-prefill", work / "engines0" / "pod0-decode"
+    for d in (a, b):
+        (d / "tmp").mkdir(parents=True)
+        (d / "stages.tsv").write_text("x")
+    remove_engine_dir(a)
+    assert not a.exists() and b.exists()  # the other engine of the node keeps its folder
+    remove_engine_dir(b)
+    assert not work.exists() and tmp_path.exists()  # the command's root went with its last engine
+    remove_engine_dir(b)  # gone already: nothing to do
 
 
 # --------------------------------------------------------------------------- two real engines

@@ -384,3 +384,21 @@ def test_a_kind_of_fault_the_injector_does_not_act_on_is_refused_before_any_engi
     with pytest.raises(ValueError, match=r"^twin_link_fault: faults\[0\] is a 'link' fault, which the testbed "
                                          r"does not inject \(it injects compute, engine: testbed/faults/injector.py\)$"):
         jobs_module.prepare_jobs([(spec, ["LC"], [0])])
+
+
+def test_a_compute_fault_on_gpu_engines_is_refused_before_any_run_where_a_pods_agent_is_not_root():
+    """NVML's clock locks need root (testbed/faults/gpu.py), and a CPU quota would not slow a GPU:
+    the driver refuses in one line, naming the fault, the pod and the uid, before any run."""
+    from core.spec.model import parse_spec
+    from builders import shipped_spec_dict
+    from testbed.runs.driver import gpu_clock_refusal
+
+    spec = parse_spec({**shipped_spec_dict("testbed.yaml"), "faults": [
+        {"kind": "link", "pods": [0], "residual_bw": 0.1, "start_s": 1.0, "duration_s": 2.0, "kv_only": True},
+        {"kind": "compute", "pods": [2], "start_s": 1.0, "duration_s": 2.0, "slowdown": 2.0}]})
+    why = gpu_clock_refusal([spec], gpu=True, pod_euids=[0, 0, 1000, 0])
+    assert why is not None and "\n" not in why
+    assert why.startswith(f"{spec.name}: faults[1]: a compute fault on GPU engines locks pod 2's GPU clock")
+    assert "pod 2's fault agent runs as uid 1000" in why
+    assert gpu_clock_refusal([spec], gpu=True, pod_euids=[1000, 1000, 0, 1000]) is None  # only pod 2 locks clocks
+    assert gpu_clock_refusal([spec], gpu=False, pod_euids=[1000] * 4) is None  # CPU engines: a cgroup quota

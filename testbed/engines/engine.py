@@ -49,7 +49,7 @@ from testbed.engines import shm_wakeups
 from testbed.engines.results import DecodeResult, EngineError, PrefillResult  # noqa: F401 (re-exported)
 from testbed.engines.stagelog import PULL_ENDS, STAGE_LOG_ENV, StageLog
 from testbed.engines.stats import EngineStats
-from testbed.machine.cache_dirs import compile_cache_dir
+from testbed.machine.cache_dirs import compile_cache_dir, vllm_cache_dir
 from testbed.machine.kv_ports import KV_PORT_RANGE
 from vocab import EXECUTORS, ROLE_BOTH, ROLES, Executor, Role
 
@@ -176,7 +176,7 @@ class EngineConfig:
 
     @property
     def engine_dir(self) -> Path:
-        """Run-owned folder of this engine: TMPDIR, vLLM's cache and IPC sockets live here."""
+        """Run-owned folder of this engine: its TMPDIR and IPC sockets, stage and wake-up logs."""
         return Path(self.run_dir) / self.name
 
     @property
@@ -199,8 +199,8 @@ class EngineConfig:
             "TMPDIR": str(d / "tmp"),
             # shared by the node's engines and kept between their starts (cache_dirs.py)
             "TORCHINDUCTOR_CACHE_DIR": str(compile_cache_dir()),
+            "VLLM_CACHE_ROOT": str(vllm_cache_dir()),
             "VLLM_RPC_BASE_PATH": str(d / "tmp"),
-            "VLLM_CACHE_ROOT": str(d / "cache"),
             "GLOO_SOCKET_IFNAME": "lo",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
@@ -305,8 +305,7 @@ class Engine:
         """
         if self._llm is not None:
             raise RuntimeError(f"engine {self.config.name} is already started")
-        for sub in ("tmp", "cache"):
-            (self.config.engine_dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.config.engine_dir / "tmp").mkdir(parents=True, exist_ok=True)
         os.environ.update(self.config.environment())
         from vllm.v1.engine.async_llm import AsyncLLM
 

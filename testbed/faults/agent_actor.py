@@ -93,7 +93,7 @@ class FaultAgentActor:
         from testbed.machine.interfaces import interface_addresses
 
         names = [name for _, name in socket.if_nameindex()]
-        return {"node": self.agent.node, "ip": self.ip, "pid": os.getpid(), "signals": self.signals,
+        return {"node": self.agent.node, "ip": self.ip, "pid": os.getpid(), "euid": os.geteuid(), "signals": self.signals,
                 "node_id": ray.get_runtime_context().get_node_id(), "interfaces": names,
                 # every IPv4 address of the node but loopback's: where other agents may probe it
                 "addresses": [a for n in names if n != "lo" for a in interface_addresses(n)]}
@@ -163,6 +163,7 @@ class FaultAgents:
         self.pod_ifnames = [pick_interface(allowlist, i["interfaces"], f"pod{k}'s node ({i['ip']})")
                             for k, i in enumerate(infos[:pods])]
         self._nodes = [NodeAgent(i["node"], i["node_id"], tuple(i["addresses"])) for i in infos]
+        self.pod_euids = [int(i["euid"]) for i in infos[:pods]]  # what may change GPU clocks (root)
 
     @property
     def all(self) -> list[Any]:

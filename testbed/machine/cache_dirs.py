@@ -24,3 +24,12 @@ def compile_cache_dir() -> Path:
     every engine compiled them again at every start. Inductor locks and renames what it writes, so
     engines starting together share it safely."""
     return cache_root() / "inductor"
+
+
+def vllm_cache_dir() -> Path:
+    """vLLM's cache root (``VLLM_CACHE_ROOT``): its model-class inspection and, on GPUs, its
+    torch.compile artifacts, which a GPU engine otherwise compiles again at every start. One per
+    node, shared by its engines and kept between commands, as vLLM's own default (``~/.cache/vllm``)
+    is: vLLM writes it atomically and reads a half-written or stale entry as absent
+    (model_executor/models/registry.py)."""
+    return cache_root() / "vllm"

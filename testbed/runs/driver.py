@@ -53,7 +53,7 @@ from testbed.runs.jobs import RunJob, read_jobs
 from testbed.engines import kept
 from testbed.engines.pool import ENGINE_THREADS, Engines, EnginesNotStarted
 from testbed.runs.pods import discover_pods
-from vocab import CLUSTER_MODES, FAULT_LINK, MODE_CLUSTER, MODE_LOCAL
+from vocab import CLUSTER_MODES, FAULT_COMPUTE, FAULT_LINK, MODE_CLUSTER, MODE_LOCAL
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,23 @@ console = Console(stderr=True)
 def link_faulted_pods(specs: Sequence[ExperimentSpec]) -> set[int]:
     """Every pod a link fault of these runs shapes: each needs a probe path (testbed/faults/probe_paths.py)."""
     return {p for s in specs for f in s.faults if f.kind == FAULT_LINK for p in f.pods}
+
+
+def gpu_clock_refusal(specs: Sequence[ExperimentSpec], gpu: bool, pod_euids: Sequence[int]) -> str | None:
+    """Why these runs cannot start, in one line, where a compute fault on GPU engines would lock the
+    GPU clock of a pod whose fault agent is not root: NVML's clock locks need root
+    (testbed/faults/gpu.py), and a CPU quota would not slow a GPU, so there is nothing to fall back
+    on. None where nothing stands in the way (CPU engines take a cgroup quota instead)."""
+    if not gpu:
+        return None
+    for s in specs:
+        for i, f in enumerate(s.faults):
+            for p in (f.pods if f.kind == FAULT_COMPUTE else []):
+                if pod_euids[p] != 0:
+                    return (f"{s.name}: faults[{i}]: a compute fault on GPU engines locks pod {p}'s GPU clock through "
+                            f"NVML, which needs root; pod {p}'s fault agent runs as uid {pod_euids[p]} (run Ray as "
+                            "root on that node: cluster.yaml's auth.ssh_user)")
+    return None
 
 
 def fault_targets(agents: FaultAgents, engines: Engines, faulted: set[int]) -> FaultTargets:
@@ -400,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
         _prove(engines, spec0, summary, model_meta, agents)
         targets = None
+        if agents is not None and (why := gpu_clock_refusal([job.spec for job in jobs], engines.gpu, agents.pod_euids)):
+            print(f"testbed: error: {why}", file=sys.stderr)
+            return 2
         if agents is not None and (any(job.spec.faults for job in jobs) or args.calibrate):
             try:
                 targets = fault_targets(agents, engines, link_faulted_pods([job.spec for job in jobs]))
