@@ -232,6 +232,44 @@ def test_kv_only_shapes_the_kv_port_range_and_leaves_other_traffic_at_line_rate(
         agent.clear_all()
 
 
+def test_kv_only_shapes_the_kv_ports_over_ipv6_too_both_ways(fabric):
+    """The KV port filter reads the ports after an IPv6 header as after an IPv4 one. Pod 0's uplink at
+    20 Mbit/s, kv_only: a KV stream over IPv6 runs at the limit, another port at the line rate. Then
+    its downlink: what enters through the ifb from a KV stream over IPv6 is the limit (one direction
+    at a time: a stream's acknowledgements would queue behind the other's data in the same class)."""
+    v6 = {"pod0": "fd00:77::2", "pod1": "fd00:77::3"}
+    for name, addr in v6.items():
+        with in_netns(fabric.node(name).netns), IPRoute() as ipr:
+            ipr.addr("add", index=ipr.link_lookup(ifname="eth0")[0], address=addr, prefixlen=64, flags=0x02)  # nodad
+    pod0 = fabric.node("pod0").netns
+    agent = FaultAgent("pod0", ["eth0"])
+    limit = 20e6
+    try:
+        with in_netns(pod0):
+            agent.apply_link("up", "eth0", ["uplink"], limit, ttl_s=60, kv_only=True)
+        with stream(fabric, "pod0", "pod1", KV_PORT, v6["pod1"]) as kv, \
+                stream(fabric, "pod0", "pod1", OTHER_PORT, v6["pod1"]) as other:
+            assert kv.cl.family == socket.AF_INET6
+            time.sleep(2.0)
+            assert abs(kv.last(1.4) / (limit * payload_share(kv.cl)) - 1) < 0.05
+            assert other.last(1.4) > 10 * limit
+        with in_netns(pod0):
+            agent.clear("up")
+            agent.apply_link("down", "eth0", ["downlink"], limit, ttl_s=60, kv_only=True)
+        entered = CounterSampler(lambda: link_counter(pod0, shaping.ifb_name("eth0"), "tx_bytes"))
+        try:
+            with stream(fabric, "pod1", "pod0", KV_PORT, v6["pod0"]):
+                time.sleep(2.0)
+                t = time.monotonic()
+                measured = entered.rate(t - 1.4, t)
+        finally:
+            entered.close()
+        assert abs(measured / limit - 1) < 0.10, f"20 Mbit/s shaped let {measured / 1e6:.2f} Mbit/s in over IPv6"
+    finally:
+        with in_netns(pod0):
+            agent.clear_all()
+
+
 def test_a_link_down_drops_everything_it_shapes_both_ways_and_comes_back_when_cleared(fabric):
     """residual_bw 0: htb cannot go to zero, so the shaped class drops all (a pfifo of no room).
     With kv_only the KV ports go dark while other traffic (Ray's) keeps the line rate."""

@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from testbed.faults.shaping import drain_rate
 from testbed.machine.netns import Fabric, in_netns, link_stats
 
-_IP_MTU = 14  # linux/in.h: a connected socket's path MTU
+_IP_MTU, _IPV6_MTU = 14, 24  # linux/in.h, linux/in6.h: a connected socket's path MTU
 _ETH_HLEN = 14  # linux/if_ether.h
 
 
@@ -89,7 +89,8 @@ def payload_share(sock: socket.socket) -> float:
     counts each segment's frame, the path's MTU and its 14-byte Ethernet header, and a segment
     carries the connection's MSS (options excluded) of payload; 1448 of 1514 on these veths."""
     mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
-    mtu = sock.getsockopt(socket.IPPROTO_IP, _IP_MTU)
+    mtu = (sock.getsockopt(socket.IPPROTO_IPV6, _IPV6_MTU) if sock.family == socket.AF_INET6
+           else sock.getsockopt(socket.IPPROTO_IP, _IP_MTU))
     return mss / (mtu + _ETH_HLEN)
 
 
@@ -149,17 +150,20 @@ class TcpStream:
     """A TCP stream from one namespace to another, sending as fast as the link lets it; the
     kernel's count of what arrived (``received``) is read every ``SAMPLE_EVERY_S``."""
 
-    def __init__(self, fab: Fabric, src: str, dst: str, port: int) -> None:
+    def __init__(self, fab: Fabric, src: str, dst: str, port: int, address: str | None = None) -> None:
+        """``address``: ``dst``'s address to stream to (default its IPv4 one; an IPv6 one too)."""
         dst_node = fab.node(dst)
+        address = address or dst_node.address
         with in_netns(dst_node.netns):
-            self.srv = socket.create_server((dst_node.address, port))
+            self.srv = socket.create_server((address, port),
+                                            family=socket.AF_INET6 if ":" in address else socket.AF_INET)
         self.stop = threading.Event()
         self._accepted = threading.Event()
         self._conn: socket.socket | None = None
         self._reader = threading.Thread(target=self._rx, daemon=True)
         self._reader.start()
         with in_netns(fab.node(src).netns):
-            self.cl = socket.create_connection((dst_node.address, port), timeout=5)
+            self.cl = socket.create_connection((address, port), timeout=5)
         threading.Thread(target=self._tx, daemon=True).start()
         if not self._accepted.wait(10):
             raise OSError(f"{dst}:{port} accepted no connection from {src} within 10 s")
@@ -206,8 +210,8 @@ class TcpStream:
 
 
 @contextmanager
-def tcp_stream(fab: Fabric, src: str, dst: str, port: int) -> Iterator[TcpStream]:
-    s = TcpStream(fab, src, dst, port)
+def tcp_stream(fab: Fabric, src: str, dst: str, port: int, address: str | None = None) -> Iterator[TcpStream]:
+    s = TcpStream(fab, src, dst, port, address)
     try:
         yield s
     finally:

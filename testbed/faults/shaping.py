@@ -15,7 +15,7 @@ Layout on an interface ``dev``, every handle in the project's own major
   ``ingress`` qdisc on ``dev`` redirects every packet (u32 + mirred) to an
   ``ifb`` device ``tb-ifb-<dev>``, which carries the same ``htb``;
 * which traffic is limited: everything (default class ``:1``), or with
-  ``kv_only`` only TCP/UDP with a port in the range every engine tells UCX to
+  ``kv_only`` only TCP/UDP over IPv4 or IPv6 with a port in the range every engine tells UCX to
   listen on (``UCX_TCP_PORT_RANGE``, testbed/machine/kv_ports.py); Ray's control
   traffic then stays at line rate;
 * delay and loss: a ``netem`` child under ``7e57:1``. Kernels without netem
@@ -62,7 +62,7 @@ _UNLIMITED_BPS = 100e9  # the line-rate class: above anything a NIC here carries
 # twice a 64 KB packet's time at 250 kbit/s, r = 0.001 of the shipped baseline.
 DRAIN_S = 5.0
 _GSO_MAX_BYTES = 65536  # the largest packet a qdisc sees here (GSO/TSO segments, veth)
-_ETH_P_ALL, _ETH_P_IP = 0x0003, 0x0800
+_ETH_P_ALL, _ETH_P_IP, _ETH_P_IPV6 = 0x0003, 0x0800, 0x86DD
 
 Direction = Literal["egress", "ingress"]
 
@@ -246,11 +246,14 @@ def _install_htb(ipr: IPRoute, idx: int, s: Shaping) -> None:
     line = int(_UNLIMITED_BPS / 8)
     ipr.tc("add-class", "htb", idx, LINE_RATE, parent=ROOT, rate=line, ceil=line, quantum=200000)
     if s.kv_only:
-        # Source or destination port in the KV range: the 32-bit word at IP offset 20
-        # holds both ports (no IP options, as on every UCX/TCP packet).
-        for key in (f"0x{KV_PORT_BASE << 16:08x}/0x{KV_PORT_MASK << 16:08x}+20",
-                    f"0x{KV_PORT_BASE:08x}/0x{KV_PORT_MASK:08x}+20"):
-            ipr.tc("add-filter", "u32", idx, parent=ROOT, prio=10, protocol=_ETH_P_IP, target=SHAPED, keys=[key])
+        # Source or destination port in the KV range: the 32-bit word after the IP header holds
+        # both ports, at offset 20 in IPv4 (no IP options, as on every UCX/TCP packet) and 40 in
+        # IPv6 (no extension headers, as on TCP).
+        # (one priority per protocol: the kernel keeps one protocol's filters per priority)
+        for prio, proto, offset in ((10, _ETH_P_IP, 20), (11, _ETH_P_IPV6, 40)):
+            for key in (f"0x{KV_PORT_BASE << 16:08x}/0x{KV_PORT_MASK << 16:08x}+{offset}",
+                        f"0x{KV_PORT_BASE:08x}/0x{KV_PORT_MASK:08x}+{offset}"):
+                ipr.tc("add-filter", "u32", idx, parent=ROOT, prio=prio, protocol=proto, target=SHAPED, keys=[key])
     if s.rate_bps == 0:  # a pfifo of no room: every packet classified here is dropped
         ipr.tc("add", "pfifo", idx, DROP, parent=SHAPED, limit=0)
     elif s.delay_ms > 0 or s.loss > 0:
