@@ -419,3 +419,13 @@ def test_the_spec_says_which_pods_have_compute_faults_and_which_model_they_load(
         {"kind": "link", "pods": [0], "residual_bw": 0.1, "start_s": 1.0, "duration_s": 2.0}]})
     params = pf.Params.from_spec(spec)
     assert params.compute_pods == (1, 3) and params.model == "/models/llama"
+
+
+def test_the_ports_a_firewall_must_let_through_are_named_per_node():
+    from testbed.machine.kv_ports import KV_PORT_RANGE
+
+    head = pf.check_firewall(True, 0)
+    assert head.status == "ok" and "Ray's GCS 6379" in head.detail and KV_PORT_RANGE not in head.detail
+    pod = pf.check_firewall(False, 8)
+    assert "Ray's GCS" not in pod.detail and f"the KV {KV_PORT_RANGE} (UCX)" in pod.detail
+    assert "NIXL's side channels 5600-5607" in pod.detail

@@ -38,7 +38,7 @@ from testbed.cluster.checks import Check, fail, na, ok
 from testbed.faults.shaping import RootQdisc, ShapingError, root_qdisc
 from testbed.machine.interfaces import interface_addresses
 from testbed.cluster.preflight_links import (  # noqa: F401 (re-exported: the checks are preflight's)
-    _picked, _ray_ip, check_emulated_interfaces, check_interfaces, check_link_faults, check_root_qdisc)
+    _picked, _ray_ip, check_emulated_interfaces, check_firewall, check_interfaces, check_link_faults, check_root_qdisc)
 from testbed.cluster.preflight_gpu import check_gpu_clocks, check_model, check_vllm_build, driver_cuda
 from vocab import FAULT_COMPUTE, FAULT_LINK, MODE_LOCAL
 
@@ -60,6 +60,7 @@ class Params:
     link_faults: tuple[tuple[int, bool, tuple[int, ...]], ...] = ()
     model: str | None = None  # testbed.model; None: the tiny model, built on each node
     compute_pods: tuple[int, ...] = ()  # the pods the spec's compute faults act on
+    engines: int = 1  # the topology's engines (their NIXL side channels' ports)
 
     @classmethod
     def from_spec(cls, spec: Any) -> Params:
@@ -69,7 +70,7 @@ class Params:
                    pods=spec.topology.pods,
                    link_faults=tuple((i, bool(f.kv_only), tuple(f.pods)) for i, f in enumerate(spec.faults)
                                      if f.kind == FAULT_LINK),
-                   model=t.model,
+                   model=t.model, engines=spec.topology.pods * spec.topology.workers_per_pod,
                    compute_pods=tuple(sorted({p for f in spec.faults if f.kind == FAULT_COMPUTE for p in f.pods})))
 
 
@@ -497,6 +498,9 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
         checks += [na(f"{w} port", "the router runs on Ray's head node") for w in ("metrics", "ingress")]
     if not role.cluster:
         checks.append(na("ray up tools", no_faults) if local else check_rayup_tools())
+        checks.append(na("firewall", "this machine alone: its nodes meet on the project's own bridge"))
+    else:
+        checks.append(check_firewall(role.head, params.engines if role.engines else 0))
     return checks
 
 

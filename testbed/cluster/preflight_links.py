@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from testbed.cluster.checks import Check, fail, na, ok
 from testbed.faults.shaping import RootQdisc
 from testbed.machine.interfaces import pick_interface
+from testbed.machine.kv_ports import KV_PORT_RANGE, RAY_GCS_PORT, RAY_WORKER_PORTS, SIDE_CHANNEL_BASE_PORT
 from testbed.machine.netns import NODE_IFNAME
 
 
@@ -84,6 +85,21 @@ def check_root_qdisc(root: RootQdisc | None) -> Check:
                                 "when it clears")
     return ok("root qdisc", f"{root.ifname}: the kernel's {root.kind}; a link fault puts its htb in its place while "
                             "it is on, and the kernel's comes back when it clears")
+
+
+def check_firewall(head: bool, engines: int) -> Check:
+    """The ports the other nodes (and, on the head, the router's clients) reach this node on: what
+    a firewall between the nodes must let through, read from the project's own settings (the doctor
+    does not try them from another node)."""
+    opened = []
+    if head:
+        opened.append(f"Ray's GCS {RAY_GCS_PORT}")
+    opened.append(f"Ray's workers {RAY_WORKER_PORTS} and its node and object managers (random unless ray start "
+                  "pins them)")
+    if engines:
+        opened += [f"the KV {KV_PORT_RANGE} (UCX)",
+                   f"NIXL's side channels {SIDE_CHANNEL_BASE_PORT}-{SIDE_CHANNEL_BASE_PORT + engines - 1}"]
+    return ok("firewall", "from the other nodes, TCP to " + "; ".join(opened))
 
 
 def _faults(indexes: Iterable[int]) -> str:

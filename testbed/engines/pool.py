@@ -21,12 +21,12 @@ from testbed.engines.actor import EngineActor
 from testbed.engines.engine import EngineConfig
 from testbed.engines.prompts import prompt_ids
 from testbed.engines import kept
+from testbed.machine.kv_ports import SIDE_CHANNEL_BASE_PORT
 from vocab import CORRUPT, ROLE_DECODE, ROLE_PREFILL
 
 log = logging.getLogger(__name__)
 
 ENGINE_THREADS = EngineConfig.omp_threads  # torch threads an engine computes on
-SIDE_CHANNEL_BASE_PORT = 5600
 # How long a pair's check pull may take (Engines.kv_paths): a healthy one of two blocks takes
 # milliseconds, a pair's first one carries the NIXL handshake, 1-2 s, and a host stall on 2 cores
 # a few seconds more (docs/verified.md "The handshake"); a broken path fails at once or never.
