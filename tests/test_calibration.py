@@ -132,3 +132,22 @@ def test_a_calibration_with_a_wrong_value_names_it(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(CalibrationError, match=r"engine\.prefill_tokens_per_s"):
         load_calibration(path)
+
+
+def test_the_calibrations_pulls_are_sized_for_the_models_kv_and_the_rate():
+    """The shaped pulls last seconds whatever the model and NIC: on the tiny model (8 KiB of KV per
+    token, blocks of 128) at 250 Mbit/s, the prompts of 4 and 16, 1 and 4, 1 and 2, and 1 blocks the
+    calibration always took, and a hanging pull of 6; on an 8B model's KV (128 KiB per token,
+    CUDA's blocks of 16) at 100 Gbit/s, many more blocks, never past the context."""
+    from testbed.calibration.calibrate import HANG_S, SHAPED, pull_blocks
+
+    def sizes(kvpt, block, baseline_bps, max_len):
+        return [tuple(pull_blocks(s, f * baseline_bps, kvpt, block, max_len) for s in secs) for f, secs in SHAPED]
+
+    assert sizes(8192, 128, 250e6, 4096) == [(4, 16), (1, 4), (1, 2), (1,)]
+    assert pull_blocks(HANG_S, SHAPED[-1][0] * 250e6, 8192, 128, 4096) == 6
+    big = sizes(131072, 16, 100e9, 8192)
+    most = (8192 - 1 - 8) // 16  # a prompt of b blocks and a half within the context
+    assert big[0] == (most, most) and big[-1][0] == round(6.7 * 1e9 / 8 / (131072 * 16)) - 1
+    assert all(b * 16 + 8 < 8192 for bs in big for b in bs)
+    assert pull_blocks(0.001, 1e6, 8192, 128, 4096) == 1  # at least one whole block moves beside the half

@@ -73,22 +73,23 @@ console = Console(stderr=True)
 PREFILL_LENGTHS = (160, 384, 768, 1536, 2560)
 PREFILL_BATCHES = ((2, 384), (4, 384), (2, 1024))  # (requests, tokens each), sent together
 REPEATS = 3
-# Shaped pulls: rate as a fraction of the link baseline, and whole blocks per prompt (plus half
-# a block): sizes chosen so a pull takes seconds, not tens, at that rate (a block of the tiny
-# model is 1 MiB: 3.4 s at r = 0.01 of 250 Mbit/s).
-SHAPED = ((1.0, (4, 16)), (0.1, (1, 4)), (0.02, (1, 2)), (0.01, (1,)))
+# Shaped pulls: rate as a fraction of the link baseline, and how long each pull lasts at that rate
+# (seconds, not tens), from which a prompt's KV blocks follow for the model's KV and the rate
+# (pull_blocks): on the tiny model (a block of 1 MiB) at 250 Mbit/s, prompts of 4 and 16, 1 and 4,
+# 1 and 2, and 1 whole blocks and half a block; on a GPU model and NIC, as many as take as long.
+SHAPED = ((1.0, (0.17, 0.57)), (0.1, (0.67, 1.68)), (0.02, (3.4, 5.0)), (0.01, (6.7,)))
 SHAPE_TTL_S = 120.0
 DECODE_BATCHES = (1, 2, 4, 8, 16)
 DECODE_PROMPTS = (256, 1024)
 DECODE_TOKENS = 32
 # The concurrent phase: prompts of this length (about 0.4 s alone on the CI machine's engines), each
-# setting this many times; a hanging pull of HANG_BLOCKS blocks (and the half block after them) at
-# the shaped rate lasts 24 s at r = 0.01 of 250 Mbit/s, past the 1.5 s wait, the prefills timed
+# setting this many times; a hanging pull at SHAPED's last rate lasts HANG_S (6 blocks and a half of
+# the tiny model at r = 0.01 of 250 Mbit/s), past the 1.5 s wait, the prefills timed
 # during it and the demand window after them: 12 s in all on the quiet 2-core machine, and a
 # loaded one has taken 2.2x as long for its prefills (docs/simulator.md "The host model").
 HOST_PROMPT = 1536
 HOST_REPEATS = 3
-HANG_BLOCKS = 6
+HANG_S = 23.5
 # The demand window: the reference engine prefills HOST_PROMPT prompts at once, as many as take
 # DEMAND_WINDOW_SAMPLES of the engines' host sample periods (EngineConfig.host_sample_s) at the
 # speed measured alone, so that every engine samples its CPU at least twice in it whatever its
@@ -159,15 +160,26 @@ def _prefill_phase(P: Any, D: Any, ids: PromptIds, kvpt: int) -> tuple[list[list
     return prefill_samples, unshaped
 
 
+def pull_blocks(seconds: float, rate_bps: float, kvpt: int, block: int, max_model_len: int) -> int:
+    """The whole blocks b of a calibration prompt (b blocks and half of one more, so b + 1 move: the
+    partial last one too) whose pull lasts about ``seconds`` at ``rate_bps``, for a model of
+    ``kvpt`` KV bytes per token in blocks of ``block`` tokens. At least 1; at most what the
+    context holds, a shorter pull where the link is fast for the model's KV."""
+    moved = round(seconds * rate_bps / 8 / (kvpt * block))
+    most = (max_model_len - 1 - block // 2) // block
+    return int(min(max(moved - 1, 1), most))
+
+
 def _shaped_phase(P: Any, D: Any, ids: PromptIds, kvpt: int, agent: Any, ifname: str,
-                  baseline_bps: float) -> tuple[list[list[float]], list[list[float]]]:
+                  baseline_bps: float, max_model_len: int) -> tuple[list[list[float]], list[list[float]]]:
     """Pulls across the prefill pod's uplink shaped to each of SHAPED's rates: (shaped pulls, the
     first pull after each rate change), each row bytes, rate, NIXL seconds, stage seconds."""
     shaped: list[list[float]] = []
     first: list[list[float]] = []
     t1 = time.monotonic()
-    for frac, blocks in SHAPED:
+    for frac, seconds in SHAPED:
         rate = frac * baseline_bps
+        blocks = [pull_blocks(s, rate, kvpt, ids.block, max_model_len) for s in seconds]
         ray.get(agent.apply_link.remote("calibrate", ifname, ["uplink"], rate, SHAPE_TTL_S, True))
         try:
             for i, b in enumerate((blocks[0],) + tuple(blocks)):
@@ -220,7 +232,7 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
     prefill_samples, unshaped = _prefill_phase(P, D, ids, kvpt)
     baseline_bps = topo.fault_baseline_Bps * 8  # what the link faults shape against
     agent, ifname = pod_agents[p_pod], spec.testbed.fault_interfaces[0]
-    shaped, first = _shaped_phase(P, D, ids, kvpt, agent, ifname, baseline_bps)
+    shaped, first = _shaped_phase(P, D, ids, kvpt, agent, ifname, baseline_bps, spec.testbed.max_model_len)
     decode_samples, gaps = _decode_phase(spec, D, ids)
 
     host = measure_host(spec, topo, prefill, decode)
@@ -228,7 +240,7 @@ def calibrate(spec: ExperimentSpec, topo: Topology, prefill: Sequence[Any], deco
         t3 = time.monotonic()
         concurrent, rows, demand, ratios = concurrent_phase(
             spec, prefill, D, agent, ifname, SHAPED[-1][0] * baseline_bps, ids, host.cores, decoders=decode,
-            one_host=host.hosts == 1)
+            one_host=host.hosts == 1, kvpt=kvpt)
         host = host.model_copy(update={"concurrent": concurrent, "demand": demand})
         console.print(f"  calibrate: host {host.cores:g} cores, {host.engines} engines, shared {host.shared}; "
                       f"under load {_show(concurrent)}; demand {_show_demand(demand)} "
@@ -318,7 +330,7 @@ def _prefill_all(engines: Sequence[Any], ids: PromptIds) -> tuple[list[float], l
 
 def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, agent: Any, ifname: str,
                      rate_bps: float, ids: PromptIds, cores: float, *, decoders: Sequence[Any] = (),
-                     one_host: bool = True) -> tuple[dict[str, float], list[list[float]], dict[str, float],
+                     one_host: bool = True, kvpt: int) -> tuple[dict[str, float], list[list[float]], dict[str, float],
                                                      list[list[float]]]:
     """The host under load (module docstring): a HOST_PROMPT prompt on prefill[0] alone (1 engine
     demanding), on every prefill engine at once (k), and on every one while a pull from prefill[0] to
@@ -344,8 +356,9 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
     ratios: list[list[float]] = []
     windows: list[float] = []  # the demand windows' seconds, where they measured
     others = [e for e in decoders if e is not decode]
+    hang = pull_blocks(HANG_S, rate_bps, kvpt, ids.block, spec.testbed.max_model_len)
     for r in range(HOST_REPEATS):
-        rid, p = ids(HANG_BLOCKS * ids.block + ids.block // 2)
+        rid, p = ids(hang * ids.block + ids.block // 2)
         pre = ray.get(prefill[0].prefill.remote(rid, p))
         ray.get(agent.apply_link.remote("calibrate-host", ifname, ["uplink"], rate_bps, SHAPE_TTL_S, True))
         try:
