@@ -49,7 +49,6 @@ def _plain_errors(method: Any) -> Any:
     return call
 
 
-
 def remove_engine_dir(engine_dir: Path, levels: int = 2) -> None:
     """Remove an engine's folder, then up to ``levels`` parents that it left empty (its generation's
     folder and the command's engine root; a parent still holding another engine's folder stays)."""
@@ -59,6 +58,7 @@ def remove_engine_dir(engine_dir: Path, levels: int = 2) -> None:
             parent.rmdir()
         except OSError:  # not empty (another engine of the node), or already gone
             break
+
 
 @ray.remote(num_cpus=0)
 class EngineActor:

@@ -93,8 +93,8 @@ class FaultAgentActor:
         from testbed.machine.interfaces import interface_addresses
 
         names = [name for _, name in socket.if_nameindex()]
-        return {"node": self.agent.node, "ip": self.ip, "pid": os.getpid(), "euid": os.geteuid(), "signals": self.signals,
-                "node_id": ray.get_runtime_context().get_node_id(), "interfaces": names,
+        return {"node": self.agent.node, "ip": self.ip, "pid": os.getpid(), "euid": os.geteuid(),
+                "signals": self.signals, "node_id": ray.get_runtime_context().get_node_id(), "interfaces": names,
                 # every IPv4 address of the node but loopback's: where other agents may probe it
                 "addresses": [a for n in names if n != "lo" for a in interface_addresses(n)]}
 
