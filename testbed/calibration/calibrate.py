@@ -356,9 +356,9 @@ def concurrent_phase(spec: ExperimentSpec, prefill: Sequence[Any], decode: Any, 
     ratios: list[list[float]] = []
     windows: list[float] = []  # the demand windows' seconds, where they measured
     others = [e for e in decoders if e is not decode]
-    hang = pull_blocks(HANG_S, rate_bps, kvpt, ids.block, spec.testbed.max_model_len)
+    hang_blocks = pull_blocks(HANG_S, rate_bps, kvpt, ids.block, spec.testbed.max_model_len)
     for r in range(HOST_REPEATS):
-        rid, p = ids(hang * ids.block + ids.block // 2)
+        rid, p = ids(hang_blocks * ids.block + ids.block // 2)
         pre = ray.get(prefill[0].prefill.remote(rid, p))
         ray.get(agent.apply_link.remote("calibrate-host", ifname, ["uplink"], rate_bps, SHAPE_TTL_S, True))
         try:
