@@ -131,6 +131,11 @@ class CounterSampler:
         """Bit/s over [t0, t1), step to step (:func:`step_rate`), each read at the middle of its span."""
         return step_rate([((a + b) / 2, n) for a, n, b in list(self.samples)], t0, t1)
 
+    def last(self, seconds: float) -> float:
+        """Bit/s over the last ``seconds`` (:meth:`rate`)."""
+        t = time.monotonic()
+        return self.rate(t - seconds, t)
+
     def most_ahead(self, since: float, until: float, bps: float) -> float:
         """The most bytes the counter ran ahead of ``bps`` in [since, until), counted from its first
         read begun at or after ``since``. The first read is taken as early and each later one as
