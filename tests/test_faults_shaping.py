@@ -63,8 +63,11 @@ def restored(s: Stream | CounterSampler, above_bps: float, within_s: float = 3.0
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         time.sleep(0.1)
-        if s.last(0.1) > above_bps:
-            return True
+        try:
+            if s.last(0.1) > above_bps:
+                return True
+        except ValueError:  # fewer than two reads yet in the window: look again
+            continue
     return False
 
 
