@@ -39,7 +39,7 @@ from cli.run import cmd_calibrate, cmd_run, cmd_twin
 from cli.sim import cmd_sim
 from cli.study import cmd_study
 from core.util.logs import configure_logging, level_for
-from core.policies import POLICY_NAMES
+from core.policies import policy_names
 from vocab import EMULATED_MODES, LAUNCHERS, MODE_AUTO, SIM, WORLDS
 
 DIST = "pd-reliability-testbed"
@@ -68,7 +68,7 @@ def missing_extra(cmd: str, exc: ModuleNotFoundError) -> str | None:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    print("\n".join(POLICY_NAMES))
+    print("\n".join(policy_names()))
     return 0
 
 

@@ -195,13 +195,13 @@ def test_a_policy_reads_the_price_when_a_weighted_scorer_moves_with_it_whatever_
     """reads_price probes each pod scorer (core/policies/registry.py): `testbed study` shares a price-blind
     policy's runs across telemetry settings, so a scorer that reads the price under another name must
     count, and one that does not must not."""
-    from core.policies import registry, reads_price
+    from core.policies import registry, reads_price, scorers
     from core.policies.base import PolicyConfig
 
     assert reads_price("OTF-R", Weights()) and reads_price("FaultAwareOTF-R", Weights())
     assert not reads_price("LC", Weights()) and not reads_price("FaultAwareLC", Weights())
     assert not reads_price("OTF-R", Weights(lambda_r=0.0))  # weighted out
-    monkeypatch.setitem(registry.POD_SCORERS, "step", lambda pods: (pods.price > 0.5).astype(float))
+    monkeypatch.setitem(scorers.POD_SCORERS, "step", lambda pods: (pods.price > 0.5).astype(float))
     variants = registry._variants
     monkeypatch.setattr(registry, "_variants", lambda w: {
         **variants(w), "LC": PolicyConfig("LC", pod_scorers=(("step", 1.0), ("health", 1.0)))})

@@ -36,14 +36,29 @@ class Choice(NamedTuple):
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """A named combination of filters, weighted scorers and a picker."""
+    """A named combination of filters, weighted scorers and a picker. Each piece is a registered
+    name (FILTERS, POD_SCORERS, WORKER_SCORERS, PICKERS) or, in a policy of the user's own
+    (core/policies/plugins.py), the callable itself."""
 
     name: str
-    filters: tuple[str, ...] = ()
-    worker_scorer: str | None = "load"  # weight 1: the load term of S_j
-    pod_scorers: tuple[tuple[str, float], ...] = ()  # (scorer, weight)
+    filters: tuple[str | Callable, ...] = ()
+    worker_scorer: str | Callable | None = "load"  # weight 1: the load term of S_j
+    pod_scorers: tuple[tuple[str | Callable, float], ...] = ()  # (scorer, weight)
     path_weight: float = 0.0
-    picker: str = "argmin"
+    picker: str | Callable = "argmin"  # a class (or factory) whose instances pick(scores, allowed, rng)
+
+
+def _piece(table: dict, piece: str | Callable) -> Callable:
+    return table[piece] if isinstance(piece, str) else piece
+
+
+def resolve_pieces(config: PolicyConfig) -> tuple[list[Callable], list[tuple[Callable, float]], Callable | None,
+                                                  Callable]:
+    """The config's pieces as callables: (filters, weighted pod scorers, worker scorer, picker
+    factory); KeyError names a registered piece that does not exist."""
+    worker = _piece(WORKER_SCORERS, config.worker_scorer) if config.worker_scorer is not None else None
+    return ([_piece(FILTERS, f) for f in config.filters], [(_piece(POD_SCORERS, s), w) for s, w in config.pod_scorers],
+            worker, _piece(PICKERS, config.picker))
 
 
 class _RoleCache:
@@ -62,12 +77,14 @@ class Policy:
         self.config = config
         self.name = config.name
         self._rng = rng
-        self._filters: list[Callable[[PodState], np.ndarray]] = [FILTERS[f] for f in config.filters]
-        self._pod_scorers = [(POD_SCORERS[s], w) for s, w in config.pod_scorers if w]
-        self._worker = WORKER_SCORERS[config.worker_scorer] if config.worker_scorer else None
-        self._both = BOTH_ROLES_SCORERS.get(config.worker_scorer) if config.worker_scorer else None
-        self._pick_p = PICKERS[config.picker]()
-        self._pick_d = PICKERS[config.picker]()
+        filters, pod_scorers, self._worker, picker = resolve_pieces(config)
+        self._filters: list[Callable[[PodState], np.ndarray]] = filters
+        self._pod_scorers = [(fn, w) for fn, w in pod_scorers if w]
+        # a registered worker scorer may score both roles in one pass; a callable of the user's does not
+        both = config.worker_scorer if isinstance(config.worker_scorer, str) else None
+        self._both = BOTH_ROLES_SCORERS.get(both) if both else None
+        self._pick_p = picker()
+        self._pick_d = picker()
         self._cached_for: PodState | None = None
         self._roles: tuple[_RoleCache, _RoleCache] | None = None
         self._path: np.ndarray | None = None
