@@ -10,7 +10,8 @@ requests whose decode outlives the deadline, then requests from a prefill pod wh
 fault agents throttle hard (the spec's fault schedule), then the same with retries, then at ten
 times the rate behind an admission limit, then the throttled link for 20 s under a circuit
 breaker, then pod 0's KV link down for 20 s and a run after it (on engines whose KV paths the
-check before each run finds working, or restarts), then a compute fault; then, a command of its
+check before each run finds working, or restarts), then a compute fault (the healthy job runs
+the policy guide's own policy too, from its package installed outside the repository); then, a command of its
 own, link faults at r = 0.2, 0.05 and 0.01 of a 10 Gbit/s baseline, read from what the links
 carried, with pod 1's switch port slower than the first of them. The engines stay up
 (--keep-engines, one lease for every job and command: LEASE_S), and every command after reuses
@@ -42,7 +43,7 @@ from pathlib import Path
 
 from builders import shipped_spec_dict
 from e2e_serve import end_group, serve_and_query
-from core.policies import POLICY_NAMES
+from core.policies import POLICY_NAMES, forget_plugins
 from core.records import read_meta, read_table
 from core.spec.model import ExperimentSpec, parse_spec
 from testbed.cluster.emulated import EmulatedCluster
@@ -188,9 +189,33 @@ def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
     return healthy, slow, throttled, retried, overload, breaker, down, after_down, compute
 
 
+GUIDE_POLICY = "PriceStep"  # the entry point of docs/guides/write-a-policy.md's package
+
+
 def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
     """Bring the emulated cluster up through `ray up`, run every job and command on it, bring it down.
-    Returns (out, leftovers before, leftovers after, the throttled spec, what each command saw)."""
+    Returns (out, leftovers before, leftovers after, the throttled spec, what each command saw).
+    The guide's policy package is on the path of this process, its commands and the nodes meanwhile
+    (on a real cluster: installed on every node), and off it again after."""
+    from test_guides import guide_policy_package
+
+    site = str(guide_policy_package(out))
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, saved) if p)
+    sys.path.insert(0, site)
+    forget_plugins()
+    try:
+        return _run_on_cluster(out, site)
+    finally:
+        sys.path.remove(site)
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+        forget_plugins()
+
+
+def _run_on_cluster(out: Path, site: str) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
     base = shipped_spec_dict("testbed.yaml", faults=[])
     base["engine"] = {**base["engine"], "kv_lease_s": LEASE_S}
     healthy, slow, throttled, retried, overload, breaker, down, after_down, compute = job_specs(base)
@@ -208,7 +233,10 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         phases[name] = round(now - mark[0], 1)
         mark[0] = now
 
-    cluster = EmulatedCluster(healthy.topology.pods, mode="netns", launcher="ray_up")
+    # the nodes' workers import the project from the checkout (raynodes.HOUSEKEEPING_ENV) and the
+    # guide's package from where pip put it, as a real node's would from its environment
+    cluster = EmulatedCluster(healthy.topology.pods, mode="netns", launcher="ray_up",
+                              env={"PYTHONPATH": os.pathsep.join((str(REPO), site))})
     cli["run_id"] = cluster.run_id
     scrapes: list[str] = []
     stop = threading.Event()
@@ -232,7 +260,8 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
         took("status, doctor, a refused spec, Prometheus")
         try:
             # kept up for every command after (--keep-engines), the engine fault last of all
-            jobs = prepare_jobs([(healthy, list(POLICY_NAMES), [0]), (slow, ["LC"], [0]), (throttled, ["Random"], [0]),
+            jobs = prepare_jobs([(healthy, [*POLICY_NAMES, GUIDE_POLICY], [0]), (slow, ["LC"], [0]),
+                                 (throttled, ["Random"], [0]),
                                  (retried, ["Random"], [0]), (overload, ["LC"], [0]), (breaker, ["Random"], [0]),
                                  (down, ["Random"], [0]), (after_down, ["Random"], [0]), (compute, ["LC"], [0])],
                                 serve=False)

@@ -148,6 +148,22 @@ def run_guide(name: str, work: Path, root: Path = REPO, folder: Path = GUIDES) -
     return done
 
 
+def guide_policy_package(out: Path) -> Path:
+    """write-a-policy.md's package, made from the guide's own files outside the repository and
+    pip-installed into a folder of its own (the e2e cluster runs its policy: tests/e2e_cluster.py);
+    returns that folder."""
+    src = out / "guide-policy"
+    for st in steps("write-a-policy.md"):
+        verb, _, path = st.action.partition(" ")
+        if verb == "write" and path.startswith("my-policies/"):
+            (src / path).parent.mkdir(parents=True, exist_ok=True)
+            (src / path).write_text(st.block)
+    site = out / "guide-policy-site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(src / "my-policies")], check=True, capture_output=True, timeout=300)
+    return site
+
+
 def _outputs(done: list[Step], verb: str) -> list[str]:
     return [s.out for s in done if s.action.startswith(verb)]
 

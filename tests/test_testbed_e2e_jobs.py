@@ -15,7 +15,7 @@ from core.policies import POLICY_NAMES  # noqa: E402
 from core.records import read_meta, read_table  # noqa: E402
 from core.spec.model import load_spec, parse_spec  # noqa: E402
 from vocab import STAGES
-from e2e_cluster import OVERLOAD_LIMIT, OVERLOAD_REQUESTS, TIME_COLUMNS  # noqa: E402
+from e2e_cluster import GUIDE_POLICY, OVERLOAD_LIMIT, OVERLOAD_REQUESTS, TIME_COLUMNS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 
@@ -44,6 +44,18 @@ def test_every_policy_completes_requests_across_pods(testbed_runs):
     # which can take all 3 requests of one policy; never of two.
     assert all_timed_out <= 1, f"{all_timed_out} policies completed no request"
     assert n_ok >= 22, f"only {n_ok} of 27 requests completed"
+
+
+def test_the_policy_guides_package_routes_on_the_cluster_under_its_own_name(testbed_runs):
+    """docs/guides/write-a-policy.md's package, installed outside the repository, found by its entry
+    point by the driver and by the router actor on the head node: its run is the healthy job's, under
+    its name, and its decisions are its own (the records carry the name the spec used)."""
+    d = testbed_runs[0] / "e2e_policies" / GUIDE_POLICY / "seed-0"
+    meta = read_meta(d)
+    assert meta["status"] == "finished" and meta["world"] == "testbed" and meta["policy"] == GUIDE_POLICY
+    req, dec = read_table(d, "requests"), read_table(d, "decisions")
+    assert len(req) == 3 and set(req.outcome) <= {"ok", "timeout"}, req  # a host stall may time one out (above)
+    assert len(dec) == 3 and (dec.policy == GUIDE_POLICY).all()
 
 
 def test_every_run_starts_on_engines_verified_quiet(testbed_runs):
