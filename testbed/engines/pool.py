@@ -33,6 +33,12 @@ ENGINE_THREADS = EngineConfig.omp_threads  # torch threads an engine computes on
 KV_PATH_TIMEOUT_S = 10.0
 
 
+# Where a failed start is explained: an engine's output (vLLM's log, its traceback) goes to Ray's worker
+# logs on its node, not to the driver (docs/troubleshooting.md "Engines that do not start").
+ENGINE_LOGS = ("each engine's output is in Ray's worker logs on its node (worker-*.out and .err in Ray's logs "
+               "folder; `ray logs cluster` lists them): docs/troubleshooting.md")
+
+
 class EnginesNotStarted(RuntimeError):
     """The engines did not start: one line saying why and where their logs are."""
 
@@ -172,12 +178,11 @@ class Engines:
             return self._started(ray.get([a.start.remote() for a in self.all], timeout=timeout_s))
         except ray.exceptions.GetTimeoutError:
             raise EnginesNotStarted(f"the engines did not start within {timeout_s:.0f} s "
-                                    f"(testbed.engine_start_timeout_s); each engine's log is under {self._args[2]} "
-                                    "(docs/troubleshooting.md)") from None
+                                    f"(testbed.engine_start_timeout_s); {ENGINE_LOGS}") from None
         except ray.exceptions.RayError as e:
             why = str(getattr(e, "cause", None) or e).strip().splitlines()
-            raise EnginesNotStarted(f"an engine did not start: {why[-1] if why else type(e).__name__}; each engine's "
-                                    f"log is under {self._args[2]} (docs/troubleshooting.md)") from e
+            raise EnginesNotStarted(f"an engine did not start: {why[-1] if why else type(e).__name__}; "
+                                    f"{ENGINE_LOGS}") from e
 
     def _started(self, started: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """What :meth:`start` returns, with the engines' KV block taken from it."""

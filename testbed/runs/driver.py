@@ -407,19 +407,20 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
                                "placement": spec0.topology.placement, "model": args.model, **model_meta}
     try:
+        if args.mode != MODE_LOCAL:  # every node's agent: the KV check below reads its counters
+            agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
+            console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
+            # before any engine starts (minutes on a GPU node): the agents' uids decide it
+            if why := gpu_clock_refusal([job.spec for job in jobs], engines.gpu, agents.pod_euids):
+                print(f"testbed: error: {why}", file=sys.stderr)
+                return 2
         try:
             _start(engines, spec0, summary, model_meta, args.cluster_run_id)
         except EnginesNotStarted as e:  # one line, not a traceback; the engines' logs say why
             print(f"testbed: error: {e}", file=sys.stderr)
             return 2
-        if args.mode != MODE_LOCAL:  # every node's agent: the KV check below reads its counters
-            agents = FaultAgents(spec0.topology.pods, spec0.testbed.fault_interfaces, HEAD_RESOURCE)
-            console.print(f"fault agents on {len(agents.pods)} pods (interfaces {', '.join(spec0.testbed.fault_interfaces)})")
         _prove(engines, spec0, summary, model_meta, agents)
         targets = None
-        if agents is not None and (why := gpu_clock_refusal([job.spec for job in jobs], engines.gpu, agents.pod_euids)):
-            print(f"testbed: error: {why}", file=sys.stderr)
-            return 2
         if agents is not None and (any(job.spec.faults for job in jobs) or args.calibrate):
             try:
                 targets = fault_targets(agents, engines, link_faulted_pods([job.spec for job in jobs]))
