@@ -54,6 +54,9 @@ MODULE = textwrap.dedent('''
     def unknown_piece(w):
         return PolicyConfig("bad", filters=("healthy",))
 
+    def no_pick(w):
+        return PolicyConfig("bad", picker=dict)
+
     A_CONFIG = PolicyConfig("bad")
 ''')
 PYPROJECT = textwrap.dedent('''
@@ -121,6 +124,7 @@ def test_a_dotted_path_names_a_policy_whose_records_carry_that_name(on_path):
     ("my_policies.bad_filter", "filter my_policies.bad_filter.<locals>.<lambda> failed on a 3-pod view: TypeError"),
     ("my_policies.not_a_config", "returned a dict, not a PolicyConfig"),
     ("my_policies.unknown_piece", "no registered piece named 'healthy'"),
+    ("my_policies.no_pick", "a choice on a 3-pod view failed (picker builtins.dict): TypeError: dict has no pick("),
     ("my_policies.A_CONFIG", "is a PolicyConfig, not a function of the spec's Weights"),
     ("NoSuchPolicy", "unknown policy 'NoSuchPolicy'"),
 ])

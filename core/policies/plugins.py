@@ -67,7 +67,7 @@ def forget_plugins() -> None:
 
 def _import(target: str, name: str) -> Any:
     """The object ``module:attr`` or ``module.attr`` names; a one-line error where it does not import."""
-    module, sep, attr = target.partition(":") if ":" in target else target.rpartition(".")
+    module, _, attr = target.partition(":") if ":" in target else target.rpartition(".")
     if not module or not attr:
         raise PolicyPluginError(f"policy {name!r}: {target!r} is not an import path (package.module.function)")
     try:
@@ -162,8 +162,8 @@ def check_pieces(cfg: PolicyConfig) -> None:
             raise TypeError(f"{type(obj).__name__} has no pick(scores, allowed, rng)")
         choice = Policy(cfg, np.random.default_rng(0)).choose(view)
     except Exception as e:
-        raise PolicyPluginError(f"policy {cfg.name!r}: picker {_label(picker)} failed on a {n_pods}-pod view: "
-                                f"{type(e).__name__}: {e}") from None
+        raise PolicyPluginError(f"policy {cfg.name!r}: a choice on a {n_pods}-pod view failed (picker "
+                                f"{_label(picker)}): {type(e).__name__}: {e}") from None
     if not (0 <= choice.prefill < topo.prefill_ids.size and 0 <= choice.decode < topo.decode_ids.size):
         raise PolicyPluginError(f"policy {cfg.name!r}: picker {_label(picker)} chose an index outside the "
                                 "candidates")
