@@ -17,7 +17,7 @@ A guide says what this test does with a fenced block by an HTML comment on the l
   slack absorbs float formatting across library versions, not a change of behaviour).
 
 Steps run in order, in a folder of the guide's own under pytest's ``tmp_path``; a guide that edits
-the project (write-a-policy.md) runs in a copy of its packages there. Each test then checks what the
+the project (add-a-fault-kind.md) runs in a copy of its packages there. Each test then checks what the
 guide's example made. Every ``testbed`` command of a guide, run or not, must parse, and every link
 of a guide must resolve.
 """
