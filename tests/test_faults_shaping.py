@@ -57,18 +57,25 @@ def sink_in(fabric: Fabric, node: str) -> Iterator[int]:
         sink.close()
 
 
-def restored(s: Stream | CounterSampler, above_bps: float, within_s: float = 3.0) -> bool:
-    """The stream (or the counter it passes) runs above ``above_bps`` again within ``within_s``
-    (TCP may sit out a retransmission timeout for the packets the removed queue dropped)."""
+def not_restored(s: Stream | CounterSampler, above_bps: float, within_s: float = 3.0) -> str | None:
+    """None once the stream (or the counter it passes) runs above ``above_bps`` again within
+    ``within_s`` (TCP may sit out a retransmission timeout for the packets the removed queue
+    dropped); else what was seen last, and for a counter how old its latest read was then: a
+    sampler starved of the CPU reads a window from before the change (the reason is the message)."""
     deadline = time.monotonic() + within_s
+    seen = "no rate: fewer than two reads in any window"
     while time.monotonic() < deadline:
         time.sleep(0.1)
         try:
-            if s.last(0.1) > above_bps:
-                return True
+            rate = s.last(0.1)
         except ValueError:  # fewer than two reads yet in the window: look again
             continue
-    return False
+        if rate > above_bps:
+            return None
+        seen = f"{rate / 1e6:.1f} Mbit/s over the latest 0.1 s"
+        if isinstance(s, CounterSampler) and s.samples:
+            seen += f", the counter's latest read {time.monotonic() - s.samples[-1][2]:.2f} s old"
+    return f"not above {above_bps / 1e6:.0f} Mbit/s within {within_s:.0f} s: last {seen}"
 
 
 def qdisc_dump(netns: str) -> list[tuple[str, int, int, str]]:
@@ -123,7 +130,8 @@ def test_shaped_throughput_matches_three_rates_and_is_in_effect_when_the_call_re
                 with in_netns(pod0):
                     agent.clear("link")
                     assert shaping.installed("eth0") == {}
-                assert restored(sent, 10 * limit), "removing the shaping restores the line rate"
+                # removing the shaping restores the line rate
+                assert (why := not_restored(sent, 10 * limit)) is None, why
     finally:
         sent.close()
 
@@ -215,7 +223,7 @@ def test_downlink_shaping_limits_what_enters_the_pod_and_leaves_nothing_behind(f
         with in_netns(pod1):
             assert agent.clear_all() == ["link"]
             assert agent.clear_all() == []  # idempotent
-        assert restored(s, 300e6)
+        assert (why := not_restored(s, 300e6)) is None, why
     assert qdisc_dump(pod1) == before
     with in_netns(pod1):
         assert not shaping.has_link(shaping.ifb_name("eth0"))
@@ -294,7 +302,8 @@ def test_a_link_down_drops_everything_it_shapes_both_ways_and_comes_back_when_cl
             agent.clear("down")
             assert shaping.installed("eth0") == {}
         # TCP comes back after its retransmission back-off (up to a few seconds after a second of loss)
-        assert restored(kv, 100e6, within_s=8.0), "clearing the link brings the stream back"
+        # clearing the link brings the stream back
+        assert (why := not_restored(kv, 100e6, within_s=8.0)) is None, why
     # and without kv_only nothing leaves: a connection's SYN is lost (not refused) on any port
     with in_netns(pod0):
         agent.apply_link("down", "eth0", ["uplink"], 0.0, ttl_s=60)

@@ -6,16 +6,14 @@ and a path that does not import or a piece of the wrong shape is one line naming
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from builders import small_spec_dict
+from policy_package import POLICIES, cli, installed, make_package, mine_spec, package_on_path
 from core.policies import (PolicyPluginError, UnknownPolicy, Weights, check_policy_name, forget_plugins, make_policy,
                            policy_names, reads_price)
 from core.records import read_table
@@ -24,71 +22,6 @@ from core.topology import Topology
 from core.view import Capacity, ClusterView, Loads, PodState
 
 pytestmark = pytest.mark.background  # computations and command lines, no engine or Ray (tests/conftest.py)
-
-# The user's package: a pod scorer of their own (a step of the risk price) in two policies, one
-# registered by an entry point, one left for a spec to name by its path; and pieces of wrong shapes.
-MODULE = textwrap.dedent('''
-    import numpy as np
-    from core.policies import PolicyConfig, Weights
-
-    def price_step(pods):
-        """1 for a pod priced above 0.5, else 0."""
-        return (pods.price > 0.5).astype(float)
-
-    def price_step_policy(w: Weights) -> PolicyConfig:
-        return PolicyConfig("anything", pod_scorers=((price_step, w.lambda_r),))
-
-    def strict(w: Weights) -> PolicyConfig:
-        """Never a pod priced above 0.5 while another is left: a filter of its own."""
-        return PolicyConfig("strict", filters=(lambda pods: pods.price <= 0.5,), picker="random")
-
-    def one_number(w):
-        return PolicyConfig("bad", pod_scorers=((lambda pods: 1.0, 1.0),))
-
-    def bad_filter(w):
-        return PolicyConfig("bad", filters=(lambda pods, extra: pods.price,))
-
-    def not_a_config(w):
-        return {"filters": ["health"]}
-
-    def unknown_piece(w):
-        return PolicyConfig("bad", filters=("healthy",))
-
-    def no_pick(w):
-        return PolicyConfig("bad", picker=dict)
-
-    A_CONFIG = PolicyConfig("bad")
-''')
-PYPROJECT = textwrap.dedent('''
-    [build-system]
-    requires = ["setuptools>=61"]
-    build-backend = "setuptools.build_meta"
-
-    [project]
-    name = "my-policies"
-    version = "0.1"
-
-    [project.entry-points."pd_testbed.policies"]
-    PriceStep = "my_policies:price_step_policy"
-''')
-
-
-def _package(root: Path) -> Path:
-    pkg = root / "my-policies"
-    (pkg / "my_policies").mkdir(parents=True)
-    (pkg / "my_policies" / "__init__.py").write_text(MODULE)
-    (pkg / "pyproject.toml").write_text(PYPROJECT)
-    return pkg
-
-
-def package_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The package importable in this process (its source on sys.path), not installed."""
-    monkeypatch.syspath_prepend(str(_package(tmp_path)))
-    forget_plugins()
-    yield
-    sys.modules.pop("my_policies", None)
-    forget_plugins()
-
 
 @pytest.fixture
 def on_path(tmp_path, monkeypatch):
@@ -145,45 +78,20 @@ def test_a_spec_with_a_bad_path_is_refused_by_the_spec_error(on_path):
 # --- installed from outside the repository -----------------------------------------------------------
 
 
-def _cli(*args: str, cwd: Path, site: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
-
-
-def _installed(tmp_path: Path) -> tuple[Path, Path]:
-    """The package pip-installed into a folder of its own (nothing of the machine's changes): (site, work)."""
-    pkg, site, work = _package(tmp_path / "src"), tmp_path / "site", tmp_path / "work"
-    work.mkdir()
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                          "--target", str(site), str(pkg)], capture_output=True, text=True, timeout=300)
-    assert pip.returncode == 0, pip.stderr
-    return site, work
-
-
-POLICIES = ["LC", "PriceStep", "my_policies.strict"]  # built-in, the entry point, the dotted path
-
-
-def _spec(**over) -> dict:
-    return {**small_spec_dict(), "name": "mine", "policies": POLICIES, "seeds": [0],
-            "faults": [{"kind": "link", "pods": [1], "residual_bw": 0.005, "start_s": 2.0, "duration_s": 20.0}],
-            **over}
-
-
 def test_a_package_installed_from_outside_registers_its_policy_for_the_simulator(tmp_path):
     """`testbed policies` lists its entry point after the built-in ones, and `testbed sim` runs it
     beside a built-in policy and a dotted path, each under its own name; a path that does not import
     is one line."""
-    site, work = _installed(tmp_path)
-    listed = _cli("policies", cwd=work, site=site)
+    site, work = installed(tmp_path)
+    listed = cli("policies", cwd=work, site=site)
     assert listed.returncode == 0 and listed.stdout.split() == [*policy_names(), "PriceStep"], \
         listed.stdout + listed.stderr
-    (work / "mine.yaml").write_text(json.dumps(_spec()))
-    sim = _cli("sim", "mine.yaml", "--out", "runs", cwd=work, site=site)
+    (work / "mine.yaml").write_text(json.dumps(mine_spec()))
+    sim = cli("sim", "mine.yaml", "--out", "runs", cwd=work, site=site)
     assert sim.returncode == 0, sim.stderr[-2000:]
     for p in POLICIES:
         assert len(read_table(work / "runs" / "mine" / p / "seed-0", "requests")) > 0, p
-    bad = _cli("sim", "mine.yaml", "--policies", "my_policies.nothing", "--out", "runs", cwd=work, site=site)
+    bad = cli("sim", "mine.yaml", "--policies", "my_policies.nothing", "--out", "runs", cwd=work, site=site)
     err = bad.stderr.strip().splitlines()
     assert bad.returncode != 0 and len(err) == 1 and "has no 'nothing'" in err[0], bad.stderr
 
@@ -200,7 +108,7 @@ def test_an_entry_point_is_found_by_its_name_and_one_that_takes_a_builtins_name_
     site = tmp_path / "site"
     _dist_info(site, "PriceStep = my_policies:price_step_policy\nLC = my_policies:strict")
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.syspath_prepend(str(_package(tmp_path / "src")))
+    monkeypatch.syspath_prepend(str(make_package(tmp_path / "src")))
     forget_plugins()
     try:
         assert make_policy("PriceStep", Weights(), np.random.default_rng(0)).name == "PriceStep"

@@ -17,7 +17,7 @@ from core.experiment import build_topology
 from core.records import read_table
 from core.run import RunContext
 from core.spec.model import parse_spec
-from test_policy_plugins import POLICIES, _cli, _installed, _spec, package_on_path
+from policy_package import POLICIES, cli, installed, mine_spec, package_on_path
 
 
 @pytest.fixture
@@ -56,10 +56,10 @@ def test_the_testbeds_request_flow_routes_with_a_users_policy(on_path, tmp_path)
 def test_a_package_installed_from_outside_runs_in_a_study(tmp_path):
     """`testbed study` runs the entry point's policy and the dotted path in its cells (Ray's workers
     import them as the command did)."""
-    site, work = _installed(tmp_path)
-    study = _spec(study={"seeds": [0], "sweeps": [{"name": "severe", "axes": {"severity": [0.005]}}]})
+    site, work = installed(tmp_path)
+    study = mine_spec(study={"seeds": [0], "sweeps": [{"name": "severe", "axes": {"severity": [0.005]}}]})
     (work / "study.yaml").write_text(json.dumps(study))
-    res = _cli("study", "study.yaml", "--world", "sim", "--workers", "1", "--out", "studies", cwd=work, site=site)
+    res = cli("study", "study.yaml", "--world", "sim", "--workers", "1", "--out", "studies", cwd=work, site=site)
     assert res.returncode == 0, res.stderr[-2000:]
     cells = {p.parent.parent.name for p in (work / "studies").rglob("seed-0/requests.parquet")}
     assert cells == set(POLICIES), cells

@@ -59,10 +59,16 @@ def entry_point_policies() -> dict[str, str]:
     return found
 
 
+# (name, weights) whose pieces check_pieces passed in this process: a spec is parsed, a run made and a
+# study cell routed with the same policy, and its pieces need checking once, not at each.
+_checked: set[tuple[str, str]] = set()
+
+
 def forget_plugins() -> None:
     """Read the entry points and import the paths again (after installing a package in this process)."""
     entry_point_policies.cache_clear()
     _factory.cache_clear()
+    _checked.clear()
 
 
 def _import(target: str, name: str) -> Any:
@@ -109,7 +115,10 @@ def plugin_config(name: str, weights: Weights, builtin: frozenset[str] | tuple[s
     if not isinstance(cfg, PolicyConfig):
         raise PolicyPluginError(f"policy {name!r}: its function returned a {type(cfg).__name__}, not a PolicyConfig")
     cfg = dataclasses.replace(cfg, name=name)
-    check_pieces(cfg)
+    key = (name, weights.model_dump_json())
+    if key not in _checked:
+        check_pieces(cfg)
+        _checked.add(key)
     return cfg
 
 
