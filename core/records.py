@@ -103,9 +103,13 @@ class FaultEvent(NamedTuple):
     target: str  # what was acted on: "pod3.core_links" (sim); "pod3:eth0/egress", "pod3:cpu" (testbed)
     severity: float  # link: residual bandwidth factor r; compute: slow-down factor
     # Testbed: what was measured after acting, on the severity's scale: link, the
-    # rate through the shaper over the baseline rate; compute, the slow-down factor.
+    # rate through the shaper over the baseline rate; compute, the slow-down factor (CPU: a
+    # probe's under the quota; GPU: the engines' prefill or decode step, felt).
     measured: float = NAN
     measured_bps: float = NAN  # testbed link: the rate itself, from the interface counters (bit/s)
+    # Testbed GPU compute: the SM clock ratio (max over current) the lock gave, beside `measured`,
+    # which there is the engines' own step slow-down (testbed/faults/felt.py).
+    clock_ratio: float = NAN
     table = "faults"  # a class attribute, not a column
 
 

@@ -43,8 +43,9 @@ from .view import Capacity
 
 log = logging.getLogger(__name__)
 
-# One fault row as a world recorded it: (target, time acted, measured on the severity's scale, measured bit/s).
-FaultRow = tuple[str, float, float, float]
+# One fault row as a world recorded it: (target, time acted, measured on the severity's scale, measured bit/s),
+# and for a GPU compute fault the SM clock ratio after them (core/records.py FaultEvent).
+FaultRow = tuple[str, float, float, float] | tuple[str, float, float, float, float]
 
 
 class RunContext:
@@ -114,9 +115,9 @@ class RunContext:
         """Record the step's events as the world acted on them (``rows``: one or more per
         event) and show the router the residual bandwidth factor per pod it measured."""
         for ev in step.events:
-            for target, at, measured, measured_bps in rows(ev):
+            for target, at, *measured in rows(ev):
                 self.writer.write(FaultEvent(at, ev.fault_id, ev.event, ev.kind, ev.pod, target, ev.severity,
-                                             measured, measured_bps))
+                                             *measured))
         self.router.observe_bandwidth(now, np.asarray(bw_factor, float) * self.topo.uplink_Bps)
         self.last_step = step
 

@@ -41,6 +41,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from builders import shipped_spec_dict
 from e2e_serve import end_group, serve_and_query
 from core.policies import POLICY_NAMES, forget_plugins
@@ -60,6 +62,7 @@ OVERLOAD_REQUESTS = 40
 OVERLOAD_LIMIT = 4  # router.max_in_flight of the overload run
 OVERLOAD_OFFERED = 3  # the load the overload run offers, in multiples of OVERLOAD_LIMIT (job_specs)
 COMPUTE_SLOWDOWN = 3.0  # the compute fault's factor (e2e_compute and the killed run)
+HEAD_POD = 4  # the pod after the jobs' four, on the head's node: no job uses it (tests/head_pod_probe.py)
 # The engines' KV lease, set outright: what the jobs' longest first-token limit (the retried job's
 # 20 s deadline) and the 10 s margin derive (EngineConfig.kv_lease_s), for every job and command, so
 # that they all make the same engines and reuse the ones kept (--keep-engines), and so that the
@@ -200,19 +203,14 @@ def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
     from test_guides import guide_policy_package
 
     site = str(guide_policy_package(out))
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, saved) if p)
-    sys.path.insert(0, site)
-    forget_plugins()
-    try:
-        return _run_on_cluster(out, site)
-    finally:
-        sys.path.remove(site)
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+    with pytest.MonkeyPatch.context() as mp:  # both undone on the way out, however it goes
+        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p))
+        mp.syspath_prepend(site)
         forget_plugins()
+        try:
+            return _run_on_cluster(out, site)
+        finally:
+            forget_plugins()
 
 
 def _run_on_cluster(out: Path, site: str) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
@@ -220,7 +218,7 @@ def _run_on_cluster(out: Path, site: str) -> tuple[Path, dict, dict, ExperimentS
     base["engine"] = {**base["engine"], "kv_lease_s": LEASE_S}
     healthy, slow, throttled, retried, overload, breaker, down, after_down, compute = job_specs(base)
     big = out / "too_big.yaml"
-    big.write_text(json.dumps({**base, "name": "too_big", "topology": {**base["topology"], "pods": 5}}))
+    big.write_text(json.dumps({**base, "name": "too_big", "topology": {**base["topology"], "pods": HEAD_POD + 2}}))
     # What is on the machine already (another run's, a crashed session's) is not this test's to judge.
     before = _leftovers()
     cli: dict[str, subprocess.CompletedProcess] = {"leftovers_before": _cli("leftovers")}
@@ -235,7 +233,8 @@ def _run_on_cluster(out: Path, site: str) -> tuple[Path, dict, dict, ExperimentS
 
     # the nodes' workers import the project from the checkout (raynodes.HOUSEKEEPING_ENV) and the
     # guide's package from where pip put it, as a real node's would from its environment
-    cluster = EmulatedCluster(healthy.topology.pods, mode="netns", launcher="ray_up",
+    # and one pod more, idle, on the head's node (tests/head_pod_probe.py)
+    cluster = EmulatedCluster(healthy.topology.pods, mode="netns", launcher="ray_up", head_pods=1,
                               env={"PYTHONPATH": os.pathsep.join((str(REPO), site))})
     cli["run_id"] = cluster.run_id
     scrapes: list[str] = []
@@ -276,10 +275,11 @@ def _run_on_cluster(out: Path, site: str) -> tuple[Path, dict, dict, ExperimentS
                 prom.stop()
         _fast_link_job(base, cluster, addr, out)
         took("the link faults at 10 Gbit/s")
-        cli["kv_isolation"] = _kv_isolation(cluster)
+        cli["kv_isolation"] = _in_head(cluster, "kv_isolation_probe.py")
+        cli["head_pod"] = _in_head(cluster, "head_pod_probe.py", str(HEAD_POD))
         cli["clear"] = _cli("faults", "clear", "--address", addr)
         cli["clear_again"] = _cli("faults", "clear", "--address", addr)
-        took("KV isolation, faults clear")
+        took("KV isolation, the head's pod, faults clear")
         cli["study"], cli["study_again"] = _study_cell(throttled, addr, out)
         took("testbed study, twice")
         cli["twin"] = _twin(throttled, addr, out)
@@ -424,10 +424,10 @@ def _raylet_envs(run_id: str) -> dict[int, dict[str, str]]:
     return envs
 
 
-def _kv_isolation(cluster: EmulatedCluster) -> dict:
-    """tests/kv_isolation_probe.py in the head's namespace: pod 0's KV stream and Ray's object fetch
-    from pod 0, with no fault, a kv_only fault and a whole-link fault on its uplink."""
-    res = cluster.run_in_head([sys.executable, str(REPO / "tests" / "kv_isolation_probe.py"), cluster.address],
+def _in_head(cluster: EmulatedCluster, script: str, *args: str) -> dict:
+    """tests/<script> in the head's namespace on the cluster's address (kv_isolation_probe.py,
+    head_pod_probe.py: their docstrings say what they measure); its last line of output is JSON."""
+    res = cluster.run_in_head([sys.executable, str(REPO / "tests" / script), cluster.address, *args],
                               capture_output=True, text=True, timeout=300)
     lines = res.stdout.strip().splitlines()
     return {"rc": res.returncode, "stderr": res.stderr[-3000:], "result": json.loads(lines[-1]) if lines else None}

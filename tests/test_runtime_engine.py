@@ -335,8 +335,11 @@ def test_abort_mid_decode_frees_the_request(engines):
 @pytest.mark.slow
 @needs_vllm
 def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(engines):
+    from testbed.faults import felt
     from testbed.faults.cpu import CpuQuotaThrottle
+    from testbed.faults.felt import StepTimes
     from testbed.machine.procs import descendants
+    from vocab import ROLE_DECODE, ROLE_PREFILL
 
     p, d = engines["prefill"], engines["decode"]
     n = 1500
@@ -352,8 +355,19 @@ def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(eng
             d.call("release_remote_kv", request_id=f"slow-{tag}-{i}", kv_transfer_params=pre.kv_transfer_params)
         return float(np.median(times))
 
+    def probes(tag: str) -> list[StepTimes]:
+        """The GPU compute fault's probes (testbed/faults/felt.py), as the injector sends them, on
+        this CPU prefill engine: plain decodes, whose times the engine returns."""
+        out = []
+        for i in range(felt.PROBES):
+            r = p.call("decode", request_id=f"felt-{tag}-{i}", max_tokens=felt.STEPS + 1,
+                       prompt_token_ids=felt.probe_prompt(hash((tag, i)) % 10**6, 2048))
+            out.append(StepTimes.from_times(r.submitted_s, r.first_token_s, r.token_times))
+        return out
+
     p.call("reset_prefix_cache")
     base = prefill_s("base")
+    felt_base = probes("base")
     workers = descendants(p.proc.pid)  # EngineCore and its worker: the model's compute
     assert len(workers) >= 1
     # the engine computes on one torch thread (EngineConfig.omp_threads): its quota is 1 core / 4,
@@ -362,15 +376,24 @@ def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(eng
     try:
         measured = throttle.apply(workers, 4.0)
         slowed = prefill_s("slowed")
+        felt_slowed = probes("slowed")
     finally:
         after_factor = throttle.clear()
     restored = prefill_s("restored")
+    felt_restored = probes("restored")
+    felt_x = {role: (felt.felt_slowdown([felt_base], [felt_slowed], [role]),
+                     felt.felt_slowdown([felt_base], [felt_restored], [role])) for role in (ROLE_PREFILL, ROLE_DECODE)}
     print(f"\nprefill {n} tokens: {base:.2f} s, slowed x4 (measured {measured:.2f}): {slowed:.2f} s, "
-          f"cleared (measured {after_factor:.2f}): {restored:.2f} s", file=sys.stderr)
+          f"cleared (measured {after_factor:.2f}): {restored:.2f} s; probes' felt (slowed, cleared): {felt_x}; "
+          f"base {felt_base}", file=sys.stderr)
     assert 2.5 < measured < 6.0
     assert slowed > 1.8 * base, (base, slowed)
     assert restored < 1.4 * base, (base, restored)
     assert not throttle.active
+    # The probes' prefill figure follows the quota as the prefills above do. Their decode step is not
+    # asserted: a CFS quota stalls a few steps a period whole and leaves the median step alone, where
+    # a locked GPU clock slows every step (what the probes are for).
+    assert felt_x[ROLE_PREFILL][0] > 1.8 and felt_x[ROLE_PREFILL][1] < 1.4, felt_x
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the READM
 pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
 
 from core.records import read_meta, read_table  # noqa: E402
-from e2e_cluster import DEATH_REPEAT, DEATH_REQUESTS, KILL_FAULT_S  # noqa: E402
+from e2e_cluster import DEATH_REPEAT, DEATH_REQUESTS, HEAD_POD, KILL_FAULT_S  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 
@@ -21,12 +21,13 @@ def test_the_cluster_is_reached_by_its_address_like_a_real_one(testbed_runs):
     out, _, _, _, cli = testbed_runs
     status = " ".join(cli["status"].stdout.split())
     assert cli["status"].returncode == 0, cli["status"].stderr
-    for pod in ("pod0", "pod1", "pod2", "pod3"):
+    for pod in ("pod0", "pod1", "pod2", "pod3", f"pod{HEAD_POD}"):
         assert pod in status
     assert "eth0" in status
     too_big = cli["too_big"]
     assert too_big.returncode != 0
-    assert "topology: 5 pods, but the cluster's alive nodes have pod0@" in too_big.stderr and "missing pod4" in too_big.stderr
+    assert (f"topology: {HEAD_POD + 2} pods, but the cluster's alive nodes have pod0@" in too_big.stderr
+            and f"missing pod{HEAD_POD + 1}" in too_big.stderr), too_big.stderr
     assert not (out / "too_big").exists() or not list((out / "too_big").rglob("requests.parquet"))
     for key in ("clear", "clear_again"):
         assert cli[key].returncode == 0, cli[key].stdout + cli[key].stderr
@@ -118,6 +119,22 @@ def test_a_link_down_on_the_testbed_stalls_every_pull_across_it(testbed_runs):
     assert (across.failed_stage == "kv_transfer").all(), across
     elsewhere = req[(req.prefill_pod != 0) & (req.outcome == "ok")]
     assert len(elsewhere) > 0, req
+
+
+def test_a_pod_on_the_heads_node_is_probed_over_its_own_interface_from_another_node(testbed_runs):
+    """tests/head_pod_probe.py: the probe of the pod on the head comes from another pod's node through
+    the head's eth0 (not from the head's own agent, over loopback) and reads the kv_only limit set
+    there, both directions at once; with every pod faulted no node can measure: one line."""
+    res = testbed_runs[4]["head_pod"]
+    assert res["rc"] == 0, res["stderr"]
+    out = res["result"]
+    path = out["path"]
+    assert path["pod_ip"] == out["head_ip"] and path["peer"] >= 0 and path["peer_ip"] != out["head_ip"], out
+    for side, factor in zip(("uplink", "downlink"), out["factor"]):
+        assert abs(factor / out["r"] - 1) < 0.10, (side, out)  # the load crossed what the fault shaped
+    refused = out["refused"]
+    assert "\n" not in refused and refused.startswith("pod0's link fault cannot be measured"), refused
+    assert "head's node carries a link fault of the run" in refused, refused
 
 
 def test_doctor_passes_on_every_node_of_the_cluster_ray_up_started(testbed_runs):

@@ -1,10 +1,9 @@
 """A compute fault's effect as the engine felt it, read from the requests of either world.
 
-The fault agent's ``measured`` factor (faults.parquet) is what it set up: on the CPU the quota
-its cgroup gives a probe that saturates it, on a GPU the ratio of the SM clocks it locked
-(testbed/faults/gpu.py). Neither is the engine's slow-down: a prefill on a GPU is partly bound by
-memory and kernel launches, which a lower SM clock does not slow, and a CPU engine that was not
-using all of its cores slows by less than its quota says. This table reads the slow-down from the
+The fault agent's ``measured`` factor (faults.parquet) is, on the CPU, what it set up: the quota
+its cgroup gives a probe that saturates it, and a CPU engine that was not using all of its cores
+slows by less than its quota says (on a GPU it is the engines' own probe requests' slow-down,
+testbed/faults/felt.py, the clock ratio beside it). This table reads the slow-down from the
 requests themselves: the prefill time per prompt token of the faulted pod's requests that
 prefilled wholly inside the fault's window, over a baseline measured in the same run:
 

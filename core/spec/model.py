@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.host_model import worker_spin_s
 from core.limits import first_token_limit
 from core.spec.metrics import MetricsSpec
-from faults.spec import FaultSpec, HealthSpec, TelemetrySpec
+from faults.spec import FaultSpec, HealthSpec, LinkFault, TelemetrySpec
 from vocab import FAULT_ENGINE, FAULT_LINK, ROLE_BOTH, ROLE_PREFILL, EmulatedMode, Executor
 from workloads.spec import WorkloadSpec
 
@@ -274,8 +274,19 @@ class TestbedSpec(_Spec):
     #   needs a CUDA transport to read GPU memory and tcp with a CUDA buffer is refused by NIXL;
     # * rdma: UCX's fast path (its own transport choice, a GPU KV buffer on GPUs). The NIC then
     #   bypasses the kernel's qdiscs and /proc/net/dev, so tc-based link faults would act on
-    #   nothing: a spec with a link fault is refused in this mode.
+    #   nothing: a spec with a link fault is refused in this mode, unless rdma_link_faults says so.
     transport: Literal["tcp", "rdma"] = "tcp"
+    # A link fault with transport rdma (docs/cluster.md "RDMA: what could fault it"): "refuse" (the
+    # default: the path below has never run on an RDMA NIC, none being at hand), or "dcb_maxrate",
+    # the NIC's own egress rate limit of the KV's traffic class (testbed/faults/dcb.py): uplink
+    # faults only, since it limits egress, and only kv_only ones, since it limits the KV's class.
+    rdma_link_faults: Literal["refuse", "dcb_maxrate"] = "refuse"
+    # The KV's class for dcb_maxrate: the DSCP its RoCE packets carry (26: UCX's own RoCEv2 default,
+    # its traffic class 106 >> 2) and the NIC's traffic class (0-7) it is mapped to, which is the
+    # user's to set on each node (dcb app / dcb ets); 3: DSCP 24-31 -> priority 3 -> class 3, the
+    # grouping NICs commonly start from (Intel's E810 RDMA guide lists it).
+    kv_dscp: int = Field(26, ge=0, le=63)
+    kv_traffic_class: int = Field(3, ge=0, le=7)
     # GPUs per vLLM engine (Ray's num_gpus on the engine actor); 0: vLLM's CPU build. At most 1
     # (_one_device): an engine here runs on one device (the uni executor, no tensor parallelism:
     # vLLM's config/parallel.py takes world size 1), so a second GPU would sit idle without a word.
@@ -435,9 +446,28 @@ class ExperimentSpec(_Spec):
             raise ValueError(f"policies lists a name twice: {names}")
         links = [i for i, f in enumerate(self.faults) if f.kind == FAULT_LINK]
         if self.testbed.transport == "rdma" and links:
-            raise ValueError(f"faults[{links[0]}]: a link fault shapes with tc, which RDMA bypasses (the NIC reads "
-                             "and writes memory without the kernel's qdiscs); use testbed.transport: tcp")
+            if self.testbed.rdma_link_faults == "refuse":
+                raise ValueError(f"faults[{links[0]}]: a link fault shapes with tc, which RDMA bypasses (the NIC reads "
+                                 "and writes memory without the kernel's qdiscs); use testbed.transport: tcp")
+            for i in links:
+                self._dcb_fault(i, self.faults[i])
         return self
+
+    @staticmethod
+    def _dcb_fault(i: int, f: LinkFault) -> None:
+        """A link fault as the NIC's rate limit of the KV's class (testbed.rdma_link_faults: dcb_maxrate)."""
+        if f.downlink:
+            raise ValueError(f"faults[{i}]: dcb_maxrate limits a NIC's egress only, and direction {f.direction} limits "
+                             "traffic entering the pod (sent by its peers' NICs); use direction: uplink")
+        if f.residual_bw == 0:
+            raise ValueError(f"faults[{i}]: a link down (residual_bw 0) cannot be a dcb maxrate, where 0 means no "
+                             "limit; use a residual_bw above 0")
+        if f.delay_ms > 0 or f.loss > 0:
+            raise ValueError(f"faults[{i}]: delay_ms and loss need netem, a qdisc RDMA bypasses; drop them with "
+                             "rdma_link_faults dcb_maxrate")
+        if not f.kv_only:
+            raise ValueError(f"faults[{i}]: with rdma_link_faults dcb_maxrate a link fault limits the KV's traffic "
+                             "class alone, not the whole link; set kv_only: true")
 
     @property
     def first_token_limit_s(self) -> float:

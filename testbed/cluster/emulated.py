@@ -109,6 +109,7 @@ class EmulatedCluster(RayNodes):
         ready_timeout_s: float = 120.0,
         stop_timeout_s: float = 10.0,
         launcher: Launcher | None = None,
+        head_pods: int = 0,
     ) -> None:
         self.run_id = nn.check_run_id(run_id if run_id is not None else uuid.uuid4().hex[:8])
         if mode not in EMULATED_MODES:
@@ -133,6 +134,11 @@ class EmulatedCluster(RayNodes):
         self.launcher: str = launcher
         self.n_pods = n_pods
         self.fabric = Fabric.plan(self.run_id, n_pods, subnet)  # validates n_pods and subnet in both modes
+        # Pods n_pods .. n_pods + head_pods - 1 on the head's node, sharing its namespace and NIC, as
+        # cluster.yaml's provider.pods can put a pod there (testbed/cluster/clusterfile.py).
+        if not isinstance(head_pods, int) or head_pods < 0:
+            raise ValueError(f"head_pods: expected a non-negative integer, got {head_pods!r}")
+        self.head_pods = head_pods
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.state_path = nn.state_file(self.state_dir, self.run_id)
         self.temp_root = Path(temp_root) if temp_root is not None else Path(tempfile.gettempdir()) / f"tb-{self.run_id}"
@@ -223,7 +229,7 @@ class EmulatedCluster(RayNodes):
         if importlib.util.find_spec("ray") is None:
             raise ClusterError("emulated cluster: Ray is not installed (pip install 'ray[default]')")
         started = time.monotonic()
-        nn.update_state(self.state_path, run_id=self.run_id, mode=self.mode, n_pods=self.n_pods,
+        nn.update_state(self.state_path, run_id=self.run_id, mode=self.mode, n_pods=self.n_pods, head_pods=self.head_pods,
                         temp_root=str(self.temp_root), creator_start_ticks=procs.self_start_ticks(), processes=[],
                         launcher=self.launcher)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -359,6 +365,7 @@ class EmulatedCluster(RayNodes):
         obj.mode = state.get("mode", "netns")
         obj.launcher = state.get("launcher", "direct")
         obj.n_pods = state.get("n_pods", len(fabric.pods) if fabric else 1)
+        obj.head_pods = state.get("head_pods", 0)
         obj.fabric = fabric if fabric is not None else Fabric.plan(run_id, obj.n_pods)
         obj.state_dir, obj.state_path = Path(state_dir), path
         obj.temp_root = Path(state.get("temp_root", Path(tempfile.gettempdir()) / f"tb-{run_id}"))

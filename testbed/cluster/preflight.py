@@ -40,6 +40,7 @@ from testbed.machine.interfaces import interface_addresses
 from testbed.cluster.preflight_links import (  # noqa: F401 (re-exported: the checks are preflight's)
     _picked, _ray_ip, check_emulated_interfaces, check_firewall, check_interfaces, check_link_faults, check_root_qdisc)
 from testbed.cluster.preflight_gpu import check_gpu_clocks, check_model, check_vllm_build, driver_cuda
+from testbed.cluster.preflight_rdma import rdma_line
 from vocab import FAULT_COMPUTE, FAULT_LINK, MODE_LOCAL
 
 _MARK = "DOCTOR-PROBE "  # the line a probe subprocess answers with
@@ -61,6 +62,9 @@ class Params:
     model: str | None = None  # testbed.model; None: the tiny model, built on each node
     compute_pods: tuple[int, ...] = ()  # the pods the spec's compute faults act on
     engines: int = 1  # the topology's engines (their NIXL side channels' ports)
+    transport: str = "tcp"  # testbed.transport, rdma_link_faults and kv_traffic_class: the rdma line
+    rdma_link_faults: str = "refuse"
+    kv_traffic_class: int = 3
 
     @classmethod
     def from_spec(cls, spec: Any) -> Params:
@@ -70,7 +74,8 @@ class Params:
                    pods=spec.topology.pods,
                    link_faults=tuple((i, bool(f.kv_only), tuple(f.pods)) for i, f in enumerate(spec.faults)
                                      if f.kind == FAULT_LINK),
-                   model=t.model, engines=spec.topology.pods * spec.topology.workers_per_pod,
+                   model=t.model, engines=spec.topology.pods * spec.topology.workers_per_pod, transport=t.transport,
+                   rdma_link_faults=t.rdma_link_faults, kv_traffic_class=t.kv_traffic_class,
                    compute_pods=tuple(sorted({p for f in spec.faults if f.kind == FAULT_COMPUTE for p in f.pods})))
 
 
@@ -492,6 +497,7 @@ def node_checks(params: Params, role: Role = Role()) -> list[Check]:
         checks.append(check_root_qdisc(_root(device)))
     if local or not role.engines:
         checks += [na("link faults", no_faults if local else no_pod), na("root qdisc", no_faults if local else no_pod)]
+    checks.append(rdma_line(params, role, device) if role.engines else na("rdma", no_pod))
     if role.head:
         checks += [check_port("metrics", *params.metrics), check_port("ingress", *params.ingress, " (run --serve)")]
     else:

@@ -24,7 +24,7 @@ from pathlib import Path
 from core.util.files import write_json_atomic
 from testbed.machine import netns as nn
 from testbed.cluster import rayup
-from testbed.machine.netns import HEAD, Fabric, NodeLink
+from testbed.machine.netns import HEAD, Fabric, NodeLink, pod_name
 from testbed.machine.procs import RUN_MARKER_ENV, proc_stat
 from vocab import LAUNCH_RAY_UP, MODE_LOCAL, MODE_NETNS
 
@@ -132,6 +132,7 @@ class RayNodes:
     mode: str
     launcher: str
     n_pods: int
+    head_pods: int
     fabric: Fabric
     state_path: Path
     temp_root: Path
@@ -175,12 +176,13 @@ class RayNodes:
         node_dir = self.temp_root / name / "ray"
         argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
                 f"--object-store-memory={self.object_store_bytes}", "--disable-usage-stats", f"--temp-dir={node_dir}"]
+        on_head = {name: self.pod_resource for name in self.head_pod_names}
         if self.mode == MODE_LOCAL:
-            resources = {HEAD: 1.0} | {p.name: self.pod_resource for p in self.fabric.pods}
+            resources = {HEAD: 1.0} | {p.name: self.pod_resource for p in self.fabric.pods} | on_head
             p = self._ports
             # No --node-ip-address: Ray replaces 127.0.0.1 with the host's routable address anyway.
             return argv + ["--head", "--include-dashboard=false", f"--port={p['gcs']}",
-                           f"--num-cpus={self.head_cpus + self.n_pods * self.pod_cpus}",
+                           f"--num-cpus={self.head_cpus + (self.n_pods + self.head_pods) * self.pod_cpus}",
                            f"--resources={json.dumps(resources)}",
                            f"--dashboard-agent-listen-port={p['agent_http']}",
                            f"--dashboard-agent-grpc-port={p['agent_grpc']}",
@@ -188,7 +190,8 @@ class RayNodes:
         node = self.fabric.node(name)
         if name == HEAD:
             return argv + ["--head", "--include-dashboard=false", f"--node-ip-address={node.address}", f"--port={RAY_PORT}",
-                           f"--num-cpus={self.head_cpus}", f"--resources={json.dumps({HEAD: 1.0})}"]
+                           f"--num-cpus={self.head_cpus + self.head_pods * self.pod_cpus}",
+                           f"--resources={json.dumps({HEAD: 1.0} | on_head)}"]
         return argv + [f"--address={self.fabric.head.address}:{RAY_PORT}", f"--node-ip-address={node.address}",
                        f"--num-cpus={self.pod_cpus}", f"--resources={json.dumps({name: self.pod_resource})}"]
 
@@ -295,12 +298,18 @@ class RayNodes:
         self._wait_reachable(self.head_ip, port, f"ray head: GCS port {self.head_ip}:{port} not open",
                              self.log_dir / "head.log", 0.2)
 
+    @property
+    def head_pod_names(self) -> list[str]:
+        """The pods on the head's node (EmulatedCluster's ``head_pods``), after the namespaced ones."""
+        return [pod_name(self.n_pods + j) for j in range(self.head_pods)]
+
     def _wait_nodes(self) -> ClusterInfo:
         want = [HEAD] + [p.name for p in self.fabric.pods]
         count = len(want) if self.mode == MODE_NETNS else 1
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             check = subprocess.Popen(
-                self.head_argv([sys.executable, "-c", _WAIT_NODES, self.address, str(count), json.dumps(want),
+                self.head_argv([sys.executable, "-c", _WAIT_NODES, self.address, str(count),
+                                json.dumps(want + self.head_pod_names),
                                 str(self.ready_timeout_s)]),
                 env=self.driver_env({"TMPDIR": str(self.temp_root)}), stdout=out, stderr=err, cwd=self.temp_root)
             try:

@@ -51,6 +51,7 @@ from testbed.engines.stagelog import PULL_ENDS, STAGE_LOG_ENV, StageLog
 from testbed.engines.stats import EngineStats
 from testbed.machine.cache_dirs import compile_cache_dir, vllm_cache_dir
 from testbed.machine.kv_ports import KV_PORT_RANGE
+from testbed.machine.rdma import kv_class_environment, rdma_port_of
 from vocab import EXECUTORS, ROLE_BOTH, ROLES, Executor, Role
 
 #: Environment variable read in the worker process: NIXL progress-thread delay
@@ -104,6 +105,9 @@ class EngineConfig:
     net_device: str | None = None
     # core.spec.model.TestbedSpec.transport: tcp (KV over net_device, host-memory buffer) or rdma
     transport: str = "tcp"
+    # rdma with rdma_link_faults dcb_maxrate: the DSCP that puts the KV in its traffic class
+    # (core.spec.model.TestbedSpec.kv_dscp, testbed/machine/rdma.py); None: UCX's own marking
+    kv_dscp: int | None = None
     request_deadline_s: float = 60.0
     lease_margin_s: float = 10.0
     # core.spec.model.EngineSpec.kv_lease_s: a lease set outright (a study of expiry), not derived
@@ -221,6 +225,9 @@ class EngineConfig:
             # In the engine's own environment, not the node's: on a real node, where nothing else
             # sets it, UCX would take an ephemeral port and a kv_only link fault would match nothing.
             env["UCX_TCP_PORT_RANGE"] = KV_PORT_RANGE
+        elif self.kv_dscp is not None:  # the KV in the class the NIC limits, on the NIC the faults name
+            env.update(kv_class_environment(self.kv_dscp, rdma_device=rdma_port_of(self.net_device)
+                                            if self.net_device else None))
         if self.executor == "uni":
             # vLLM's CPU platform turns "uni" into "mp" unless this is 0 (platforms/cpu.py
             # check_and_update_config); AsyncLLM keeps its engine core in a process of its own

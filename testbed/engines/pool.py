@@ -112,6 +112,7 @@ class Engines:
                            kv_cache_bytes=t.kv_cache_bytes, max_num_seqs=max_seqs,
                            max_num_batched_tokens=max(e.prefill_batch_tokens, max_seqs),
                            transport=t.transport, gpu=self.gpu, shm_recheck_ms=t.shm_recheck_ms,
+                           kv_dscp=t.kv_dscp if t.transport == "rdma" and t.rdma_link_faults == "dcb_maxrate" else None,
                            nixl_rehandshake=t.nixl_rehandshake,
                            executor=t.executor, enforce_eager=t.enforce_eager)
                 # the longest KV can stay held after its run (quiesce): the lease, every engine's

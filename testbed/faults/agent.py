@@ -13,6 +13,10 @@ processes of the node. Safety lives here, not in the caller:
 * ``clear_all`` undoes everything the agent set (the actor calls it on
   SIGINT/SIGTERM and at exit).
 
+A link fault on RDMA, which tc cannot shape, takes :meth:`FaultAgent.apply_link_dcb`: the NIC's
+own rate limit of the KV's traffic class (testbed/faults/dcb.py), with the same keys, TTLs and
+``clear_all``.
+
 Faults are keyed (``"f0/pod1/link"``); applying a key again is "make it so".
 """
 
@@ -25,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
-from testbed.faults import load, shaping
+from testbed.faults import dcb, load, shaping
 from testbed.faults.shaping import Shaping, ShapingError
 from testbed.machine.interfaces import interface_addresses
 from vocab import FAULT_COMPUTE
@@ -55,8 +59,10 @@ class _Active:
 class FaultAgent:
     """Applies, measures and clears faults on one node."""
 
-    def __init__(self, node: str, allowlist: Iterable[str], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, node: str, allowlist: Iterable[str], clock: Callable[[], float] = time.monotonic,
+                 dcb_limit: Callable[[], dcb.DcbRateLimit] = dcb.DcbRateLimit) -> None:
         self.node = node
+        self.dcb_limit = dcb_limit  # makes the RDMA path's limits (a fake NIC's in the tests)
         self.allowlist = frozenset(allowlist)
         if not self.allowlist:
             raise ValueError("fault agent: the interface allowlist is empty")
@@ -109,6 +115,36 @@ class FaultAgent:
                 raise
             self._register(key, "link", ttl_s, undo, ifname=ifname, sides=list(sides), rate_bps=rate_bps)
         return {"key": key, "ifname": ifname, "sides": list(sides), "rate_bps": rate_bps, "ttl_s": ttl_s}
+
+    def apply_link_dcb(self, key: str, ifname: str, sides: Sequence[Side], rate_bps: float, ttl_s: float,
+                       traffic_class: int) -> dict[str, Any]:
+        """A link fault where the KV moves over RDMA: limit ``ifname``'s egress of the KV's traffic class
+        to ``rate_bps`` with the NIC's own rate limit (``dcb maxrate``, testbed/faults/dcb.py); the
+        key's earlier fault is replaced. Uplink only: the limit acts on egress. Returns the fault, with
+        ``configured_bps``: the rate the NIC reads back for the class (quantised by it), the
+        configured rate, not a measured one. Never run on an RDMA NIC."""
+        self.check_interface(ifname)
+        self.check_ttl(key, ttl_s)
+        why = next((w for s in sides if (w := dcb.side_refusal(s))), None) if sides else "no side given"
+        if why:
+            raise FaultRefused(f"fault {key}: {why}: refused, nothing changed")
+        with self._lock:
+            prev = self._active.get(key)
+            same = (prev is not None and prev.detail.get("method") == "dcb_maxrate"
+                    and (prev.detail["ifname"], prev.detail["traffic_class"]) == (ifname, traffic_class))
+            limit = prev.detail["throttle"] if same else self.dcb_limit()
+            if prev is not None and not same:
+                self.clear(key)  # tc shaping, or another interface or class, under this key: undo it first
+            configured = limit.apply(ifname, traffic_class, rate_bps)
+
+            def undo() -> dict[str, Any]:
+                # nothing is queued in the host to drop; what the class reads after the restore
+                return {"dropped_bytes": 0, "restored_bps": limit.clear()}
+
+            self._register(key, "link", ttl_s, undo, method="dcb_maxrate", ifname=ifname, sides=["uplink"],
+                           rate_bps=rate_bps, traffic_class=traffic_class, configured_bps=configured, throttle=limit)
+        return {"key": key, "ifname": ifname, "sides": ["uplink"], "rate_bps": rate_bps, "ttl_s": ttl_s,
+                "method": "dcb_maxrate", "traffic_class": traffic_class, "configured_bps": configured}
 
     def measure_uplink(self, ifname: str, peer: str, port: int, offered_bps: float, window_s: float = 0.4) -> float:
         """Rate (bit/s) out of ``ifname`` while paced TCP streams offer ``offered_bps`` to the sink at
@@ -278,7 +314,8 @@ class FaultAgent:
 
     def clear_all(self) -> list[str]:
         """Undo everything this agent set, then anything the project left in this namespace
-        on the allowlisted interfaces (an earlier agent that was killed)."""
+        on the allowlisted interfaces (an earlier agent that was killed): its qdiscs, and the dcb
+        limits whose markers name a process that is gone."""
         with self._lock:
             keys = list(self._active)
             errors = []
@@ -287,7 +324,11 @@ class FaultAgent:
                     self.clear(k)
                 except Exception as e:  # keep clearing the others
                     errors.append(f"{k}: {e}")
-            leftovers = shaping.clear_all(self.allowlist)
+            leftovers = shaping.settled(lambda: shaping.clear_all(self.allowlist))  # a neighbour agent may clear too
+            try:
+                leftovers += [f"dcb:{r}" for r in dcb.restore_leftovers(self.allowlist, only_dead=True)]
+            except dcb.DcbError as e:
+                errors.append(str(e))
         if errors:
             raise ShapingError("clearing faults failed for " + "; ".join(errors))
         return keys + leftovers

@@ -20,7 +20,7 @@ import signal
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -101,6 +101,10 @@ class FaultAgentActor:
     def apply_link(self, key: str, ifname: str, sides: list[str], rate_bps: float, ttl_s: float,
                    kv_only: bool = False, delay_ms: float = 0.0, loss: float = 0.0) -> dict[str, Any]:
         return self.agent.apply_link(key, ifname, sides, rate_bps, ttl_s, kv_only, delay_ms, loss)  # type: ignore[arg-type]
+
+    def apply_link_dcb(self, key: str, ifname: str, sides: list[str], rate_bps: float, ttl_s: float,
+                       traffic_class: int) -> dict[str, Any]:
+        return self.agent.apply_link_dcb(key, ifname, sides, rate_bps, ttl_s, traffic_class)  # type: ignore[arg-type]
 
     def apply_compute(self, key: str, pids: list[int], factor: float, ttl_s: float, backend: Backend = "cpu",
                       cores: float | None = None, gpu_uuids: Sequence[str] = ()) -> float:
@@ -187,13 +191,19 @@ class FaultAgents:
         """A peer index's agent (probe_paths.HEAD: the head's)."""
         return self.head if peer == HEAD else self.pods[peer]
 
+    def _in_phases(self, method: str, timeout_s: float) -> list[list[str]]:
+        """``method`` on the pods' agents at once, then on the head's: a pod on the head's node shares
+        its namespace, where the head agent's sweep of leftovers would race the pod agent's own clear."""
+        out = ray.get([getattr(a, method).remote() for a in self.pods], timeout=timeout_s)
+        return out + [ray.get(getattr(self.head, method).remote(), timeout=timeout_s)]
+
     def clear_all(self, timeout_s: float = 60) -> list[str]:
-        return [k for ks in ray.get([a.clear_all.remote() for a in self.all], timeout=timeout_s) for k in ks]
+        return [k for ks in self._in_phases("clear_all", timeout_s) for k in ks]
 
     def shutdown(self) -> None:
         """Clear every fault, then remove the (detached) actors."""
         try:
-            ray.get([a.shutdown.remote() for a in self.all], timeout=60)
+            self._in_phases("shutdown", 60)
         finally:
             for a in self.all:
                 ray.kill(a)
@@ -222,45 +232,33 @@ def _host_lock() -> Iterator[None]:
         os.close(fd)  # releases the lock; the file stays (unlinking it would race a waiter)
 
 
-def _sweep(clear: Callable[[], list[str]], tries: int = 3) -> list[str]:
-    """``clear()`` again when netlink fails under it: an agent clearing its own fault meanwhile
-    (its TTL) makes a qdisc or ifb vanish between listing and deleting. Already gone is success;
-    a failure that persists is raised."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    for attempt in range(tries):
-        try:
-            return clear()
-        except NetlinkError:
-            if attempt == tries - 1:
-                raise
-    return []
-
-
 def clear_host_faults() -> list[str]:
     """Remove every fault the project set on this machine; idempotent. Returns what was removed.
 
     The root namespace and every testbed namespace lose the project's qdiscs and
     ifb devices (recognised by the project's handle and names, never anyone
     else's); the project's cgroups are removed, their processes moved back; GPUs whose clocks the
-    project locked (marker files, written before each lock) get their clocks reset. Runs under a
+    project locked (marker files, written before each lock) get their clocks reset, and traffic
+    classes whose NIC rate the project limited (dcb maxrate: marker files too) their rate back. Runs under a
     host-wide lock (:func:`clear_lock_path`), so concurrent calls (one per emulated node) never race.
     "Root namespace" is the namespace of the calling thread: a Ray task on an emulated node sweeps
     its node's namespace there, and every testbed namespace after it."""
     from testbed.faults import shaping
     from testbed.faults.cpu import clear_project_cgroups
+    from testbed.faults.dcb import restore_leftovers
     from testbed.faults.gpu import reset_project_gpu_locks
 
     from testbed.machine import netns as nn
 
     with _host_lock():
-        removed = [f"host:{r}" for r in _sweep(shaping.clear_all)]
+        removed = [f"host:{r}" for r in shaping.settled(shaping.clear_all)]
         for ns in nn.list_namespaces():
             try:
                 with nn.in_netns(ns):
-                    removed += [f"{ns}:{r}" for r in _sweep(shaping.clear_all)]
+                    removed += [f"{ns}:{r}" for r in shaping.settled(shaping.clear_all)]
             except nn.NetnsError:  # removed meanwhile
                 pass
         removed += [f"cgroup:{c}" for c in clear_project_cgroups()]
         removed += [f"gpu:{u}" for u in reset_project_gpu_locks()]
+        removed += [f"dcb:{r}" for r in restore_leftovers()]
     return removed

@@ -24,6 +24,12 @@ The load competes with KV traffic meanwhile. Clearing is measured the same way a
 twice the old limit: a load that gets through at 1.5x or more proves the limit
 gone, and the row reads 1.0 (the baseline is not the probe's to reach).
 
+With ``testbed.transport: rdma`` and ``rdma_link_faults: dcb_maxrate`` a link fault is the NIC's rate
+limit of the KV's traffic class (testbed/faults/dcb.py), which no host-side load crosses as the KV
+does: its row records the rate the NIC configured, read back, never measured. A compute fault on
+GPU engines records the slow-down the engines' own probe requests felt, the SM clock ratio beside
+it (testbed/faults/felt.py).
+
 An engine fault's engines are killed through their pod's agent (``kill_engine``: SIGKILL of the
 process the fault names, which each engine actor reports), one row per engine, and with
 ``restart_s`` started again by their actors; the router learns of the deaths and of the restarted
@@ -43,6 +49,7 @@ from core.run import FaultRow, RunContext
 from faults.schedule import FaultStep, ScheduledEvent
 from faults.spec import EngineFault, LinkFault
 from faults.telemetry import probe_offered_bps, probe_window_s
+from testbed.faults import felt
 from testbed.faults.probe_paths import ProbePath
 from vocab import FAULT_COMPUTE, FAULT_ENGINE, FAULT_LINK
 
@@ -76,10 +83,16 @@ class PodTargets:
 
 
 class FaultInjector:
-    def __init__(self, ctx: RunContext, pods: list[PodTargets], now: Callable[[], float], baseline_bps: float) -> None:
+    def __init__(self, ctx: RunContext, pods: list[PodTargets], now: Callable[[], float], baseline_bps: float,
+                 vocab: int = 0) -> None:
         self.ctx, self.spec, self.pods = ctx, ctx.spec, pods
         self.now = now
         self.baseline_bps = baseline_bps
+        self.vocab = vocab  # the model's: the GPU compute fault's probe prompts (testbed/faults/felt.py)
+        t = ctx.spec.testbed  # RDMA link faults as the NIC's limit of the KV's class (core/spec/model.py)
+        self.dcb = t.transport == "rdma" and t.rdma_link_faults == "dcb_maxrate"
+        self._felt_base: dict[int, list[list[felt.StepTimes]]] = {}  # per pod: its engines' probes before
+        self._probes = 0
         n = ctx.topo.n_pods
         # Measured residual factor per pod and side: the telemetry reports the narrower one.
         self.measured = {"uplink": np.ones(n), "downlink": np.ones(n)}
@@ -170,13 +183,14 @@ class FaultInjector:
     def _rows(self, ev: ScheduledEvent, m: dict[str, Any], now: float) -> list[FaultRow]:
         """One row per target acted on; its time is when the agent had acted (the measurement comes after)."""
         name, at = f"pod{ev.pod}", m.get("acted_s", now)
-        if ev.kind == FAULT_COMPUTE:
-            return [(f"{name}:cpu", at, float(m.get("compute", np.nan)), np.nan)]
+        if ev.kind == FAULT_COMPUTE:  # GPU: the engines' step slow-down, the SM clock ratio beside it
+            device = self.pods[ev.pod].backend
+            return [(f"{name}:{device}", at, float(m.get("compute", np.nan)), np.nan, float(m.get("clock", np.nan)))]
         f = self.spec.faults[ev.fault_id]
         assert isinstance(f, LinkFault)
         ifname = self.pods[ev.pod].ifname
-        return [(f"{name}:{ifname}/{direction}", at, float(m.get(side + "_factor", np.nan)), float(m.get(side, np.nan)))
-                for side, direction in (("uplink", "egress"), ("downlink", "ingress")) if getattr(f, side)]
+        return [(f"{name}:{ifname}/{direction}", at, float(m.get(side + "_factor", np.nan)), float(m.get(side, np.nan)),
+                 np.nan) for side, direction in (("uplink", "egress"), ("downlink", "ingress")) if getattr(f, side)]
 
     # --- one pod ----------------------------------------------------------
     def _link_options(self, pod: int, t: float, side: str) -> dict[str, Any]:
@@ -196,25 +210,38 @@ class FaultInjector:
         out: dict[str, Any] = {}
         sides = [(side, new, old) for side, new, old in (("uplink", step.uplink[pod], old_up),
                                                           ("downlink", step.downlink[pod], old_down)) if new != old]
+        configured: dict[str, float] = {}  # dcb_maxrate: what the NIC reads back for the KV's class
         for side, new, old in sides:
             key = f"link-{side}"
-            if new < 1:
+            if new >= 1:
+                await tg.agent.clear.remote(key)
+            elif self.dcb:
+                res = await tg.agent.apply_link_dcb.remote(key, tg.ifname, [side], new * self.baseline_bps, ttl,
+                                                           self.spec.testbed.kv_traffic_class)
+                configured[side] = float(res["configured_bps"])
+            else:
                 await tg.agent.apply_link.remote(key, tg.ifname, [side], new * self.baseline_bps, ttl,
                                                  **self._link_options(pod, step.time_s, side))
-            else:
-                await tg.agent.clear.remote(key)
-        if sides:
+        if sides and self.dcb:
+            # No host-side load crosses an RDMA NIC's class as the KV does (testbed/faults/dcb.py): the
+            # rate recorded is the one the NIC configured, never measured; a cleared class, the baseline.
+            out["acted_s"] = self.now()
+            for side, new, _ in sides:
+                bps = configured.get(side, self.baseline_bps)
+                out[side], out[side + "_factor"] = bps, bps / self.baseline_bps
+                self.measured[side][pod] = min(bps / self.baseline_bps, 1.0)
+        elif sides:
             out["acted_s"] = self.now()
             # Both directions at once (separate traffic and counters), with the probe the
             # simulator assumes (faults.telemetry: its rate and window).
             offered = [probe_offered_bps(new, old, self.baseline_bps) for _, new, old in sides]
-            rates = await asyncio.gather(*(self._measure(tg, side, o) for (side, _, _), o in zip(sides, offered)))
+            rates = await asyncio.gather(*(measure_side(tg, side, o) for (side, _, _), o in zip(sides, offered)))
             # A clear whose probe did not get through is probed once more: on 2 cores under engine
             # load the probe's own sender can start late and miss the window (seen on the downlink).
             rates = list(rates)
             for i, ((side, new, old), o) in enumerate(zip(sides, offered)):
                 if new >= 1 and rates[i] < CLEARED_IF_ABOVE * old * self.baseline_bps:
-                    rates[i] = max(rates[i], await self._measure(tg, side, o))
+                    rates[i] = max(rates[i], await measure_side(tg, side, o))
             for (side, new, old), bps in zip(sides, rates):
                 if new < 1:
                     factor = bps / self.baseline_bps
@@ -224,7 +251,10 @@ class FaultInjector:
                 self.measured[side][pod] = min(factor, 1.0)
         slow = step.slowdown[pod]
         if slow != old_slow:
-            if slow > 1:
+            if tg.backend == "gpu":  # the clock ratio is not the slow-down: the engines' own steps are
+                out["compute"], out["clock"], acted = await self._gpu_compute(pod, tg, float(slow), ttl)
+                out.setdefault("acted_s", acted)
+            elif slow > 1:
                 out["compute"] = await tg.agent.apply_compute.remote("compute", tg.pids, float(slow), ttl, tg.backend,
                                                                      tg.cores, tg.gpu_uuids)
             else:
@@ -233,13 +263,51 @@ class FaultInjector:
             out.setdefault("acted_s", self.now())
         return out
 
-    async def _measure(self, tg: PodTargets, side: str, offered_bps: float) -> float:
-        window, p = probe_window_s(offered_bps), tg.probe
-        if p is None:
-            raise RuntimeError(f"{tg.ifname} of a pod without a probe path: its link faults were not planned for")
-        if side == "uplink":
-            return await tg.agent.measure_uplink.remote(tg.ifname, p.peer_ip, p.peer_port, offered_bps, window)
-        load = tg.peer.fill.remote(p.pod_ip, p.pod_port, offered_bps, window + 0.3)
-        rate = await tg.agent.measure_downlink.remote(tg.ifname, window)
-        await load
-        return rate
+    async def _gpu_compute(self, pod: int, tg: PodTargets, slow: float, ttl: float) -> tuple[float, float, float]:
+        """A GPU compute change on ``pod``: (the slow-down its engines felt, the clock ratio, when the
+        agent had acted). Their step times are read before the first change (once) and after each
+        (testbed/faults/felt.py)."""
+        if pod not in self._felt_base:
+            try:
+                self._felt_base[pod] = await self._probe_engines(pod, tg)
+            except Exception as e:  # an engine already dead: the clock ratio stands alone (below)
+                log.warning("GPU compute fault on pod%d: the engines' step times before it were not read (%s)", pod, e)
+        if slow > 1:
+            clock = await tg.agent.apply_compute.remote("compute", tg.pids, slow, ttl, tg.backend, tg.cores,
+                                                        tg.gpu_uuids)
+        else:
+            res = await tg.agent.clear.remote("compute")
+            clock = float(res) if res is not None else np.nan
+        acted = self.now()
+        try:
+            after = await self._probe_engines(pod, tg)
+            felt_factor = felt.felt_slowdown(self._felt_base[pod], after, [role for role, _, _ in tg.engines])
+        except Exception as e:  # no baseline, or an engine that died meanwhile: the clock ratio stands alone
+            log.warning("GPU compute fault on pod%d: the engines' step times were not read (%s)", pod, e)
+            felt_factor = np.nan
+        return felt_factor, clock, acted
+
+    async def _probe_engines(self, pod: int, tg: PodTargets) -> list[list[felt.StepTimes]]:
+        """felt.PROBES probe requests on each of the pod's engines, one after another on each."""
+        async def one(k: int, handle: Any) -> list[felt.StepTimes]:
+            times = []
+            for _ in range(felt.PROBES):
+                self._probes += 1
+                res = await handle.decode.remote(f"felt-pod{pod}-e{k}-{self._probes}",
+                                                 felt.probe_prompt(self._probes, self.vocab), felt.STEPS + 1)
+                times.append(felt.StepTimes.from_times(res.submitted_s, res.first_token_s, res.token_times))
+            return times
+        return list(await asyncio.gather(*(one(k, h) for k, (_, _, h) in enumerate(tg.engines))))
+
+async def measure_side(tg: PodTargets, side: str, offered_bps: float) -> float:
+    """The rate one side of ``tg``'s shaped interface carries (bit/s) under a load offering
+    ``offered_bps`` from its probe's far end (the module's docstring says how)."""
+    window, p = probe_window_s(offered_bps), tg.probe
+    if p is None:
+        raise RuntimeError(f"{tg.ifname} of a pod without a probe path: its link faults were not planned for")
+    if side == "uplink":
+        return await tg.agent.measure_uplink.remote(tg.ifname, p.peer_ip, p.peer_port, offered_bps, window)
+    load = tg.peer.fill.remote(p.pod_ip, p.pod_port, offered_bps, window + 0.3)
+    rate = await tg.agent.measure_downlink.remote(tg.ifname, window)
+    await load
+    return rate

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -385,6 +385,21 @@ def clear_all(allowlist: frozenset[str] | None = None) -> list[str]:
                 ipr.link("del", index=link["index"])
                 removed.append(name)
     return removed
+
+
+def settled(clear: Callable[[], list[str]], tries: int = 3) -> list[str]:
+    """``clear()`` again when netlink fails under it: another agent of the namespace clearing its own
+    fault meanwhile (its TTL, or a pod's agent beside the head's on one node) makes a qdisc or ifb
+    vanish between listing and deleting. Already gone is success; a failure that persists is raised."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    for attempt in range(tries):
+        try:
+            return clear()
+        except NetlinkError:
+            if attempt == tries - 1:
+                raise
+    return []
 
 
 def route_via(ifname: str, candidates: Sequence[str]) -> str | None:

@@ -93,7 +93,7 @@ class RouterActor:
         if self.ctx.steps:
             if fault_targets is None:
                 raise ValueError(f"{spec.name}: the spec has faults but the run has no fault agents")
-            self.injector = FaultInjector(self.ctx, fault_targets.pods, self.now, topo.fault_baseline_Bps * 8)
+            self.injector = FaultInjector(self.ctx, fault_targets.pods, self.now, topo.fault_baseline_Bps * 8, vocab)
 
     def now(self) -> float:
         return time.monotonic() - self.t0

@@ -47,7 +47,7 @@ from testbed.calibration.calibrate import calibrate
 from testbed.engines.pairs import warm_pairs
 from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
-from testbed.faults.probe_paths import ProbePathError
+from testbed.faults.probe_paths import ProbePath, ProbePathError
 from testbed.engines.prompts import prompt_ids
 from testbed.runs.jobs import RunJob, read_jobs
 from testbed.engines import kept
@@ -83,16 +83,15 @@ def gpu_clock_refusal(specs: Sequence[ExperimentSpec], gpu: bool, pod_euids: Seq
     return None
 
 
-def fault_targets(agents: FaultAgents, engines: Engines, faulted: set[int]) -> FaultTargets:
-    """Where the command's faults act; ``faulted``: every pod a link fault of its runs shapes
-    (link_faulted_pods), whose probe paths are chosen together (ProbePathError: one line)."""
+def fault_targets(agents: FaultAgents, engines: Engines, paths: dict[int, ProbePath]) -> FaultTargets:
+    """Where the command's faults act; ``paths``: the probe of every pod a link fault of its runs
+    shapes (``agents.probe_paths(link_faulted_pods(...))``, chosen before the engines start)."""
     backend = "gpu" if engines.gpu else "cpu"  # the engines' device, not what the host has
     # Each CPU engine computes on one torch thread (EngineConfig.omp_threads): a slow-down by f
     # gives the pod's engines their threads' worth of cores over f, never more than the host has.
     host = len(os.sched_getaffinity(0))
     per_pod = np.bincount(engines.topo.worker_pod, minlength=engines.topo.n_pods)
     cores = [float(host) if ENGINE_THREADS is None else min(float(n * ENGINE_THREADS), host) for n in per_pod]
-    paths = agents.probe_paths(faulted)
     pods = [PodTargets(agent, ifname, pids, backend, c, gpus, mine, paths.get(k),
                        agents.agent_of(paths[k].peer) if k in paths else None)
             for k, (agent, ifname, pids, c, gpus, mine) in enumerate(zip(
@@ -269,16 +268,16 @@ def kv_paths_or_restart(spec: ExperimentSpec, engines: Engines, vocab: int) -> d
     return kv
 
 
-def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines,
-              model_meta: dict[str, Any], targets: FaultTargets | None, agents: FaultAgents | None) -> None:
+def _run_jobs(jobs: list[RunJob], out: Path, engines: Engines, model_meta: dict[str, Any],
+              targets: FaultTargets | None, agents: FaultAgents | None, paths: dict[int, ProbePath]) -> None:
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         for job in jobs:
             for policy in job.policies:
                 for seed in job.seeds:
                     kv = kv_paths_or_restart(job.spec, engines, model_meta["vocab"])
-                    if "restart" in kv and targets is not None:  # the new engines' processes
-                        targets = fault_targets(agents, engines, link_faulted_pods([j.spec for j in jobs]))
+                    if "restart" in kv and targets is not None:  # the new engines' processes (same agents, paths)
+                        targets = fault_targets(agents, engines, paths)
                     run_one(job.spec, policy, seed, job.workloads[seed], job.out_dir or out, engines, model_meta,
                             progress, targets, agents, kv)
 
@@ -404,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = Engines(spec0, args.model, Path(args.engine_root), args.mode, build_model=build_model,
                       first_token_limit_s=max(job.spec.first_token_limit_s for job in jobs), keep=args.keep_engines)
     agents: FaultAgents | None = None
+    paths: dict[int, ProbePath] = {}
     summary: dict[str, Any] = {"mode": args.mode, "pods": spec0.topology.pods, "engines_per_pod": spec0.topology.workers_per_pod,
                                "placement": spec0.topology.placement, "model": args.model, **model_meta}
     try:
@@ -414,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
             if why := gpu_clock_refusal([job.spec for job in jobs], engines.gpu, agents.pod_euids):
                 print(f"testbed: error: {why}", file=sys.stderr)
                 return 2
+            if any(job.spec.faults for job in jobs) or args.calibrate:
+                try:  # where each faulted pod's link is measured from: the agents' nodes and routes decide it
+                    paths = agents.probe_paths(link_faulted_pods([job.spec for job in jobs]))
+                except ProbePathError as e:  # one line: which pod, and why no node can measure it
+                    print(f"testbed: error: {e}", file=sys.stderr)
+                    return 2
         try:
             _start(engines, spec0, summary, model_meta, args.cluster_run_id)
         except EnginesNotStarted as e:  # one line, not a traceback; the engines' logs say why
@@ -422,18 +428,14 @@ def main(argv: list[str] | None = None) -> int:
         _prove(engines, spec0, summary, model_meta, agents)
         targets = None
         if agents is not None and (any(job.spec.faults for job in jobs) or args.calibrate):
-            try:
-                targets = fault_targets(agents, engines, link_faulted_pods([job.spec for job in jobs]))
-            except ProbePathError as e:  # one line: which pod, and why no node can measure it
-                print(f"testbed: error: {e}", file=sys.stderr)
-                return 2
+            targets = fault_targets(agents, engines, paths)
         _calibration(args, engines, spec0, agents, model_meta, summary)
         if args.serve:
             job = jobs[0]
             serve_one(job.spec, job.policies[0], job.seeds[0], Path(args.out), engines, model_meta, args.model, build_model,
                       targets, agents)
         else:
-            _run_jobs(jobs, Path(args.out), engines, model_meta, targets, agents)
+            _run_jobs(jobs, Path(args.out), engines, model_meta, targets, agents, paths)
         summary["pss_bytes_end"] = _cluster_pss(args.cluster_run_id)
     finally:
         summary_path = Path(args.out) / spec0.name / "testbed.json"
