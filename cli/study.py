@@ -105,8 +105,8 @@ def _fits_cluster(run_spec, args: argparse.Namespace) -> int | None:
 def _resimulate(spec, args: argparse.Namespace, sweeps: list[str] | None) -> int:
     """The simulator's side of a carry-over study again, under another calibration of the same engines
     (a calibration fitted on the study's own runs, say), into STUDY/sim; where STUDY/testbed holds the
-    testbed's runs, the claims are judged again on them (docs/study.md "Another calibration, the same
-    testbed runs"). No engine starts."""
+    testbed's runs, the claims are judged again on them (docs/verdicts.md "A carry-over study judged
+    again under another calibration"). No engine starts."""
     from study.claims import CLAIMS, carryover_report
     from study.table import STUDY_FILE
     from core.calibration.fit import load_calibration

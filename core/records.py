@@ -100,7 +100,7 @@ class FaultEvent(NamedTuple):
     event: str  # "apply" | "clear"
     kind: FaultKind
     pod: int
-    target: str  # what was acted on: "pod3.core_links" (sim); "pod3:eth0/egress", "pod3:cpu" (testbed)
+    target: str  # what was acted on: "pod3.core_links" (sim); "pod3:eth0/egress", "pod3:cpu", "pod3:gpu" (testbed)
     severity: float  # link: residual bandwidth factor r; compute: slow-down factor
     # Testbed: what was measured after acting, on the severity's scale: link, the
     # rate through the shaper over the baseline rate; compute, the slow-down factor (CPU: a

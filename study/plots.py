@@ -20,7 +20,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from analysis.run.names import Metric as M, gap
+from analysis.run.names import Metric as M, fail_share, gap
 from analysis.run.plots import _save, _slug
 from study.table import (
     LC,
@@ -32,6 +32,7 @@ from study.table import (
     separation,
     series_frame,
 )
+from vocab import KV_TRANSFER
 
 POLICY_ORDER = ("LC", "FaultAwareLC", "OTF-R", "FaultAwareOTF-R", "OracleAvoidance")
 FALC, FAOTF, OTF = "FaultAwareLC", "FaultAwareOTF-R", "OTF-R"
@@ -386,6 +387,63 @@ def _separation_panel(ax, mats: dict, rs: Sequence[float], loads: Sequence[float
     ax.set_yticklabels([f"{v:g}" for v in rs])
 
 
+# --------------------------------------------------------------------------- h: the map of the headline figures
+
+# The conditions the map moves one at a time around the flagship (experiments/headline_map.yaml), in
+# the order of its columns, with how each is labelled.
+MAP_AXES = (("load", "load (x the flagship's arrival rate)"), ("degraded_pods", "pods degraded (of 32)"),
+            ("kv_bytes_per_token", "KV bytes a prompt token"), ("ttft_timeout_s", "first-token limit (s)"),
+            ("fault_s", "fault length (s)"))
+MAP_ROWS = ((M.FAILURE_RATE, "failure rate (%)", 100.0), (M.DEGRADED_AVAILABILITY, "degraded availability", 1.0),
+            (fail_share(KV_TRANSFER), "failures in kv_transfer (share)", 1.0))
+
+
+def fig_map(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
+    """(h) the headline figures as one condition moves: a column per condition the cells vary with r and
+    nothing else (:data:`MAP_AXES`), rows failure rate, degraded availability and the share of failures
+    in kv_transfer; a line per policy and r (solid: the smallest r), 95% CIs over seeds."""
+    cols = []  # a column per condition and sweep: what two sweeps held fixed differently is never averaged
+    for a, label in MAP_AXES:
+        sel = select_cells(cells, axes, ["severity", a])
+        if not sel.empty:
+            split = sel["sweep"].nunique() > 1
+            cols += [(a, f"{label} [{g['sweep'].iloc[0]}]" if split else label, g) for _, g in _by_sweep(sel)]
+    if not cols:
+        raise FigureSkipped("needs cells that vary severity and one of " + ", ".join(a for a, _ in MAP_AXES))
+    fig = Figure(figsize=(3.6 * len(cols) + 0.8, 9.0), layout="constrained")
+    axs = fig.subplots(len(MAP_ROWS), len(cols), squeeze=False)
+    colors = dict(zip(POLICY_ORDER, _colors(len(POLICY_ORDER))))
+    for j, (axis, label, sel) in enumerate(cols):
+        values = sorted(sel[axis].dropna().unique())
+        rs = sorted(sel["severity"].unique())
+        for i, (metric, ylabel, scale) in enumerate(MAP_ROWS):
+            ax = axs[i, j]
+            ax.grid(alpha=0.3)
+            ax.set_xticks(range(len(values)))
+            ax.set_xticklabels([f"{v:g}" for v in values])
+            if metric not in sel.columns:
+                _no_data(ax, "no data")
+                continue
+            for policy in _policies(sel):
+                for r in rs:
+                    st = grouped_ci(sel.loc[(sel["policy"] == policy) & (sel["severity"] == r)], [axis], metric)
+                    st = st.dropna(subset=["mean"])
+                    if st.empty:
+                        continue
+                    x = [values.index(v) for v in st[axis]]
+                    ax.errorbar(x, st["mean"] * scale, yerr=st["ci"].fillna(0.0) * scale, marker="o", ms=3,
+                                capsize=2, color=colors.get(policy), ls="-" if r == rs[0] else "--",
+                                label=f"{policy}, r = {r:g}")
+            if i == len(MAP_ROWS) - 1:
+                ax.set_xlabel(label)
+            if j == 0:
+                ax.set_ylabel(ylabel)
+    axs[0, 0].legend(fontsize="x-small")
+    fig.suptitle("The flagship moved one condition at a time (mean, 95% CI over seeds; dashed: the larger r)",
+                 fontsize="medium")
+    return [_save(fig, out / "study_h_map.png")]
+
+
 # --------------------------------------------------------------------------- all
 
 
@@ -397,6 +455,7 @@ FIGURES: tuple[tuple[str, Callable[[pd.DataFrame, Sequence[str], Path], list[Pat
     ("e: risk price and success ratio around the fault", fig_fault_series),
     ("f: label delay x noise heat map", fig_label_heatmap),
     ("g: sensitivity map r x load", fig_sensitivity),
+    ("h: the headline figures, one condition at a time", fig_map),
 )
 
 

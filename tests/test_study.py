@@ -133,6 +133,29 @@ def test_severity_needs_a_link_fault():
         expand_study(_spec({"sweeps": [{"name": "s", "axes": {"severity": [0.1]}}]}, faults=[]))
 
 
+def test_the_maps_axes_set_what_they_name_and_refuse_what_they_cannot():
+    cells = expand_study(_spec({"sweeps": [{"name": "m", "axes": {"degraded_pods": [1, 3], "fault_s": [7.5]}}]}))
+    pods = {c.axes["degraded_pods"]: c.spec.faults[0].pods for c in cells}
+    assert pods == {1: [0], 3: [0, 1, 2]} and {c.spec.faults[0].duration_s for c in cells} == {7.5}
+    assert all(c.spec.faults[0].start_s == 20.0 for c in cells)  # a fault's length moves its end, not its start
+    for axes, needle in (({"degraded_pods": [5]}, r"from 1 to topology.pods \(4\)"),
+                         ({"degraded_pods": [0]}, "from 1 to topology.pods"), ({"fault_s": [0]}, "fault_s is a length")):
+        with pytest.raises(SpecError, match=needle):
+            expand_study(_spec({"sweeps": [{"name": "m", "axes": axes}]}))
+    with pytest.raises(SpecError, match="axis fault_s needs a link fault"):
+        expand_study(_spec({"sweeps": [{"name": "m", "axes": {"fault_s": [10]}}]}, faults=[]))
+
+
+def test_the_shipped_headline_map_expands_with_the_flagship_run_once_per_r_policy_and_seed():
+    spec = load_spec(REPO / "experiments" / "headline_map.yaml")
+    cells = expand_study(spec)
+    per_r = {"load": 5, "degraded_pods": 5, "kv_size": 4, "ttft_limit": 4, "fault_length": 4}
+    by_sweep = pd.Series([c.sweep for c in cells]).value_counts().to_dict()
+    assert by_sweep == {k: n * 2 * 3 * 3 for k, n in per_r.items()}  # x 2 r x 3 policies x 3 seeds
+    # the flagship's point recurs in each of the five sweeps: one run for all five
+    assert len({c.run for c in cells}) == len(cells) - 4 * 2 * 3 * 3
+
+
 def test_the_shipped_study_expands_and_every_point_is_valid():
     spec = load_spec(REPO / "experiments" / "study.yaml")
     cells = expand_study(spec)

@@ -154,7 +154,9 @@ LABELS = {"name": "labels", "set": {"health.model": "alert", "severity": 0.005},
           "policies": ["FaultAwareLC", "FaultAwareOTF-R"], "axes": {"label_delay_s": [0, 10], "label_noise": [0, 0.2]}}
 SENSITIVITY = {"name": "sensitivity", "policies": ["LC", "OTF-R"], "seeds": [0],
                "axes": {"severity": [0.2, 0.005], "load": [0.5, 1.0], "ttft_timeout_s": [5, 30]}}
-AXES = ["severity", "telemetry", "label_delay_s", "label_noise", "load", "ttft_timeout_s"]
+# the headline map's kind of sweep (experiments/headline_map.yaml): r x one condition
+FAULT_LENGTH = {"name": "fault_length", "policies": ["LC", "OTF-R"], "axes": {"severity": [0.005], "fault_s": [8, 25]}}
+AXES = ["severity", "telemetry", "label_delay_s", "label_noise", "load", "ttft_timeout_s", "fault_s"]
 
 
 def write_study(root: Path, cells, unrun=(), unfinished=(), cache=True) -> Path:
@@ -179,7 +181,7 @@ def write_study(root: Path, cells, unrun=(), unfinished=(), cache=True) -> Path:
 
 @pytest.fixture(scope="module")
 def grid():
-    spec = parse_spec({**BASE, "study": {"seeds": [0, 1], "sweeps": [SEVERITY, LABELS, SENSITIVITY]}})
+    spec = parse_spec({**BASE, "study": {"seeds": [0, 1], "sweeps": [SEVERITY, LABELS, SENSITIVITY, FAULT_LENGTH]}})
     return expand_study(spec)
 
 
@@ -284,6 +286,16 @@ def test_select_cells_keeps_figures_from_mixing_sweeps(cells):
     sens = select_cells(cells, AXES, ["severity", "load"], ["ttft_timeout_s", "deadline_s"])
     assert set(sens["sweep"]) == {"sensitivity"}
     assert set(select_cells(cells, AXES, ["label_delay_s", "label_noise"])["sweep"]) == {"labels"}
+    assert set(select_cells(cells, AXES, ["severity", "fault_s"])["sweep"]) == {"fault_length"}
+
+
+def test_a_shorter_fault_fails_no_more_requests_than_a_longer_one(cells):
+    """The map's fault-length column (figure h) reads what the fault's length does: LC's requests on the
+    degraded pod fail while the pulls' queue stays past the limit, so a fault of 8 s fails no more of
+    them than one of 25 s, and the longer one fails some."""
+    lc = cells.loc[(cells["sweep"] == "fault_length") & (cells["policy"] == "LC")]
+    by = lc.groupby("fault_s")["failure_rate"].mean()
+    assert by[25] > 0 and by[8] <= by[25], by
 
 
 def test_study_report_writes_tables_every_figure_and_counts_unfinished_cells(study, cells, tmp_path):
@@ -292,7 +304,7 @@ def test_study_report_writes_tables_every_figure_and_counts_unfinished_cells(stu
     names = {p.name for p in (tmp_path / "rep").iterdir()}
     assert {"study_cells.csv", "study_summary.csv", "study_a_failure_vs_r.png", "study_b_reduction.png",
             "study_c_availability_vs_r.png", "study_d_deflection_vs_r.png", "study_f_label_heatmap.png",
-            "study_g_sensitivity.png", "study_e_fault_series_telemetry-direct.png",
+            "study_g_sensitivity.png", "study_h_map.png", "study_e_fault_series_telemetry-direct.png",
             "study_e_fault_series_telemetry-none.png"} <= names
     for png in (tmp_path / "rep").glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -311,7 +323,7 @@ def test_each_figure_is_skipped_with_a_note_when_its_cells_are_missing(study, gr
     labels_only = load_study(subset(study, tmp_path / "labels", grid, lambda c: c.sweep == "labels"))
     paths, notes = write_study_plots(labels_only, AXES, tmp_path / "out1")
     assert [p.name for p in paths] == ["study_f_label_heatmap.png"]
-    assert len(notes) == 6 and all("skipped" in n and "\n" not in n for n in notes)
+    assert len(notes) == 7 and all("skipped" in n and "\n" not in n for n in notes)
     assert any(n.startswith("b:") and "FaultAwareLC" in n for n in notes)
 
     lc_oracle = load_study(subset(study, tmp_path / "lc", grid,
@@ -319,7 +331,7 @@ def test_each_figure_is_skipped_with_a_note_when_its_cells_are_missing(study, gr
     paths, notes = write_study_plots(lc_oracle, AXES, tmp_path / "out2")
     assert {p.name for p in paths} == {"study_a_failure_vs_r.png", "study_c_availability_vs_r.png",
                                        "study_d_deflection_vs_r.png"}
-    assert {n[0] for n in notes} == {"b", "e", "f", "g"}
+    assert {n[0] for n in notes} == {"b", "e", "f", "g", "h"}
 
     nothing = load_study(subset(study, tmp_path / "none", grid, lambda c: False))
     assert nothing.empty and study_summary(nothing, AXES).empty

@@ -214,7 +214,7 @@ def test_a_repeat_runs_the_same_workloads_again_on_the_same_engines_into_its_own
     monkeypatch.setattr(driver, "RouterActor", FakeRouterActor)
     monkeypatch.setattr(driver, "console", Console(file=io.StringIO()))
     driver._run_jobs(jobs, tmp_path / "out", _FakeEngines(build_topology(spec)), {"vocab": 2048, "kv_bytes_per_token": 8192},
-                     None, None)
+                     None, None, {})
     first = [(p, s, a) for p, s, o, a in replayed if Path(o) == tmp_path / "out"]
     again = [(p, s, a) for p, s, o, a in replayed if Path(o) == (tmp_path / "repeat").resolve()]
     assert len(replayed) == 8 and first == again  # the same runs, in the same order, the same arrivals
@@ -250,7 +250,7 @@ def test_each_run_records_the_calibration_of_its_engines(tmp_path, monkeypatch):
     monkeypatch.setattr(driver, "console", Console(file=io.StringIO()))
     engines = _FakeEngines(build_topology(spec))
     engines.calibration = calibrated  # what the driver's main sets once it has measured or read it
-    driver._run_jobs(jobs, tmp_path / "out", engines, {"vocab": 2048, "kv_bytes_per_token": 8192}, None, None)
+    driver._run_jobs(jobs, tmp_path / "out", engines, {"vocab": 2048, "kv_bytes_per_token": 8192}, None, None, {})
     (run_dir,) = (tmp_path / "out").glob("*/LC/seed-0")
     got = json.loads((run_dir / "run.json").read_text())["calibration"]
     cal = driver.load_calibration(str(path))
@@ -332,7 +332,7 @@ def test_a_broken_kv_path_restarts_the_engines_before_the_next_run_and_its_run_s
     monkeypatch.setattr(driver, "RouterActor", _fake_router_actor(lambda args, arrival: None))
     monkeypatch.setattr(driver, "console", Console(file=io.StringIO()))
     engines = _BrokenPaths(build_topology(spec), [True, False, True])
-    driver._run_jobs(jobs, tmp_path / "out", engines, {"vocab": 2048, "kv_bytes_per_token": 8192}, None, None)
+    driver._run_jobs(jobs, tmp_path / "out", engines, {"vocab": 2048, "kv_bytes_per_token": 8192}, None, None, {})
     assert engines.restarts == 1 and engines.script == []
     start = {s: json.loads((tmp_path / "out" / spec.name / "LC" / f"seed-{s}" / "run.json").read_text())["start"]
              for s in (0, 1)}
@@ -342,7 +342,7 @@ def test_a_broken_kv_path_restarts_the_engines_before_the_next_run_and_its_run_s
     assert kv["after_restart"]["ok"] is True
     still = _BrokenPaths(build_topology(spec), [False, False])
     with pytest.raises(RuntimeError, match="still broken after restarting"):
-        driver._run_jobs(jobs, tmp_path / "out2", still, {"vocab": 2048, "kv_bytes_per_token": 8192}, None, None)
+        driver._run_jobs(jobs, tmp_path / "out2", still, {"vocab": 2048, "kv_bytes_per_token": 8192}, None, None, {})
 
 
 def test_the_kv_path_check_names_each_broken_pair_and_leaves_a_dead_engines_pairs_out(monkeypatch):

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.background  # starts no Ray, engine or namespace and ju
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "troubleshooting.md"
 DOCTOR_CODE = ("cli/doctor.py", "testbed/cluster/preflight.py", "testbed/cluster/preflight_links.py",
-               "testbed/cluster/preflight_gpu.py")
+               "testbed/cluster/preflight_gpu.py", "testbed/cluster/preflight_rdma.py")
 
 
 def _section(heading: str) -> str:

@@ -188,12 +188,16 @@ def _set_path(spec: dict[str, Any], path: str, value: Any) -> None:
         node[last] = value  # an unknown field is refused when the point is validated
 
 
-def _severity(spec: dict[str, Any], r: Any) -> None:
-    """Every link fault's residual bandwidth factor: one severity per run, as the study does."""
+def _link_faults(spec: dict[str, Any], axis: str) -> list[dict[str, Any]]:
     links = [f for f in spec.get("faults", []) if f.get("kind", FAULT_LINK) == FAULT_LINK]
     if not links:
-        raise ValueError("axis severity needs a link fault in the spec (it sets every link fault's residual_bw)")
-    for f in links:
+        raise ValueError(f"axis {axis} needs a link fault in the spec")
+    return links
+
+
+def _severity(spec: dict[str, Any], r: Any) -> None:
+    """Every link fault's residual bandwidth factor: one severity per run, as the study does."""
+    for f in _link_faults(spec, "severity"):
         f["residual_bw"] = r
 
 
@@ -223,6 +227,23 @@ def _load(spec: dict[str, Any], x: Any) -> None:
     arrival["rate_rps"] = arrival["rate_rps"] * x
 
 
+def _degraded_pods(spec: dict[str, Any], n: Any) -> None:
+    """Every link fault on pods 0 .. n-1: the share of the cluster's pods degraded, n / topology.pods."""
+    pods = spec.get("topology", {}).get("pods")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or (pods is not None and n > pods):
+        raise ValueError(f"axis degraded_pods is a number of pods from 1 to topology.pods ({pods}), got {n!r}")
+    for f in _link_faults(spec, "degraded_pods"):
+        f["pods"] = list(range(n))
+
+
+def _fault_s(spec: dict[str, Any], s: Any) -> None:
+    """Every link fault's length (duration_s), its start kept."""
+    if isinstance(s, bool) or not isinstance(s, (int, float)) or s <= 0:
+        raise ValueError(f"axis fault_s is a length in seconds > 0, got {s!r}")
+    for f in _link_faults(spec, "fault_s"):
+        f["duration_s"] = s
+
+
 def _path(path: str) -> Callable[[dict[str, Any], Any], None]:
     return lambda spec, v: _set_path(spec, path, v)
 
@@ -237,6 +258,9 @@ NAMED_AXES: dict[str, Callable[[dict[str, Any], Any], None]] = {
     "load": _load,
     "ttft_timeout_s": _path("ttft_timeout_s"),
     "deadline_s": _path("deadline_s"),
+    "degraded_pods": _degraded_pods,
+    "fault_s": _fault_s,
+    "kv_bytes_per_token": _path("topology.kv_bytes_per_token"),
 }
 
 
