@@ -394,8 +394,10 @@ def _separation_panel(ax, mats: dict, rs: Sequence[float], loads: Sequence[float
 MAP_AXES = (("load", "load (x the flagship's arrival rate)"), ("degraded_pods", "pods degraded (of 32)"),
             ("kv_bytes_per_token", "KV bytes a prompt token"), ("ttft_timeout_s", "first-token limit (s)"),
             ("fault_s", "fault length (s)"))
-MAP_ROWS = ((M.FAILURE_RATE, "failure rate (%)", 100.0), (M.DEGRADED_AVAILABILITY, "degraded availability", 1.0),
-            (fail_share(KV_TRANSFER), "failures in kv_transfer (share)", 1.0))
+# (metric, label, scale, whether it is a share: drawn on [0, 1] so that noise never fills the panel)
+MAP_ROWS = ((M.FAILURE_RATE, "failure rate (%)", 100.0, False),
+            (M.DEGRADED_AVAILABILITY, "degraded availability", 1.0, True),
+            (fail_share(KV_TRANSFER), "failures in kv_transfer (share)", 1.0, True))
 
 
 def fig_map(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
@@ -412,15 +414,20 @@ def fig_map(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
         raise FigureSkipped("needs cells that vary severity and one of " + ", ".join(a for a, _ in MAP_AXES))
     fig = Figure(figsize=(3.6 * len(cols) + 0.8, 9.0), layout="constrained")
     axs = fig.subplots(len(MAP_ROWS), len(cols), squeeze=False)
-    colors = dict(zip(POLICY_ORDER, _colors(len(POLICY_ORDER))))
+    from matplotlib import colormaps
+
+    colors = dict(zip(POLICY_ORDER, colormaps["tab10"].colors))  # policies told apart, not ordered
     for j, (axis, label, sel) in enumerate(cols):
         values = sorted(sel[axis].dropna().unique())
         rs = sorted(sel["severity"].unique())
-        for i, (metric, ylabel, scale) in enumerate(MAP_ROWS):
+        for i, (metric, ylabel, scale, share) in enumerate(MAP_ROWS):
             ax = axs[i, j]
             ax.grid(alpha=0.3)
+            if share:
+                ax.set_ylim(-0.03, 1.03)
             ax.set_xticks(range(len(values)))
             ax.set_xticklabels([f"{v:g}" for v in values])
+            ax.set_xlim(-0.3, len(values) - 0.7)  # every value's place, whether or not it has data
             if metric not in sel.columns:
                 _no_data(ax, "no data")
                 continue

@@ -299,6 +299,7 @@ class FaultInjector:
             return times
         return list(await asyncio.gather(*(one(k, h) for k, (_, _, h) in enumerate(tg.engines))))
 
+
 async def measure_side(tg: PodTargets, side: str, offered_bps: float) -> float:
     """The rate one side of ``tg``'s shaped interface carries (bit/s) under a load offering
     ``offered_bps`` from its probe's far end (the module's docstring says how)."""
