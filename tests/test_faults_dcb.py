@@ -476,7 +476,7 @@ def test_the_rdma_line_lists_the_devices_and_fails_with_a_fix_where_a_link_fault
     assert none.failed and "no RDMA device" in none.detail and "testbed.transport: tcp" in none.fix
     good = check("rdma", "dcb_maxrate", KV_TC, [0, 2], NIC, sysfs=mlx5_sysfs, runner=nic)
     assert good.status == "ok" and f"mlx5_0 ({NIC})" in good.detail and f"traffic class {KV_TC}" in good.detail
-    assert "faults[0], faults[2]" in good.detail and "no limit" in good.detail  # the class's rate now
+    assert "faults[0, 2]" in good.detail and "no limit" in good.detail  # the class's rate now
     assert nic.calls and all(c[1] != "maxrate" or c[2] == "show" for c in nic.calls if len(c) > 2)  # read only
     unsupported = check("rdma", "dcb_maxrate", KV_TC, [0], NIC, sysfs=mlx5_sysfs, runner=FakeNic(ifname="other0"))
     assert unsupported.failed and "Operation not supported" in unsupported.detail and "mlx5_core" in unsupported.fix
@@ -512,3 +512,65 @@ def test_the_doctor_reads_the_option_from_the_spec_and_puts_the_line_on_nodes_wi
     assert alone["rdma"].failed and "no RDMA device" in alone["rdma"].detail
     head = {c.name: c for c in pf.node_checks(local, pf.Role(cluster=True, head=True))}
     assert head["rdma"].status == "n/a" and "no pod" in head["rdma"].detail
+
+
+# ------------------------------------------------------------------------------------------------ the injector
+
+
+class _AsActor:
+    """A FaultAgent called as the injector calls the real actor (``agent.method.remote(...)``, awaited)."""
+
+    def __init__(self, agent):
+        self._agent = agent
+
+    def __getattr__(self, name):
+        method = getattr(self._agent, name)
+
+        async def call(*args, **kwargs):
+            return method(*args, **kwargs)
+
+        return type("Remote", (), {"remote": staticmethod(call)})()
+
+
+def test_the_injector_records_the_rate_the_nic_took_and_the_baseline_once_cleared(state, mlx5_sysfs, tmp_path,
+                                                                                 monkeypatch):
+    """Under dcb_maxrate no probe runs (no host-side load crosses the NIC's class as the KV does): the
+    row's rate is what the NIC read back after the set, rounded to its step, and the clear's the
+    baseline; the router sees the same factor."""
+    import asyncio
+
+    from core.experiment import build_topology
+    from core.records import read_table
+    from core.run import RunContext
+    from testbed.faults import shaping
+    from testbed.faults.injector import FaultInjector, PodTargets
+
+    monkeypatch.setattr(shaping, "clear_all", lambda allowlist=None: [])
+    base = shipped_spec_dict("testbed.yaml")
+    # 0.0255 of 100 Gbit/s asks 2.55 Gbit/s, which the NIC's 100 Mbit/s steps hold as 2.5
+    up = link_fault([0], 0.0255, 1.0, 2.0, direction="uplink", kv_only=True)
+    spec = parse(base, "x.yaml", faults=[up], testbed=_rdma(rdma_link_faults="dcb_maxrate"),
+                 topology={"link_baseline_gbps": 100.0})
+    nic, clock = FakeNic(kbps=_before()), [0.0]
+    agent = _agent(nic, mlx5_sysfs, clock)
+    topo = build_topology(spec)
+    seen = []
+    with RunContext(spec, "testbed", "LC", 0, tmp_path, topo, {"requests": 0}) as ctx:
+        inj = FaultInjector(ctx, [PodTargets(_AsActor(agent), NIC, [])] * topo.n_pods, lambda: clock[0],
+                            topo.fault_baseline_Bps * 8, vocab=100)
+
+        async def walk():
+            for step in ctx.steps:
+                clock[0] = step.time_s
+                await inj.step(step)
+                seen.append((inj.measured["uplink"][0], nic.kbps[KV_TC]))
+
+        asyncio.run(walk())
+        run_dir = ctx.run_dir
+    faults = read_table(run_dir, "faults").set_index("event")
+    held = FakeNic.mlx5(2_550_000) * 1000  # bit/s
+    assert held == 2.5e9 and seen == [(0.025, held // 1000), (1.0, _before()[KV_TC])]
+    assert faults.loc["apply", "measured_bps"] == held and faults.loc["apply", "measured"] == pytest.approx(0.025)
+    assert faults.loc["apply", "target"] == f"pod0:{NIC}/egress"
+    assert faults.loc["clear", "measured"] == 1.0 and faults.loc["clear", "measured_bps"] == 1e11
+    assert nic.kbps == _before() and dcb.markers() == []

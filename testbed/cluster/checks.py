@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 OK, FAIL, NA = "ok", "FAIL", "n/a"
@@ -30,3 +31,8 @@ def fail(name: str, detail: str, fix: str) -> Check:
 
 def na(name: str, detail: str) -> Check:
     return Check(name, NA, detail)
+
+
+def fault_refs(indexes: Iterable[int]) -> str:
+    """The spec's faults a check speaks of, as the spec's error lines name them: ``faults[0, 2]``."""
+    return "faults[" + ", ".join(str(i) for i in indexes) + "]"

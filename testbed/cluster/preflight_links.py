@@ -4,9 +4,9 @@ only the KV or Ray's control traffic with it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from testbed.cluster.checks import Check, fail, na, ok
+from testbed.cluster.checks import Check, fail, fault_refs, na, ok
 from testbed.faults.shaping import RootQdisc
 from testbed.machine.interfaces import pick_interface
 from testbed.machine.kv_ports import KV_PORT_RANGE, RAY_GCS_PORT, RAY_WORKER_PORTS, SIDE_CHANNEL_BASE_PORT
@@ -50,15 +50,15 @@ def check_link_faults(link_faults: Sequence[tuple[int, bool]], ifname: str | Non
         return na("link faults", "no link fault of the spec shapes this node")
     whole = [i for i, kv_only in link_faults if not kv_only]
     if not whole:
-        return ok("link faults", f"kv_only: {_faults(i for i, _ in link_faults)} shape only the KV ports; Ray's "
+        return ok("link faults", f"kv_only: {fault_refs(i for i, _ in link_faults)} shape only the KV ports; Ray's "
                                  "control traffic keeps the line rate")
     where = f"this node's Ray address {ray_ip}" if ray_ip else "the node's Ray address"
     if carries_ray:
-        return fail("link faults", f"{_faults(whole)} shape all of {ifname}, which carries {where}: Ray's control "
+        return fail("link faults", f"{fault_refs(whole)} shape all of {ifname}, which carries {where}: Ray's control "
                                    "traffic and ssh would be throttled with the KV",
-                    f"set kv_only: true on {_faults(whole)} (the KV alone is throttled), or give the KV a NIC "
+                    f"set kv_only: true on {fault_refs(whole)} (the KV alone is throttled), or give the KV a NIC "
                     "of its own and list it first in testbed.fault_interfaces")
-    return ok("link faults", f"{_faults(whole)} shape all of {ifname}, which does not carry {where}")
+    return ok("link faults", f"{fault_refs(whole)} shape all of {ifname}, which does not carry {where}")
 
 
 def check_root_qdisc(root: RootQdisc | None) -> Check:
@@ -100,10 +100,6 @@ def check_firewall(head: bool, engines: int) -> Check:
         opened += [f"the KV {KV_PORT_RANGE} (UCX)",
                    f"NIXL's side channels {SIDE_CHANNEL_BASE_PORT}-{SIDE_CHANNEL_BASE_PORT + engines - 1}"]
     return ok("firewall", "from the other nodes, TCP to " + "; ".join(opened))
-
-
-def _faults(indexes: Iterable[int]) -> str:
-    return "faults[" + ", ".join(str(i) for i in indexes) + "]"
 
 
 def _picked(allowlist: Sequence[str], present: Sequence[str]) -> str | None:

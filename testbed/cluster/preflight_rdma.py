@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.cluster.checks import Check, fail, na, ok
+from testbed.cluster.checks import Check, fail, fault_refs, na, ok
 from testbed.faults.dcb import DcbError, Runner, dcb_support, fmt_rate, read_maxrates
 from testbed.machine.rdma import SYSFS, rdma_devices
 from testbed.machine.netns import NODE_IFNAME
@@ -17,10 +17,6 @@ from vocab import MODE_LOCAL
 _NO_NIC = f"each node's {NODE_IFNAME} is a veth the project makes, with no NIC rate limit"
 _FIX_DCB = ("a NIC whose driver has DCB maxrate (ConnectX: mlx5_core) first in testbed.fault_interfaces, and "
             "iproute2's dcb (apt-get install iproute2); else drop the link faults or set testbed.transport: tcp")
-
-
-def _faults(indices: Sequence[int]) -> str:
-    return ", ".join(f"faults[{i}]" for i in indices)
 
 
 def check_rdma(transport: str, method: str, traffic_class: int, link_faults: Sequence[int], ifname: str | None,
@@ -43,10 +39,10 @@ def check_rdma(transport: str, method: str, traffic_class: int, link_faults: Seq
         dcb = "dcb maxrate answers" if why is None else f"dcb maxrate unusable ({why})"
         return ok("rdma", f"{listed}; {dcb}; no link fault of the spec limits this node")
     if method != "dcb_maxrate":
-        return fail("rdma", f"{_faults(link_faults)} shape with tc, which RDMA bypasses",
+        return fail("rdma", f"{fault_refs(link_faults)} shape with tc, which RDMA bypasses",
                     "set testbed.rdma_link_faults: dcb_maxrate, or testbed.transport: tcp")
     if why is not None:
-        return fail("rdma", f"{listed}; {_faults(link_faults)} cannot limit traffic class {traffic_class}: {why}",
+        return fail("rdma", f"{listed}; {fault_refs(link_faults)} cannot limit traffic class {traffic_class}: {why}",
                     _FIX_DCB)
     assert ifname is not None  # why is None only where dcb answered for it
     try:
@@ -54,7 +50,7 @@ def check_rdma(transport: str, method: str, traffic_class: int, link_faults: Seq
     except DcbError as exc:  # it answered a moment ago
         return fail("rdma", f"{listed}; {exc}", _FIX_DCB)
     more = f"; only {ifname}'s NIC is limited, of {len(devices)}" if len(devices) > 1 else ""
-    return ok("rdma", f"{listed}; {_faults(link_faults)} limit traffic class {traffic_class} of {ifname} (now "
+    return ok("rdma", f"{listed}; {fault_refs(link_faults)} limit traffic class {traffic_class} of {ifname} (now "
                       f"{fmt_rate(now)}) with dcb maxrate{more}; mapping the KV's DSCP to it is the node's (dcb app, "
                       "dcb ets)")
 

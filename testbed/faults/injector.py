@@ -84,7 +84,7 @@ class PodTargets:
 
 class FaultInjector:
     def __init__(self, ctx: RunContext, pods: list[PodTargets], now: Callable[[], float], baseline_bps: float,
-                 vocab: int = 0) -> None:
+                 vocab: int) -> None:
         self.ctx, self.spec, self.pods = ctx, ctx.spec, pods
         self.now = now
         self.baseline_bps = baseline_bps
