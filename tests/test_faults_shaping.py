@@ -389,6 +389,39 @@ def test_a_fault_at_a_10_gbit_baseline_is_read_as_the_link_carries_it_both_ways(
         assert abs(bps / (r * BASELINE_10G) - 1) < 0.10, (r, measured)
 
 
+def test_the_collector_is_off_while_probes_run_and_back_as_it_was_once_the_last_ends():
+    """A full collection in a large heap stalls a probe's load (load.collector_paused): off for
+    every probe of the process, nested or from another thread, and back as it was after the last."""
+    import gc
+
+    from testbed.faults.load import collector_paused
+
+    assert gc.isenabled()
+    inner_started, release = threading.Event(), threading.Event()
+
+    def other_probe() -> None:
+        with collector_paused():
+            inner_started.set()
+            release.wait(10)
+
+    with collector_paused():
+        assert not gc.isenabled()
+        t = threading.Thread(target=other_probe)
+        t.start()
+        inner_started.wait(10)
+    assert not gc.isenabled()  # the other thread's probe still runs
+    release.set()
+    t.join()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+
+
 def test_a_shaping_changed_behind_the_agents_back_is_read_as_the_link_carries_it(fabric):
     """The agent set 200 Mbit/s; its class is then lowered to 100 Mbit/s by someone else. The
     agent's own record still says 200; its measurement, from the bytes the kernel counted under a

@@ -177,7 +177,7 @@ class FaultAgent:
         return self._rate_while(lambda: shaping.rx_bytes(ifname), None, window_s)
 
     @staticmethod
-    def _rate_while(counter: Callable[[], int], load: Callable[[], Any] | None, window_s: float,
+    def _rate_while(counter: Callable[[], int], offer: Callable[[], Any] | None, window_s: float,
                     settle_s: float = 0.1, every_s: float = 0.005) -> float:
         """Bit/s through a counter over ``window_s``, from its first change to its last.
 
@@ -185,20 +185,21 @@ class FaultAgent:
         them: at a few Mbit/s the counter moves in steps a good part of a second apart.
         Read from step to step (:func:`shaping.drain_rate`) the drain rate is exact; a plain
         delta over the window would be off by up to a step at each end."""
-        t = threading.Thread(target=load, daemon=True) if load else None
-        if t:
-            t.start()
-        time.sleep(settle_s)  # let the shaper's queue fill: the window then sees its drain rate
-        t_start = time.monotonic()
-        samples = [(t_start, counter())]
-        while time.monotonic() - t_start < window_s:
-            time.sleep(every_s)
-            b = counter()
-            if b != samples[-1][1]:
-                samples.append((time.monotonic(), b))
-        end = (time.monotonic(), counter())
-        if t:
-            t.join()
+        t = threading.Thread(target=offer, daemon=True) if offer else None
+        with load.collector_paused():  # no collection stalls the reads (or the load beside them)
+            if t:
+                t.start()
+            time.sleep(settle_s)  # let the shaper's queue fill: the window then sees its drain rate
+            t_start = time.monotonic()
+            samples = [(t_start, counter())]
+            while time.monotonic() - t_start < window_s:
+                time.sleep(every_s)
+                b = counter()
+                if b != samples[-1][1]:
+                    samples.append((time.monotonic(), b))
+            end = (time.monotonic(), counter())
+            if t:
+                t.join()
         if len(samples) >= 3:  # two steps or more: step to step
             return shaping.drain_rate(samples[1:], samples[0][1])
         (t0, b0), (t1, b1) = samples[0], end

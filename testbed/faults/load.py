@@ -19,9 +19,12 @@ back; it never reads: the shaper has counted the bytes before they reach it.
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from testbed.machine.kv_ports import KV_PORT_BASE
 
@@ -33,6 +36,36 @@ _MAX_SEGMENTS = 40  # 40 x 1472 B = 58 KiB, under the 64 KiB a GSO packet may ca
 # The sink's port: the top of the KV range downwards, a few tries where one is taken (UCX's
 # listeners take ports of the same range, testbed/engines/engine.py).
 _SINK_PORTS = range(KV_PORT_BASE + 0xFF, KV_PORT_BASE + 0xEF, -1)
+
+
+_paused = 0  # probes of this process now running (collector_paused)
+_paused_lock = threading.Lock()
+_was_enabled = False
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The interpreter's cyclic garbage collector off in this process while a probe runs. In a
+    process with a large heap (a Ray actor; pytest) a full collection holds the GIL for tens of
+    milliseconds: the paced load sends nothing meanwhile, its catch-up burst overflows the shaper's
+    queue, and the link reads below its rate. Measured: both directions of a fresh link at 2 Gbit/s
+    under pytest, the lower reading 1.72-1.95 Gbit/s in 8 runs (the sampler's reads up to 85 ms
+    apart), 1.99-2.03 in 5 of 5 with the collector off (docs/history/2026-11-30-ten-gbit-downlink.md
+    "Explained: the garbage collector"). Nested and concurrent probes count: the collector comes
+    back, as it was before the first, when the last ends. A probe's window is under two seconds."""
+    global _paused, _was_enabled
+    with _paused_lock:
+        if _paused == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _paused += 1
+    try:
+        yield
+    finally:
+        with _paused_lock:
+            _paused -= 1
+            if _paused == 0 and _was_enabled:
+                gc.enable()
 
 
 class Sink:
@@ -90,8 +123,9 @@ def fill(dst: str, port: int, rate_bps: float, duration_s: float, streams: int =
             s.close()
 
     threads = [threading.Thread(target=one, args=(i,), name=f"probe-fill-{i}", daemon=True) for i in range(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with collector_paused():
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     return sum(sent)
