@@ -41,3 +41,58 @@ def test_the_count_before_the_first_step_is_where_it_starts():
 def test_fewer_than_two_steps_are_refused_in_one_line():
     with pytest.raises(ValueError, match="1 counter step"):
         drain_rate([(0.0, 10)], before=0)
+
+
+def sampled(steps: list[tuple[float, int]], reads: list[float]) -> list[tuple[float, int]]:
+    """A sampler's reads of the counter whose steps are ``steps``, at times ``reads``."""
+    return [(t, max([n for s, n in steps if s <= t], default=0)) for t in reads]
+
+
+def test_a_read_that_came_late_is_left_out_at_the_windows_ends():
+    """tests/traffic.py step_rate: at 5 Mbit/s (64 KiB every 105 ms) read every 5 ms, then the
+    sampler starved for 0.6 s before the window's end (beside a CPU hog): its one late read lumps six
+    packets. Left out whole with its time counted (drain_rate over every step), the rate reads 0.6 of
+    itself; without the late read, exactly."""
+    from traffic import step_rate
+
+    rate = 5e6
+    steps = released([65_536] * 40, rate, t0=0.0)
+    reads = [k * 0.005 for k in range(int(1.5 / 0.005))] + [2.1, 2.2]  # nothing read from 1.5 s to 2.1 s
+    samples = sampled(steps, reads)
+    assert step_rate(samples, 0.7, 2.15) == pytest.approx(rate, rel=0.02)
+    inside = [i for i, (t, _) in enumerate(samples) if 0.7 <= t < 2.15]
+    moved = [i for i in inside if samples[i][1] != samples[i - 1][1]]
+    lumped = drain_rate([samples[i] for i in moved], samples[moved[0] - 1][1])
+    assert lumped / rate < 0.75  # what the window read before
+    # and a late read at the window's start, counted whole there, would read high
+    reads = [0.0, 0.005, 1.0] + [1.0 + k * 0.005 for k in range(1, 240)]
+    assert step_rate(sampled(steps, reads), 0.5, 2.1) == pytest.approx(rate, rel=0.02)
+
+
+def test_a_flow_read_late_now_and_then_is_read_at_its_rate():
+    """At 2 Gbit/s every read lumps many packets; reads late by tens of ms (a collection, a starved
+    thread) here and there, the window's ends among them, change nothing."""
+    from traffic import step_rate
+
+    rate = 2e9
+    steps = released([65_536] * 12_000, rate, t0=0.0)
+    rng = np.random.default_rng(5)
+    reads = np.cumsum(rng.choice([0.005, 0.005, 0.005, 0.06], size=120)).tolist()
+    got = step_rate(sampled(steps, reads), reads[2], reads[-1] + 1e-9)
+    assert got == pytest.approx(rate, rel=0.01)
+
+
+def test_a_rate_that_rises_inside_the_window_is_read_as_its_average():
+    """Reads on time: nothing is left out, so a window across a shaping's removal (80 Mbit/s, then
+    line rate) reads what passed in it, far above the limit it had."""
+    from traffic import step_rate
+
+    slow = released([65_536] * 40, 80e6, t0=0.0)
+    t, n = slow[-1]
+    fast = [(t + (k + 1) * 65_536 * 8 / 2e9, n + (k + 1) * 65_536) for k in range(4_000)]
+    reads = [k * 0.005 for k in range(1, 120)]
+    samples = sampled(slow + fast, reads)
+    window = (reads[-60], reads[-1] + 1e-9)
+    moved = samples[-1][1] - samples[-60][1]
+    got = step_rate(samples, *window)
+    assert got == pytest.approx(moved * 8 / (reads[-1] - reads[-60]), rel=0.1) and got > 20 * 20e6
