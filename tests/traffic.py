@@ -192,6 +192,11 @@ class TcpStream:
         self._reader.start()
         with in_netns(fab.node(src).netns):
             self.cl = socket.create_connection((address, port), timeout=5)
+        # Then no timeout: a sender waits out an outage as long as TCP keeps the connection, as a KV
+        # transfer's does. With the connect's 5 s, a link down that long under load (CI, 2026-11-30)
+        # timed out the blocked send, its thread ended, and the stream stayed at 0 once cleared.
+        self.cl.settimeout(None)
+        self.tx_error: OSError | None = None  # why the sender stopped before close(), if it did
         threading.Thread(target=self._tx, daemon=True).start()
         if not self._accepted.wait(10):
             raise OSError(f"{dst}:{port} accepted no connection from {src} within 10 s")
@@ -217,7 +222,9 @@ class TcpStream:
         while not self.stop.is_set():
             try:
                 self.cl.sendall(buf)
-            except OSError:
+            except OSError as exc:
+                if not self.stop.is_set():
+                    self.tx_error = exc
                 break
 
     def rate(self, t0: float, t1: float) -> float:
