@@ -197,7 +197,8 @@ class TcpStream:
         # timed out the blocked send, its thread ended, and the stream stayed at 0 once cleared.
         self.cl.settimeout(None)
         self.tx_error: OSError | None = None  # why the sender stopped before close(), if it did
-        threading.Thread(target=self._tx, daemon=True).start()
+        self._sender = threading.Thread(target=self._tx, daemon=True)
+        self._sender.start()
         if not self._accepted.wait(10):
             raise OSError(f"{dst}:{port} accepted no connection from {src} within 10 s")
         conn = self._conn
@@ -237,8 +238,13 @@ class TcpStream:
 
     def close(self) -> None:
         self.stop.set()
+        try:  # wakes a send blocked on a link still down (it has no timeout): its thread ends
+            self.cl.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.received.close()
         self._reader.join(timeout=5)
+        self._sender.join(timeout=5)
         for sock in (self.cl, self._conn, self.srv):
             if sock is not None:
                 sock.close()
