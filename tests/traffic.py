@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from testbed.faults.shaping import drain_rate
+from testbed.faults.shaping import step_rate
 from testbed.machine.netns import Fabric, in_netns, link_stats
 
 _IP_MTU, _IPV6_MTU = 14, 24  # linux/in.h, linux/in6.h: a connected socket's path MTU
@@ -65,41 +65,6 @@ def bytes_received(sock: socket.socket) -> int:
     bytes_received, a u64 at offset 128), whether or not the program has read them yet."""
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 136)
     return struct.unpack_from("Q", info, 128)[0]
-
-
-# A read this many times the window's typical interval after the one before came late: the sampler
-# was starved of the CPU meanwhile (beside a CPU hog), and its step lumps what moved in that time.
-LATE_READ = 4.0
-
-
-def step_rate(samples: list[tuple[float, int]], t0: float, t1: float) -> float:
-    """Bit/s through a byte counter sampled as (time, bytes) over [t0, t1), read from its first
-    step in the window to its last (:func:`testbed.faults.shaping.drain_rate`): a shaper releases
-    whole packets (GSO ones up to 64 KiB) and goes into debt for them, so at a few Mbit/s the
-    counter moves in steps far apart, and a plain delta over the window would be off by up to a
-    step at each end (docs/verified.md "htb counts GSO packets whole"). The window's first read is
-    where the count starts. Late reads at either end are left out (:data:`LATE_READ`): the step of
-    a late last read lumps the packets of its gap, which the step-to-step reading leaves out while
-    counting the gap's time (5 Mbit/s read as 2.81 beside a CPU hog, 2026-11-30); at the start,
-    one is counted whole. With fewer than two steps, the plain delta: 0 where nothing moved."""
-    inside = [i for i, (t, _) in enumerate(samples) if t0 <= t < t1]
-    if len(inside) < 2:
-        raise ValueError(f"no two counter samples in [{t0:.3f}, {t1:.3f}): the sampler did not run")
-    gaps = sorted(samples[i][0] - samples[i - 1][0] for i in inside[1:])
-    typical = gaps[len(gaps) // 2]
-
-    def late(i: int) -> bool:
-        return samples[i][0] - samples[i - 1][0] > LATE_READ * typical
-
-    while len(inside) > 2 and late(inside[-1]):
-        inside.pop()
-    while len(inside) > 2 and late(inside[1]):
-        inside.pop(0)
-    steps = [i for i in inside[1:] if samples[i][1] != samples[i - 1][1]]
-    if len(steps) >= 2:
-        return drain_rate([samples[i] for i in steps], samples[steps[0] - 1][1])
-    (ta, ba), (tb, bb) = samples[inside[0]], samples[inside[-1]]
-    return (bb - ba) * 8 / (tb - ta)
 
 
 def payload_share(sock: socket.socket) -> float:

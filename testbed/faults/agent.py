@@ -22,10 +22,12 @@ Faults are keyed (``"f0/pod1/link"``); applying a key again is "make it so".
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
@@ -156,8 +158,8 @@ class FaultAgent:
         the interface (with ``kv_only`` the interface also carries unshaped traffic), else the
         interface's. Concurrent KV traffic counts too: the shaper limits the sum."""
         self.check_interface(ifname)
-        return self._rate_while(lambda: shaping.sent_bytes(ifname),
-                                lambda: load.fill(peer, port, offered_bps, window_s + 0.2), window_s)
+        return self._rate_while(shaping.counter(ifname), lambda: load.fill(peer, port, offered_bps, window_s + 0.2),
+                                window_s)
 
     def tx_bytes(self, ifname: str) -> int:
         """Bytes ``ifname`` has transmitted (read-only; allowlisted interfaces only): the
@@ -173,37 +175,37 @@ class FaultAgent:
         self.check_interface(ifname)
         ifb = shaping.ifb_name(ifname)
         if shaping.has_link(ifb):
-            return self._rate_while(lambda: shaping.sent_bytes(ifb), None, window_s)
-        return self._rate_while(lambda: shaping.rx_bytes(ifname), None, window_s)
+            return self._rate_while(shaping.counter(ifb), None, window_s)
+        return self._rate_while(shaping.counter(ifname, received=True), None, window_s)
 
     @staticmethod
-    def _rate_while(counter: Callable[[], int], offer: Callable[[], Any] | None, window_s: float,
-                    settle_s: float = 0.1, every_s: float = 0.005) -> float:
-        """Bit/s through a counter over ``window_s``, from its first change to its last.
+    def _rate_while(counter: AbstractContextManager[Callable[[], int]], offer: Callable[[], Any] | None,
+                    window_s: float, settle_s: float = 0.1, every_s: float = 0.005) -> float:
+        """Bit/s through a counter over ``window_s``, read step to step with late reads left out
+        (:func:`shaping.step_rate`, the rule the tests' samplers read by too).
 
         A shaper releases whole packets, GSO ones up to 64 KiB, and goes into debt for
-        them: at a few Mbit/s the counter moves in steps a good part of a second apart.
-        Read from step to step (:func:`shaping.drain_rate`) the drain rate is exact; a plain
-        delta over the window would be off by up to a step at each end."""
+        them: at a few Mbit/s the counter moves in steps a good part of a second apart, which a
+        plain delta over the window would be off by at each end. Each read is timed at the middle
+        of its call; a read that came late lumps what moved while the sampler waited for the
+        interpreter (the load's threads and another probe's sampler share it), which at the
+        window's ends would be counted without its time or its time without it: measured, one
+        thread busy in the agent's process read r = 0.01 of 10 Gbit/s as 0.43-1.37 of itself
+        (docs/history/2026-11-30-probe-reads.md)."""
         t = threading.Thread(target=offer, daemon=True) if offer else None
-        with load.collector_paused():  # no collection stalls the reads (or the load beside them)
+        with counter as read, load.collector_paused():  # no collection stalls the reads (or the load beside them)
             if t:
                 t.start()
             time.sleep(settle_s)  # let the shaper's queue fill: the window then sees its drain rate
+            samples: list[tuple[float, int]] = []
             t_start = time.monotonic()
-            samples = [(t_start, counter())]
-            while time.monotonic() - t_start < window_s:
+            while (before := time.monotonic()) - t_start < window_s:
+                n = read()
+                samples.append(((before + time.monotonic()) / 2, n))
                 time.sleep(every_s)
-                b = counter()
-                if b != samples[-1][1]:
-                    samples.append((time.monotonic(), b))
-            end = (time.monotonic(), counter())
             if t:
                 t.join()
-        if len(samples) >= 3:  # two steps or more: step to step
-            return shaping.drain_rate(samples[1:], samples[0][1])
-        (t0, b0), (t1, b1) = samples[0], end
-        return (b1 - b0) * 8 / (t1 - t0)
+        return shaping.step_rate(samples, t_start, math.inf)
 
     def fill(self, peer: str, port: int, offered_bps: float, duration_s: float) -> int:
         """Offer ``offered_bps`` to the sink at ``peer:port`` for ``duration_s`` (for that peer
