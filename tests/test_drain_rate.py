@@ -1,11 +1,16 @@
-"""Reading a shaper's rate from its byte counter's steps (testbed/faults/shaping.py drain_rate, step_rate)."""
+"""Reading a shaper's rate from its byte counter (testbed/faults/readings.py): drain_rate, step_rate, busy_rate."""
 
 from __future__ import annotations
+
+import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
-from testbed.faults.shaping import drain_rate
+from testbed.faults.agent import FaultAgent
+
+from testbed.faults.readings import drain_rate
 
 pytestmark = pytest.mark.background  # a computation (tests/conftest.py)
 
@@ -49,11 +54,11 @@ def sampled(steps: list[tuple[float, int]], reads: list[float]) -> list[tuple[fl
 
 
 def test_a_read_that_came_late_is_left_out_at_the_windows_ends():
-    """testbed/faults/shaping.py step_rate: at 5 Mbit/s (64 KiB every 105 ms) read every 5 ms, then the
+    """testbed/faults/readings.py step_rate: at 5 Mbit/s (64 KiB every 105 ms) read every 5 ms, then the
     sampler starved for 0.6 s before the window's end (beside a CPU hog): its one late read lumps six
     packets. Left out whole with its time counted (drain_rate over every step), the rate reads 0.6 of
     itself; without the late read, exactly."""
-    from testbed.faults.shaping import step_rate
+    from testbed.faults.readings import step_rate
 
     rate = 5e6
     steps = released([65_536] * 40, rate, t0=0.0)
@@ -72,7 +77,7 @@ def test_a_read_that_came_late_is_left_out_at_the_windows_ends():
 def test_a_flow_read_late_now_and_then_is_read_at_its_rate():
     """At 2 Gbit/s every read lumps many packets; reads late by tens of ms (a collection, a starved
     thread) here and there, the window's ends among them, change nothing."""
-    from testbed.faults.shaping import step_rate
+    from testbed.faults.readings import step_rate
 
     rate = 2e9
     steps = released([65_536] * 12_000, rate, t0=0.0)
@@ -85,7 +90,7 @@ def test_a_flow_read_late_now_and_then_is_read_at_its_rate():
 def test_a_rate_that_rises_inside_the_window_is_read_as_its_average():
     """Reads on time: nothing is left out, so a window across a shaping's removal (80 Mbit/s, then
     line rate) reads what passed in it, far above the limit it had."""
-    from testbed.faults.shaping import step_rate
+    from testbed.faults.readings import step_rate
 
     slow = released([65_536] * 40, 80e6, t0=0.0)
     t, n = slow[-1]
@@ -99,32 +104,80 @@ def test_a_rate_that_rises_inside_the_window_is_read_as_its_average():
 
 
 def test_the_fault_agents_probe_leaves_out_a_late_last_read():
-    """The agent's probe (FaultAgent._rate_while) reads by step_rate: a shaper at 100 Mbit/s in 22 KB
-    packets (r = 0.01 of 10 Gbit/s, the probe's GSO size there), its last read in the window stalled
-    0.15 s as behind another thread holding the interpreter. The agent's rule before it read by
-    step_rate counted that read's lump at the end: 0.70 of the rate here (2026-11-30), as the end-to-end
-    job read r = 0.01 three times (0.71-0.76 of it); left out, the rate is exact."""
-    import time
-    from contextlib import contextmanager
-
-    from testbed.faults.agent import FaultAgent
-
+    """The agent's probe (FaultAgent._rate_while) reads by the tests' rule: a shaper at 100 Mbit/s in
+    22 KB packets (r = 0.01 of 10 Gbit/s, the probe's GSO size there), its queue full throughout, its
+    last read in the window stalled 0.15 s as behind another thread holding the interpreter. The
+    agent's rule before counted that read's lump at the end: 0.70 of the rate here (2026-11-30), as
+    the end-to-end job read r = 0.01 three times (0.71-0.76 of it); left out, the rate is exact."""
     rate, pkt, window = 100e6, 22_080, 0.4
     t0 = time.monotonic()
     stalled = []
 
-    def read() -> int:
+    def read() -> tuple[int, int]:
         elapsed = time.monotonic() - t0
         if elapsed > 0.1 + window - 0.05 and not stalled:  # the probe settles 0.1 s, then reads
             stalled.append(elapsed)
             time.sleep(0.15)
             elapsed = time.monotonic() - t0
-        return int(elapsed * rate / 8 // pkt) * pkt
+        return int(elapsed * rate / 8 // pkt) * pkt, 300_000
 
+    got = FaultAgent._rate_while(counter_of(read), None, window)
+    assert stalled, "the window ended before the stalled read"
+    assert got == pytest.approx(rate, rel=0.03)
+
+
+def test_the_probe_reads_the_link_while_its_queue_was_full_not_the_gaps_of_a_starved_load():
+    """A load that stops for 0.2 s of a 0.4 s window (its threads starved of the CPU) leaves the
+    shaper's queue empty and the link idle: counted whole, the window reads half the rate; read
+    while the queue held bytes (busy_rate), the rate. A load that arrives late (a peer's, started
+    by another process) is waited for."""
+    rate, pkt, window = 100e6, 22_080, 0.4
+    t0 = time.monotonic()
+    late_s, gap = 0.3, (0.5, 0.7)  # from the probe's start: the load arrives, then pauses inside the window
+
+    def read() -> tuple[int, int]:
+        t = time.monotonic() - t0
+        busy = max(0.0, t - late_s) - max(0.0, min(t, gap[1]) - gap[0])
+        idle = t < late_s or gap[0] <= t < gap[1]
+        return int(busy * rate / 8 // pkt) * pkt, 0 if idle else 300_000
+
+    got = FaultAgent._rate_while(counter_of(read), None, window)
+    assert time.monotonic() - t0 > late_s + window, "the window did not wait for the load"
+    assert got == pytest.approx(rate, rel=0.03)
+
+
+def counter_of(read):
     @contextmanager
     def counter():
         yield read
+    return counter()
 
-    got = FaultAgent._rate_while(counter(), None, window)
-    assert stalled, "the window ended before the stalled read"
-    assert got == pytest.approx(rate, rel=0.03)
+
+def test_busy_rate_counts_only_the_stretches_a_queue_was_read_in():
+    from testbed.faults.readings import busy_rate
+
+    rate = 80e6
+    steps = released([22_080] * 400, rate, t0=0.0)
+    reads = [k * 0.005 for k in range(1, 160)]
+    samples = sampled(steps, reads)
+    idle = (0.3, 0.5)  # the queue empty here: the counter stands still, then carries on
+    shift = idle[1] - idle[0]
+    rows = []
+    for t, _ in samples:
+        if t < idle[0]:
+            n = sampled(steps, [t])[0][1]
+            rows.append((t, n, 100_000))
+        elif t < idle[1]:
+            rows.append((t, sampled(steps, [idle[0]])[0][1], 0))
+        else:
+            rows.append((t, sampled(steps, [t - shift])[0][1], 100_000))
+    got, busy_s = busy_rate(rows)
+    assert got == pytest.approx(rate, rel=0.02) and busy_s == pytest.approx(0.795 - shift, abs=0.03)
+    # counted whole, the idle stretch reads low
+    from testbed.faults.readings import step_rate
+    assert step_rate([(t, n) for t, n, _ in rows], 0.0, 1.0) < 0.8 * rate
+    # no queue to read (an unshaped counter, a link down): every read counts, as step_rate
+    plain = [(t, n, None) for t, n, _ in rows]
+    assert busy_rate(plain)[0] == pytest.approx(step_rate([(t, n) for t, n, _ in rows], 0.0, 1.0))
+    # a queue never busy: the plain reading, no busy seconds; nothing moved reads 0
+    assert busy_rate([(t, 0, 0) for t, _, _ in rows]) == (0.0, 0.0)

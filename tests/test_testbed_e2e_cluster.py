@@ -10,7 +10,8 @@ pytest.importorskip("vllm", reason="vLLM's CPU build is not installed (the READM
 pytest.importorskip("ray", reason="Ray is not installed (the README's install command installs it)")
 
 from core.records import read_meta, read_table  # noqa: E402
-from e2e_cluster import DEATH_REPEAT, DEATH_REQUESTS, HEAD_POD, KILL_FAULT_S  # noqa: E402
+from e2e_cluster import HEAD_POD, KILL_FAULT_S  # noqa: E402
+from e2e_death import DEATH_REPEAT, DEATH_REQUESTS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # the shared cluster (tests/e2e_cluster.py)
 

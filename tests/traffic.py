@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from testbed.faults.shaping import step_rate
+from testbed.faults.readings import step_rate
 from testbed.machine.netns import Fabric, in_netns, link_stats
 
 _IP_MTU, _IPV6_MTU = 14, 24  # linux/in.h, linux/in6.h: a connected socket's path MTU

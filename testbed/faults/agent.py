@@ -22,7 +22,6 @@ Faults are keyed (``"f0/pod1/link"``); applying a key again is "make it so".
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import threading
@@ -31,7 +30,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
-from testbed.faults import dcb, load, shaping
+from testbed.faults import dcb, load, readings, shaping
 from testbed.faults.shaping import Shaping, ShapingError
 from testbed.machine.interfaces import interface_addresses
 from vocab import FAULT_COMPUTE
@@ -179,33 +178,37 @@ class FaultAgent:
         return self._rate_while(shaping.counter(ifname, received=True), None, window_s)
 
     @staticmethod
-    def _rate_while(counter: AbstractContextManager[Callable[[], int]], offer: Callable[[], Any] | None,
-                    window_s: float, settle_s: float = 0.1, every_s: float = 0.005) -> float:
-        """Bit/s through a counter over ``window_s``, read step to step with late reads left out
-        (:func:`shaping.step_rate`, the rule the tests' samplers read by too).
+    def _rate_while(counter: AbstractContextManager[Callable[[], tuple[int, int | None]]],
+                    offer: Callable[[], Any] | None, window_s: float, settle_s: float = 0.1,
+                    every_s: float = 0.005) -> float:
+        """Bit/s through a shaper's counter (:func:`shaping.counter`) over ``window_s``, read by
+        :func:`readings.busy_rate`: step to step, late reads at the ends left out, and only while
+        its queue held bytes, so a load starved of the CPU reads as what the link carries while it
+        was full, not as the gaps between. The window opens once the load has reached the queue (at
+        most ``window_s`` later: a peer's load is started by another process), then ``settle_s``.
 
-        A shaper releases whole packets, GSO ones up to 64 KiB, and goes into debt for
-        them: at a few Mbit/s the counter moves in steps a good part of a second apart, which a
-        plain delta over the window would be off by at each end. Each read is timed at the middle
-        of its call; a read that came late lumps what moved while the sampler waited for the
-        interpreter (the load's threads and another probe's sampler share it), which at the
-        window's ends would be counted without its time or its time without it: measured, one
-        thread busy in the agent's process read r = 0.01 of 10 Gbit/s as 0.43-1.37 of itself
+        Each read is timed at the middle of its call. A read that came late lumps what moved while
+        the sampler waited for the interpreter (the load's threads and another probe's sampler
+        share it); at the window's ends that was counted without its time or its time without it:
+        one thread busy in the agent's process read r = 0.01 of 10 Gbit/s as 0.43-1.37 of itself
         (docs/history/2026-11-30-probe-reads.md)."""
         t = threading.Thread(target=offer, daemon=True) if offer else None
         with counter as read, load.collector_paused():  # no collection stalls the reads (or the load beside them)
             if t:
                 t.start()
+            arrive_by = time.monotonic() + window_s
+            while (queued := read()[1]) is not None and queued == 0 and time.monotonic() < arrive_by:
+                time.sleep(every_s)
             time.sleep(settle_s)  # let the shaper's queue fill: the window then sees its drain rate
-            samples: list[tuple[float, int]] = []
+            samples: list[tuple[float, int, int | None]] = []
             t_start = time.monotonic()
             while (before := time.monotonic()) - t_start < window_s:
-                n = read()
-                samples.append(((before + time.monotonic()) / 2, n))
+                n, queued = read()
+                samples.append(((before + time.monotonic()) / 2, n, queued))
                 time.sleep(every_s)
             if t:
                 t.join()
-        return shaping.step_rate(samples, t_start, math.inf)
+        return readings.busy_rate(samples)[0]
 
     def fill(self, peer: str, port: int, offered_bps: float, duration_s: float) -> int:
         """Offer ``offered_bps`` to the sink at ``peer:port`` for ``duration_s`` (for that peer

@@ -431,80 +431,32 @@ def tx_bytes(ifname: str) -> int:
 
 
 @contextmanager
-def counter(ifname: str, received: bool = False) -> Iterator[Callable[[], int]]:
+def counter(ifname: str, received: bool = False) -> Iterator[Callable[[], tuple[int, int | None]]]:
     """A reader of what to measure a rate on ``ifname`` by, over one netlink handle held while it is
-    used: where the project shapes ``ifname`` (looked up once, at the start) the bytes its limited
-    class has sent (with ``kv_only`` the interface also carries the unshaped rest), else the
-    interface's transmit counter (with ``received``, its receive counter). One handle because a
-    probe reads every few milliseconds beside its own load in the same process: a handle opened per
-    read cost 4.2 ms of CPU, one held 0.67 ms (2-core machine, 2026-11-30), and the reads' share of
-    the interpreter is time the load's threads do not send."""
+    used: (bytes, backlog). Where the project shapes ``ifname`` (looked up once, at the start) the
+    bytes its limited class has sent (with ``kv_only`` the interface also carries the unshaped rest)
+    and the bytes queued in that class, which say whether the shaper was busy (None for a link down,
+    whose queue of no room is never busy); else the interface's transmit counter (with
+    ``received``, its receive counter) and None. One handle because a probe reads every few
+    milliseconds beside its own load in the same process: a handle opened per read cost 4.2 ms of
+    CPU, one held 0.67 ms (2-core machine, 2026-11-30), and the reads' share of the interpreter is
+    time the load's threads do not send."""
     with _iproute() as ipr:
         idx = _index(ipr, ifname)
         shaped = not received and _root_handle(ipr, idx) == ROOT
+        down = shaped and any(q["handle"] == DROP for q in ipr.get_qdiscs(index=idx))
 
-        def read() -> int:
+        def read() -> tuple[int, int | None]:
             if shaped:
                 for c in ipr.get_classes(index=idx):
                     if c["handle"] == SHAPED:
-                        return int(c.get_attr("TCA_STATS")["bytes"])
+                        stats = c.get_attr("TCA_STATS")
+                        return int(stats["bytes"]), None if down else int(stats["backlog"])
                 raise ShapingError(f"interface {ifname}: the project's limited class went away while it was read")
             stats = ipr.link("get", index=idx)[0].get("IFLA_STATS64")
-            return int(stats["rx_bytes" if received else "tx_bytes"])
+            return int(stats["rx_bytes" if received else "tx_bytes"]), None
 
         yield read
-
-
-def drain_rate(steps: Sequence[tuple[float, int]], before: int) -> float:
-    """Bit/s a busy shaper drained, read from the steps of a byte counter: ``steps`` as (time, count
-    after the step), the counter's moves in order; ``before``, its count just before the first.
-
-    htb releases a whole packet (GSO ones up to 64 KiB) once its class is out of debt, then goes
-    into debt for it: the time from one release to the next is the size of the packet released
-    first over the rate. So the rate is the bytes of every step but the last over the time from
-    the first step to the last. Counting every step but the first instead is off by the two
-    packets' difference: 0.945-1.032 of a 5 Mbit/s TCP stream's rate over 1.5 s, where this reads
-    0.953-0.958 (docs/verified.md "htb counts GSO packets whole")."""
-    if len(steps) < 2:
-        raise ValueError(f"{len(steps)} counter step(s): a shaper's rate needs two")
-    (t_first, _), (t_last, _) = steps[0], steps[-1]
-    return (steps[-2][1] - before) * 8 / (t_last - t_first)
-
-
-# A read this many times the window's typical interval after the one before came late: the sampler
-# was starved of the CPU meanwhile (beside a CPU hog), and its step lumps what moved in that time.
-LATE_READ = 4.0
-
-
-def step_rate(samples: Sequence[tuple[float, int]], t0: float, t1: float) -> float:
-    """Bit/s through a byte counter sampled as (time, bytes) over [t0, t1), read from its first
-    step in the window to its last (:func:`drain_rate`): a shaper releases whole packets (GSO ones
-    up to 64 KiB) and goes into debt for them, so at a few Mbit/s the counter moves in steps far
-    apart, and a plain delta over the window would be off by up to a step at each end
-    (docs/verified.md "htb counts GSO packets whole"). The window's first read is where the count
-    starts. Late reads at either end are left out (:data:`LATE_READ`): the step of a late last read
-    lumps the packets of its gap, which the step-to-step reading leaves out while counting the gap's
-    time (5 Mbit/s read as 2.81 beside a CPU hog, 2026-11-30); at the start, one is counted whole,
-    its gap's packets without their time. With fewer than two steps, the plain delta: 0 where
-    nothing moved. The fault agent's probes and the tests' samplers read by this one rule."""
-    inside = [i for i, (t, _) in enumerate(samples) if t0 <= t < t1]
-    if len(inside) < 2:
-        raise ValueError(f"no two counter samples in [{t0:.3f}, {t1:.3f}): the sampler did not run")
-    gaps = sorted(samples[i][0] - samples[i - 1][0] for i in inside[1:])
-    typical = gaps[len(gaps) // 2]
-
-    def late(i: int) -> bool:
-        return samples[i][0] - samples[i - 1][0] > LATE_READ * typical
-
-    while len(inside) > 2 and late(inside[-1]):
-        inside.pop()
-    while len(inside) > 2 and late(inside[1]):
-        inside.pop(0)
-    steps = [i for i in inside[1:] if samples[i][1] != samples[i - 1][1]]
-    if len(steps) >= 2:
-        return drain_rate([samples[i] for i in steps], samples[steps[0] - 1][1])
-    (ta, ba), (tb, bb) = samples[inside[0]], samples[inside[-1]]
-    return (bb - ba) * 8 / (tb - ta)
 
 
 def has_link(ifname: str) -> bool:
