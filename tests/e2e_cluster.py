@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 
 from builders import shipped_spec_dict
-from e2e_death import DEATH_REPEAT, death_output_tokens, engine_death_spec
+from e2e_death import DEATH_REPEAT, engine_death_spec
 from e2e_serve import end_group, serve_and_query
 from core.policies import POLICY_NAMES, forget_plugins
 from core.records import read_meta, read_table
@@ -295,7 +295,7 @@ def _run_on_cluster(out: Path, site: str) -> tuple[Path, dict, dict, ExperimentS
         took("a refused run, a SIGKILLed run")
         # The engine fault last (its engines die), then its repeat on engines restarted for it, both
         # judged against the shared engines' calibration
-        death = engine_death_spec(base, death_output_tokens(out / "calibration.json"))
+        death = engine_death_spec(base)
         (out / f"{death.name}.yaml").write_text(json.dumps(death.model_dump(mode="json")))
         first, = prepare_jobs([(death, ["LC"], [0])], serve=False)
         launch_jobs([first, repeat_of(first, out / DEATH_REPEAT)], out, calibration=out / "calibration.json",

@@ -1,6 +1,5 @@
 """The end-to-end cluster's engine fault (tests/e2e_cluster.py runs it last, then its repeat): its
-spec, with the kill placed inside a decode and the output length the calibrated engines decode in
-the time the workload was sized around."""
+spec, with the first kill placed inside a decode."""
 
 from __future__ import annotations
 
@@ -23,30 +22,7 @@ DEATH_REPEAT = "e2e_engine_death_repeat"  # the same run again, on engines resta
 # in 0.90-1.90 s (median 1.14).
 DEATH_INTO_DECODE_S = 0.3
 ISOLATION_S = 3.0  # and no other request on its engine this long around that request
-# The decode the workload was sized around: 256 tokens, 2.3 s at the shipped spec's engines, long
-# enough for the kill to land inside it, short enough to end within the 15 s deadline. Slower engines
-# decode as long as that in fewer tokens: on a CPU without AVX-512 (a step of 14.9 ms calibrated,
-# about 32 ms a token under the job's load) 256 tokens took 8-14 s, and requests routed before either
-# kill ran past the deadline in both runs (docs/history/2026-11-30-probe-reads.md).
-DEATH_OUTPUT_MAX = 256
-DEATH_DECODE_S = 2.3
-
-
-def death_output_tokens(calibration: Path, prompt_tokens: float = 350.0) -> int:
-    """The engine fault's output length: DEATH_OUTPUT_MAX tokens, or as many as the calibrated engines
-    decode alone in DEATH_DECODE_S (core/engine_timing.py, one sequence of the workload's mean prompt
-    holding half its output), whichever is fewer: the whole length on engines as fast as the
-    shipped spec's or faster (docs/twin.md's calibrations)."""
-    from core.calibration.fit import load_calibration
-    from core.engine_timing import decode_step_s
-
-    e = load_calibration(calibration).engine
-    step = decode_step_s(e.decode_step_base_s, e.decode_step_per_seq_s, e.decode_step_per_kv_token_s, 1,
-                         prompt_tokens + DEATH_OUTPUT_MAX / 2)
-    return int(min(DEATH_OUTPUT_MAX, max(16, round(DEATH_DECODE_S / step))))
-
-
-def engine_death_spec(base: dict, output_tokens: int = DEATH_OUTPUT_MAX) -> ExperimentSpec:
+def engine_death_spec(base: dict) -> ExperimentSpec:
     """LC while an engine fault kills pod 2's decode engine core, then, KILL_GAP_S later, pod 0's
     prefill engine actor (SIGKILL each, by the pod's fault agent: a crash or the OOM killer); the
     run goes on with pods 1 and 3. The first kill lands DEATH_INTO_DECODE_S into the decode of a
@@ -64,7 +40,7 @@ def engine_death_spec(base: dict, output_tokens: int = DEATH_OUTPUT_MAX) -> Expe
             "workload": {"arrival": {"kind": "poisson", "rate_rps": 0.5}, "max_requests": DEATH_REQUESTS,
                          "prompt": {"kind": "uniform", "low": 300, "high": 400},
                          # a decode of 256 tokens lasts 2-3 s in the simulator, longer here
-                         "output": {"kind": "fixed", "value": output_tokens}}}
+                         "output": {"kind": "fixed", "value": 256}}}
     with tempfile.TemporaryDirectory() as tmp:
         req = read_table(run_sim(parse_spec(spec), "LC", 0, Path(tmp)), "requests")
     on2 = req[req.decode_pod == 2]
