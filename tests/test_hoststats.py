@@ -65,7 +65,7 @@ def test_a_sleeping_process_neither_runs_nor_waits(children) -> None:
 def test_the_sampler_keeps_the_cpu_of_a_process_that_exits(children) -> None:
     # an engine core killed under its actor: the engine's CPU count must not drop with it
     stays = children("import time; time.sleep(30)")
-    # 0.6 s of its own CPU, not of the clock: beside a busy loop on each core a 0.6 s spin got under 0.3 s
+    # 0.6 s of its own CPU, not of the clock: beside a busy loop on each core 0.6 s of the clock gives less
     spins = children("import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass")
     s = HostSampler(lambda: [stays.pid, spins.pid], period_s=0.1)
     try:
