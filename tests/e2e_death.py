@@ -22,6 +22,8 @@ DEATH_REPEAT = "e2e_engine_death_repeat"  # the same run again, on engines resta
 # in 0.90-1.90 s (median 1.14).
 DEATH_INTO_DECODE_S = 0.3
 ISOLATION_S = 3.0  # and no other request on its engine this long around that request
+
+
 def engine_death_spec(base: dict) -> ExperimentSpec:
     """LC while an engine fault kills pod 2's decode engine core, then, KILL_GAP_S later, pod 0's
     prefill engine actor (SIGKILL each, by the pod's fault agent: a crash or the OOM killer); the
