@@ -10,6 +10,7 @@ starved leaves the shaper idle, so its window reads the load, not the link (:fun
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 
 from testbed.faults.load import SLICE_S
 
@@ -94,26 +95,15 @@ def busy_rate(samples: Sequence[tuple[float, int, int | None]]) -> tuple[float, 
     queued = [q for _, _, q in samples]
     if all(q is None for q in queued):
         return step_rate(pairs, samples[0][0], float("inf")), samples[-1][0] - samples[0][0]
-    idle = [q == 0 for q in queued]
-    i = 0
-    while i < len(idle):  # an empty stretch shorter than IDLE_S is part of a busy one
-        if not idle[i]:
-            i += 1
-            continue
-        j = i
-        while j + 1 < len(idle) and idle[j + 1]:
-            j += 1
-        if pairs[j][0] - pairs[i][0] < IDLE_S and i > 0 and j + 1 < len(idle):
-            idle[i:j + 1] = [False] * (j + 1 - i)
-        i = j + 1
+    # stretches of reads alike in finding the queue empty; an empty one stops the run when it lasts
+    # IDLE_S or more, or opens or closes the window (the load not arrived yet, or ended)
+    stretches = [(empty, [i for i, _ in g]) for empty, g in groupby(enumerate(queued), key=lambda x: x[1] == 0)]
+    last = len(queued) - 1
+    stops = [empty and (idx[0] == 0 or idx[-1] == last or pairs[idx[-1]][0] - pairs[idx[0]][0] >= IDLE_S)
+             for empty, idx in stretches]
+    runs = [[i for _, (_, idx) in group for i in idx]
+            for stop, group in groupby(zip(stops, stretches), key=lambda x: x[0]) if not stop]
     typical = _typical_gap(pairs, range(len(pairs)))
-    runs: list[list[int]] = []
-    for i, stopped in enumerate(idle):
-        if not stopped:
-            if runs and runs[-1][-1] == i - 1:
-                runs[-1].append(i)
-            else:
-                runs.append([i])
     spans = [s for s in (_stepped(pairs, r, typical) for r in runs if len(r) >= 3) if s is not None]
     busy_s = sum(s for _, s in spans)
     if busy_s > 0:
