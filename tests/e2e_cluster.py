@@ -295,7 +295,7 @@ def _run_on_cluster(out: Path, site: str) -> tuple[Path, dict, dict, ExperimentS
         took("a refused run, a SIGKILLed run")
         # The engine fault last (its engines die), then its repeat on engines restarted for it, both
         # judged against the shared engines' calibration
-        death = engine_death_spec(base)
+        death = engine_death_spec(base, out / "calibration.json")
         (out / f"{death.name}.yaml").write_text(json.dumps(death.model_dump(mode="json")))
         first, = prepare_jobs([(death, ["LC"], [0])], serve=False)
         launch_jobs([first, repeat_of(first, out / DEATH_REPEAT)], out, calibration=out / "calibration.json",

@@ -1,9 +1,13 @@
 """The end-to-end cluster's engine fault (tests/e2e_cluster.py runs it last, then its repeat): its
-spec, with the first kill placed inside a decode."""
+spec, sized to the engines at hand by their calibration: the output length they decode in the time the
+workload was sized around, and the first kill placed in the middle of a decode of the calibrated
+simulator, the twin the comparison runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
 
 from core.records import read_table
 from core.spec.model import ExperimentSpec, parse_spec
@@ -14,44 +18,75 @@ DEATH_REQUESTS = 30
 # was seen 5 s after its kill (fresh clone, 2026-11-23: no request in it); 16 s leaves about 7 s.
 KILL_GAP_S = 16.0
 DEATH_REPEAT = "e2e_engine_death_repeat"  # the same run again, on engines restarted: the testbed's repeatability
-# The first kill, this long after its request's first token (in the simulator with the shipped spec's
-# engines, where 256 tokens decode in 2.3 s): inside that decode in every world, so under half the
-# shortest one measured, 0.80 s in the calibrated simulator of a fresh clone's suite (2026-11-27, at
-# fce71e2: a decode step of 3.1 ms), where a kill 1.0 s in found the request ended 0.27 s before it
-# and the comparison failed (one failure against the testbed's two); the testbed's run decoded each
-# in 0.90-1.90 s (median 1.14).
-DEATH_INTO_DECODE_S = 0.3
-ISOLATION_S = 3.0  # and no other request on its engine this long around that request
+# The least margin the first kill needs (engine_death_spec): 0.3 s into a decode landed inside it in
+# both worlds on engines with AVX-512, whose stages the twin matches within 10% (docs/twin.md).
+MIN_MARGIN_S = 0.3
+# The decode the workload was sized around: 256 tokens, 2.3 s at the shipped spec's engines (a step of
+# 9.1 ms), long enough for a kill to land inside it, short enough to end within the 15 s deadline.
+# Slower engines decode as long as that in fewer tokens: on a CPU without AVX-512 (a step of 14.9 ms
+# calibrated, about 32 ms a token under the job's load) 256 tokens took 8-14 s, and requests routed
+# before either kill ran past the deadline in every run there (docs/history/2026-11-30-probe-reads.md).
+DEATH_OUTPUT_MAX = 256
+DEATH_DECODE_S = 2.3
 
 
-def engine_death_spec(base: dict) -> ExperimentSpec:
+def death_output_tokens(calibration: Path, prompt_tokens: float = 350.0) -> int:
+    """The engine fault's output length: DEATH_OUTPUT_MAX tokens, or as many as the calibrated engines
+    decode alone in DEATH_DECODE_S (core/engine_timing.py, one sequence of the workload's mean prompt
+    holding half its output), whichever is fewer: the whole length on engines as fast as the
+    shipped spec's or faster (docs/twin.md's calibrations)."""
+    from core.calibration.fit import load_calibration
+    from core.engine_timing import decode_step_s
+
+    e = load_calibration(calibration).engine
+    step = decode_step_s(e.decode_step_base_s, e.decode_step_per_seq_s, e.decode_step_per_kv_token_s, 1,
+                         prompt_tokens + DEATH_OUTPUT_MAX / 2)
+    return int(min(DEATH_OUTPUT_MAX, max(16, round(DEATH_DECODE_S / step))))
+
+
+def engine_death_spec(base: dict, calibration: Path) -> ExperimentSpec:
     """LC while an engine fault kills pod 2's decode engine core, then, KILL_GAP_S later, pod 0's
     prefill engine actor (SIGKILL each, by the pod's fault agent: a crash or the OOM killer); the
-    run goes on with pods 1 and 3. The first kill lands DEATH_INTO_DECODE_S into the decode of a
-    request alone on pod 2 in the simulator's run of the same workload without it (the shipped
-    spec's engines), so that in both worlds one call is on the engine when it dies: the testbed's
-    stages run up to a few times the simulator's (docs/twin.md), and a kill in the middle of a short
-    decode missed its request in the calibrated simulator once (from a fresh clone, 2026-11-26: it
-    had ended 10 ms before). At 0.5 requests/s: once pod 2 is gone, pod 3 decodes everything alone."""
+    run goes on with pods 1 and 3. At 0.5 requests/s: once pod 2 is gone, pod 3 decodes everything alone.
+
+    The first kill lands in the middle of the decode of a request alone on pod 2 in the run of the
+    same workload without the fault by the simulator calibrated to these engines (``calibration``),
+    the twin the comparison runs, so that one call is on the engine when it dies in the twin for
+    certain and in the testbed while its request's first token comes less than half a decode later
+    than the twin's (stages within 10% of the twin's, docs/twin.md). A kill placed by the shipped
+    spec's engines missed the decode in the twin on engines slower (2026-11-30: 0.3 s after the
+    shipped engines' first token, the request was still in prefill on a CPU without AVX-512) and
+    faster (2026-11-26: 1.0 s in, the decode had ended 0.27 s before) than them."""
     import tempfile
 
+    from core.calibration.fit import apply_calibration, load_calibration
     from simulator.run import run_sim
 
     spec = {**base, "name": "e2e_engine_death", "policies": ["LC"], "faults": [],
             "description": "pod 2's decode engine core, then pod 0's prefill engine actor, SIGKILLed",
             "workload": {"arrival": {"kind": "poisson", "rate_rps": 0.5}, "max_requests": DEATH_REQUESTS,
                          "prompt": {"kind": "uniform", "low": 300, "high": 400},
-                         # a decode of 256 tokens lasts 2-3 s in the simulator, longer here
-                         "output": {"kind": "fixed", "value": 256}}}
+                         "output": {"kind": "fixed", "value": death_output_tokens(calibration)}}}
+    twin = apply_calibration(parse_spec(spec), load_calibration(calibration))
     with tempfile.TemporaryDirectory() as tmp:
-        req = read_table(run_sim(parse_spec(spec), "LC", 0, Path(tmp)), "requests")
+        req = read_table(run_sim(twin, "LC", 0, Path(tmp)), "requests")
     on2 = req[req.decode_pod == 2]
-    # alone: no other request on pod 2 from ISOLATION_S before its first token to ISOLATION_S after its end;
-    # after 15 s, off the liveness checks' grid (every testbed.engine_check_s from the run's start)
-    alone = [r for r in on2.itertuples() if r.first_token_s > 15.0
-             and not ((on2.request_id != r.request_id) & (on2.routed_s < r.end_s + ISOLATION_S)
-                      & (on2.end_s > r.first_token_s - ISOLATION_S)).any()]
-    kill = round(float(alone[0].first_token_s) + DEATH_INTO_DECODE_S, 2)
+    # Each decode on pod 2 after 15 s (off the liveness checks' grid, every testbed.engine_check_s from
+    # the run's start), killed at its middle: its margin is how far the kill lies from the decode's ends
+    # and from every other request that depends on pod 2 (from its routing to its end: one in prefill
+    # elsewhere would fail its pull too). The widest margin wins: the worlds may disagree by that much
+    # on when each stage starts and still kill the same requests.
+    best, kill = 0.0, None
+    for r in on2[on2.first_token_s > 15.0].itertuples():
+        mid = (r.first_token_s + r.end_s) / 2
+        others = on2[on2.request_id != r.request_id]
+        gaps = np.maximum(others.routed_s - mid, mid - others.end_s)  # <= 0 where another is on pod 2 then
+        margin = min(mid - r.first_token_s, float(gaps.min()) if len(gaps) else np.inf)
+        if margin > best:
+            best, kill = margin, round(float(mid), 2)
+    if kill is None or best < MIN_MARGIN_S:
+        raise RuntimeError(f"no decode on pod 2 after 15 s has {MIN_MARGIN_S} s to itself in the calibrated "
+                           f"twin ({calibration}): the widest margin is {best:.2f} s")
     return parse_spec({**spec, "faults": [
         {"kind": "engine", "pods": [2], "role": "decode", "process": "core", "start_s": kill},
-        {"kind": "engine", "pods": [0], "role": "prefill", "process": "actor", "start_s": kill + KILL_GAP_S}]})
+        {"kind": "engine", "pods": [0], "role": "prefill", "process": "actor", "start_s": round(kill + KILL_GAP_S, 2)}]})

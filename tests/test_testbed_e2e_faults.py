@@ -304,15 +304,20 @@ def test_the_circuit_breaker_keeps_a_pod_out_while_its_link_fails_and_lets_it_ba
             if st == HALF_OPEN:
                 assert states[k - 1] == OPEN and times[k] >= times[k - 1] + BREAKER["open_s"] - 1e-6, rows
     # the link heals at BREAKER_FAULT_S: pod 0 half-opened after that and closed again, on
-    # success_threshold requests through it served from its half-opening on (a later host stall
-    # may open it again: what is asserted is that it came back)
+    # success_threshold requests through it that ended ok from its half-opening on, each pulled across
+    # the healed link (a later host stall may open it again: what is asserted is that it came back).
+    # A success counts when its request ends, wherever it was routed: in CI (2026-11-30, a CPU without
+    # AVX-512) pod 0 closed 0.7 s after its half-opening with no request served that was routed since;
+    # one routed before the opening was given up by then, so those two were routed while it was open,
+    # which the role's filter allows when every prefill pod is open (pod 1's opened on prefill timeouts
+    # in a suite on such a machine, 2026-11-30).
     states, times = pod0.state.tolist(), pod0.time_s.tolist()
     back = [(times[k - 1], times[k]) for k in range(1, len(states))
             if states[k] == CLOSED and states[k - 1] == HALF_OPEN and times[k - 1] > BREAKER_FAULT_S]
     assert back, (pod0, req)
     half, closed = back[0]
-    served = req[(req.routed_s >= half) & (req.end_s <= closed + 0.5) & (req.prefill_pod == 0) & (req.outcome == "ok")]
-    assert len(served) >= BREAKER["success_threshold"], (served, pod0)
+    served = req[(req.end_s >= half) & (req.end_s <= closed + 0.5) & (req.prefill_pod == 0) & (req.outcome == "ok")]
+    assert len(served) >= BREAKER["success_threshold"] and (served.kv_end_s > BREAKER_FAULT_S).all(), (served, pod0)
     m = run_metrics(d)
     assert m["breaker_opens"] == (br.state == OPEN).sum() and m["breaker_open_pod_s"] > 0
     # the simulator, on the same spec, opens pod 0's breaker too (both worlds drive core.breaker)
