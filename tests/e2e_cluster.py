@@ -7,7 +7,8 @@ status --address`, a spec bigger than the cluster refused by `testbed run --addr
 One set of engines (the embedded twin scenario's: 4 pods `by_pod`, one engine
 each) is calibrated, then serves nine jobs: every policy on a short healthy workload, then
 requests whose decode outlives the deadline, then requests from a prefill pod whose link the
-fault agents throttle hard (the spec's fault schedule), then the same with retries, then at ten
+fault agents throttle hard (the spec's fault schedule; at a load sized to the engines by their
+calibration, tests/e2e_load.py, so a command of its own from here), then the same with retries, then at ten
 times the rate behind an admission limit, then the throttled link for 20 s under a circuit
 breaker, then pod 0's KV link down for 20 s and a run after it (on engines whose KV paths the
 check before each run finds working, or restarts), then a compute fault (the healthy job runs
@@ -45,6 +46,7 @@ import pytest
 
 from builders import shipped_spec_dict
 from e2e_death import DEATH_REPEAT, engine_death_spec
+from e2e_load import sized_to_engines
 from e2e_serve import end_group, serve_and_query
 from core.policies import POLICY_NAMES, forget_plugins
 from core.records import read_meta, read_table
@@ -109,6 +111,24 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           timeout=timeout, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
 
 
+LINK_FAULT_RPS = 1.0  # the throttled job's arrival rate on engines as fast as the shipped spec's (e2e_load.py)
+
+
+def link_fault_spec(base: dict, rate_rps: float = LINK_FAULT_RPS) -> ExperimentSpec:
+    """Pod 0's link at 2 Mbit/s (r = 0.008 of 250 Mbit/s) in both directions, KV traffic only: a
+    600-token prompt's 5 blocks of KV (5.2 MB) then need about 21 s, twice the deadline. For
+    whole_fault_s: every request of it meets the fault whole. The job run is this at the rate
+    tests/e2e_load.py sizes to the engines; the jobs built on it here keep LINK_FAULT_RPS."""
+    spec = {**base, "name": "e2e_link_fault", "deadline_s": 10.0, "policies": ["Random"],
+            "workload": {"arrival": {"kind": "poisson", "rate_rps": rate_rps}, "max_requests": 8,
+                         "prompt": {"kind": "uniform", "low": 600, "high": 700},
+                         "output": {"kind": "fixed", "value": 8}},
+            "health": {"model": "alert", "detection_delay_s": 2.0, "clear_delay_s": 2.0}}
+    return parse_spec({**spec, "faults": [{"kind": "link", "pods": [0], "start_s": 0.0,
+                                           "duration_s": whole_fault_s(spec), "residual_bw": 0.008,
+                                           "kv_only": True}]})
+
+
 def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
     """The jobs the shared engines serve, in the order they run: healthy (every policy), slow
     (decode past the deadline), throttled (pod 0's link), retried, overload, breaker, link down,
@@ -120,17 +140,7 @@ def job_specs(base: dict) -> tuple[ExperimentSpec, ...]:
                        "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 2,
                                     "prompt": {"kind": "uniform", "low": 300, "high": 400},
                                     "output": {"kind": "fixed", "value": 3000}}})
-    # Pod 0's link at 2 Mbit/s (r = 0.008 of 250 Mbit/s) in both directions, KV traffic only:
-    # a 600-token prompt's 5 blocks of KV (5.2 MB) then need about 21 s, twice the deadline. For
-    # whole_fault_s: every request of it meets the fault whole.
-    throttled = {**base, "name": "e2e_link_fault", "deadline_s": 10.0, "policies": ["Random"],
-                 "workload": {"arrival": {"kind": "poisson", "rate_rps": 1.0}, "max_requests": 8,
-                              "prompt": {"kind": "uniform", "low": 600, "high": 700},
-                              "output": {"kind": "fixed", "value": 8}},
-                 "health": {"model": "alert", "detection_delay_s": 2.0, "clear_delay_s": 2.0}}
-    throttled = parse_spec({**throttled, "faults": [{"kind": "link", "pods": [0], "start_s": 0.0,
-                                                     "duration_s": whole_fault_s(throttled),
-                                                     "residual_bw": 0.008, "kv_only": True}]})
+    throttled = link_fault_spec(base)
     # The same throttled link with retries: an attempt without its first token RETRY_TTFT_S after it
     # was routed is given up and routed again, away from the pods blamed. The per-try limit lets a
     # healthy attempt through and cuts a stuck one: it lies above the slowest healthy prefill measured
@@ -198,7 +208,7 @@ GUIDE_POLICY = "PriceStep"  # the entry point of docs/guides/write-a-policy.md's
 
 def run_on_cluster(out: Path) -> tuple[Path, dict, dict, ExperimentSpec, dict]:
     """Bring the emulated cluster up through `ray up`, run every job and command on it, bring it down.
-    Returns (out, leftovers before, leftovers after, the throttled spec, what each command saw).
+    Returns (out, leftovers before, leftovers after, the throttled job's spec as run, what each command saw).
     The guide's policy package is on the path of this process, its commands and the nodes meanwhile
     (on a real cluster: installed on every node), and off it again after."""
     from test_guides import guide_policy_package
@@ -260,13 +270,19 @@ def _run_on_cluster(out: Path, site: str) -> tuple[Path, dict, dict, ExperimentS
         took("status, doctor, a refused spec, Prometheus")
         try:
             # kept up for every command after (--keep-engines), the engine fault last of all
-            jobs = prepare_jobs([(healthy, [*POLICY_NAMES, GUIDE_POLICY], [0]), (slow, ["LC"], [0]),
-                                 (throttled, ["Random"], [0]),
-                                 (retried, ["Random"], [0]), (overload, ["LC"], [0]), (breaker, ["Random"], [0]),
-                                 (down, ["Random"], [0]), (after_down, ["Random"], [0]), (compute, ["LC"], [0])],
-                                serve=False)
-            launch_jobs(jobs, out, calibrate_to=out / "calibration.json", address=addr, keep_engines=True)
-            took("engines, calibration and the nine jobs")
+            first = prepare_jobs([(healthy, [*POLICY_NAMES, GUIDE_POLICY], [0]), (slow, ["LC"], [0])], serve=False)
+            launch_jobs(first, out, calibrate_to=out / "calibration.json", address=addr, keep_engines=True)
+            took("engines, calibration and the first two jobs")
+            # the throttled job at the load these engines carry clear of its deadline (tests/e2e_load.py)
+            # (the study cell and the twin below keep the job's own rate, as the jobs built on it do)
+            link_fault = sized_to_engines(lambda rate: link_fault_spec(base, rate), LINK_FAULT_RPS,
+                                          out / "calibration.json", "Random")
+            (out / f"{link_fault.name}.yaml").write_text(json.dumps(link_fault.model_dump(mode="json")))
+            rest = prepare_jobs([(link_fault, ["Random"], [0]), (retried, ["Random"], [0]), (overload, ["LC"], [0]),
+                                 (breaker, ["Random"], [0]), (down, ["Random"], [0]), (after_down, ["Random"], [0]),
+                                 (compute, ["LC"], [0])], serve=False)
+            launch_jobs(rest, out, calibration=out / "calibration.json", address=addr, keep_engines=True)
+            took("the other seven jobs")
             if prom is not None:
                 cli["prometheus"] = _read_prometheus(prom)
         finally:
@@ -310,7 +326,7 @@ def _run_on_cluster(out: Path, site: str) -> tuple[Path, dict, dict, ExperimentS
         after = _leftovers()
         cli["leftovers"] = _cli("leftovers")
     cli["scrapes"] = scrapes
-    return out, before, after, throttled, cli
+    return out, before, after, link_fault, cli
 
 
 FAST_BASELINE_GBPS = 10.0  # a 10 GbE NIC; the veths carry 26-29 Gbit/s unshaped (docs/testbed.md)

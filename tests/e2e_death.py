@@ -5,6 +5,7 @@ simulator, the twin the comparison runs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -70,23 +71,46 @@ def engine_death_spec(base: dict, calibration: Path) -> ExperimentSpec:
     twin = apply_calibration(parse_spec(spec), load_calibration(calibration))
     with tempfile.TemporaryDirectory() as tmp:
         req = read_table(run_sim(twin, "LC", 0, Path(tmp)), "requests")
-    on2 = req[req.decode_pod == 2]
-    # Each decode on pod 2 after 15 s (off the liveness checks' grid, every testbed.engine_check_s from
-    # the run's start), killed at its middle: its margin is how far the kill lies from the decode's ends
-    # and from every other request that depends on pod 2 (from its routing to its end: one in prefill
-    # elsewhere would fail its pull too). The widest margin wins: the worlds may disagree by that much
-    # on when each stage starts and still kill the same requests.
+    # The request whose decode the first kill lands in, chosen so that the testbed's runs kill it too:
+    # * routed to pod 2 whatever the testbed's timing: neither decode pod holds a request for a
+    #   margin around its routing, so LC breaks a tie there, by a turn that counts decisions, the same
+    #   in both worlds (core/policies/pickers.py), where a busy pod 2 sent it to pod 3 in one run of two;
+    # * the kill in the middle of the longest stretch of its decode that no other request depends on
+    #   pod 2 in (from its routing to its end: one in prefill elsewhere would fail its pull too);
+    # * after 15 s, off the liveness checks' grid (every testbed.engine_check_s from the run's start),
+    #   and early enough that requests arrive after pod 0's death is seen (a liveness check after the
+    #   second kill at the latest), two of them on average: a kill at 57.3 s put the second after the
+    #   last arrival, and no one saw it (2026-11-30).
+    # The widest margin wins: the worlds may disagree by that much on when each stage starts.
+    check_s = parse_spec(spec).testbed.engine_check_s
+    latest = float(req.arrival_s.max()) - KILL_GAP_S - check_s - 2 / spec["workload"]["arrival"]["rate_rps"]
+    decoding = req[req.decode_pod.isin([2, 3])]
     best, kill = 0.0, None
-    for r in on2[on2.first_token_s > 15.0].itertuples():
-        mid = (r.first_token_s + r.end_s) / 2
-        others = on2[on2.request_id != r.request_id]
-        gaps = np.maximum(others.routed_s - mid, mid - others.end_s)  # <= 0 where another is on pod 2 then
-        margin = min(mid - r.first_token_s, float(gaps.min()) if len(gaps) else np.inf)
-        if margin > best:
-            best, kill = margin, round(float(mid), 2)
+    for r in decoding[(decoding.decode_pod == 2) & (decoding.first_token_s > 15.0)].itertuples():
+        others = decoding[decoding.request_id != r.request_id]
+        on2 = others[others.decode_pod == 2]
+        mid, half = _longest_free(r.first_token_s, r.end_s, zip(on2.routed_s, on2.end_s))
+        routed = float(np.maximum(others.routed_s - r.routed_s, r.routed_s - others.end_s).min())
+        margin = min(half, routed)
+        if mid <= latest and margin > best:
+            best, kill = margin, round(mid, 2)
     if kill is None or best < MIN_MARGIN_S:
-        raise RuntimeError(f"no decode on pod 2 after 15 s has {MIN_MARGIN_S} s to itself in the calibrated "
-                           f"twin ({calibration}): the widest margin is {best:.2f} s")
+        raise RuntimeError(f"no decode on pod 2 from 15 to {latest:.1f} s has {MIN_MARGIN_S} s to itself in the "
+                           f"calibrated twin ({calibration}): the widest margin is {best:.2f} s")
     return parse_spec({**spec, "faults": [
         {"kind": "engine", "pods": [2], "role": "decode", "process": "core", "start_s": kill},
         {"kind": "engine", "pods": [0], "role": "prefill", "process": "actor", "start_s": round(kill + KILL_GAP_S, 2)}]})
+
+
+def _longest_free(lo: float, hi: float, busy: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """The middle of the longest stretch of [lo, hi] that no interval of ``busy`` covers, and half its
+    length (0 where they cover all of it)."""
+    free, t = [], lo
+    for a, b in sorted((max(lo, a), min(hi, b)) for a, b in busy if a < hi and b > lo):
+        if a > t:
+            free.append((t, a))
+        t = max(t, b)
+    if t < hi:
+        free.append((t, hi))
+    a, b = max(free, key=lambda x: x[1] - x[0], default=(lo, lo))
+    return float(a + b) / 2, float(b - a) / 2

@@ -320,7 +320,8 @@ def test_engines_kept_by_one_command_serve_the_next_until_stopped_and_refuse_a_c
     assert started["engines_reused"] is False and all(e["startup_s"] > 0 for e in started["engines"]), started
     names = sorted(e["name"] for e in started["engines"])
     study, = (out / "study" / STUDY_SPEC).rglob("testbed.json")
-    for path in (study, out / TWIN_DIR / "testbed" / TWIN_SPEC / "testbed.json", out / "e2e_serve" / "testbed.json",
+    for path in (out / "e2e_link_fault" / "testbed.json", study,
+                 out / TWIN_DIR / "testbed" / TWIN_SPEC / "testbed.json", out / "e2e_serve" / "testbed.json",
                  out / "e2e_engine_death" / "testbed.json"):
         reused = json.loads(path.read_text())
         assert reused["engines_reused"] is True, (path, reused)

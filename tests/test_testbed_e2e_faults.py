@@ -198,9 +198,12 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     step = fitted.engine.decode_step_base_s
     assert miss_s[list(LEGS)].abs().max() <= step, (miss_s, step)
     assert cal.noise["n_steps"] > 100 and len(cal.handshake_s) == 4  # every (prefill, decode) pair warmed
-    # every run on these engines records it: its host-stall marks hold prefills against these speeds
-    recorded = read_meta(out / "e2e_link_fault" / "Random" / "seed-0")["calibration"]
-    assert recorded["measured_here"] and recorded["engine"] == cal.engine.model_dump(mode="json")
+    # every run on these engines records it (its host-stall marks hold prefills against these speeds):
+    # measured by the command that ran the healthy jobs, given to the one that ran the throttled job
+    for run, here in ((out / "e2e_policies" / "LC" / "seed-0", True),
+                      (out / "e2e_link_fault" / "Random" / "seed-0", False)):
+        recorded = read_meta(run)["calibration"]
+        assert recorded["measured_here"] is here and recorded["engine"] == cal.engine.model_dump(mode="json"), run
     # Demand by state, measured while a pull hangs (2 prefill and 2 decode engines on one host: all
     # four measured); what a waiting engine demands is a share of the CPU, never nothing
     demand = cal.host.demand
