@@ -7,8 +7,8 @@ status --address`, a spec bigger than the cluster refused by `testbed run --addr
 One set of engines (the embedded twin scenario's: 4 pods `by_pod`, one engine
 each) is calibrated, then serves nine jobs: every policy on a short healthy workload, then
 requests whose decode outlives the deadline, then requests from a prefill pod whose link the
-fault agents throttle hard (the spec's fault schedule; at a load sized to the engines by their
-calibration, tests/e2e_load.py, so a command of its own from here), then the same with retries, then at ten
+fault agents throttle hard (the spec's fault schedule, at a load sized to the engines by their
+calibration: tests/e2e_load.py; it and the jobs after it run in a second command), then the same with retries, then at ten
 times the rate behind an admission limit, then the throttled link for 20 s under a circuit
 breaker, then pod 0's KV link down for 20 s and a run after it (on engines whose KV paths the
 check before each run finds working, or restarts), then a compute fault (the healthy job runs

@@ -50,14 +50,12 @@ def engine_death_spec(base: dict, calibration: Path) -> ExperimentSpec:
     prefill engine actor (SIGKILL each, by the pod's fault agent: a crash or the OOM killer); the
     run goes on with pods 1 and 3. At 0.5 requests/s: once pod 2 is gone, pod 3 decodes everything alone.
 
-    The first kill lands in the middle of the decode of a request alone on pod 2 in the run of the
-    same workload without the fault by the simulator calibrated to these engines (``calibration``),
-    the twin the comparison runs, so that one call is on the engine when it dies in the twin for
-    certain and in the testbed while its request's first token comes less than half a decode later
-    than the twin's (stages within 10% of the twin's, docs/twin.md). A kill placed by the shipped
-    spec's engines missed the decode in the twin on engines slower (2026-11-30: 0.3 s after the
-    shipped engines' first token, the request was still in prefill on a CPU without AVX-512) and
-    faster (2026-11-26: 1.0 s in, the decode had ended 0.27 s before) than them."""
+    The first kill lands in a decode on pod 2 in the run of the same workload without the fault by the
+    simulator calibrated to these engines (``calibration``), the twin the comparison runs, chosen (below)
+    so that the testbed's runs kill the same request while their stages start within a margin of the
+    twin's. A kill placed by the shipped spec's engines missed the decode in the twin on engines slower
+    (2026-11-30: 0.3 s after the shipped engines' first token, the request was still in prefill on a CPU
+    without AVX-512) and faster (2026-11-26: 1.0 s in, the decode had ended 0.27 s before) than them."""
     import tempfile
 
     from core.calibration.fit import apply_calibration, load_calibration
