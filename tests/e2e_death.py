@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from core.records import read_table
 from core.spec.model import ExperimentSpec, parse_spec
 
 DEATH_REQUESTS = 30
@@ -56,19 +55,14 @@ def engine_death_spec(base: dict, calibration: Path) -> ExperimentSpec:
     twin's. A kill placed by the shipped spec's engines missed the decode in the twin on engines slower
     (2026-11-30: 0.3 s after the shipped engines' first token, the request was still in prefill on a CPU
     without AVX-512) and faster (2026-11-26: 1.0 s in, the decode had ended 0.27 s before) than them."""
-    import tempfile
-
-    from core.calibration.fit import apply_calibration, load_calibration
-    from simulator.run import run_sim
+    from e2e_load import twin_requests
 
     spec = {**base, "name": "e2e_engine_death", "policies": ["LC"], "faults": [],
             "description": "pod 2's decode engine core, then pod 0's prefill engine actor, SIGKILLed",
             "workload": {"arrival": {"kind": "poisson", "rate_rps": 0.5}, "max_requests": DEATH_REQUESTS,
                          "prompt": {"kind": "uniform", "low": 300, "high": 400},
                          "output": {"kind": "fixed", "value": death_output_tokens(calibration)}}}
-    twin = apply_calibration(parse_spec(spec), load_calibration(calibration))
-    with tempfile.TemporaryDirectory() as tmp:
-        req = read_table(run_sim(twin, "LC", 0, Path(tmp)), "requests")
+    req = twin_requests(parse_spec(spec), calibration, "LC")
     # The request whose decode the first kill lands in, chosen so that the testbed's runs kill it too:
     # * routed to pod 2 whatever the testbed's timing: neither decode pod holds a request for a
     #   margin around its routing, so LC breaks a tie there, by a turn that counts decisions, the same

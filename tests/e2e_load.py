@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
+
 from core.records import read_table
 from core.spec.model import ExperimentSpec
 
@@ -28,6 +30,17 @@ RATE_TRIES = 11
 DEADLINE_SHARE = 0.5
 
 
+def twin_requests(spec: ExperimentSpec, calibration: Path, policy: str) -> pd.DataFrame:
+    """The requests of ``spec``'s seed 0 under ``policy`` in the simulator calibrated to ``calibration``:
+    the twin the testbed's run is compared with."""
+    from core.calibration.fit import apply_calibration, load_calibration
+    from simulator.run import run_sim
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return read_table(run_sim(apply_calibration(spec, load_calibration(calibration)), policy, 0, Path(tmp)),
+                          "requests")
+
+
 def sized_to_engines(build: Callable[[float], ExperimentSpec], rate_rps: float, calibration: Path,
                      policy: str) -> ExperimentSpec:
     """``build(rate)`` at ``rate_rps``, or at the highest of its shares RATE_STEP**k below it, at which
@@ -35,15 +48,10 @@ def sized_to_engines(build: Callable[[float], ExperimentSpec], rate_rps: float, 
     ends every request that passes no faulted pod ok, within DEADLINE_SHARE of the deadline. The same
     requests in the same order either way (the arrivals of a seed scale with 1/rate); on engines as
     fast as the shipped spec's, the job's own rate."""
-    from core.calibration.fit import apply_calibration, load_calibration
-    from simulator.run import run_sim
-
-    cal = load_calibration(calibration)
     for k in range(RATE_TRIES):
         spec = build(rate_rps * RATE_STEP ** k)
         faulted = {p for f in spec.faults for p in f.pods}
-        with tempfile.TemporaryDirectory() as tmp:
-            req = read_table(run_sim(apply_calibration(spec, cal), policy, 0, Path(tmp)), "requests")
+        req = twin_requests(spec, calibration, policy)
         clear = req[~req.prefill_pod.isin(faulted) & ~req.decode_pod.isin(faulted)]
         took = (clear.end_s - clear.arrival_s).where(clear.outcome == "ok")  # NaN: it failed
         if (took <= DEADLINE_SHARE * spec.deadline_s).all():

@@ -5,16 +5,12 @@ host with its demand by state as measured there (2026-11-30)."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from builders import shipped_spec_dict
-from core.calibration.fit import apply_calibration
-from core.records import read_table
-from simulator.run import run_sim
 
 # (prefill s/token, decode step base, per sequence, per KV token): the engines' fits
 ENGINES = {"fast": (1 / 12_500, 0.0036, 0.0008, 4e-7), "slow": (1 / 407.6, 0.0117, 0.0030, 1.7e-6)}
@@ -46,11 +42,9 @@ def _base() -> dict:
 
 
 def _twin(spec, calibration: Path, policy: str):
-    from core.calibration.fit import load_calibration
+    from e2e_load import twin_requests
 
-    with tempfile.TemporaryDirectory() as tmp:
-        return read_table(run_sim(apply_calibration(spec, load_calibration(calibration)), policy, 0, Path(tmp)),
-                          "requests")
+    return twin_requests(spec, calibration, policy)
 
 
 @pytest.mark.parametrize("engines", ["fast", "slow"])
