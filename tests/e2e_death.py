@@ -22,12 +22,22 @@ DEATH_REPEAT = "e2e_engine_death_repeat"  # the same run again, on engines resta
 # both worlds on engines with AVX-512, whose stages the twin matches within 10% (docs/twin.md).
 MIN_MARGIN_S = 0.3
 # The decode the workload was sized around: 256 tokens, 2.3 s at the shipped spec's engines (a step of
-# 9.1 ms), long enough for a kill to land inside it, short enough to end within the 15 s deadline.
+# 9.1 ms), long enough for a kill to land inside it, short enough to end well within the deadline.
 # Slower engines decode as long as that in fewer tokens: on a CPU without AVX-512 (a step of 14.9 ms
 # calibrated, about 32 ms a token under the job's load) 256 tokens took 8-14 s, and requests routed
 # before either kill ran past the deadline in every run there (docs/history/2026-11-30-probe-reads.md).
 DEATH_OUTPUT_MAX = 256
 DEATH_DECODE_S = 2.3
+# No request of this job may end by a limit: one on a dead engine ends with its error (a failed call,
+# or the liveness check every testbed.engine_check_s), one on live engines with its output. At the base
+# spec's 15 s deadline a request on live engines ran out of it (CI at 8e18f6f, both runs): under the other
+# test worker's load the engines decoded a token in 33 ms where their calibration in the same suite took
+# 9 ms, the twin's 2.2-3.8 s decodes took 3.4-10.7 s, first tokens came up to 7.0 s and ends up to 14.4 s after
+# arrival, and one request ran past 15 s. The first token within 20 s, the longest first-token limit of
+# the jobs (the KV lease, e2e_cluster.LEASE_S, is derived from it); the end within 60 s, the base's
+# ttft_timeout_s: each about three and four times what that run took (docs/history/2026-11-30-ci-8e18f6f.md).
+DEATH_TTFT_S = 20.0
+DEATH_DEADLINE_S = 60.0
 
 
 def death_output_tokens(calibration: Path, prompt_tokens: float = 350.0) -> int:
@@ -58,6 +68,7 @@ def engine_death_spec(base: dict, calibration: Path) -> ExperimentSpec:
     from e2e_load import twin_requests
 
     spec = {**base, "name": "e2e_engine_death", "policies": ["LC"], "faults": [],
+            "deadline_s": DEATH_DEADLINE_S, "ttft_timeout_s": DEATH_TTFT_S,
             "description": "pod 2's decode engine core, then pod 0's prefill engine actor, SIGKILLed",
             "workload": {"arrival": {"kind": "poisson", "rate_rps": 0.5}, "max_requests": DEATH_REQUESTS,
                          "prompt": {"kind": "uniform", "low": 300, "high": 400},

@@ -64,6 +64,13 @@ def test_the_engine_faults_first_kill_ends_one_decode_on_pod_2_in_the_twin(calib
     on2 = req[(req.decode_pod == 2) & (req.outcome == "error")]
     assert len(on2) == 1 and on2.failed_stage.iloc[0] == "decode", on2
     assert on2.first_token_s.iloc[0] < first, on2
+    # no request meets a limit: those on live engines have their first token and their end within a
+    # quarter of either limit, a margin over the testbed running 3.3 times slower than the twin under the
+    # other test worker's load (tests/e2e_death.py DEATH_DEADLINE_S)
+    assert set(req.outcome) == {"ok", "error"}, req.outcome.value_counts()
+    ok = req[req.outcome == "ok"]
+    assert (ok.end_s - ok.arrival_s).max() <= spec.deadline_s / 4, ok
+    assert (ok.first_token_s - ok.arrival_s).max() <= spec.ttft_timeout_s / 4, ok
 
 
 def test_the_throttled_job_keeps_its_rate_on_fast_engines_and_slows_until_the_twin_clears_the_deadline(calibrations):

@@ -22,7 +22,8 @@ Mbit/s, where the shaper releases 64 KiB GSO packets a good part of a second
 apart: the rate the link carried, at any rate the NIC has, never the rate set.
 The load competes with KV traffic meanwhile. Clearing is measured the same way at
 twice the old limit: a load that gets through at 1.5x or more proves the limit
-gone, and the row reads 1.0 (the baseline is not the probe's to reach).
+gone, and the row reads 1.0 (the baseline is not the probe's to reach). Both
+directions set to one limit that read apart (SIDES_AGREE) are probed once more.
 
 With ``testbed.transport: rdma`` and ``rdma_link_faults: dcb_maxrate`` a link fault is the NIC's rate
 limit of the KV's traffic class (testbed/faults/dcb.py), which no host-side load crosses as the KV
@@ -60,6 +61,15 @@ log = logging.getLogger(__name__)
 INJECTED_KINDS = (FAULT_LINK, FAULT_COMPUTE, FAULT_ENGINE)
 
 CLEARED_IF_ABOVE = 1.5  # a probe at 2x the removed limit that gets 1.5x through: the limit is gone
+# The two directions of a pod's link set to one limit and probed at once read within this share of
+# each other, or the probe runs again. In the end-to-end jobs' tables of five suites (2026-11-30,
+# b1a0fe6 to 8e18f6f) every reading of r = 0.2, 0.05 and 0.01 of a 10 Gbit/s baseline lay within
+# 0.947-1.045 of what the link carried but in two probes, whose directions read 24% and more apart
+# (0.838 and 1.106 of r; 0.313 and 0), where the 23 other probes of a limit on both directions read
+# them within 2.6% of each other; a sixth suite read a slower port's downlink at 0.54 of what it
+# carried (docs/history/2026-11-30-ci-8e18f6f.md). Apart by more, a reading is off, or the link is
+# (a slower port behind one side), which the second probe shows again.
+SIDES_AGREE = 0.10
 
 
 @dataclass
@@ -235,10 +245,19 @@ class FaultInjector:
             # Both directions at once (separate traffic and counters), with the probe the
             # simulator assumes (faults.telemetry: its rate and window).
             offered = [probe_offered_bps(new, old, self.baseline_bps) for _, new, old in sides]
-            rates = await asyncio.gather(*(measure_side(tg, side, o) for (side, _, _), o in zip(sides, offered)))
+            def probe() -> Any:
+                return asyncio.gather(*(measure_side(tg, side, o) for (side, _, _), o in zip(sides, offered)))
+
+            rates = list(await probe())
+            if not sides_agree(sides, rates):
+                again = list(await probe())
+                log.warning("link fault on pod%d: its directions read %s, apart by more than %.0f%%: probed again, "
+                            "read %s", pod, [f"{r / 1e9:.3g}" for r in rates], 100 * SIDES_AGREE,
+                            [f"{r / 1e9:.3g}" for r in again])
+                # a probe's load or sampler starved of the CPU reads a link below what it carries, never above
+                rates = again if sides_agree(sides, again) else [max(a, b) for a, b in zip(rates, again)]
             # A clear whose probe did not get through is probed once more: on 2 cores under engine
             # load the probe's own sender can start late and miss the window (seen on the downlink).
-            rates = list(rates)
             for i, ((side, new, old), o) in enumerate(zip(sides, offered)):
                 if new >= 1 and rates[i] < CLEARED_IF_ABOVE * old * self.baseline_bps:
                     rates[i] = max(rates[i], await measure_side(tg, side, o))
@@ -298,6 +317,17 @@ class FaultInjector:
                 times.append(felt.StepTimes.from_times(res.submitted_s, res.first_token_s, res.token_times))
             return times
         return list(await asyncio.gather(*(one(k, h) for k, (_, _, h) in enumerate(tg.engines))))
+
+
+def sides_agree(sides: list[tuple[str, float, float]], rates: list[float]) -> bool:
+    """Whether one probe's readings of a pod's link (``rates``, bit/s, per (side, new, old) of
+    ``sides``) agree: both directions, set from one limit to another below the baseline and above
+    0, read within SIDES_AGREE of each other. Anything else agrees: one side, sides set apart, a
+    clear (its own rule) or a link down (nothing to read)."""
+    if len(sides) != 2 or sides[0][1:] != sides[1][1:] or not 0 < sides[0][1] < 1:
+        return True
+    lo, hi = sorted(rates)
+    return hi > 0 and (hi - lo) / hi <= SIDES_AGREE
 
 
 async def measure_side(tg: PodTargets, side: str, offered_bps: float) -> float:
