@@ -30,12 +30,13 @@ DEATH_OUTPUT_MAX = 256
 DEATH_DECODE_S = 2.3
 # No request of this job may end by a limit: one on a dead engine ends with its error (a failed call,
 # or the liveness check every testbed.engine_check_s), one on live engines with its output. At the base
-# spec's 15 s deadline a request on live engines ran out of it (CI at 8e18f6f, both runs): under the other
-# test worker's load the engines decoded a token in 33 ms where their calibration in the same suite took
-# 9 ms, the twin's 2.2-3.8 s decodes took 3.4-10.7 s, first tokens came up to 7.0 s and ends up to 14.4 s after
-# arrival, and one request ran past 15 s. The first token within 20 s, the longest first-token limit of
-# the jobs (the KV lease, e2e_cluster.LEASE_S, is derived from it); the end within 60 s, the base's
-# ttft_timeout_s: each about three and four times what that run took (docs/history/2026-11-30-ci-8e18f6f.md).
+# spec's 15 s deadline a request on live engines ran out of it (CI at 8e18f6f, both runs): under the
+# other test worker's load the engines decoded a token in 33 ms where their calibration in the same
+# suite took 9 ms, the twin's 2.2-3.8 s decodes took 3.4-10.7 s, first tokens came up to 7.0 s and
+# ends up to 14.4 s after arrival, and one request ran past 15 s. The first token within 20 s, the
+# longest first-token limit of the jobs (the KV lease, e2e_cluster.LEASE_S, is derived from it); the
+# end within 60 s, the base's ttft_timeout_s: each about three and four times what that run took
+# (docs/history/2026-11-30-ci-8e18f6f.md).
 DEATH_TTFT_S = 20.0
 DEATH_DEADLINE_S = 60.0
 

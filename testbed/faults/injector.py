@@ -68,7 +68,8 @@ CLEARED_IF_ABOVE = 1.5  # a probe at 2x the removed limit that gets 1.5x through
 # (0.838 and 1.106 of r; 0.313 and 0), where the 23 other probes of a limit on both directions read
 # them within 2.6% of each other; a sixth suite read a slower port's downlink at 0.54 of what it
 # carried (docs/history/2026-11-30-ci-8e18f6f.md). Apart by more, a reading is off, or the link is
-# (a slower port behind one side), which the second probe shows again.
+# (a slower port behind one side), which the second probe shows again. The simulator times one probe
+# (faults.telemetry.link_measure_s): a second holds the testbed's later steps back by its length.
 SIDES_AGREE = 0.10
 
 
