@@ -359,7 +359,11 @@ def test_a_compute_fault_slows_a_pods_engine_on_nodes_ray_up_started(testbed_run
     applied, cleared = faults.measured.tolist()
     # the unit test's tolerance (tests/test_faults_compute.py); here the probe shares 2 cores with 4 engines
     assert 2.0 <= applied <= 4.5, faults
-    assert cleared < 1.5, faults  # back to what the engine's cores give
+    # The clear is probed with the quota lifted: it reads the host's contention alone, by design
+    # (testbed/faults/cpu.py; 0.63-1.62 in the suites of 2026-11-30, beside the four engines and the
+    # other test worker), where a cap still on reads at least the apply's bound above, as in the unit
+    # test (tests/test_faults_compute.py: a fixed 1.5 failed there at 1.52 beside a busy loop per core)
+    assert cleared < 2.0, faults
     req = read_table(d, "requests")
     assert len(req) == 8 and set(req.outcome) <= {"ok", "timeout"}, req
     # and the requests feel it: pod 1's prefills take longer than pod 0's (2.4x in the run that wrote
