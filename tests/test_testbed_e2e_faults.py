@@ -190,13 +190,19 @@ def test_calibration_measures_the_engines_and_links_and_the_simulator_twins_the_
     # its next scheduler step, so a leg is 0 to 1 step long and its relative miss can be anything
     # (decode_call read 2-3 ms for some policies and 6-9 ms for others against a 7.6 ms step, -55%
     # once with nothing else running). Rule fixed before the next run, at the commit that says so.
+    # The KV pull likewise: both its ends are seen at the decode engine's scheduler steps (the pull's
+    # start at the step that allocates its blocks, its end at the step that reports it received,
+    # testbed/engines/vllm_hooks.py), so a pull of 18-29 ms is read to within a step of 13-23 ms; its
+    # relative miss went to +0.53 on a CPU without AVX-512 (71f27c2; misses of 1.7-9.4 ms in seven suites,
+    # docs/history/2026-11-30-ci-8e18f6f.md). Changed after those runs: the suites since judge it.
     fitted = fit_run_conditions(runs[::2], cal)
     held = pd.concat([quiet_residuals(load_run(d), fitted) for d in runs[1::2]])
     rel = held.groupby("stage")["rel_residual"].median()
-    assert set(rel.index) == set(CHECKED) and rel[list(FITS)].abs().max() < 0.5, rel
+    engines = [s for s in FITS if s != "kv_pull"]
+    assert set(rel.index) == set(CHECKED) and rel[engines].abs().max() < 0.5, rel
     miss_s = (held["predicted_s"] - held["measured_s"]).groupby(held["stage"]).median()
     step = fitted.engine.decode_step_base_s
-    assert miss_s[list(LEGS)].abs().max() <= step, (miss_s, step)
+    assert miss_s[list(LEGS) + ["kv_pull"]].abs().max() <= step, (miss_s, step)
     assert cal.noise["n_steps"] > 100 and len(cal.handshake_s) == 4  # every (prefill, decode) pair warmed
     # every run on these engines records it (its host-stall marks hold prefills against these speeds):
     # measured by the command that ran the healthy jobs, given to the one that ran the throttled job
