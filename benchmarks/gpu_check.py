@@ -234,11 +234,11 @@ def part_engines() -> dict[str, Any]:
     from core.canary import reference, verdict
     from testbed.cluster.raynodes import free_ports
     from testbed.engines.engine import EngineConfig
-    from testbed.engines.tiny_model import build_tiny_model
+    from testbed.engines.tiny_model import build_tiny_model, native_dtype
     from vocab import CORRUPT, ROLE_DECODE, ROLE_PREFILL
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        model = build_tiny_model(Path(tmp) / "model")
+        model = build_tiny_model(Path(tmp) / "model", dtype=native_dtype(gpu=True))
         common = dict(model=model, run_dir=Path(tmp) / "run", host_ip="127.0.0.1", net_device="lo", gpu=True)
         ports = free_ports(2)
         pre = EngineProcess(EngineConfig(name="prefill", role=ROLE_PREFILL, side_channel_port=ports[0], **common))

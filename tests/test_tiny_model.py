@@ -45,10 +45,32 @@ def test_tiny_model_is_cached_and_rebuilt_on_new_parameters(tiny_model, tmp_path
 def test_kv_bytes_per_token_follows_the_config(tiny_model, tmp_path):
     from testbed.engines.tiny_model import build_tiny_model, kv_bytes_per_token
 
-    assert kv_bytes_per_token(tiny_model) == 8 * 8 * 32 * 2 * 2  # 8 KiB per token: docs/verified.md "A tiny model built locally"
+    # 8 KiB per token (8 layers x 32 x 2 x 8 heads x 2 bytes or 4 heads x 4): docs/verified.md "A tiny model built locally"
+    assert kv_bytes_per_token(tiny_model) == 8192
     small = build_tiny_model(tmp_path / "f32", layers=2, hidden=64, head_dim=16, kv_heads=2,
                              vocab=512, dtype="float32")
     assert kv_bytes_per_token(small) == 2 * 2 * 16 * 2 * 4
+
+
+@needs_hf
+def test_the_default_model_is_in_the_machines_native_dtype_with_the_same_kv_in_either(tiny_model, tmp_path):
+    """bf16 where the CPU computes it, else fp32 with half the KV heads: the KV a prompt moves is
+    the same 8 KiB a token on every machine, and the engines run the model in the dtype it was
+    built in (vLLM's "auto" would cast fp32 to bf16)."""
+    from testbed.engines.tiny_model import build_tiny_model, kv_bytes_per_token, model_dtype, native_dtype
+
+    assert model_dtype(tiny_model) == native_dtype(gpu=False)
+    assert native_dtype(gpu=True) == "bfloat16"
+    heads = {}
+    for dtype in ("bfloat16", "float32"):
+        path = tiny_model if dtype == native_dtype(gpu=False) else build_tiny_model(tmp_path / dtype, dtype=dtype)
+        cfg = json.loads((path / "config.json").read_text())
+        heads[dtype] = cfg["num_key_value_heads"]
+        assert kv_bytes_per_token(path) == 8192 and model_dtype(path) == dtype
+    assert heads == {"bfloat16": 8, "float32": 4}
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    assert model_dtype(tmp_path / "other") == "auto"  # a model of the user's: vLLM's own choice
 
 
 @needs_hf

@@ -70,7 +70,7 @@ class EngineActor:
         configure_from_env()  # the driver's level (core/util/logs.py)
 
         if build_model:
-            ensure_tiny_model(config["model"])
+            ensure_tiny_model(config["model"], config.get("dtype"))
 
         if isinstance(net_device, list):  # an allowlist: the first interface this node has
             from testbed.machine.interfaces import pick_interface

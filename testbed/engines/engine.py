@@ -49,6 +49,7 @@ from testbed.engines import shm_wakeups
 from testbed.engines.results import DecodeResult, EngineError, PrefillResult  # noqa: F401 (re-exported)
 from testbed.engines.stagelog import PULL_ENDS, STAGE_LOG_ENV, StageLog
 from testbed.engines.stats import EngineStats
+from testbed.engines.tiny_model import model_dtype
 from testbed.machine.cache_dirs import compile_cache_dir, vllm_cache_dir
 from testbed.machine.kv_ports import KV_PORT_RANGE
 from testbed.machine.rdma import kv_class_environment, rdma_port_of
@@ -114,7 +115,8 @@ class EngineConfig:
     lease_s: int | None = None
     max_model_len: int = 4096
     kv_cache_bytes: int = 256 * MiB
-    dtype: str = "bfloat16"
+    # None: the model's own (tiny_model.model_dtype: the tiny model's, else vLLM's "auto")
+    dtype: str | None = None
     omp_threads_bind: str = "nobind"
     # core.spec.model.TestbedSpec.executor: "uni" runs the model in the engine core's process, as vLLM
     # does for one GPU; "mp" is the CPU build's own default, a worker process fed through a
@@ -286,7 +288,7 @@ class Engine:
         )
         kwargs: dict[str, Any] = dict(
             model=str(cfg.model),
-            dtype=cfg.dtype,
+            dtype=cfg.dtype or model_dtype(cfg.model),
             max_model_len=cfg.max_model_len,
             enforce_eager=cfg.eager,
             kv_cache_memory_bytes=cfg.kv_cache_bytes,

@@ -19,6 +19,7 @@ from core.spec.model import ExperimentSpec
 from testbed.engines.pairs import check_pairs, warm_pairs
 from testbed.engines.actor import EngineActor
 from testbed.engines.engine import EngineConfig
+from testbed.engines.tiny_model import model_dtype
 from testbed.engines.prompts import prompt_ids
 from testbed.engines import kept
 from testbed.machine.kv_ports import SIDE_CHANNEL_BASE_PORT
@@ -95,6 +96,8 @@ class Engines:
         net_device = {"netns": "eth0", "local": "lo"}.get(mode, list(t.fault_interfaces))
         # the pod's fault agent takes a sliver of the pod's resource; its engines share the rest
         share = 0.9 / topo.workers_per_pod
+        # every engine in the dtype of the driver's copy, also where a node builds its own (EngineActor)
+        dtype = model_dtype(model)
         for role, ids in ((ROLE_PREFILL, topo.prefill_ids), (ROLE_DECODE, topo.decode_ids)):
             pods = topo.worker_pod[ids]
             for k, w in enumerate(ids.tolist()):
@@ -103,7 +106,7 @@ class Engines:
                 self.names.append(name)
                 # vLLM's batch limits are the engine block's: the simulator models the same engine
                 max_seqs = e.prefill_slots if role == ROLE_PREFILL else e.decode_max_batch
-                cfg = dict(model=Path(model), run_dir=root, name=name,
+                cfg = dict(model=Path(model), dtype=dtype, run_dir=root, name=name,
                            side_channel_port=SIDE_CHANNEL_BASE_PORT + w, role=role,
                            # the KV must outlive its pull, which ends before the first token
                            request_deadline_s=first_token_limit_s or spec.first_token_limit_s,

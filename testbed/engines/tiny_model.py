@@ -3,9 +3,18 @@
 No model can be downloaded on the testbed machines, so the testbed builds its
 own: `LlamaConfig` + `LlamaForCausalLM` with seeded random weights, saved with
 `save_pretrained`, plus a byte-level BPE tokenizer trained locally on text that
-ships with Python (stdlib docstrings). The default shape (8 layers, 8 KV heads,
-head_dim 32, bf16) holds 8 KiB of KV per token, so a 4000-token prompt moves
-32 MiB between engines while prefill stays around 2 s on a CPU.
+ships with Python (stdlib docstrings). The default shape (8 layers, head_dim 32,
+8 KV heads in bf16 or 4 in fp32) holds 8 KiB of KV per token in either dtype, so
+a 4000-token prompt moves 32 MiB between engines while prefill stays around 2 s
+on a CPU.
+
+Its dtype is the one the hardware computes natively (`native_dtype`): bf16 on a
+GPU or a CPU with AVX512-BF16 or AMX, fp32 elsewhere. On a CPU without them
+torch emulates bf16: its matrix product ran 1.1-1.25 GFLOP/s per CPU second
+against fp32's 46-47 on a 2-core AVX2 EPYC, and vLLM's CPU engine prefilled 650
+tokens in 1.4 s in bf16 against 0.25 s in fp32 (docs/performance.md "A CPU
+without AVX-512"). The KV heads follow the dtype so that the KV a prompt moves,
+the network's side of every fault, is the same on every machine.
 
 Peaked logits. With the default initialisation (std 0.02 everywhere) the
 logits are a near-Gaussian random projection with a median top-1 margin of
@@ -35,6 +44,30 @@ LOGIT_SCALE = 50.0
 MARKER = "tiny_model.json"
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: KV bytes per token of the default shape in any dtype (the module docstring; docs/verified.md
+#: "A tiny model built locally"): the KV sizes the link faults' jobs and docs are derived from.
+KV_BYTES_PER_TOKEN = 8192
+
+
+def native_dtype(gpu: bool) -> str:
+    """bf16 where the hardware computes it (a GPU, a CPU with AVX512-BF16 or AMX: what vLLM's CPU
+    platform checks for its bf16 kernels), else fp32 (the module docstring: the emulated bf16 of an
+    AVX2 CPU is 40 times slower)."""
+    import torch
+
+    if gpu or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return "bfloat16"
+    return "float32"
+
+
+def model_dtype(path: str | Path) -> str:
+    """The dtype an engine runs a model in: the tiny model's own (the one it was built in; vLLM's
+    "auto" would cast an fp32 model to bf16 on any x86 CPU), else vLLM's "auto" (the model's
+    config, bf16 or fp16 for an fp32 checkpoint)."""
+    try:
+        return str(json.loads((Path(path) / MARKER).read_text())["params"]["dtype"])
+    except (OSError, ValueError, KeyError):
+        return "auto"
 _SPECIAL_TOKENS = ["<s>", "</s>", "<unk>", "<pad>"]
 
 
@@ -81,14 +114,20 @@ def _check(layers: int, kv_heads: int, head_dim: int, hidden: int, vocab: int,
                          f"({256 + len(_SPECIAL_TOKENS)})")
 
 
-def build_tiny_model(path: Path, *, layers: int = 8, kv_heads: int = 8, head_dim: int = 32,
+def build_tiny_model(path: Path, *, layers: int = 8, kv_heads: int | None = None, head_dim: int = 32,
                      hidden: int = 256, vocab: int = 2048, seed: int = 0,
-                     dtype: str = "bfloat16", max_positions: int = 8192) -> Path:
+                     dtype: str | None = None, max_positions: int = 8192) -> Path:
     """Build (or reuse) a random-weight Llama with a local BPE tokenizer in `path`.
 
-    A second call with the same parameters returns at once: the directory's
+    ``dtype`` None: this machine's CPU's `native_dtype`; ``kv_heads`` None: as many as hold
+    KV_BYTES_PER_TOKEN. A second call with the same parameters returns at once: the directory's
     marker holds the parameters' hash. Different parameters rebuild in place.
     """
+    dtype = dtype or native_dtype(gpu=False)
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPE_BYTES)}")
+    if kv_heads is None:
+        kv_heads = max(1, KV_BYTES_PER_TOKEN // (layers * head_dim * 2 * _DTYPE_BYTES[dtype]))
     _check(layers, kv_heads, head_dim, hidden, vocab, dtype)
     path = Path(path)
     params = _params(layers, kv_heads, head_dim, hidden, vocab, seed, dtype, max_positions)
@@ -113,9 +152,10 @@ def build_tiny_model(path: Path, *, layers: int = 8, kv_heads: int = 8, head_dim
     return path
 
 
-def ensure_tiny_model(path: str | Path) -> None:
+def ensure_tiny_model(path: str | Path, dtype: str | None = None) -> None:
     """A real cluster's node has no copy of the driver's tiny model: build the same one here
-    (seeded weights), at the same path, once per node (a file lock beside it)."""
+    (seeded weights, the driver's ``dtype``: its `model_dtype`), at the same path, once per node
+    (a file lock beside it)."""
     import fcntl
 
     path = Path(path)
@@ -124,7 +164,7 @@ def ensure_tiny_model(path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{path.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        build_tiny_model(path)
+        build_tiny_model(path, dtype=None if dtype in (None, "auto") else dtype)
 
 
 def _write_tokenizer(out: Path, vocab: int) -> None:

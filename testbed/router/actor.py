@@ -146,10 +146,12 @@ class RouterActor:
 
     # ---- serve mode: the OpenAI-compatible ingress (ingress.py) until stop()
 
-    async def serve(self, model: str, host: str, port: int, build_model: bool = False) -> dict[str, int]:
+    async def serve(self, model: str, host: str, port: int, build_model: bool = False,
+                    dtype: str | None = None) -> dict[str, int]:
         """Serve outside clients through the ingress, the fault schedule running, until
         :meth:`stop`; then refuse new requests, let those in flight end (each within its
-        deadline and abort grace) and return outcome counts."""
+        deadline and abort grace) and return outcome counts. ``dtype``: the tiny model's where this
+        node builds it (tiny_model.model_dtype of the driver's copy)."""
         from transformers import AutoTokenizer
 
         from testbed.router.ingress import Ingress
@@ -159,7 +161,7 @@ class RouterActor:
             if build_model:  # the tokenizer too is the tiny model's: a node without the driver's disk builds it
                 from testbed.engines.tiny_model import ensure_tiny_model
 
-                await asyncio.to_thread(ensure_tiny_model, model)
+                await asyncio.to_thread(ensure_tiny_model, model, dtype)
             tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model)
             self.ingress = Ingress(self._submit, self._health, Path(model).name, tokenizer,
                                    self.spec.testbed.max_model_len, self.spec.deadline_s)

@@ -49,6 +49,7 @@ from testbed.faults.agent_actor import FaultAgents
 from testbed.faults.injector import PodTargets
 from testbed.faults.probe_paths import ProbePath, ProbePathError
 from testbed.engines.prompts import prompt_ids
+from testbed.engines.tiny_model import model_dtype
 from testbed.runs.jobs import RunJob, read_jobs
 from testbed.engines import kept
 from testbed.engines.pool import ENGINE_THREADS, Engines, EnginesNotStarted
@@ -200,7 +201,7 @@ def serve_one(spec: ExperimentSpec, policy: str, seed: int, out: Path, engines: 
     run_dir = run_dir_for(out, spec, policy, seed)
     router, before = start_router(spec, policy, seed, out, {"source": "ingress"}, engines, model_meta, targets)
     t = spec.testbed
-    done = router.serve.remote(model, t.ingress_host, t.ingress_port, build_model)
+    done = router.serve.remote(model, t.ingress_host, t.ingress_port, build_model, model_dtype(model))
     status = "interrupted"
     try:
         try:

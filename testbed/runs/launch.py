@@ -37,10 +37,10 @@ console = Console(stderr=True)
 
 def prepare_model(spec: ExperimentSpec) -> tuple[Path, dict[str, int]]:
     """The model directory (the tiny model is built once and cached) and what the router needs of it."""
-    from testbed.engines.tiny_model import build_tiny_model, kv_bytes_per_token
+    from testbed.engines.tiny_model import build_tiny_model, kv_bytes_per_token, native_dtype
 
-    if spec.testbed.model is None:
-        path = build_tiny_model(model_cache_dir())
+    if spec.testbed.model is None:  # in the dtype the engines' hardware computes natively
+        path = build_tiny_model(model_cache_dir(), dtype=native_dtype(gpu=spec.testbed.gpus_per_engine > 0))
     else:
         path = Path(spec.testbed.model).expanduser()
         if not (path / "config.json").is_file():
