@@ -54,7 +54,7 @@ def test_kv_bytes_per_token_follows_the_config(tiny_model, tmp_path):
 
 @needs_hf
 def test_the_default_model_is_in_the_machines_native_dtype_with_the_same_kv_in_either(tiny_model, tmp_path):
-    """bf16 where the CPU computes it, else fp32 with half the KV heads: the KV a prompt moves is
+    """bf16 on a GPU or a CPU with AVX-512, else fp32 with half the KV heads: the KV a prompt moves is
     the same 8 KiB a token on every machine, and the engines run the model in the dtype it was
     built in (vLLM's "auto" would cast fp32 to bf16)."""
     from testbed.engines.tiny_model import build_tiny_model, kv_bytes_per_token, model_dtype, native_dtype

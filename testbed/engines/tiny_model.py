@@ -8,13 +8,14 @@ ships with Python (stdlib docstrings). The default shape (8 layers, head_dim 32,
 a 4000-token prompt moves 32 MiB between engines while prefill stays around 2 s
 on a CPU.
 
-Its dtype is the one the hardware computes natively (`native_dtype`): bf16 on a
-GPU or a CPU with AVX512-BF16 or AMX, fp32 elsewhere. On a CPU without them
-torch emulates bf16: its matrix product ran 1.1-1.25 GFLOP/s per CPU second
-against fp32's 46-47 on a 2-core AVX2 EPYC, and vLLM's CPU engine prefilled 650
-tokens in 1.4 s in bf16 against 0.25 s in fp32 (docs/performance.md "A CPU
-without AVX-512"). The KV heads follow the dtype so that the KV a prompt moves,
-the network's side of every fault, is the same on every machine.
+Its dtype is one the hardware computes fast (`native_dtype`): bf16 on a GPU or
+where vLLM's CPU build loads its AVX-512 kernels (the machines of docs/twin.md's
+figures), fp32 where it loads its AVX2 ones. There torch emulates bf16: its
+matrix product ran 1.1-1.25 GFLOP/s per CPU second against fp32's 46-47 on a
+2-core AVX2 EPYC, and vLLM's CPU engine prefilled 650 tokens in 1.2-1.4 s in
+bf16 against 0.26-0.30 s in fp32 (docs/performance.md "A CPU without AVX-512"). The KV
+heads follow the dtype so that the KV a prompt moves, the network's side of
+every fault, is the same on every machine.
 
 Peaked logits. With the default initialisation (std 0.02 everywhere) the
 logits are a near-Gaussian random projection with a median top-1 margin of
@@ -44,20 +45,19 @@ LOGIT_SCALE = 50.0
 MARKER = "tiny_model.json"
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_SPECIAL_TOKENS = ["<s>", "</s>", "<unk>", "<pad>"]
 #: KV bytes per token of the default shape in any dtype (the module docstring; docs/verified.md
 #: "A tiny model built locally"): the KV sizes the link faults' jobs and docs are derived from.
 KV_BYTES_PER_TOKEN = 8192
 
 
 def native_dtype(gpu: bool) -> str:
-    """bf16 where the hardware computes it (a GPU, a CPU with AVX512-BF16 or AMX: what vLLM's CPU
-    platform checks for its bf16 kernels), else fp32 (the module docstring: the emulated bf16 of an
+    """bf16 on a GPU or a CPU with AVX-512 (where vLLM's CPU build loads its AVX-512 kernels: the
+    check vllm/platforms/cpu.py makes), else fp32 (the module docstring: the emulated bf16 of an
     AVX2 CPU is 40 times slower)."""
     import torch
 
-    if gpu or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
-        return "bfloat16"
-    return "float32"
+    return "bfloat16" if gpu or torch.cpu._is_avx512_supported() else "float32"
 
 
 def model_dtype(path: str | Path) -> str:
@@ -68,7 +68,6 @@ def model_dtype(path: str | Path) -> str:
         return str(json.loads((Path(path) / MARKER).read_text())["params"]["dtype"])
     except (OSError, ValueError, KeyError):
         return "auto"
-_SPECIAL_TOKENS = ["<s>", "</s>", "<unk>", "<pad>"]
 
 
 def _corpus() -> list[str]:
