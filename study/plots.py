@@ -393,7 +393,7 @@ def _separation_panel(ax, mats: dict, rs: Sequence[float], loads: Sequence[float
 # the order of its columns, with how each is labelled.
 MAP_AXES = (("load", "load (x the flagship's arrival rate)"), ("degraded_pods", "pods degraded (of 32)"),
             ("kv_bytes_per_token", "KV bytes a prompt token"), ("ttft_timeout_s", "first-token limit (s)"),
-            ("fault_s", "fault length (s)"))
+            ("fault_s", "fault length (s)"), ("in_flight", "in-flight evidence (0 off, 1 on)"))
 # (metric, label, scale, whether it is a share: drawn on [0, 1] so that noise never fills the panel)
 MAP_ROWS = ((M.FAILURE_RATE, "failure rate (%)", 100.0, False),
             (M.DEGRADED_AVAILABILITY, "degraded availability", 1.0, True),
@@ -451,6 +451,60 @@ def fig_map(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
     return [_save(fig, out / "study_h_map.png")]
 
 
+# --------------------------------------------------------------------------- i: conditions at one r
+
+# Conditions swept at one severity (experiments/study.yaml's label_misses and lengths), each with the
+# axis a sweep may cross it with (a line per value), and how each is labelled.
+CONDITION_AXES = (("label_miss", None, "labels never raised (probability)"),
+                  ("prompt_scale", "kv_bytes_per_token", "prompt length (x the spec's, same tokens/s)"))
+
+
+def fig_conditions(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
+    """(i) failure rate and degraded availability as a condition moves at one r (:data:`CONDITION_AXES`):
+    a column per condition and sweep, a line per policy (and value of the axis it is crossed with), 95%
+    CIs over seeds."""
+    cols = []
+    for a, by, label in CONDITION_AXES:
+        for _, g in _by_sweep(select_cells(cells, axes, [a], [by] if by else [])):
+            cols.append((a, by, f"{label} [{g['sweep'].iloc[0]}]", g))
+    if not cols:
+        raise FigureSkipped("needs cells that vary " + " or ".join(a for a, _, _ in CONDITION_AXES)
+                            + " (and nothing else)")
+    rows = MAP_ROWS[:2]
+    fig = Figure(figsize=(4.2 * len(cols) + 0.8, 6.2), layout="constrained")
+    axs = fig.subplots(len(rows), len(cols), squeeze=False)
+    for j, (axis, by, label, sel) in enumerate(cols):
+        values = sorted(sel[axis].dropna().unique())
+        lines = sorted(sel[by].dropna().unique()) if by else [None]
+        for i, (metric, ylabel, scale, share) in enumerate(rows):
+            ax = axs[i, j]
+            ax.grid(alpha=0.3)
+            if share:
+                ax.set_ylim(-0.03, 1.03)
+            ax.set_xticks(range(len(values)))
+            ax.set_xticklabels([f"{v:g}" for v in values])
+            ax.set_xlim(-0.3, len(values) - 0.7)
+            for policy in _policies(sel):
+                for k, v in enumerate(lines):
+                    g = sel.loc[sel["policy"] == policy]
+                    g = g if by is None else g.loc[g[by] == v]
+                    st = grouped_ci(g, [axis], metric).dropna(subset=["mean"])
+                    if st.empty:
+                        continue
+                    ax.errorbar([values.index(x) for x in st[axis]], st["mean"] * scale,
+                                yerr=st["ci"].fillna(0.0) * scale, marker="o", ms=3, capsize=2,
+                                ls=("-", "--", ":", "-.")[k % 4],
+                                label=policy if by is None else f"{policy}, {by} = {v:g}")
+            if i == len(rows) - 1:
+                ax.set_xlabel(label)
+            if j == 0:
+                ax.set_ylabel(ylabel)
+        axs[0, j].legend(fontsize="x-small")
+    # The severity is the sweep's `set`, which the cells table does not hold: the spec says it.
+    fig.suptitle("Conditions moved at one severity (the sweep's): mean, 95% CI over seeds", fontsize="medium")
+    return [_save(fig, out / "study_i_conditions.png")]
+
+
 # --------------------------------------------------------------------------- all
 
 
@@ -463,6 +517,7 @@ FIGURES: tuple[tuple[str, Callable[[pd.DataFrame, Sequence[str], Path], list[Pat
     ("f: label delay x noise heat map", fig_label_heatmap),
     ("g: sensitivity map r x load", fig_sensitivity),
     ("h: the headline figures, one condition at a time", fig_map),
+    ("i: conditions at one r", fig_conditions),
 )
 
 

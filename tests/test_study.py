@@ -146,6 +146,49 @@ def test_the_maps_axes_set_what_they_name_and_refuse_what_they_cannot():
         expand_study(_spec({"sweeps": [{"name": "m", "axes": {"fault_s": [10]}}]}, faults=[]))
 
 
+def test_the_grids_newer_axes_set_what_they_name_and_refuse_what_they_cannot():
+    cells = expand_study(_spec({"seeds": [0], "sweeps": [
+        {"name": "f", "set": {"telemetry": "none"}, "axes": {"in_flight": [False, True]}},
+        {"name": "m", "set": {"health.model": "alert"}, "axes": {"label_miss": [0.5]}},
+        {"name": "p", "axes": {"prompt_scale": [0.5, 2]}}]}))
+    by = {(c.sweep, *c.axes.values()): c.spec for c in cells if c.policy == "LC"}
+    assert [by["f", v].telemetry.in_flight for v in (False, True)] == [False, True]
+    assert by["m", 0.5].health.miss_prob == 0.5
+    # a prompt x times as long, its distribution's shape and bounds scaled, at the same prompt tokens a second
+    base = parse_spec(BASE).workload
+    for x in (0.5, 2):
+        w = by["p", x].workload
+        assert (w.prompt.median, w.prompt.min, w.prompt.max, w.prompt.sigma) == (
+            base.prompt.median * x, base.prompt.min * x, base.prompt.max * x, base.prompt.sigma)
+        assert w.arrival.rate_rps == base.arrival.rate_rps / x and w.output == base.output
+    for axes, needle in (({"in_flight": [1]}, "in_flight is true or false"),
+                         ({"label_miss": [1.5]}, "label_miss is a probability"),
+                         ({"prompt_scale": [0]}, "prompt_scale is a factor > 0")):
+        with pytest.raises(SpecError, match=needle):
+            expand_study(_spec({"sweeps": [{"name": "x", "axes": axes}]}))
+
+
+def test_a_prompt_scale_of_one_is_the_base_spec_and_a_longer_prompt_moves_more_kv_per_request(tmp_path):
+    """prompt_scale 1 shares the base point's run (the same records); at 2 a run draws prompts about twice
+    as long, about half as many of them, so the prompt tokens offered a second stay about the same."""
+    cells = expand_study(_spec({"seeds": [0], "policies": ["LC"], "sweeps": [
+        {"name": "base", "axes": {"severity": [0.01]}},
+        {"name": "p", "set": {"severity": 0.01}, "axes": {"prompt_scale": [1, 2]}}]}))
+    one = next(c for c in cells if c.axes.get("prompt_scale") == 1)
+    assert one.shared and one.run_dir == next(c for c in cells if c.sweep == "base").run_dir
+    req = {}
+    for c in (c for c in cells if not c.shared):
+        res = run_cell(c.spec.model_dump_json(), c.policy, c.seed)
+        d = tmp_path / c.point
+        for rel, data in res["files"].items():
+            (d / rel).parent.mkdir(parents=True, exist_ok=True)
+            (d / rel).write_bytes(data)
+        req[c.axes.get("prompt_scale", 1)] = read_table(d, "requests")
+    assert 1.7 < req[2]["prompt_tokens"].median() / req[1]["prompt_tokens"].median() < 2.3
+    assert 0.35 < len(req[2]) / len(req[1]) < 0.65
+    assert 0.75 < req[2]["prompt_tokens"].sum() / req[1]["prompt_tokens"].sum() < 1.25
+
+
 def test_the_shipped_headline_map_expands_with_the_flagship_run_once_per_r_policy_and_seed():
     spec = load_spec(REPO / "experiments" / "headline_map.yaml")
     cells = expand_study(spec)
@@ -160,10 +203,15 @@ def test_the_shipped_study_expands_and_every_point_is_valid():
     spec = load_spec(REPO / "experiments" / "study.yaml")
     cells = expand_study(spec)
     by_sweep = pd.Series([c.sweep for c in cells]).value_counts().to_dict()
-    assert by_sweep == {"severity": 4 * 3 * 5 * 5, "labels": 4 * 3 * 2 * 5, "sensitivity": 4 * 3 * 3 * 2 * 5}
-    # Shared runs: the three price-blind policies at two more telemetry modes, and sensitivity's points at
-    # the base load and time-to-first-token limit (severity's telemetry direct points, LC and OTF-R).
-    assert len({c.run for c in cells}) == len(cells) - 3 * 2 * 4 * 5 - 2 * 4 * 5
+    assert by_sweep == {"severity": 4 * 3 * 5 * 5, "labels": 4 * 3 * 2 * 5, "sensitivity": 4 * 3 * 3 * 2 * 5,
+                        "in_flight": 4 * 2 * 2 * 5, "label_misses": 4 * 2 * 5, "lengths": 3 * 3 * 2 * 3}
+    # Shared runs: the three price-blind policies at two more telemetry modes, sensitivity's points at
+    # the base load and time-to-first-token limit (severity's telemetry direct points, LC and OTF-R), and
+    # each newer sweep's base point: in_flight off (severity's telemetry none), no label missed (labels'
+    # 5 s delay without noise), 128 KiB a token at the profile's prompts (severity's r = 0.01, direct).
+    shared = 3 * 2 * 4 * 5 + 2 * 4 * 5 + 4 * 2 * 5 + 2 * 5 + 2 * 3
+    assert len({c.run for c in cells}) == len(cells) - shared
+    assert {c.sweep for c in cells if c.shared} == set(by_sweep) - {"labels"}
 
 
 def _tables(run_dir: Path) -> dict[str, pd.DataFrame]:

@@ -27,7 +27,7 @@ from study.table import (
     series_frame,
     study_summary,
 )
-from study.plots import write_study_plots
+from study.plots import FigureSkipped, fig_conditions, fig_map, write_study_plots
 from study.report import study_report
 from core.spec.model import parse_spec
 from study.grid import expand_study
@@ -156,7 +156,16 @@ SENSITIVITY = {"name": "sensitivity", "policies": ["LC", "OTF-R"], "seeds": [0],
                "axes": {"severity": [0.2, 0.005], "load": [0.5, 1.0], "ttft_timeout_s": [5, 30]}}
 # the headline map's kind of sweep (experiments/headline_map.yaml): r x one condition
 FAULT_LENGTH = {"name": "fault_length", "policies": ["LC", "OTF-R"], "axes": {"severity": [0.005], "fault_s": [8, 25]}}
-AXES = ["severity", "telemetry", "label_delay_s", "label_noise", "load", "ttft_timeout_s", "fault_s"]
+# the newer sweeps of experiments/study.yaml: in-flight evidence without telemetry (the map), label misses and
+# the prompt's length crossed with the KV a token at one r (figure i)
+IN_FLIGHT = {"name": "in_flight", "set": {"telemetry": "none"}, "policies": ["OTF-R"], "seeds": [0],
+             "axes": {"severity": [0.005], "in_flight": [False, True]}}
+LABEL_MISSES = {"name": "label_misses", "set": {"health.model": "alert", "severity": 0.005},
+                "policies": ["FaultAwareLC"], "seeds": [0], "axes": {"label_miss": [0, 1.0]}}
+LENGTHS = {"name": "lengths", "set": {"severity": 0.005}, "policies": ["LC"], "seeds": [0],
+           "axes": {"kv_bytes_per_token": [65536], "prompt_scale": [0.5, 1]}}
+AXES = ["severity", "telemetry", "label_delay_s", "label_noise", "load", "ttft_timeout_s", "fault_s", "in_flight",
+        "label_miss", "kv_bytes_per_token", "prompt_scale"]
 
 
 def write_study(root: Path, cells, unrun=(), unfinished=(), cache=True) -> Path:
@@ -181,7 +190,8 @@ def write_study(root: Path, cells, unrun=(), unfinished=(), cache=True) -> Path:
 
 @pytest.fixture(scope="module")
 def grid():
-    spec = parse_spec({**BASE, "study": {"seeds": [0, 1], "sweeps": [SEVERITY, LABELS, SENSITIVITY, FAULT_LENGTH]}})
+    spec = parse_spec({**BASE, "study": {"seeds": [0, 1], "sweeps": [SEVERITY, LABELS, SENSITIVITY, FAULT_LENGTH, IN_FLIGHT,
+                                                                LABEL_MISSES, LENGTHS]}})
     return expand_study(spec)
 
 
@@ -287,6 +297,27 @@ def test_select_cells_keeps_figures_from_mixing_sweeps(cells):
     assert set(sens["sweep"]) == {"sensitivity"}
     assert set(select_cells(cells, AXES, ["label_delay_s", "label_noise"])["sweep"]) == {"labels"}
     assert set(select_cells(cells, AXES, ["severity", "fault_s"])["sweep"]) == {"fault_length"}
+    assert set(select_cells(cells, AXES, ["severity", "in_flight"])["sweep"]) == {"in_flight"}
+    assert set(select_cells(cells, AXES, ["prompt_scale"], ["kv_bytes_per_token"])["sweep"]) == {"lengths"}
+
+
+def test_the_figures_of_the_newer_sweeps_draw_their_conditions(study, grid, tmp_path):
+    """Figure i draws a column per condition swept at one r (label misses, the prompt's length), figure h
+    the in-flight evidence beside the map's conditions; neither draws the other's cells."""
+    import matplotlib.image
+
+    newer = load_study(subset(study, tmp_path / "newer", grid, lambda c: c.sweep in ("label_misses", "lengths")))
+    assert set(newer["sweep"]) == {"label_misses", "lengths"}
+    (tmp_path / "out").mkdir()
+    (i,) = fig_conditions(newer, AXES, tmp_path / "out")
+    h, w, _ = matplotlib.image.imread(i).shape
+    assert w > h  # two columns side by side (one is taller than wide)
+    with pytest.raises(FigureSkipped, match="severity"):
+        fig_map(newer, AXES, tmp_path / "out")
+    flight = load_study(subset(study, tmp_path / "flight", grid, lambda c: c.sweep == "in_flight"))
+    assert fig_map(flight, AXES, tmp_path / "out")[0].name == "study_h_map.png"
+    with pytest.raises(FigureSkipped, match="label_miss or prompt_scale"):
+        fig_conditions(flight, AXES, tmp_path / "out")
 
 
 def test_a_shorter_fault_fails_no_more_requests_than_a_longer_one(cells):
@@ -305,7 +336,7 @@ def test_study_report_writes_tables_every_figure_and_counts_unfinished_cells(stu
     assert {"study_cells.csv", "study_summary.csv", "study_a_failure_vs_r.png", "study_b_reduction.png",
             "study_c_availability_vs_r.png", "study_d_deflection_vs_r.png", "study_f_label_heatmap.png",
             "study_g_sensitivity.png", "study_h_map.png", "study_e_fault_series_telemetry-direct.png",
-            "study_e_fault_series_telemetry-none.png"} <= names
+            "study_e_fault_series_telemetry-none.png", "study_i_conditions.png"} <= names
     for png in (tmp_path / "rep").glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(pd.read_csv(tmp_path / "rep" / "study_cells.csv")) == len(cells)
@@ -323,7 +354,7 @@ def test_each_figure_is_skipped_with_a_note_when_its_cells_are_missing(study, gr
     labels_only = load_study(subset(study, tmp_path / "labels", grid, lambda c: c.sweep == "labels"))
     paths, notes = write_study_plots(labels_only, AXES, tmp_path / "out1")
     assert [p.name for p in paths] == ["study_f_label_heatmap.png"]
-    assert len(notes) == 7 and all("skipped" in n and "\n" not in n for n in notes)
+    assert len(notes) == 8 and all("skipped" in n and "\n" not in n for n in notes)
     assert any(n.startswith("b:") and "FaultAwareLC" in n for n in notes)
 
     lc_oracle = load_study(subset(study, tmp_path / "lc", grid,
@@ -331,7 +362,7 @@ def test_each_figure_is_skipped_with_a_note_when_its_cells_are_missing(study, gr
     paths, notes = write_study_plots(lc_oracle, AXES, tmp_path / "out2")
     assert {p.name for p in paths} == {"study_a_failure_vs_r.png", "study_c_availability_vs_r.png",
                                        "study_d_deflection_vs_r.png"}
-    assert {n[0] for n in notes} == {"b", "e", "f", "g", "h"}
+    assert {n[0] for n in notes} == {"b", "e", "f", "g", "h", "i"}
 
     nothing = load_study(subset(study, tmp_path / "none", grid, lambda c: False))
     assert nothing.empty and study_summary(nothing, AXES).empty

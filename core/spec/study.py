@@ -244,6 +244,60 @@ def _fault_s(spec: dict[str, Any], s: Any) -> None:
         f["duration_s"] = s
 
 
+def _in_flight(spec: dict[str, Any], on: Any) -> None:
+    """The router's own requests in flight as evidence for the price (telemetry.in_flight,
+    core/in_flight.py): what a router without bandwidth telemetry can still see."""
+    if not isinstance(on, bool):
+        raise ValueError(f"axis in_flight is true or false, got {on!r}")
+    _set_path(spec, "telemetry.in_flight", on)
+
+
+def _label_miss(spec: dict[str, Any], p: Any) -> None:
+    """Labels that never come: the chance a degradation's alert is never raised (model alert) or an
+    ejection is not enforced (model checks): health.miss_prob."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"axis label_miss is a probability in [0, 1], got {p!r}")
+    _set_path(spec, "health.miss_prob", p)
+
+
+# The fields of each kind of length distribution (workloads/spec.py) that are lengths in tokens.
+_LENGTH_FIELDS = {"fixed": ("value",), "uniform": ("low", "high"), "lognormal": ("median",),
+                  "choice": ("values",)}
+
+
+def _prompt_scale(spec: dict[str, Any], x: Any) -> None:
+    """Every prompt x times as long (the length distribution's tokens and bounds, its shape kept), at
+    the same prompt tokens per second: the arrival rate divided by x. So prefill's offered load
+    stays what the base spec sizes it to, and what moves is a request's KV (a pull's bytes, as the
+    KV a token moves them) and how many requests carry it; without the division a longer prompt
+    would also overload prefill. Output lengths stay."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x <= 0:
+        raise ValueError(f"axis prompt_scale is a factor > 0, got {x!r}")
+    w = spec.get("workload", {})
+    arrival = w.get("arrival", {})
+    if "rate_rps" not in arrival:
+        raise ValueError(f"axis prompt_scale needs synthetic arrivals with rate_rps (arrival kind "
+                         f"{arrival.get('kind')!r}: a trace's lengths come from its file)")
+    prompt = w.get("prompt")
+    if prompt is None and w.get("profile") is not None:
+        from workloads.spec import preset
+
+        prompt = preset(w["profile"]).prompt.model_dump(mode="json")
+    if not isinstance(prompt, dict) or prompt.get("kind") not in _LENGTH_FIELDS:
+        raise ValueError("axis prompt_scale needs workload.prompt or a workload profile")
+    prompt = dict(prompt)
+
+    def scaled(n: Any) -> Any:
+        return max(1, round(n * x)) if isinstance(n, int) else n * x  # a lognormal's median is a float
+
+    for f in (*_LENGTH_FIELDS[prompt["kind"]], "min", "max"):
+        v = prompt.get(f)
+        if v is not None:
+            prompt[f] = [scaled(n) for n in v] if isinstance(v, list) else scaled(v)
+    w["prompt"] = prompt
+    arrival["rate_rps"] = arrival["rate_rps"] / x
+
+
 def _path(path: str) -> Callable[[dict[str, Any], Any], None]:
     return lambda spec, v: _set_path(spec, path, v)
 
@@ -261,6 +315,9 @@ NAMED_AXES: dict[str, Callable[[dict[str, Any], Any], None]] = {
     "degraded_pods": _degraded_pods,
     "fault_s": _fault_s,
     "kv_bytes_per_token": _path("topology.kv_bytes_per_token"),
+    "in_flight": _in_flight,
+    "label_miss": _label_miss,
+    "prompt_scale": _prompt_scale,
 }
 
 
