@@ -1,6 +1,6 @@
 """The simulator's hot modules, compiled with Cython at install, and their pure-Python fallback.
 
-Why: the study's grid (``testbed study experiments/study.yaml``: 620 runs of about 60,000
+Why: the study's grid (``testbed study experiments/study.yaml``: 738 runs of 30,000 to 118,000
 requests) must finish within 15 minutes on 2 cores. These modules are the per-event and
 per-request work of a simulated run; compiled unchanged (``setup.py``: no Cython syntax, no
 type declarations, so Python semantics and float arithmetic are kept), a run takes about a fifth

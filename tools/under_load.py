@@ -25,11 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 # The tests that read time, rates or CPU shares: link shaping, the compute quota, host statistics,
 # lost wake-ups, stages and limits, engine death, retries, the ingress, the clean child, nodes, the
 # study, the command line, the kept engines, the fault agents' time to live, the troubleshooting
-# page's stopped run.
+# page's stopped run, the fault agent's probe sampler.
 MODULES = ("test_faults_shaping.py", "test_faults_compute.py", "test_hoststats.py", "test_shm_wakeups.py",
            "test_stages.py", "test_engine_death.py", "test_retry.py", "test_ingress.py", "test_clean_process.py",
            "test_runtime_nodes.py", "test_study.py", "test_cli.py", "test_kept_engines.py", "test_runtime_faults.py",
-           "test_troubleshooting.py")
+           "test_troubleshooting.py", "test_drain_rate.py")
 
 
 def hog() -> subprocess.Popen:
