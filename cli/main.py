@@ -181,7 +181,7 @@ def _study_command(sub: Any) -> None:
     st.add_argument("--world", choices=[*WORLDS, "both"], default=SIM,
                     help="sim: the grid in the simulator; testbed: on the real testbed, one set of engines; both: "
                          "the testbed, then the simulator calibrated on it, then the claims' verdicts "
-                         "(docs/study.md \"Carrying a claim to the testbed\"; default sim)")
+                         "(docs/carryover.md \"Carrying a claim to the testbed\"; default sim)")
     st.add_argument("--out", default="runs", help="parent folder of the study directory (default: runs)")
     st.add_argument("--address", help="sim: a Ray cluster to run the cells on; testbed/both: the Ray cluster whose "
                                       "pods run the engines (default: a local Ray; an emulated cluster)")
@@ -197,7 +197,7 @@ def _study_command(sub: Any) -> None:
     st.add_argument("--sweeps", help="comma-separated subset of the study's sweeps (default: all)")
     st.add_argument("--plan", action="store_true",
                     help="run nothing: print the seeds each claim needs for 80%% power, and the runs and wall time "
-                         "of the spec's design and of the one the claims need (docs/study.md \"Sizing a study\"); "
+                         "of the spec's design and of the one the claims need (docs/carryover.md \"Sizing a study\"); "
                          "with --address, refused in one line where that cluster lacks the pods or GPUs its runs need")
     st.add_argument("--max-hours", type=float, default=24.0,
                     help="refuse a study whose runs are estimated to take longer here (default 24; core/spec/sizes.py)")

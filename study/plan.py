@@ -1,6 +1,6 @@
 """A carry-over study sized before it runs: per claim, the seeds its equivalence test needs for 80%
 power, and what the study's design then costs in runs and wall time on the testbed
-(`testbed study SPEC --plan`; docs/study.md "Sizing a study before it runs").
+(`testbed study SPEC --plan`; docs/carryover.md "Sizing a study before it runs").
 
 Per claim, fixed before any run and computed from the spec alone:
 

@@ -1,7 +1,7 @@
 """`testbed study SPEC --world testbed|both`: a study's grid on the real testbed, resumably, and the
 simulator's on the same cells with the testbed's calibration; then the verdict per claim.
 
-The study directory of both worlds (docs/study.md "Carrying a claim to the testbed")::
+The study directory of both worlds (docs/carryover.md "Carrying a claim to the testbed")::
 
     STUDY/calibration.json     the testbed's engines and links, measured once and fitted under the run's
                                conditions on the calibration load (or the file given)
