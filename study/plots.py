@@ -400,6 +400,18 @@ MAP_ROWS = ((M.FAILURE_RATE, "failure rate (%)", 100.0, False),
             (fail_share(KV_TRANSFER), "failures in kv_transfer (share)", 1.0, True))
 
 
+def _value_panel(ax, values: Sequence, share: bool):
+    """A panel whose x axis is a condition's values, evenly spaced; a share is drawn on [0, 1] so that noise
+    never fills the panel."""
+    ax.grid(alpha=0.3)
+    if share:
+        ax.set_ylim(-0.03, 1.03)
+    ax.set_xticks(range(len(values)))
+    ax.set_xticklabels([f"{v:g}" for v in values])
+    ax.set_xlim(-0.3, len(values) - 0.7)  # every value's place, whether or not it has data
+    return ax
+
+
 def fig_map(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
     """(h) the headline figures as one condition moves: a column per condition the cells vary with r and
     nothing else (:data:`MAP_AXES`), rows failure rate, degraded availability and the share of failures
@@ -421,13 +433,7 @@ def fig_map(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[Path]:
         values = sorted(sel[axis].dropna().unique())
         rs = sorted(sel["severity"].unique())
         for i, (metric, ylabel, scale, share) in enumerate(MAP_ROWS):
-            ax = axs[i, j]
-            ax.grid(alpha=0.3)
-            if share:
-                ax.set_ylim(-0.03, 1.03)
-            ax.set_xticks(range(len(values)))
-            ax.set_xticklabels([f"{v:g}" for v in values])
-            ax.set_xlim(-0.3, len(values) - 0.7)  # every value's place, whether or not it has data
+            ax = _value_panel(axs[i, j], values, share)
             if metric not in sel.columns:
                 _no_data(ax, "no data")
                 continue
@@ -477,13 +483,7 @@ def fig_conditions(cells: pd.DataFrame, axes: Sequence[str], out: Path) -> list[
         values = sorted(sel[axis].dropna().unique())
         lines = sorted(sel[by].dropna().unique()) if by else [None]
         for i, (metric, ylabel, scale, share) in enumerate(rows):
-            ax = axs[i, j]
-            ax.grid(alpha=0.3)
-            if share:
-                ax.set_ylim(-0.03, 1.03)
-            ax.set_xticks(range(len(values)))
-            ax.set_xticklabels([f"{v:g}" for v in values])
-            ax.set_xlim(-0.3, len(values) - 0.7)
+            ax = _value_panel(axs[i, j], values, share)
             for policy in _policies(sel):
                 for k, v in enumerate(lines):
                     g = sel.loc[sel["policy"] == policy]
