@@ -18,13 +18,12 @@ def in_cluster(address: str, argv: list[str]) -> int | None:
     """Connect to the Ray cluster at ``address``. An emulated cluster's head is reachable only from
     its own namespace: there this command runs again (its exit status returned); else None, and Ray
     is connected here."""
-    import ray
-
+    from core.util.ray_start import ray_init
     from testbed.runs.launch import emulated_cluster_at
 
     if not os.environ.get(IN_HEAD_ENV) and (c := emulated_cluster_at(address)) is not None:
         return c.run_in_head([sys.executable, "-m", "cli", *argv], env={IN_HEAD_ENV: "1"}).returncode
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    ray_init(address=address, logging_level="ERROR", log_to_driver=False)
     return None
 
 

@@ -99,8 +99,10 @@ def _on_cluster(args: argparse.Namespace, params: Any, console: Any) -> int:
     if not top[-1].failed:
         import ray
 
+        from core.util.ray_start import ray_init
+
         try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            ray_init(address=address, logging_level="ERROR", log_to_driver=False)
         except Exception as exc:
             top.append(fail("ray.init", f"{address}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}",
                             f"ray status on the head; the same Ray here ({ray.__version__}) as there; with token "

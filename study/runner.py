@@ -196,12 +196,12 @@ def _start_ray(address: str | None, workers: int | None, partial: Path) -> str |
     """Ray for the cells: the cluster at ``address``, or a local one of ``workers`` CPUs; returns the
     cells' scratch folder (None on a cluster: the nodes' own temp dirs, the study directory may not
     exist there)."""
-    import ray
+    from core.util.ray_start import ray_init
 
     if address:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        ray_init(address=address, logging_level="ERROR", log_to_driver=False)
         return None
-    ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+    ray_init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
              logging_level="ERROR", log_to_driver=False)
     return str(partial / "scratch")  # removed by run_study however the tasks end
 

@@ -42,6 +42,7 @@ from core.util.files import write_json_atomic
 from core.spec.model import ExperimentSpec
 from core.calibration.fit import Calibration, load_calibration, save_calibration
 from core.util.logs import child_env, configure_from_env
+from core.util.ray_start import ray_init
 from testbed.router.actor import FaultTargets, RouterActor
 from testbed.calibration.calibrate import calibrate
 from testbed.engines.pairs import warm_pairs
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     model_meta = json.loads(args.model_meta)
     if any(job.spec.faults for job in jobs) and args.mode == MODE_LOCAL:
         raise SystemExit("testbed driver: faults need the netns mode (root): local mode has no links to shape")
-    ray.init(log_to_driver=False, runtime_env={"env_vars": child_env()})  # the actors log at our level
+    ray_init(log_to_driver=False, runtime_env={"env_vars": child_env()})  # the actors log at our level
     if (why := _cluster_refusal(spec0, args.keep_engines)) is not None:  # before anything started: one line
         print(f"testbed: error: {why}", file=sys.stderr)  # not rich: it would wrap the line
         ray.shutdown()
