@@ -98,6 +98,35 @@ def test_a_flow_read_late_now_and_then_is_read_at_its_rate():
 
 
 @background
+def test_reads_a_few_times_late_at_the_windows_ends_leave_a_busy_link_within_one_packet():
+    """r = 0.01 of 10 Gbit/s as the probe reads it: 100 Mbit/s in 22 KB packets (its GSO size there)
+    over 0.4 s, read every 5 ms but now and then 18 ms late (the sampler waiting for the interpreter,
+    under LATE_READ's four gaps, so never left out). Step to step alone, a late read at one end and
+    not the other moves the reading by up to the difference of the two gaps over the window; read
+    from read to read (readings._stepped takes it where its bound is the tighter), the reading is off
+    by at most one packet in flight at each end: GSO_MAX_BYTES over the bytes, the bound it states."""
+    from testbed.faults.readings import step_rate
+    from testbed.faults.shaping import GSO_MAX_BYTES
+
+    rate, window = 100e6, 0.4
+    steps = released([22_080] * 450, rate, t0=0.0)
+    rng = np.random.default_rng(11)
+    worst_step_only = 0.0
+    for _ in range(200):
+        reads = (0.1 + np.cumsum(rng.choice([0.005, 0.005, 0.005, 0.018], size=100))).tolist()
+        samples = sampled(steps, reads)
+        t0, t1 = reads[0], reads[0] + window
+        got = step_rate(samples, t0, t1)
+        inside = [i for i, (t, _) in enumerate(samples) if t0 <= t < t1]
+        bound = GSO_MAX_BYTES / (samples[inside[-1]][1] - samples[inside[0]][1])
+        assert abs(got / rate - 1) <= bound, (got / rate, bound)
+        moved = [i for i in inside[1:] if samples[i][1] != samples[i - 1][1]]
+        step_only = drain_rate([samples[i] for i in moved], samples[moved[0] - 1][1])
+        worst_step_only = max(worst_step_only, abs(step_only / rate - 1))
+    assert worst_step_only > 2 * GSO_MAX_BYTES * 8 / (rate * window)  # what step to step alone read here
+
+
+@background
 def test_a_rate_that_rises_inside_the_window_is_read_as_its_average():
     """Reads on time: nothing is left out, so a window across a shaping's removal (80 Mbit/s, then
     line rate) reads what passed in it, far above the limit it had."""

@@ -61,7 +61,7 @@ _UNLIMITED_BPS = 100e9  # the line-rate class: above anything a NIC here carries
 # The most one clear waits for a healed queue to empty before removing it (see _drain):
 # twice a 64 KB packet's time at 250 kbit/s, r = 0.001 of the shipped baseline.
 DRAIN_S = 5.0
-_GSO_MAX_BYTES = 65536  # the largest packet a qdisc sees here (GSO/TSO segments, veth)
+GSO_MAX_BYTES = 65536  # the largest packet a qdisc sees here (GSO/TSO segments, veth)
 _ETH_P_ALL, _ETH_P_IP, _ETH_P_IPV6 = 0x0003, 0x0800, 0x86DD
 
 Direction = Literal["egress", "ingress"]
@@ -200,7 +200,7 @@ def _drain(ipr: IPRoute, idx: int) -> int:
         return _backlog(ipr, idx)
     line = int(_UNLIMITED_BPS / 8)
     ipr.tc("change-class", "htb", idx, SHAPED, parent=ROOT, rate=line, ceil=line, quantum=200000)
-    deadline = time.monotonic() + min(DRAIN_S, 2 * (_GSO_MAX_BYTES + max(3200, old * 0.004)) / old)
+    deadline = time.monotonic() + min(DRAIN_S, 2 * (GSO_MAX_BYTES + max(3200, old * 0.004)) / old)
     while (left := _backlog(ipr, idx)) and time.monotonic() < deadline:
         time.sleep(0.005)
     return left
