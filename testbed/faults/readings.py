@@ -53,7 +53,7 @@ def _stepped(samples: Sequence[tuple[float, int]], idx: list[int], typical: floa
       read after it, so each end of its time is uncertain by the gap before the read that saw it;
       relative bound, the two gaps over its time. Tight where steps are far apart next to the reads
       (a few Mbit/s).
-    * read to read, the bytes between the first read and the last over their time: each count is
+    * read to read, the bytes between the reads of the first step and the last over their time: each count is
       timed by its own read, and a busy shaper moves its rate times that time but for the packet in
       flight at each end, so at most one packet (:data:`GSO_MAX_BYTES`) off; relative bound, that
       packet over the bytes. Tight where many packets pass in the window (100 Mbit/s and up over 0.4 s).
@@ -76,12 +76,14 @@ def _stepped(samples: Sequence[tuple[float, int]], idx: list[int], typical: floa
     a, b = steps[0], steps[-1]
     stepped = samples[steps[-2]][1] - samples[a - 1][1], samples[b][0] - samples[a][0]
     gaps = (samples[a][0] - samples[a - 1][0]) + (samples[b][0] - samples[b - 1][0])
-    # read to read from a read on time: a late one is timed at the middle of a call that waited for
-    # the interpreter, when its count may have been taken at the call's start
-    first = idx[1] if idx[0] > 0 and late(idx[0]) and len(idx) > 2 else idx[0]
-    moved = samples[idx[-1]][1] - samples[first][1]
-    if moved > 0 and GSO_MAX_BYTES / moved < gaps / stepped[1]:
-        return moved, samples[idx[-1]][0] - samples[first][0]
+    # read to read between the reads of the first step and the last, so that a counter standing
+    # still at either end (a load not yet arrived, or ended) adds no time; from the second step when
+    # the first one's read came late: it is timed at the middle of a call that waited for the
+    # interpreter, when its count may have been taken at the call's start
+    first = steps[1] if late(a) and len(steps) > 2 else a
+    moved = samples[b][1] - samples[first][1]
+    if GSO_MAX_BYTES / moved < gaps / stepped[1]:
+        return moved, samples[b][0] - samples[first][0]
     return stepped
 
 
