@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from vocab import OK, FaultKind, Outcome, PullEnding, Role, Stage  # noqa: F401 (the fields' types)
 
 from core.util.files import write_json_atomic
+from core.util.source import source_commit
 
 NAN = math.nan
 
@@ -326,6 +327,7 @@ class RunWriter:
         self.meta = {
             **self.meta,
             "versions": _versions(),
+            "source": source_commit(),  # the project's commit: a figure read from the run names its code
             "started_at": datetime.now(timezone.utc).isoformat(),
             "status": "running",
         }
