@@ -48,12 +48,12 @@ from study.grid import CELL_FILE, STUDY_FILE
 
 METRICS_FILE = "metrics.json"
 # Bump when the content of metrics.json changes: an older cache is then recomputed, not misread.
-METRICS_SCHEMA = 2
+METRICS_SCHEMA = 3  # 3: the run's commit (analysis.run.scalars.commit_label)
 LC = "LC"
 # Columns of the cells table that identify a cell rather than measure it.
 ID_COLUMNS = ("cell", "point", "sweep", "policy", "seed")
 # Identity columns that run_metrics adds (strings) and that are not metrics either.
-RUN_COLUMNS = ("world", "scenario", "status", "run_dir")
+RUN_COLUMNS = ("world", "scenario", "status", "commit", "run_dir")
 SERIES_COLUMNS = ("bin_start_s", "n", "success_ratio", "degraded_price", "other_price")
 
 

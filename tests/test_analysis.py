@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 import statistics
 from pathlib import Path
@@ -486,6 +487,41 @@ def test_report_writes_csvs_and_plots(tmp_path):
     assert "OracleAvoidance" in text and "failure rate" in text and "0.125 ±" in text
     custom = report([root / "LC-0"], tmp_path / "elsewhere", Console(file=io.StringIO()))
     assert len(custom) == 1 and (tmp_path / "elsewhere" / "summary.csv").exists()
+
+
+def _set_source(run_dir: Path, source: dict | None) -> None:
+    meta_path = run_dir / "run.json"
+    meta = json.loads(meta_path.read_text())
+    meta["source"] = source
+    meta_path.write_text(json.dumps(meta))
+
+
+def test_runs_name_their_commit_and_a_report_of_mixed_commits_says_so(tmp_path):
+    """run.json's source becomes each run's commit label; a set of runs not all from one clean
+    commit is said in one line, with the runs each commit wrote per world; one clean commit is not."""
+    root = tmp_path / "runs"
+    _runs_with_failures(root, "LC", [1, 2, 3])
+    _runs_with_failures(root, "LC", [1, 2], world="testbed")
+    clean = {"commit": "a" * 40, "dirty": False}
+    for d in sorted(root.glob("*/*/*")):
+        _set_source(d, clean)
+    assert run_metrics(root / "sim/link/LC-s0")["commit"] == "a" * 10
+    buf = io.StringIO()
+    summary = report([root], tmp_path / "out", Console(file=buf, width=400))
+    assert set(summary["commits"]) == {"a" * 10}
+    assert "clean commit" not in buf.getvalue()
+
+    _set_source(root / "sim/link/LC-s1", {"commit": "b" * 40, "dirty": True})
+    _set_source(root / "testbed/link/LC-s0", None)  # written outside a checkout of the project
+    assert run_metrics(root / "sim/link/LC-s1")["commit"] == "b" * 10 + "+dirty"
+    assert run_metrics(root / "testbed/link/LC-s0")["commit"] == "unknown"
+    buf = io.StringIO()
+    summary = report([root], tmp_path / "out", Console(file=buf, width=400)).set_index("world")
+    assert summary.loc["sim", "commits"] == f"{'a' * 10},{'b' * 10}+dirty"
+    assert summary.loc["testbed", "commits"] == f"{'a' * 10},unknown"
+    note = [line for line in buf.getvalue().splitlines() if "clean commit" in line]
+    assert len(note) == 1
+    assert f"{'a' * 10}: 2 sim, 1 testbed; {'b' * 10}+dirty: 1 sim; unknown: 1 testbed" in note[0]
 
 
 def test_expired_kv_leases_are_summed_over_the_runs_engines():

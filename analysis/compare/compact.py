@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis.run.names import Metric as M, latency
+from analysis.run.scalars import code_note
 from analysis.compare.paired import OUTCOME_AGREEMENT
 from analysis.rule.verdict import RULE_VERSION, wrong_to_expect
 
@@ -218,6 +219,8 @@ def print_compact(fid: Fidelity, console: Console, full_command: Sequence[str] |
     unfinished = fid.runs.loc[fid.runs["status"] != "finished"]
     if len(unfinished):
         say(f"[yellow]note:[/] {len(unfinished)} run(s) did not finish; their rows up to the stop are included")
+    if (code := code_note(fid.runs)) is not None:
+        say(f"[yellow]note:[/] {escape(code)}")
     cals = (f"; widened by the simulator's spread over {fid.calibrations} calibrations" if fid.calibrations > 1
             else "")
     say(f"priors: {escape(fid.prior_source)}{cals}")

@@ -26,6 +26,7 @@ from analysis.compare.plots import plot_latency_overlay, plot_price_overlay, plo
 from analysis.checks.host_demand import print_host_demand, write_host_demand
 from analysis.checks.host_window import print_host_window, write_host_window
 from analysis.run.names import LATENCIES, Metric as M, latency
+from analysis.run.scalars import code_note
 from analysis.compare.paired import ALL, OUTCOME_AGREEMENT, SPAN_NAMES, PairedReport
 from analysis.compare.paired_stats import SUMMARY_STATS
 from analysis.rule.verdict import NO_PRIOR, RULE_VERSION
@@ -357,6 +358,8 @@ def print_fidelity(fid: Fidelity, console: Console) -> None:
         listed = escape(", ".join(f"{r.run_dir} ({r.status})" for r in unfinished.itertuples()))
         console.print(f"[yellow]note:[/] {len(unfinished)} run(s) did not finish; their rows up to the stop are "
                       f"included: {listed}")
+    if (code := code_note(fid.runs)) is not None:
+        console.print(f"[yellow]note:[/] {escape(code)}")
     n = fid.counts()
     # a failed failure rate says how much of its gap the testbed's host noise could account for
     explained = dict(zip(fid.noise["policy"], fid.noise["noise_explained_fraction"]))

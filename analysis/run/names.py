@@ -61,7 +61,7 @@ class Metric(StrEnum):
 
 
 # Columns of a run's row that identify or describe it rather than measure it.
-RUN_IDENTITY = ("world", "scenario", "policy", "seed", "status", "run_dir")
+RUN_IDENTITY = ("world", "scenario", "policy", "seed", "status", "commit", "run_dir")
 LATENCIES = ("ttft", "tpot", "e2e")  # analysis.run.metrics.serving_latencies
 UNKNOWN_STAGE = "unknown"  # a failure's composition share with no or an unknown stage
 

@@ -15,7 +15,7 @@ from analysis.run.names import Metric as M, check_metric, latency, gap
 from analysis.run.metrics import decision_latency
 from analysis.run.compute_effect import run_compute_effect
 from analysis.run.data import RunData, load_run
-from analysis.run.scalars import run_metrics
+from analysis.run.scalars import code_note, run_metrics
 from analysis.run.plots import RunCurves, run_curves, write_plots
 from analysis.run.summary import discover_runs, runs_frame, summarize
 
@@ -129,6 +129,8 @@ def report(
         listed = escape(", ".join(f"{r.run_dir} ({r.status})" for r in unfinished.itertuples()))
         console.print(f"[yellow]note:[/] {len(unfinished)} run(s) did not finish; their rows up to the stop are "
                       f"included: {listed}")
+    if (code := code_note(runs)) is not None:
+        console.print(f"[yellow]note:[/] {escape(code)}")
     console.print(f"{len(runs)} run(s); wrote {written} and {len(plots)} plot(s) to {escape(str(out))}")
     return summary
 

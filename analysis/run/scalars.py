@@ -137,6 +137,30 @@ def _engine_lags(engines: pd.DataFrame, faults: pd.DataFrame, state: str) -> lis
     return lags
 
 
+def commit_label(meta: dict[str, Any]) -> str:
+    """The project's commit that wrote a run (run.json ``source``, core/util/source.py): its hash's first
+    10 digits, with ``+dirty`` where tracked files differed from it; ``unknown`` for a run written outside a
+    git checkout of the project, or before run.json recorded it."""
+    source = meta.get("source")
+    if not isinstance(source, dict) or not source.get("commit"):
+        return "unknown"
+    return str(source["commit"])[:10] + ("+dirty" if source.get("dirty") else "")
+
+
+def code_note(runs: pd.DataFrame) -> str | None:
+    """One line when the runs (a frame of :func:`run_metrics` rows) were not all written by one clean
+    commit: which commits, and how many runs of each world each wrote; None when they were. A difference
+    between runs of two commits may be the code's, not the runs'."""
+    labels = runs["commit"].fillna("unknown") if "commit" in runs else pd.Series("unknown", index=runs.index)
+    if labels.nunique() == 1 and not labels.iloc[0].endswith("+dirty") and labels.iloc[0] != "unknown":
+        return None
+    counts = runs.assign(commit=labels).groupby(["commit", "world"], sort=True).size()
+    held = "; ".join(f"{c}: " + ", ".join(f"{n} {w}" for (_, w), n in g.items())
+                     for c, g in counts.groupby(level=0, sort=True))
+    return (f"the runs do not all come from one clean commit ({held}); a difference between them may be "
+            "the code's (+dirty: uncommitted changes; unknown: no commit recorded)")
+
+
 def engine_lag_s(engines: pd.DataFrame, faults: pd.DataFrame, state: str = "down",
                  lags: list[tuple[float, int]] | None = None) -> float:
     """engine_down_s = over the engines found down on pods an engine fault killed, the mean time from
@@ -177,6 +201,7 @@ def run_metrics(run: RunData | Path | str) -> dict[str, Any]:
         "policy": run.policy,
         "seed": run.seed,
         "status": str(run.meta.get("status", "unknown")),
+        "commit": commit_label(run.meta),
         "run_dir": str(run.path),
         M.N_REQUESTS: len(req),
         M.N_FAILED: int((~ok_mask(req)).sum()),

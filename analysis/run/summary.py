@@ -121,7 +121,8 @@ def with_gaps(runs: pd.DataFrame, oracle: str = ORACLE) -> pd.DataFrame:
 
 
 def summarize(runs: pd.DataFrame, confidence: float = 0.95, oracle: str = ORACLE) -> pd.DataFrame:
-    """Per (scenario, world, policy): n_runs, the seeds, the statuses, and for every metric column m:
+    """Per (scenario, world, policy): n_runs, the seeds, the statuses, the commits that
+    wrote the runs (``commits``), and for every metric column m:
     m_mean and m_ci (the confidence-interval half-width over seeds, see :func:`mean_ci`). Gap-to-oracle
     columns are added first when oracle runs are present, so gap_<m>_mean/_ci are paired over seeds."""
     if runs.empty:
@@ -134,6 +135,8 @@ def summarize(runs: pd.DataFrame, confidence: float = 0.95, oracle: str = ORACLE
         row["n_runs"] = len(g)
         row["seeds"] = ",".join(str(s) for s in sorted(g["seed"]))
         row["statuses"] = ",".join(sorted(set(g["status"].astype(str))))
+        if "commit" in g:
+            row["commits"] = ",".join(sorted(set(g["commit"].fillna("unknown").astype(str))))
         for c in cols:
             m, h, _ = mean_ci(g[c].to_numpy(dtype=float), confidence)
             row[f"{c}_mean"] = m
