@@ -34,6 +34,7 @@ from study.verdicts import COLUMNS, WORLDS, ClaimRule, claim_table, effect_prior
 from study.looks import look_seeds
 from analysis.run.names import Metric as M, check_metric
 from analysis.run.plots import _save, _slug
+from analysis.run.scalars import code_note
 from study.table import STUDY_FILE, StudyError, load_study
 from analysis.rule.verdict import (ALPHA, CARRIES, CONFIDENCE, DOES_NOT, FINDING, RULE_VERSION, UNDECIDED_CLAIM, Interval, Prior,
                               Spread, interval, repeat_verdict, shipped_prior, with_repeat, wrong_to_expect)
@@ -413,6 +414,10 @@ def claims_report(frames: Mapping[str, pd.DataFrame], sides: Sequence[ClaimSides
                     f"{len(figures)} figure(s) to {out}")
     if note:
         console.print(f"[yellow]note:[/] {escape(note)}")
+    # the runs by the world they stand for here (the testbed's repeat apart), each counted once
+    judged = [f.assign(world=w) for w, f in frames.items() if not f.empty and "commit" in f]
+    if judged and (code := code_note(pd.concat(judged, ignore_index=True))) is not None:
+        console.print(f"[yellow]note:[/] {escape(code)}")
     return table
 
 

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from analysis.run.names import Metric as M, latency, gap, check_metric
 from analysis.run.report import _fmt
+from analysis.run.scalars import code_note
 from study.table import load_study, study_summary
 from study.plots import write_study_plots
 
@@ -75,6 +76,8 @@ def study_report(study_dir: Path | str, out_dir: Path | str | None = None,
     if skipped:
         console.print(f"[yellow]note:[/] {len(skipped)} of {cells.attrs['n_cells']} cell(s) not finished "
                       "(no cell.json), left out")
+    if (code := code_note(cells)) is not None:
+        console.print(f"[yellow]note:[/] {escape(code)}")
     console.print(f"study {escape(cells.attrs['name'])}: {len(cells)} finished cell(s); wrote study_cells.csv, "
                   f"study_summary.csv and {len(plots)} figure(s) to {escape(str(out))}")
     return summary

@@ -29,6 +29,7 @@ from study.table import (
 )
 from study.plots import FigureSkipped, fig_conditions, fig_map, write_study_plots
 from study.report import study_report
+from analysis.run.scalars import code_note
 from core.spec.model import parse_spec
 from study.grid import expand_study
 from simulator.run import run_sim
@@ -348,6 +349,8 @@ def test_study_report_writes_tables_every_figure_and_counts_unfinished_cells(stu
     text = buf.getvalue()
     assert "2 of" in text and "not finished" in text and "sweep severity" in text and "needless" in text
     assert "skipped" not in text  # every figure had its cells
+    # the runs' commits said where they are not one clean commit (a checkout with changes), else not
+    assert (code_note(cells) is not None) == ("clean commit" in text)
 
 
 def test_each_figure_is_skipped_with_a_note_when_its_cells_are_missing(study, grid, tmp_path):

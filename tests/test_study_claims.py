@@ -5,6 +5,7 @@ as a table and one figure per claim."""
 from __future__ import annotations
 
 import copy
+import io
 import math
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from rich.console import Console
 from study.claims import (check_claim_metrics, claim_effects, claim_rules, claims_frame, claims_report,
                                   leave_one_pair_out, reaction_cost)
 from analysis.rule.verdict import shipped_prior
+from core.records import RunWriter
 from core.spec.model import SpecError, load_spec, parse_spec
 from study.grid import ClaimSides, claim_sides, expand_study
 
@@ -214,6 +216,29 @@ def test_the_report_writes_the_table_the_effects_reaction_and_cost_and_a_figure_
     assert a.loc[("sim", "p2", "A"), "reaction_s"] == pytest.approx(4.0) and a.loc[("sim", "p2", "A"), "n_seeds"] == 3
     with pytest.raises(ValueError, match="unknown world"):
         claims_report({"simulator": sim}, SIDES, [], tmp_path)
+
+
+def test_the_report_says_when_the_judged_runs_are_not_all_from_one_clean_commit(tmp_path):
+    """The claims' runs by the world they stand for (the testbed's repeat apart), each run once where
+    cells share it; nothing said when every run is from one clean commit."""
+    sim = _cells({(p, q, s): (0.2 if q == "A" else 0.05 * s, 3.0 + s) for p in ("p1", "p2") for q in ("A", "B")
+                  for s in range(3)})
+    runs = tmp_path / "runs"
+    sim = sim.assign(commit="a" * 10, run_dir=[str(runs / f"sim-{q}-{s}") for q, s in zip(sim["policy"], sim["seed"])])
+    tb = sim.assign(failure_rate=sim["failure_rate"] + 0.02, run_dir=str(runs) + "/tb-" + sim["cell"])
+    rep = tb.assign(commit="unknown", run_dir=str(runs) + "/rep-" + tb["cell"])
+    for d in {*sim["run_dir"], *tb["run_dir"], *rep["run_dir"]}:  # a run.json each (the report reads the points')
+        RunWriter(Path(d), {"world": "sim", "policy": "A", "seed": 0, "spec": {}}).close()
+
+    def said(frames) -> list[str]:
+        buf = io.StringIO()
+        claims_report(frames, SIDES, [], tmp_path, Console(width=400, file=buf))
+        return [line for line in buf.getvalue().splitlines() if "clean commit" in line]
+
+    assert said({"sim": sim, "testbed": tb}) == []
+    mixed = tb.assign(commit=["b" * 10 + "+dirty" if i < 4 else "a" * 10 for i in range(len(tb))])
+    [note] = said({"sim": sim, "testbed": mixed, "repeat": rep})  # the sim's 12 cells share 6 runs
+    assert f"{'a' * 10}: 6 sim, 8 testbed; {'b' * 10}+dirty: 4 testbed; unknown: 12 repeat" in note
 
 
 def test_reaction_and_cost_of_an_empty_world_is_an_empty_table():

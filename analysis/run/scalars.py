@@ -149,8 +149,13 @@ def commit_label(meta: dict[str, Any]) -> str:
 
 def code_note(runs: pd.DataFrame) -> str | None:
     """One line when the runs (a frame of :func:`run_metrics` rows) were not all written by one clean
-    commit: which commits, and how many runs of each world each wrote; None when they were. A difference
-    between runs of two commits may be the code's, not the runs'."""
+    commit: which commits, and how many runs of each world each wrote (a run counted once where several
+    rows share its ``run_dir``, as a study's cells do); None when they were. A difference between runs of
+    two commits may be the code's, not the runs'."""
+    if "run_dir" in runs:
+        runs = runs.drop_duplicates("run_dir")
+    if runs.empty:
+        return None
     labels = runs["commit"].fillna("unknown") if "commit" in runs else pd.Series("unknown", index=runs.index)
     if labels.nunique() == 1 and not labels.iloc[0].endswith("+dirty") and labels.iloc[0] != "unknown":
         return None
