@@ -391,6 +391,40 @@ def test_emulated_cluster_places_a_task_on_each_pod(tmp_path, monkeypatch):
     assert not cluster.state_path.exists() and not cluster.temp_root.exists()
 
 
+@needs_ray
+@needs_root
+def test_a_second_ray_up_cluster_is_refused_in_one_line_while_another_holds_the_bootstrap_config(tmp_path,
+                                                                                            monkeypatch):
+    """`ray up` leaves its cluster's config in root's home, and the head's autoscaler reads it again
+    and again: a second `ray up` that replaced it terminated the first cluster's nodes. So while the
+    owner's namespaces exist a second `ray up` cluster is refused before it creates anything, and
+    the owner's file stays; a crashed run's file (no namespace of its run) is no owner."""
+    from testbed.cluster import rayup
+    from testbed.cluster.emulated import EmulatedCluster
+    from testbed.cluster.raynodes import ClusterError
+
+    other, home = _run_id(), tmp_path / "home"
+    home.mkdir()
+    config = home / rayup.BOOTSTRAP_FILES[0]
+    config.write_text(json.dumps({"cluster_name": f"tb-{other}"}))
+    monkeypatch.setattr(rayup, "ssh_home", lambda: home)
+    assert rayup.bootstrap_owner() is None  # no namespace of that run: a leftover, not in the way
+    cluster = EmulatedCluster(1, tmp_path / "state", tmp_path / "run", run_id=_run_id(), mode="netns")
+    try:
+        create_namespace(run_prefix(other) + "head")
+        assert rayup.bootstrap_owner() == other
+        with pytest.raises(ClusterError, match=f"emulated cluster {other} is up through ray up") as refused:
+            cluster.up()
+        assert "\n" not in str(refused.value) and f"testbed cluster down {other}" in str(refused.value)
+        assert not cluster.state_path.exists() and list_namespaces(run_prefix(cluster.run_id)) == []
+        assert json.loads(config.read_text()) == {"cluster_name": f"tb-{other}"}
+    finally:
+        monkeypatch.undo()  # where it was not refused, its down removes what its ray up left in root's home
+        cluster.down()
+        destroy_fabric(run_id=other)
+    assert list_namespaces(run_prefix(other)) == []
+
+
 @pytest.mark.slow
 @needs_ray
 def test_local_mode_runs_every_pod_on_one_node(tmp_path):

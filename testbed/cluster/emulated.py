@@ -228,6 +228,12 @@ class EmulatedCluster(RayNodes):
             raise ClusterError(f"run {self.run_id}: state file {self.state_path} exists (already up, or crashed: down it first)")
         if importlib.util.find_spec("ray") is None:
             raise ClusterError("emulated cluster: Ray is not installed (pip install 'ray[default]')")
+        if self.launcher == LAUNCH_RAY_UP and (other := rayup.bootstrap_owner()) not in (None, self.run_id):
+            # before anything is created: the other cluster and its files stay as they are
+            raise ClusterError(f"ray up: emulated cluster {other} is up through ray up on this machine, and its "
+                               f"head's autoscaler reads ~/{rayup.BOOTSTRAP_FILES[0]}, which a second ray up "
+                               f"would replace and so terminate its nodes: bring it down first (testbed cluster "
+                               f"down {other})")
         started = time.monotonic()
         nn.update_state(self.state_path, run_id=self.run_id, mode=self.mode, n_pods=self.n_pods, head_pods=self.head_pods,
                         temp_root=str(self.temp_root), creator_start_ticks=procs.self_start_ticks(), processes=[],

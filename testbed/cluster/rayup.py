@@ -14,7 +14,10 @@ What differs from a real cluster, and why:
   leaves ``~/ray_bootstrap_config.yaml`` and ``~/ray_bootstrap_key.pem`` in root's home as on a
   real head node (OpenSSH expands ``-i ~/...`` from the password database, not ``HOME``, so they
   cannot be moved), and :func:`remove_bootstrap_files` takes them away again at ``down``. So one
-  emulated cluster at a time is brought up this way on a machine;
+  emulated cluster at a time is brought up this way on a machine: the head's autoscaler reads the
+  config again and again, and one that another ``ray up`` replaced terminated its cluster's nodes
+  (seen with two clusters up at once, 2026-12-02: "Terminated by autoscaler"), so
+  :func:`bootstrap_owner` finds the cluster that holds it, and a second ``ray up`` is refused;
 * a worker finds its own start command by its address (:func:`start_node`), since the local
   provider gives every worker the same ``worker_start_ray_commands``;
 * no ``ray stop`` in the start commands: it would kill every Ray process it can see, every other
@@ -39,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from testbed.machine.netns import Fabric, NodeLink
+from testbed.machine.netns import Fabric, NodeLink, list_namespaces, run_prefix
 
 SSHD = "/usr/sbin/sshd"
 TOOLS = {"sshd": SSHD, "rsync": "rsync", "ssh": "ssh", "ssh-keygen": "ssh-keygen"}
@@ -171,12 +174,32 @@ def ray_cli_argv(action: str, path: Path) -> list[str]:
     return [sys.executable, "-m", "ray.scripts.scripts", action, "-y", *extra, str(path)]
 
 
-def remove_bootstrap_files(fabric: Fabric, temp_root: Path, home: Path | None = None) -> list[str]:
-    """Remove what ``ray up`` left in root's home for this run (its cluster's config, the run's key).
-    The home is the ssh user's from the password database, as sshd gives it to the sessions."""
+def ssh_home() -> Path:
+    """Where ``ray up`` leaves its bootstrap files: the ssh user's home from the password database,
+    as sshd gives it to the sessions."""
     import pwd
 
-    home = home if home is not None else Path(pwd.getpwnam(SSH_USER).pw_dir)
+    return Path(pwd.getpwnam(SSH_USER).pw_dir)
+
+
+def bootstrap_owner(home: Path | None = None) -> str | None:
+    """The run id of the emulated cluster whose ``ray up`` config is in ``home`` (default
+    :func:`ssh_home`) while any of that run's namespaces exists (its head's autoscaler reads the
+    file as long as it runs); None when there is none, or it is a crashed run's leftover."""
+    try:
+        name = json.loads(((home or ssh_home()) / BOOTSTRAP_FILES[0]).read_text()).get("cluster_name", "")
+    except (OSError, ValueError, AttributeError):
+        return None
+    run_id = name[len("tb-"):] if isinstance(name, str) and name.startswith("tb-") else ""
+    try:
+        return run_id if run_id and list_namespaces(run_prefix(run_id)) else None
+    except ValueError:  # not a run id of ours: another tool's ray up, not ours to judge
+        return None
+
+
+def remove_bootstrap_files(fabric: Fabric, temp_root: Path, home: Path | None = None) -> list[str]:
+    """Remove what ``ray up`` left in root's home for this run (its cluster's config, the run's key)."""
+    home = home if home is not None else ssh_home()
     removed = []
     config, key = (home / f for f in BOOTSTRAP_FILES)
     try:
