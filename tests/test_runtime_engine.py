@@ -338,6 +338,7 @@ def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(eng
     from testbed.faults import felt
     from testbed.faults.cpu import CpuQuotaThrottle
     from testbed.faults.felt import StepTimes
+    from testbed.engines.prompts import prompt_ids
     from testbed.machine.procs import descendants
     from vocab import ROLE_DECODE, ROLE_PREFILL
 
@@ -357,11 +358,15 @@ def test_compute_slowdown_lowers_prefill_throughput_and_clearing_restores_it(eng
 
     def probes(tag: str) -> list[StepTimes]:
         """The GPU compute fault's probes (testbed/faults/felt.py), as the injector sends them, on
-        this CPU prefill engine: plain decodes, whose times the engine returns."""
+        this CPU prefill engine: plain decodes, whose times the engine returns. Their prompts are as
+        long as the prefills' above, not felt.PROMPT_TOKENS: a quota of a quarter core lets 25 ms of
+        every 100 ms CFS period through, and a probe's 256-token prefill computes less than that on a
+        CPU with AVX-512 (18-28 ms), so it can finish unthrottled (felt 0.91 under the quota in the
+        suite from a fresh clone at 286bdcc); a locked GPU clock, what the probes are for, slows every step."""
         out = []
         for i in range(felt.PROBES):
             r = p.call("decode", request_id=f"felt-{tag}-{i}", max_tokens=felt.STEPS + 1,
-                       prompt_token_ids=felt.probe_prompt(hash((tag, i)) % 10**6, 2048))
+                       prompt_token_ids=prompt_ids(hash((tag, i)) % 10**6, n, 2048, salt=felt.PROBE_SALT))
             out.append(StepTimes.from_times(r.submitted_s, r.first_token_s, r.token_times))
         return out
 
