@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from testbed.machine.netns import Fabric, NodeLink, list_namespaces, run_prefix
+from testbed.machine.netns import PREFIX, Fabric, NodeLink, list_namespaces, run_prefix
 
 SSHD = "/usr/sbin/sshd"
 TOOLS = {"sshd": SSHD, "rsync": "rsync", "ssh": "ssh", "ssh-keygen": "ssh-keygen"}
@@ -140,11 +140,16 @@ def write_node_commands(temp_root: Path, commands: Mapping[str, tuple[Sequence[s
             json.dump({"argv": list(argv), "env": keep}, f)
 
 
+def cluster_name(run_id: str) -> str:
+    """The name ``ray up`` knows the run's cluster by (its cluster file's, the bootstrap config's)."""
+    return f"{PREFIX}-{run_id}"
+
+
 def cluster_file(fabric: Fabric, temp_root: Path, python: str = sys.executable) -> dict[str, Any]:
     """The local-provider cluster file of the run (what ``ray up`` reads)."""
     start = f"{python} -m testbed.cluster.rayup start-node {temp_root}"
     return {
-        "cluster_name": f"tb-{fabric.run_id}",
+        "cluster_name": cluster_name(fabric.run_id),
         "provider": {"type": "local", "head_ip": fabric.head.address, "worker_ips": [p.address for p in fabric.pods]},
         "auth": {"ssh_user": SSH_USER, "ssh_private_key": str(temp_root / KEY)},
         "max_workers": len(fabric.pods),
@@ -190,7 +195,8 @@ def bootstrap_owner(home: Path | None = None) -> str | None:
         name = json.loads(((home or ssh_home()) / BOOTSTRAP_FILES[0]).read_text()).get("cluster_name", "")
     except (OSError, ValueError, AttributeError):
         return None
-    run_id = name[len("tb-"):] if isinstance(name, str) and name.startswith("tb-") else ""
+    prefix = cluster_name("")
+    run_id = name[len(prefix):] if isinstance(name, str) and name.startswith(prefix) else ""
     try:
         return run_id if run_id and list_namespaces(run_prefix(run_id)) else None
     except ValueError:  # not a run id of ours: another tool's ray up, not ours to judge
@@ -203,7 +209,7 @@ def remove_bootstrap_files(fabric: Fabric, temp_root: Path, home: Path | None = 
     removed = []
     config, key = (home / f for f in BOOTSTRAP_FILES)
     try:
-        ours = json.loads(config.read_text()).get("cluster_name") == f"tb-{fabric.run_id}"
+        ours = json.loads(config.read_text()).get("cluster_name") == cluster_name(fabric.run_id)
     except (OSError, ValueError):
         ours = False
     if ours:
@@ -224,7 +230,7 @@ def remove_ssh_control_dir(fabric: Fabric) -> bool:
     from getpass import getuser
 
     digest = lambda text: hashlib.sha256(text.encode()).hexdigest()[:10]  # noqa: E731 (Ray's HASH_MAX_LENGTH)
-    path = Path("/tmp") / f"ray_ssh_{digest(getuser())}" / digest(f"tb-{fabric.run_id}")
+    path = Path("/tmp") / f"ray_ssh_{digest(getuser())}" / digest(cluster_name(fabric.run_id))
     try:
         path.rmdir()
     except OSError:
