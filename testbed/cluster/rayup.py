@@ -187,16 +187,22 @@ def ssh_home() -> Path:
     return Path(pwd.getpwnam(SSH_USER).pw_dir)
 
 
+def bootstrap_cluster(home: Path | None = None) -> str | None:
+    """The cluster name in the ``ray up`` config in ``home`` (default :func:`ssh_home`); None where
+    there is none or it cannot be read."""
+    try:
+        name = json.loads(((home or ssh_home()) / BOOTSTRAP_FILES[0]).read_text()).get("cluster_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
 def bootstrap_owner(home: Path | None = None) -> str | None:
     """The run id of the emulated cluster whose ``ray up`` config is in ``home`` (default
     :func:`ssh_home`) while any of that run's namespaces exists (its head's autoscaler reads the
     file as long as it runs); None when there is none, or it is a crashed run's leftover."""
-    try:
-        name = json.loads(((home or ssh_home()) / BOOTSTRAP_FILES[0]).read_text()).get("cluster_name", "")
-    except (OSError, ValueError, AttributeError):
-        return None
-    prefix = cluster_name("")
-    run_id = name[len(prefix):] if isinstance(name, str) and name.startswith(prefix) else ""
+    name, prefix = bootstrap_cluster(home) or "", cluster_name("")
+    run_id = name[len(prefix):] if name.startswith(prefix) else ""
     try:
         return run_id if run_id and list_namespaces(run_prefix(run_id)) else None
     except ValueError:  # not a run id of ours: another tool's ray up, not ours to judge
@@ -208,11 +214,7 @@ def remove_bootstrap_files(fabric: Fabric, temp_root: Path, home: Path | None = 
     home = home if home is not None else ssh_home()
     removed = []
     config, key = (home / f for f in BOOTSTRAP_FILES)
-    try:
-        ours = json.loads(config.read_text()).get("cluster_name") == cluster_name(fabric.run_id)
-    except (OSError, ValueError):
-        ours = False
-    if ours:
+    if bootstrap_cluster(home) == cluster_name(fabric.run_id):
         config.unlink(missing_ok=True)
         removed.append(str(config))
     try:
