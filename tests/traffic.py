@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from testbed.faults.readings import step_rate
+from testbed.faults import shaping
+from testbed.faults.readings import busy_rate, step_rate
 from testbed.machine.netns import Fabric, in_netns, link_stats
 
 _IP_MTU, _IPV6_MTU = 14, 24  # linux/in.h, linux/in6.h: a connected socket's path MTU
@@ -86,14 +87,28 @@ def link_counter(netns: str, ifname: str, field: str = "tx_bytes") -> Iterator[C
         yield lambda: int(read()[field])
 
 
+@contextmanager
+def shaped_counter(netns: str, ifname: str) -> Iterator[Callable[[], tuple[int, int | None]]]:
+    """A reader of (bytes sent, bytes queued) of the project's limited class on ``ifname`` in
+    ``netns`` (:func:`testbed.faults.shaping.counter`, what the fault agent reads), for one thread.
+    The class counts each segment's frame, as htb charges it against the rate; an ifb's own
+    transmit counter counts a packet GRO merged on the way in once, its segments' headers with it,
+    and read 0.944 of the class over IPv6 and 0.962 over IPv4 (docs/verified.md "An ifb counts a
+    merged packet once")."""
+    with in_netns(netns), shaping.counter(ifname) as read:
+        yield read
+
+
 class CounterSampler:
     """A kernel byte counter read every ``every_s`` by a thread of its own. Each read is kept as
     (monotonic time just before it, the count, time just after it): a thread that waited for the
-    CPU around a read widens that span, and never moves the read outside it."""
+    CPU around a read widens that span, and never moves the read outside it. A reader may also
+    return the bytes its shaper held queued then (:func:`shaped_counter`), kept in ``queued``."""
 
-    def __init__(self, open_counter: Callable[[], AbstractContextManager[Callable[[], int]]],
+    def __init__(self, open_counter: Callable[[], AbstractContextManager[Callable[[], int | tuple[int, int | None]]]],
                  every_s: float = SAMPLE_EVERY_S) -> None:
         self.samples: list[tuple[float, int, float]] = []
+        self.queued: list[int | None] = []  # per read, appended before its sample: None where not read
         self._open, self._every_s = open_counter, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -104,15 +119,25 @@ class CounterSampler:
             while not self._stop.is_set():
                 before = time.monotonic()
                 try:
-                    count = read()
+                    got = read()
                 except OSError:  # the connection or namespace went: nothing more to count
                     return
+                count, queued = got if isinstance(got, tuple) else (got, None)
+                self.queued.append(queued)
                 self.samples.append((before, count, time.monotonic()))
                 self._stop.wait(self._every_s)
 
     def rate(self, t0: float, t1: float) -> float:
         """Bit/s over [t0, t1), step to step (:func:`step_rate`), each read at the middle of its span."""
         return step_rate([((a + b) / 2, n) for a, n, b in list(self.samples)], t0, t1)
+
+    def busy(self, t0: float, t1: float) -> tuple[float, float]:
+        """(bit/s, seconds busy) of a shaper over [t0, t1) read only while its queue held bytes
+        (:func:`busy_rate`, as the fault agent reads it): a stream whose sender or reader waited for
+        the CPU leaves the shaper idle below its rate, which says what was offered, not the limit."""
+        samples = list(self.samples)  # first: each has its queue read, appended before it
+        rows = [((a + b) / 2, n, q) for (a, n, b), q in zip(samples, self.queued)]
+        return busy_rate([r for r in rows if t0 <= r[0] < t1])
 
     def last(self, seconds: float) -> float:
         """Bit/s over the ``seconds`` up to the latest read (:meth:`rate`): in three fresh-clone suites
